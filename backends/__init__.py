@@ -1,0 +1,1 @@
+"""Backends: each turns a node's state into dataplane programming."""

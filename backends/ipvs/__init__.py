@@ -1,0 +1,1 @@
+"""The IPVS backend."""

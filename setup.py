@@ -1,0 +1,37 @@
+"""Generates the protobuf code from proto/ whenever the package is built."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).parent
+
+
+def generate_protos() -> None:
+    """Run grpcio-tools' protoc on proto/*.proto into svcproxy/v1/."""
+    out = ROOT / "svcproxy" / "v1"
+    out.mkdir(exist_ok=True)
+    (out / "__init__.py").write_text('"""Generated from proto/ by the build; do not edit."""\n')
+    protos = sorted(p.name for p in (ROOT / "proto").glob("*.proto"))
+    bindir = Path(sys.executable).parent
+    plugins = [f"--plugin=protoc-gen-{n}={bindir / ('protoc-gen-' + n)}" for n in ("mypy", "mypy_grpc")]
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-Isvcproxy/v1=proto",
+         *plugins, "--python_out=.", "--grpc_python_out=.", "--mypy_out=.", "--mypy_grpc_out=.",
+         *[f"svcproxy/v1/{p}" for p in protos]],
+        cwd=ROOT, check=True,
+    )
+
+
+class BuildWithProtos(build_py):
+    def run(self) -> None:
+        generate_protos()
+        super().run()
+
+
+if __name__ == "__main__":
+    generate_protos()
+    setup(cmdclass={"build_py": BuildWithProtos})

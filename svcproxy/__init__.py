@@ -1,0 +1,1 @@
+"""svcproxy: a Kubernetes Service proxy split into a frontend and per-node backends."""

@@ -1,0 +1,1 @@
+"""What every backend shares on the node: sync runner, health, metrics, conntrack."""

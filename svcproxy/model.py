@@ -1,0 +1,194 @@
+"""The typed per-node state shared by the frontend, the API and every backend.
+
+These are plain frozen dataclasses: the frontend computes them, the gRPC layer
+converts them to and from protobuf (svcproxy.convert), and the SDK hands them
+to backends. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Protocol(StrEnum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+
+class ServiceType(StrEnum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    LOAD_BALANCER = "LoadBalancer"
+
+
+class TrafficPolicy(StrEnum):
+    CLUSTER = "Cluster"
+    LOCAL = "Local"
+
+
+class SessionAffinity(StrEnum):
+    NONE = "None"
+    CLIENT_IP = "ClientIP"
+
+
+DEFAULT_AFFINITY_TIMEOUT = 10800
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServicePortKey:
+    """One port of one Service: the unit every backend programs."""
+
+    namespace: str
+    name: str
+    port_name: str
+    protocol: Protocol
+
+    def __str__(self) -> str:
+        port = f":{self.port_name}" if self.port_name else ""
+        return f"{self.namespace}/{self.name}{port}/{self.protocol.value.lower()}"
+
+    @property
+    def service(self) -> str:
+        """The owning Service as namespace/name."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBalancerIngress:
+    ip: str
+    ip_mode: str = "VIP"
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """The service-level part of one service port as one node sees it."""
+
+    key: ServicePortKey
+    type: ServiceType = ServiceType.CLUSTER_IP
+    cluster_ips: tuple[str, ...] = ()
+    port: int = 0
+    node_port: int = 0
+    external_ips: tuple[str, ...] = ()
+    load_balancer_ingress: tuple[LoadBalancerIngress, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    session_affinity: SessionAffinity = SessionAffinity.NONE
+    session_affinity_timeout: int = 0
+    internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    health_check_node_port: int = 0
+    traffic_distribution: str = ""
+    has_endpoints: bool = False
+    options: tuple[tuple[str, str], ...] = ()
+    trigger_time: float = 0.0
+
+    @property
+    def affinity(self) -> bool:
+        return self.session_affinity is SessionAffinity.CLIENT_IP
+
+    @property
+    def external_policy_local(self) -> bool:
+        """externalTrafficPolicy Local matters only where there is external traffic."""
+        return (
+            self.external_traffic_policy is TrafficPolicy.LOCAL
+            and (self.type is not ServiceType.CLUSTER_IP or bool(self.external_ips))
+        )
+
+    @property
+    def internal_policy_local(self) -> bool:
+        return self.internal_traffic_policy is TrafficPolicy.LOCAL
+
+    def option(self, name: str, default: str = "") -> str:
+        return dict(self.options).get(name, default)
+
+    def vip_ingress_ips(self) -> tuple[str, ...]:
+        """Load-balancer ingress IPs the node must handle (ipMode VIP)."""
+        return tuple(i.ip for i in self.load_balancer_ingress if i.ip_mode != "Proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    ip: str
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    is_local: bool = False
+    node_name: str = ""
+    zone: str = ""
+    hint_zones: tuple[str, ...] = ()
+    hint_nodes: tuple[str, ...] = ()
+    internal: bool = False
+    external: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortState:
+    """A service port and its endpoints (by IP), as one node sees them."""
+
+    service: ServicePort
+    endpoints: Mapping[str, Endpoint] = field(default_factory=dict)
+
+    @property
+    def key(self) -> ServicePortKey:
+        return self.service.key
+
+    def internal_endpoints(self) -> list[Endpoint]:
+        """Endpoints for cluster-internal traffic (ClusterIP), sorted by IP."""
+        return [e for _, e in sorted(self.endpoints.items()) if e.internal]
+
+    def external_endpoints(self) -> list[Endpoint]:
+        """Endpoints for external traffic (NodePort, ExternalIP, LB), sorted by IP."""
+        return [e for _, e in sorted(self.endpoints.items()) if e.external]
+
+    def local_endpoints(self) -> list[Endpoint]:
+        return [e for _, e in sorted(self.endpoints.items()) if e.is_local]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    zone: str = ""
+    pod_cidrs: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    terminating: bool = False
+
+
+def ip_family(address: str) -> int:
+    """4 or 6 for an IP address or CIDR."""
+    return 6 if ":" in address else 4
+
+
+def of_family(addresses: Iterable[str], family: int) -> list[str]:
+    """The addresses (or CIDRs) of one IP family, in their order."""
+    return [a for a in addresses if ip_family(a) == family]
+
+
+def normalize_ip(text: str) -> str | None:
+    """Canonical form of an IP, accepting leading zeros as Kubernetes does; None if invalid."""
+    text = text.strip()
+    if ":" not in text and text.count(".") == 3:
+        parts = text.split(".")
+        if all(p.isdigit() for p in parts):
+            text = ".".join(str(int(p)) for p in parts)
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def normalize_cidr(text: str) -> str | None:
+    """Canonical form of a CIDR (spaces removed, host bits cleared); None if invalid."""
+    text = "".join(text.split())
+    addr, _, length = text.partition("/")
+    ip = normalize_ip(addr)
+    if ip is None:
+        return None
+    try:
+        return str(ipaddress.ip_network(f"{ip}/{length}" if length else ip, strict=False))
+    except ValueError:
+        return None
