@@ -1,0 +1,48 @@
+"""What a source (manifests, apiserver) tells the frontend: raw Kubernetes objects.
+
+Objects are the JSON dicts the apiserver serves (camelCase keys, with
+``metadata``); the frontend parses and validates them. A sink is any callable
+taking a batch of events; it is thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["Service", "EndpointSlice", "Node"]
+KINDS: tuple[Kind, ...] = ("Service", "EndpointSlice", "Node")
+
+
+@dataclass(frozen=True, slots=True)
+class Upsert:
+    """An object was created or changed."""
+
+    kind: Kind
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """An object was deleted (namespace is "" for Nodes)."""
+
+    kind: Kind
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """The complete current set of one kind (initial list or relist after 410 Gone).
+
+    Objects of that kind not listed are deleted. After a Replace of every kind
+    the frontend has synced and starts serving.
+    """
+
+    kind: Kind
+    objs: list[dict[str, Any]] = field(default_factory=list)
+
+
+Event = Upsert | Delete | Replace
+Sink = Callable[[Sequence[Event]], None]
