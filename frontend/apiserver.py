@@ -1,0 +1,125 @@
+"""The apiserver source: list and watch Services, EndpointSlices and Nodes into a sink.
+
+Uses the official ``kubernetes`` client with ``--kubeconfig`` or, without one, the
+in-cluster ServiceAccount. One daemon thread per kind runs a reflector (see
+:mod:`.apiserver_reflector`); ``synced`` is set once every kind has been listed.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+import kubernetes.client
+import kubernetes.config
+
+from .apiserver_backoff import BackoffPolicy
+from .apiserver_reflector import KindReflector, ReflectorOptions
+from .apiserver_resources import RESOURCES
+from .events import KINDS, Kind, Sink
+
+__all__ = ["ApiserverConfigError", "ApiserverSource", "BackoffPolicy", "load_api_client"]
+
+
+class ApiserverConfigError(RuntimeError):
+    """No usable apiserver configuration (bad --kubeconfig, or not in a pod)."""
+
+
+def load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
+    """An ApiClient from a kubeconfig file, or from the pod's ServiceAccount when None.
+
+    urllib3's own retries are off: the reflectors retry with backoff and say so.
+    """
+    configuration = kubernetes.client.Configuration()
+    configuration.retries = 0
+    if kubeconfig is not None:
+        try:
+            return kubernetes.config.new_client_from_config(
+                config_file=kubeconfig, persist_config=False, client_configuration=configuration
+            )
+        except (kubernetes.config.ConfigException, OSError, ValueError) as exc:
+            raise ApiserverConfigError(f"cannot use --kubeconfig {kubeconfig}: {exc}") from exc
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException as exc:
+        raise ApiserverConfigError(
+            f"no --kubeconfig given and no in-cluster configuration ({exc}); "
+            "pass --kubeconfig PATH when running outside a pod"
+        ) from exc
+    return kubernetes.client.ApiClient(configuration)
+
+
+class ApiserverSource:
+    """Streams the cluster's Services, EndpointSlices and Nodes into ``sink``."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        kubeconfig: str | None = None,
+        api_client: kubernetes.client.ApiClient | None = None,
+        resync_backoff: BackoffPolicy | None = None,
+        page_size: int = 500,
+        watch_timeout_seconds: int = 300,
+    ) -> None:
+        self.api_client = api_client if api_client is not None else load_api_client(kubeconfig)
+        self.synced = threading.Event()
+        options = ReflectorOptions(
+            page_size=page_size,
+            watch_timeout_seconds=watch_timeout_seconds,
+            backoff=resync_backoff or BackoffPolicy(),
+        )
+        self._listed: set[Kind] = set()
+        self._lock = threading.Lock()
+        self._reflectors = [
+            KindReflector(RESOURCES[kind], self.api_client, sink, options, self._mark_listed)
+            for kind in KINDS
+        ]
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def server(self) -> str:
+        """The apiserver URL in use."""
+        return str(self.api_client.configuration.host)
+
+    @property
+    def resource_versions(self) -> dict[Kind, str | None]:
+        """The last resourceVersion seen per kind (None while it must be listed)."""
+        return {r.resource.kind: r.resource_version for r in self._reflectors}
+
+    def start(self) -> None:
+        """Start one daemon thread per kind."""
+        for reflector in self._reflectors:
+            thread = threading.Thread(
+                target=reflector.run,
+                name=f"apiserver-{reflector.resource.plural}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop watching; waits up to ``timeout`` seconds for the threads to end."""
+        for reflector in self._reflectors:
+            reflector.stop()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    def __enter__(self) -> ApiserverSource:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _mark_listed(self, kind: Kind) -> None:
+        with self._lock:
+            self._listed.add(kind)
+            if len(self._listed) == len(KINDS):
+                self.synced.set()
