@@ -1,0 +1,76 @@
+"""/healthz and /livez as kube-proxy serves them on --healthz-bind-address."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from prometheus_client import Counter
+
+from svcproxy.agent.health import HealthStatus, ProxyHealth
+from svcproxy.agent.httpserve import BackgroundHTTPServer, Response
+from svcproxy.agent.metrics import AgentMetrics
+
+_HEADERS = (("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"))
+
+
+def go_time(unix: float) -> str:
+    """A Unix time as Go's time.Time.String() prints it in UTC (0 is Go's zero time)."""
+    if unix <= 0:
+        return "0001-01-01 00:00:00 +0000 UTC"
+    moment = dt.datetime.fromtimestamp(unix, dt.UTC)
+    fraction = f"{moment.microsecond:06d}".rstrip("0")
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + (f".{fraction}" if fraction else "") + (
+        " +0000 UTC"
+    )
+
+
+def healthz_body(status: HealthStatus, healthy: bool) -> bytes:
+    """kube-proxy's /healthz body; lastUpdated is "now" while healthy, as kube-proxy does."""
+    last = status.current_time if healthy else status.last_updated
+    eligible = "true" if status.node_eligible else "false"
+    return (
+        f'{{"lastUpdated": "{go_time(last)}","currentTime": "{go_time(status.current_time)}", '
+        f'"nodeEligible": {eligible}}}'
+    ).encode()
+
+
+def livez_body(status: HealthStatus) -> bytes:
+    """kube-proxy's /livez body."""
+    last = status.current_time if status.healthy else status.last_updated
+    return (
+        f'{{"lastUpdated": "{go_time(last)}","currentTime": "{go_time(status.current_time)}"}}'
+    ).encode()
+
+
+class HealthzServer:
+    """Serves /healthz (sync loop healthy and node eligible) and /livez (sync loop healthy)."""
+
+    def __init__(
+        self, host: str, port: int, health: ProxyHealth, metrics: AgentMetrics | None = None
+    ) -> None:
+        self._health = health
+        self._metrics = metrics
+        self._server = BackgroundHTTPServer(host, port, self._route, name="healthz")
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _route(self, path: str) -> Response:
+        status = self._health.status()
+        if path == "/healthz":
+            healthy = status.healthy and status.node_eligible
+            self._count(self._metrics.healthz_total if self._metrics else None, healthy)
+            return Response(200 if healthy else 503, healthz_body(status, healthy), _HEADERS)
+        if path == "/livez":
+            self._count(self._metrics.livez_total if self._metrics else None, status.healthy)
+            return Response(200 if status.healthy else 503, livez_body(status), _HEADERS)
+        return Response(404, b"404 page not found\n", (("Content-Type", "text/plain"),))
+
+    @staticmethod
+    def _count(counter: Counter | None, healthy: bool) -> None:
+        if counter is not None:
+            counter.labels(code="200" if healthy else "503").inc()

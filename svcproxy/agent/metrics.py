@@ -1,0 +1,169 @@
+"""kube-proxy's metrics (names, help and buckets as pkg/proxy/metrics), one registry per agent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from svcproxy.model import Endpoint, ServicePortKey, ServicePortState
+from svcproxy.sdk.backend import NodeState
+
+# prometheus.ExponentialBuckets(0.001, 2, 15)
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+# merge(LinearBuckets(0.25, 0.25, 2), LinearBuckets(1, 1, 59), LinearBuckets(60, 5, 12),
+#       LinearBuckets(120, 30, 7)); kube-proxy's merge starts from a 0 bucket.
+NETWORK_PROGRAMMING_BUCKETS = (
+    (0.0, 0.25, 0.5)
+    + tuple(float(s) for s in range(1, 60))
+    + tuple(float(s) for s in range(60, 120, 5))
+    + tuple(float(s) for s in range(120, 301, 30))
+)
+
+
+class AgentMetrics:
+    """The node agent's metrics in their own CollectorRegistry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.sync_duration = Histogram(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.sync_full_duration = Histogram(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.sync_partial_duration = Histogram(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.last_sync = Gauge(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            registry=r,
+        )
+        self.last_queued = Gauge(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            registry=r,
+        )
+        self.network_programming = Histogram(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            buckets=NETWORK_PROGRAMMING_BUCKETS,
+            registry=r,
+        )
+        self.endpoint_changes_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            registry=r,
+        )
+        self.endpoint_changes_total = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            "Cumulative proxy rules Endpoint changes",
+            registry=r,
+        )
+        self.service_changes_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            registry=r,
+        )
+        self.service_changes_total = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+            "Cumulative proxy rules Service changes",
+            registry=r,
+        )
+        self.no_local_endpoints = Gauge(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            ["traffic_policy"],
+            registry=r,
+        )
+        self.healthz_total = Counter(
+            "kubeproxy_proxy_healthz_total",
+            "Cumulative proxy healthz HTTP status",
+            ["code"],
+            registry=r,
+        )
+        self.livez_total = Counter(
+            "kubeproxy_proxy_livez_total",
+            "Cumulative proxy livez HTTP status",
+            ["code"],
+            registry=r,
+        )
+        self.sync_failures_total = Counter(
+            "svcproxy_sync_failures_total",
+            "Cumulative failed backend syncs (each is retried with a full sync)",
+            registry=r,
+        )
+
+    def queued(self) -> None:
+        self.last_queued.set_to_current_time()
+
+    def pending(self, services: int, endpoints: int) -> None:
+        self.service_changes_pending.set(services)
+        self.endpoint_changes_pending.set(endpoints)
+
+    def synced(
+        self,
+        old: NodeState | None,
+        new: NodeState,
+        keys: Iterable[ServicePortKey],
+        full: bool,
+        duration: float,
+        trigger_times: Iterable[float],
+    ) -> None:
+        """Record one successful sync."""
+        self.sync_duration.observe(duration)
+        (self.sync_full_duration if full else self.sync_partial_duration).observe(duration)
+        self.last_sync.set_to_current_time()
+        now = time.time()
+        for trigger in trigger_times:
+            if trigger > 0:
+                self.network_programming.observe(max(0.0, now - trigger))
+        services, endpoints = count_changes(old, new, keys)
+        self.service_changes_total.inc(services)
+        self.endpoint_changes_total.inc(endpoints)
+        internal, external = count_no_local_endpoints(new.services.values())
+        self.no_local_endpoints.labels(traffic_policy="internal").set(internal)
+        self.no_local_endpoints.labels(traffic_policy="external").set(external)
+
+
+def count_changes(
+    old: NodeState | None, new: NodeState, keys: Iterable[ServicePortKey]
+) -> tuple[int, int]:
+    """(service ports whose service part changed, endpoints set or deleted) among ``keys``."""
+    before: Mapping[ServicePortKey, ServicePortState] = old.services if old else {}
+    services = endpoints = 0
+    for key in keys:
+        a, b = before.get(key), new.services.get(key)
+        if (a.service if a else None) != (b.service if b else None):
+            services += 1
+        endpoints += _endpoint_differences(a.endpoints if a else {}, b.endpoints if b else {})
+    return services, endpoints
+
+
+def _endpoint_differences(a: Mapping[str, Endpoint], b: Mapping[str, Endpoint]) -> int:
+    return sum(1 for ip in a.keys() | b.keys() if a.get(ip) != b.get(ip))
+
+
+def count_no_local_endpoints(services: Iterable[ServicePortState]) -> tuple[int, int]:
+    """Service ports with a Local policy, some endpoints, but none usable: (internal, external)."""
+    internal = external = 0
+    for sps in services:
+        if not sps.service.has_endpoints:
+            continue
+        if sps.service.internal_policy_local and not sps.internal_endpoints():
+            internal += 1
+        if sps.service.external_policy_local and not sps.external_endpoints():
+            external += 1
+    return internal, external

@@ -1,0 +1,34 @@
+"""--metrics-bind-address: /metrics (Prometheus), /healthz and /proxyMode as kube-proxy."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from svcproxy.agent.httpserve import BackgroundHTTPServer, Response
+from svcproxy.agent.metrics import AgentMetrics
+
+
+class MetricsServer:
+    """Serves the agent's registry on /metrics; /proxyMode names the backend."""
+
+    def __init__(self, host: str, port: int, metrics: AgentMetrics, proxy_mode: str) -> None:
+        self._metrics = metrics
+        self._mode = proxy_mode
+        self._server = BackgroundHTTPServer(host, port, self._route, name="metrics")
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _route(self, path: str) -> Response:
+        if path == "/metrics":
+            body = generate_latest(self._metrics.registry)
+            return Response(200, body, (("Content-Type", CONTENT_TYPE_LATEST),))
+        if path == "/healthz":
+            return Response(200, b"ok", (("Content-Type", "text/plain; charset=utf-8"),))
+        if path == "/proxyMode":
+            return Response(200, self._mode.encode(), (("Content-Type", "text/plain"),))
+        return Response(404, b"404 page not found\n", (("Content-Type", "text/plain"),))

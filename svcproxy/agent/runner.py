@@ -1,0 +1,203 @@
+"""The sync runner: when to call ``Backend.sync`` and with what (kube-proxy's sync loop).
+
+* Changes are applied no more often than ``min_sync_period`` (between the
+  starts of two syncs); whatever arrives meanwhile is coalesced into one sync.
+* A full sync runs at least every ``sync_period``.
+* A failed sync is retried as a full sync after an exponential backoff
+  (never sooner than ``min_sync_period``, at most ``sync_period``); the
+  changes it carried are folded into the retry.
+* Health: an update is "queued" when changes are noticed or a retry is
+  scheduled, "applied" when a sync succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from svcproxy.agent.health import ProxyHealth
+from svcproxy.agent.metrics import AgentMetrics
+from svcproxy.agent.source import StateSource
+from svcproxy.model import ServicePortKey
+from svcproxy.sdk.backend import Backend, Changes, NodeState
+
+log = logging.getLogger(__name__)
+
+# Called after each successful sync with (previously applied state, new state).
+AfterSync = Callable[[NodeState | None, NodeState], object]
+
+
+class SyncRunner:
+    """Drives one backend from one state source, in the thread that calls ``run``."""
+
+    def __init__(
+        self,
+        source: StateSource,
+        backend: Backend,
+        *,
+        health: ProxyHealth,
+        sync_period: float = 30.0,
+        min_sync_period: float = 1.0,
+        metrics: AgentMetrics | None = None,
+        after_sync: Sequence[AfterSync] = (),
+        retry_initial: float = 1.0,
+        poll: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._backend = backend
+        self._health = health
+        self._metrics = metrics
+        self._after_sync = tuple(after_sync)
+        self._sync_period = sync_period
+        self._min_period = min_sync_period
+        self._retry_initial = retry_initial
+        self._poll = poll
+        self._clock = clock
+        self._stop = threading.Event()
+
+        self._dirty = False
+        self._last_start: float | None = None
+        self._last_full: float | None = None
+        self._retry_at: float | None = None
+        self._backoff = retry_initial
+        self._need_full = True
+        self._latest: NodeState | None = None
+        self._applied: NodeState | None = None
+        self._carry_keys: set[ServicePortKey] = set()
+        self._carry_node = False
+        self._carry_triggers: list[float] = []
+
+    @property
+    def applied(self) -> NodeState | None:
+        """The last state the backend applied successfully."""
+        return self._applied
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Sync until ``stop`` is called."""
+        while not self._stop.is_set():
+            if self._metrics:
+                self._metrics.pending(*self._source.pending())
+            now = self._clock()
+            due, reason = self._next_due(now)
+            if due is not None and due <= now:
+                self._sync(reason)
+            else:
+                self._idle(None if due is None else due - now)
+
+    def _next_due(self, now: float) -> tuple[float | None, str]:
+        """When the next sync is due, and why."""
+        if self._retry_at is not None:
+            return self._retry_at, "retry"
+        candidates: list[tuple[float, str]] = []
+        if self._dirty:
+            start = now if self._last_start is None else self._last_start + self._min_period
+            candidates.append((start, "changes"))
+        if self._last_full is not None:
+            candidates.append((self._last_full + self._sync_period, "periodic"))
+        if not candidates:
+            return None, ""
+        return min(candidates)
+
+    def _idle(self, timeout: float | None) -> None:
+        """Wait for changes (or just for time to pass when some are already noticed)."""
+        step = self._poll if timeout is None else max(0.0, min(timeout, self._poll))
+        if self._dirty:
+            self._stop.wait(step)
+        elif self._source.wait(step):
+            self._dirty = True
+            self._queued()
+
+    def _queued(self) -> None:
+        self._health.queued()
+        if self._metrics:
+            self._metrics.queued()
+
+    def _take(self) -> bool:
+        """Fold what the source has into the next sync; False when it has no snapshot yet."""
+        taken = self._source.take()
+        self._dirty = False
+        if taken is not None:
+            state, changes = taken
+            self._latest = state
+            self._carry_keys |= changes.services
+            self._carry_node |= changes.node_changed
+            self._carry_triggers.extend(changes.trigger_times)
+            self._need_full |= changes.full
+            self._health.set_node_eligible(not (state.node and state.node.terminating))
+        return self._latest is not None
+
+    def _next_changes(self, state: NodeState, reason: str) -> Changes:
+        full = self._need_full or reason in ("periodic", "retry")
+        if full and reason == "changes":
+            reason = "initial" if self._applied is None else "changes"
+        keys = set(self._carry_keys)
+        if full:
+            keys |= state.services.keys()
+        return Changes(
+            services=frozenset(keys),
+            node_changed=self._carry_node or full,
+            full=full,
+            reason=reason,
+            trigger_times=tuple(self._carry_triggers),
+        )
+
+    def _sync(self, reason: str) -> None:
+        if not self._take() or self._latest is None:
+            self._retry_at = None
+            return
+        state = self._latest
+        changes = self._next_changes(state, reason)
+        start = self._last_start = self._clock()
+        try:
+            self._backend.sync(state, changes)
+        except Exception as err:  # noqa: BLE001 - any backend failure is retried
+            self._failed(changes, err)
+            return
+        self._succeeded(state, changes, self._clock() - start)
+
+    def _failed(self, changes: Changes, err: Exception) -> None:
+        delay = min(max(self._backoff, self._min_period), self._sync_period)
+        self._backoff = min(self._backoff * 2, self._sync_period)
+        self._need_full = True
+        self._retry_at = self._clock() + delay
+        log.error(
+            "Backend %s failed to apply a %s sync (%s): %s; retrying with a full sync in %.3gs",
+            self._backend.name, "full" if changes.full else "partial", changes.reason, err, delay,
+        )
+        log.debug("Backend failure", exc_info=err)
+        if self._metrics:
+            self._metrics.sync_failures_total.inc()
+        self._queued()
+
+    def _succeeded(self, state: NodeState, changes: Changes, duration: float) -> None:
+        previous = self._applied
+        self._applied = state
+        self._need_full = False
+        self._retry_at = None
+        self._backoff = self._retry_initial
+        if changes.full:
+            self._last_full = self._last_start
+        self._carry_keys.clear()
+        self._carry_node = False
+        self._carry_triggers.clear()
+        self._health.updated()
+        if self._metrics:
+            self._metrics.synced(
+                previous, state, changes.services, changes.full, duration, changes.trigger_times
+            )
+        log.debug(
+            "Synced %s (%s, %d service ports) in %.3fs",
+            "fully" if changes.full else "partially", changes.reason, len(changes.services),
+            duration,
+        )
+        for hook in self._after_sync:
+            try:
+                hook(previous, state)
+            except Exception:  # noqa: BLE001 - one hook's failure must not stop the others
+                log.exception("Post-sync step %s failed", getattr(hook, "__qualname__", hook))
