@@ -70,6 +70,17 @@ class _Change:
     obj: dict[str, Any]
 
 
+@dataclass(eq=False)
+class _Watcher:
+    """One open watch stream and the changes queued for it (like a cacheWatcher)."""
+
+    kind: str
+    namespace: str | None
+    queue: deque[_Change]
+    expire_generation: int
+    drop_generation: int
+
+
 @dataclass
 class _Snapshot:
     """The consistent list a continue token pages through."""
@@ -139,7 +150,7 @@ class FakeApiserver:
         self._cond = threading.Condition()
         self._snapshot_ids = itertools.count(1)
         self._connections: set[socket.socket] = set()
-        self._active_watches: dict[str, int] = {kind: 0 for kind in RESOURCES}
+        self._watchers: set[_Watcher] = set()
         self._port = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -164,7 +175,7 @@ class FakeApiserver:
     def active_watches(self, kind: str) -> int:
         """How many watch streams of a kind are open right now."""
         with self._cond:
-            return self._active_watches[kind]
+            return sum(1 for w in self._watchers if w.kind == kind)
 
     def create(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store a new object and return it as served (with resourceVersion, uid...)."""
@@ -264,7 +275,11 @@ class FakeApiserver:
             del state.objects[kind][_key(stored)]
         else:
             state.objects[kind][_key(stored)] = stored
-        state.history.append(_Change(state.rv, kind, type_, copy.deepcopy(stored)))
+        change = _Change(state.rv, kind, type_, copy.deepcopy(stored))
+        state.history.append(change)
+        for watcher in self._watchers:
+            if watcher.kind == kind and _in_namespace(stored, watcher.namespace):
+                watcher.queue.append(change)
         while len(state.history) > state.history_size:
             state.compacted_rv = state.history.popleft().rv
         self._cond.notify_all()
@@ -321,62 +336,71 @@ class FakeApiserver:
         deadline = time.monotonic() + timeout if timeout else None
         with self._cond:
             self.watch_requests.append(WatchRequest(res.kind, rv_param, bookmarks))
-            self._active_watches[res.kind] += 1
+            watcher = self._register(res, namespace, rv_param)
+        if watcher is None:
+            send.event("ERROR", self._too_old(int(rv_param)))
+            return
         try:
-            self._stream(res, namespace, rv_param, bookmarks, deadline, send)
+            self._stream(res, watcher, bookmarks, deadline, send)
         finally:
             with self._cond:
-                self._active_watches[res.kind] -= 1
+                self._watchers.discard(watcher)
+
+    def _register(self, res: _Resource, namespace: str | None, rv_param: str) -> _Watcher | None:
+        """A watcher primed with what it missed since rv_param; None if that is too old."""
+        state = self._state
+        if rv_param in ("", "0"):
+            backlog = [
+                _Change(state.rv, res.kind, "ADDED", obj)
+                for obj in self._watch_objects(res.kind, namespace)
+            ]
+        elif int(rv_param) < state.compacted_rv:
+            return None
+        else:
+            backlog = [
+                c
+                for c in state.history
+                if c.rv > int(rv_param) and c.kind == res.kind and _in_namespace(c.obj, namespace)
+            ]
+        watcher = _Watcher(
+            res.kind, namespace, deque(backlog), state.expire_generation, state.drop_generation
+        )
+        self._watchers.add(watcher)
+        return watcher
 
     def _stream(
         self,
         res: _Resource,
-        namespace: str | None,
-        rv_param: str,
+        watcher: _Watcher,
         bookmarks: bool,
         deadline: float | None,
         send: _Sender,
     ) -> None:
-        with self._cond:
-            state = self._state
-            expire_gen, drop_gen = state.expire_generation, state.drop_generation
-            if rv_param in ("", "0"):
-                pos = state.rv
-                initial = [("ADDED", o) for o in self._watch_objects(res.kind, namespace)]
-            else:
-                pos, initial = int(rv_param), []
-                if pos < state.compacted_rv:
-                    send.event("ERROR", self._too_old(pos))
-                    return
-        for type_, obj in initial:
-            send.event(type_, obj)
+        state = self._state
         next_bookmark = time.monotonic() + self.bookmark_interval
         while True:
             with self._cond:
-                if state.drop_generation != drop_gen or self._server is None:
+                if state.drop_generation != watcher.drop_generation or self._server is None:
                     raise ConnectionAbortedError("dropped by the test")
-                if state.expire_generation != expire_gen or pos < state.compacted_rv:
-                    send.event("ERROR", self._too_old(pos))
+                if state.expire_generation != watcher.expire_generation:
+                    send.event("ERROR", self._too_old(state.rv - 1))
                     return
-                changes = [
-                    c
-                    for c in state.history
-                    if c.rv > pos and c.kind == res.kind and _in_namespace(c.obj, namespace)
-                ]
-                pos = max(pos, state.rv)
+                changes = list(watcher.queue)
+                watcher.queue.clear()
+                current = state.rv
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return
             for change in changes:
                 send.event(change.type, change.obj)
             if bookmarks and now >= next_bookmark:
-                send.event("BOOKMARK", self._bookmark(res, pos))
+                send.event("BOOKMARK", self._bookmark(res, current))
                 next_bookmark = now + self.bookmark_interval
+            wake = [next_bookmark if bookmarks else now + 1.0]
+            if deadline is not None:
+                wake.append(deadline)
             with self._cond:
-                if state.rv == pos and state.expire_generation == expire_gen:
-                    wake = [next_bookmark if bookmarks else now + 1.0]
-                    if deadline is not None:
-                        wake.append(deadline)
+                if not watcher.queue and state.expire_generation == watcher.expire_generation:
                     self._cond.wait(max(0.0, min(wake) - time.monotonic()))
 
     def _watch_objects(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:

@@ -1,0 +1,341 @@
+"""The apiserver source, driven through the official client against the stand-in apiserver."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from svcproxy.frontend.apiserver import ApiserverConfigError, ApiserverSource
+from svcproxy.frontend.apiserver_backoff import Backoff, BackoffPolicy
+from svcproxy.frontend.apiserver_resources import object_ref
+from svcproxy.frontend.events import KINDS, Delete, Event, Replace, Upsert
+
+from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+
+TOKEN = "s3cret"
+FAST = BackoffPolicy(initial=0.05, cap=0.5)
+LOGGER = "svcproxy.frontend.apiserver"
+
+Key = tuple[str, str, str]
+
+
+class StoreSink:
+    """Applies events the way the frontend does, and notes anything applied twice or late."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.events: list[Event] = []
+        self.anomalies: list[str] = []
+
+    def __call__(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            for event in events:
+                self.events.append(event)
+                self._apply(event)
+
+    def _apply(self, event: Event) -> None:
+        if isinstance(event, Replace):
+            for key in [k for k in self.objects if k[0] == event.kind]:
+                del self.objects[key]
+            for obj in event.objs:
+                self.objects[(event.kind, *object_ref(obj))] = obj
+        elif isinstance(event, Upsert):
+            key = (event.kind, *object_ref(event.obj))
+            old = self.objects.get(key)
+            if old is not None and _rv(event.obj) <= _rv(old):
+                self.anomalies.append(f"stale or repeated update of {key}")
+            self.objects[key] = event.obj
+        elif isinstance(event, Delete):
+            if self.objects.pop((event.kind, event.namespace, event.name), None) is None:
+                self.anomalies.append(f"delete of unknown {event}")
+
+    def of_kind(self, kind: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """The objects of a kind, keyed like the stand-in's."""
+        with self._lock:
+            return {(k[1], k[2]): v for k, v in self.objects.items() if k[0] == kind}
+
+    def count(self, event_type: type, kind: str) -> int:
+        """How many events of a type arrived for a kind."""
+        with self._lock:
+            return sum(1 for e in self.events if isinstance(e, event_type) and e.kind == kind)
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    return int(obj["metadata"]["resourceVersion"])
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Poll ``check`` until true, failing with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def in_sync(sink: StoreSink, fake: FakeApiserver) -> bool:
+    """The sink holds exactly what the stand-in holds, for every kind."""
+    return all(sink.of_kind(kind) == fake.objects(kind) for kind in KINDS)
+
+
+def service(name: str, namespace: str = "default", port: int = 80) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": port}]},
+    }
+
+
+def endpoint_slice(name: str, service_name: str, addresses: list[str]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": service_name},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }
+
+
+def node(name: str, zone: str = "z1") -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}}}
+
+
+def populate(fake: FakeApiserver) -> None:
+    """A small cluster: two Services, their EndpointSlices, two Nodes."""
+    fake.create("Service", service("web"))
+    fake.create("Service", service("db", port=5432))
+    fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1", "10.0.0.2"]))
+    fake.create("EndpointSlice", endpoint_slice("db-xyz", "db", ["10.0.1.1"]))
+    fake.create("Node", node("n1"))
+    fake.create("Node", node("n2", "z2"))
+
+
+@pytest.fixture
+def fake(request: pytest.FixtureRequest) -> Iterator[FakeApiserver]:
+    """The stand-in; parametrize indirectly with a dict to pass it options."""
+    options = {"token": TOKEN, "bookmark_interval": 0.1, **getattr(request, "param", {})}
+    api = FakeApiserver(**options)
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def start_source(
+    fake: FakeApiserver, tmp_path: Path
+) -> Iterator[Callable[..., tuple[ApiserverSource, StoreSink]]]:
+    """Start an ApiserverSource through a kubeconfig file, as `--kubeconfig` does."""
+    started: list[ApiserverSource] = []
+
+    def start(**options: Any) -> tuple[ApiserverSource, StoreSink]:
+        token = options.pop("token", TOKEN)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, token)
+        sink = StoreSink()
+        source = ApiserverSource(
+            sink, kubeconfig=str(kubeconfig), resync_backoff=FAST, **options
+        )
+        started.append(source)
+        source.start()
+        return source, sink
+
+    try:
+        yield start
+    finally:
+        for source in started:
+            source.stop()
+
+
+def start_synced(
+    start_source: Callable[..., tuple[ApiserverSource, StoreSink]], **options: Any
+) -> tuple[ApiserverSource, StoreSink]:
+    source, sink = start_source(**options)
+    assert source.synced.wait(15), "the source never listed every kind"
+    return source, sink
+
+
+def test_initial_list_arrives_as_one_replace_per_kind(fake, start_source, caplog) -> None:
+    populate(fake)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        source, sink = start_synced(start_source)
+    assert [type(e) for e in sink.events] == [Replace, Replace, Replace]
+    assert {e.kind for e in sink.events} == set(KINDS)
+    assert in_sync(sink, fake)
+    web = sink.of_kind("Service")[("default", "web")]
+    assert web["kind"] == "Service" and web["apiVersion"] == "v1"
+    assert web["spec"]["ports"] == [{"name": "http", "port": 80}]
+    assert sink.of_kind("EndpointSlice")[("default", "web-abc")]["apiVersion"] == (
+        "discovery.k8s.io/v1"
+    )
+    assert any("listed 2 services" in r.getMessage() for r in caplog.records)
+    assert source.server == fake.url
+
+
+def test_create_update_delete_arrive(fake, start_source) -> None:
+    populate(fake)
+    _, sink = start_synced(start_source)
+    fake.create("Service", service("cache", namespace="other", port=6379))
+    fake.update("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.9"]))
+    fake.delete("Node", node("n2"))
+    wait_until(lambda: in_sync(sink, fake), "create/update/delete to arrive")
+    assert ("other", "cache") in sink.of_kind("Service")
+    endpoints = sink.of_kind("EndpointSlice")[("default", "web-abc")]["endpoints"]
+    assert [e["addresses"] for e in endpoints] == [["10.0.0.9"]]
+    assert ("", "n2") not in sink.of_kind("Node")
+    assert sink.count(Upsert, "Service") == 1
+    assert sink.count(Upsert, "EndpointSlice") == 1
+    assert sink.count(Delete, "Node") == 1
+    assert all(sink.count(Replace, kind) == 1 for kind in KINDS)
+    assert sink.anomalies == []
+
+
+def test_pagination_lists_more_objects_than_the_page_size(fake, start_source) -> None:
+    for i in range(25):
+        fake.create("Service", service(f"svc-{i:02d}"))
+    _, sink = start_synced(start_source, page_size=10)
+    assert len(sink.of_kind("Service")) == 25
+    assert in_sync(sink, fake)
+    pages = [params for kind, params in fake.list_requests if kind == "Service"]
+    assert [p.get("limit") for p in pages] == ["10", "10", "10"]
+    assert [bool(p.get("continue")) for p in pages] == [False, True, True]
+
+
+def test_forced_410_while_disconnected_relists_and_loses_nothing(fake, start_source) -> None:
+    populate(fake)
+    _, sink = start_synced(start_source)
+    fake.stop()
+    fake.create("Service", service("added-in-gap"))
+    fake.update("Service", service("web", port=8080))
+    fake.delete("Service", service("db"))
+    fake.update("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.3"]))
+    fake.delete("EndpointSlice", endpoint_slice("db-xyz", "db", []))
+    fake.create("Node", node("n3"))
+    fake.delete("Node", node("n1"))
+    fake.compact()
+    fake.start()
+    wait_until(lambda: in_sync(sink, fake), "the relist after 410 Gone to converge")
+    assert all(sink.count(Replace, kind) == 2 for kind in KINDS)
+    assert {w.resource_version for w in fake.watch_requests if w.kind == "Service"} != {""}
+    assert sink.anomalies == []
+
+
+def test_410_error_event_on_a_live_watch_relists(fake, start_source, caplog) -> None:
+    populate(fake)
+    _, sink = start_synced(start_source)
+    wait_until(
+        lambda: all(fake.active_watches(kind) for kind in KINDS), "every kind to be watching"
+    )
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        fake.compact()
+        fake.expire_watches()
+        fake.create("Service", service("after-expiry"))
+        fake.delete("Node", node("n2"))
+        wait_until(lambda: all(sink.count(Replace, k) == 2 for k in KINDS), "a relist per kind")
+        wait_until(lambda: in_sync(sink, fake), "the state after the relist")
+    assert sink.anomalies == []
+    assert any("410 Gone" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("fake", [{"history_size": 5}], indirect=True)
+def test_bookmarks_advance_the_resource_version_so_resuming_needs_no_relist(
+    fake, start_source
+) -> None:
+    populate(fake)
+    source, sink = start_synced(start_source)
+    wait_until(lambda: all(fake.active_watches(kind) for kind in KINDS), "watches to open")
+    listed_at = int(source.resource_versions["Service"] or 0)
+    for i in range(20):
+        fake.create("Node", node(f"extra-{i}"))
+    wait_until(
+        lambda: set(source.resource_versions.values()) == {str(fake.resource_version)},
+        "BOOKMARKs to bring every watch up to the cluster's resourceVersion",
+    )
+    assert fake.resource_version - listed_at > 5, "history no longer reaches the listed version"
+    fake.drop_connections()
+    fake.create("Service", service("after-drop"))
+    wait_until(lambda: in_sync(sink, fake), "the resumed watches to converge")
+    assert all(sink.count(Replace, kind) == 1 for kind in KINDS)
+    assert sink.anomalies == []
+
+
+def test_apiserver_restart_reconnects_with_backoff_and_resumes(fake, start_source, caplog) -> None:
+    populate(fake)
+    _, sink = start_synced(start_source)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        fake.stop()
+        fake.create("Service", service("while-down"))
+        fake.delete("Node", node("n1"))
+        wait_until(
+            lambda: any("retrying in" in r.getMessage() for r in caplog.records),
+            "a warning about the lost apiserver",
+        )
+        fake.start()
+        wait_until(lambda: in_sync(sink, fake), "the source to reconnect and converge")
+    assert all(sink.count(Replace, kind) == 1 for kind in KINDS)
+    assert sink.anomalies == []
+    warning = next(r.getMessage() for r in caplog.records if "retrying in" in r.getMessage())
+    assert fake.url in warning
+
+
+def test_watch_timeouts_resume_quietly(fake, start_source, caplog) -> None:
+    populate(fake)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _, sink = start_synced(start_source, watch_timeout_seconds=1)
+        wait_until(
+            lambda: sum(w.kind == "Service" for w in fake.watch_requests) >= 3,
+            "the watch to time out and be resumed twice",
+        )
+        fake.create("Service", service("late"))
+        wait_until(lambda: in_sync(sink, fake), "the change after the timeouts")
+    assert sink.count(Replace, "Service") == 1
+    assert caplog.records == []
+
+
+def test_rejected_credentials_are_reported_and_block_sync(fake, start_source, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        source, _ = start_source(token="wrong")
+        wait_until(
+            lambda: any("401 Unauthorized" in r.getMessage() for r in caplog.records),
+            "a warning about the rejected token",
+        )
+    assert not source.synced.is_set()
+
+
+def test_stop_closes_the_watches(fake, start_source) -> None:
+    source, _ = start_synced(start_source)
+    wait_until(lambda: all(fake.active_watches(kind) for kind in KINDS), "watches to open")
+    started = time.monotonic()
+    source.stop()
+    assert time.monotonic() - started < 2.0
+    wait_until(lambda: not any(fake.active_watches(k) for k in KINDS), "watches to close", 5)
+
+
+def test_missing_kubeconfig_is_a_clear_error(tmp_path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ApiserverConfigError, match="nope.yaml"):
+        ApiserverSource(StoreSink(), kubeconfig=str(missing))
+
+
+def test_no_kubeconfig_outside_a_pod_asks_for_one(monkeypatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    with pytest.raises(ApiserverConfigError, match="--kubeconfig"):
+        ApiserverSource(StoreSink())
+
+
+def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
+    backoff = Backoff(BackoffPolicy(initial=0.8, cap=30.0, jitter=0.0))
+    delays = [backoff.next_delay() for _ in range(8)]
+    assert delays == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    backoff.reset()
+    assert backoff.next_delay() == 0.8
+    jittery = Backoff(BackoffPolicy(initial=1.0, jitter=0.1), rand=lambda: 1.0)
+    assert jittery.next_delay() == pytest.approx(1.1)
