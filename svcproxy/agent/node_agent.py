@@ -1,0 +1,101 @@
+"""The node agent: one backend, its sync runner and the servers every backend shares."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from svcproxy.agent.addresses import node_port_ips
+from svcproxy.agent.config import NodeConfig
+from svcproxy.agent.conntrack_cli import ConntrackCleaner
+from svcproxy.agent.health import ProxyHealth
+from svcproxy.agent.healthz import HealthzServer
+from svcproxy.agent.metrics import AgentMetrics
+from svcproxy.agent.metrics_server import MetricsServer
+from svcproxy.agent.runner import AfterSync, SyncRunner
+from svcproxy.agent.service_health import ServiceHealthServer
+from svcproxy.agent.source import StateSource
+from svcproxy.sdk.backend import Backend, NodeState
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+
+def default_conntrack_cleaner() -> ConntrackCleaner | None:
+    """The conntrack(8)-based cleaner, or None (with a warning) when the tool is missing."""
+    if shutil.which("conntrack") is None:
+        log.warning(
+            "conntrack(8) not found: stale UDP/SCTP flows will not be cleaned after endpoint "
+            "changes (install the conntrack package)"
+        )
+        return None
+    return ConntrackCleaner()
+
+
+class NodeAgent:
+    """Wires runner, health, metrics, health-check node ports and conntrack cleanup.
+
+    Binding the healthz or metrics address happens here and raises OSError
+    when the address is taken; nothing stays open in that case.
+    """
+
+    def __init__(
+        self,
+        source: StateSource,
+        backend: Backend,
+        config: NodeConfig,
+        *,
+        healthz_address: Address | None = None,
+        metrics_address: Address | None = None,
+        conntrack: ConntrackCleaner | None = None,
+        retry_initial: float = 1.0,
+        poll: float = 0.2,
+    ) -> None:
+        self.health = ProxyHealth(timeout=2 * config.sync_period)
+        self.metrics = AgentMetrics()
+        self.service_health = ServiceHealthServer(
+            self.health, node_port_ips(config.node_port_addresses, config.node_ips)
+        )
+        hooks: list[AfterSync] = []
+        if conntrack is not None:
+            hooks.append(conntrack.after_sync)
+        hooks.append(self._sync_service_health)
+        self.runner = SyncRunner(
+            source,
+            backend,
+            health=self.health,
+            sync_period=config.sync_period,
+            min_sync_period=config.min_sync_period,
+            metrics=self.metrics,
+            after_sync=hooks,
+            retry_initial=retry_initial,
+            poll=poll,
+        )
+        self.healthz: HealthzServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        try:
+            if healthz_address is not None:
+                self.healthz = HealthzServer(*healthz_address, self.health, self.metrics)
+            if metrics_address is not None:
+                self.metrics_server = MetricsServer(*metrics_address, self.metrics, backend.name)
+        except OSError:
+            self.close()
+            raise
+
+    def _sync_service_health(self, _old: NodeState | None, new: NodeState) -> None:
+        self.service_health.sync(new)
+
+    def run(self) -> None:
+        """Sync until ``stop``."""
+        self.runner.run()
+
+    def stop(self) -> None:
+        self.runner.stop()
+
+    def close(self) -> None:
+        """Close every port the agent opened."""
+        self.service_health.close()
+        for server in (self.healthz, self.metrics_server):
+            if server is not None:
+                server.close()
