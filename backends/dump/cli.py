@@ -1,0 +1,17 @@
+"""Command-line plugin of the dump backend."""
+
+from __future__ import annotations
+
+import argparse
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.backends.dump.backend import DumpBackend
+from svcproxy.sdk import Backend
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The dump backend has no flags of its own."""
+
+
+def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
+    return DumpBackend()

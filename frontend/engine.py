@@ -1,0 +1,284 @@
+"""The frontend's core: cluster store → per-node records → revisioned views.
+
+``Engine.submit`` takes a batch of source events, updates the store, recomputes
+only the services the batch touched (once per node class, see compute.py),
+diffs each view's old and new records and appends the ops to the views that
+changed. Runs on the asyncio loop; sources in other threads use
+``submit_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from svcproxy.frontend import metrics
+from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
+from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
+from svcproxy.frontend.objects import (
+    EndpointSlice,
+    Node,
+    ParseError,
+    Service,
+    parse_endpoint_slice,
+    parse_node,
+    parse_service,
+)
+from svcproxy.frontend.views import NodeView
+from svcproxy.frontend.wire import WireOp, delete_node, diff_records, replace_service, set_node
+from svcproxy.model import NodeInfo, ServicePortState
+
+log = logging.getLogger(__name__)
+ObjKey = tuple[str, str]
+CLUSTER_VIEW = ""
+
+
+def node_info(node: Node) -> NodeInfo:
+    return NodeInfo(node.name, node.zone, node.pod_cidrs, node.addresses, node.labels,
+                    node.terminating)
+
+
+@dataclass
+class _Touched:
+    services: set[ObjKey] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+
+
+def _obj_key(kind: Kind, obj: dict[str, Any]) -> ObjKey:
+    meta = obj.get("metadata") or {}
+    ns = "" if kind == "Node" else str(meta.get("namespace") or "default")
+    return (ns, str(meta.get("name") or ""))
+
+
+class Engine:
+    def __init__(self, proxy_name: str = "", history_limit: int = 20000) -> None:
+        self.proxy_name = proxy_name
+        self.history_limit = history_limit
+        self.services: dict[ObjKey, Service] = {}
+        self.slices: dict[ObjKey, EndpointSlice] = {}
+        self.slices_of: dict[ObjKey, set[ObjKey]] = {}
+        self.nodes: dict[str, Node] = {}
+        self.caches: dict[ObjKey, NodeClassCache] = {}
+        # Revisions start at the start time in microseconds, so a restarted
+        # frontend never serves a revision an older instance handed out.
+        self.revision = int(time.time() * 1e6)
+        self.views: dict[str, NodeView] = {CLUSTER_VIEW: self._new_view(CLUSTER_VIEW)}
+        self._listed: set[Kind] = set()
+        self.synced = asyncio.Event()
+        self._snapshot_ops: dict[int, tuple[ServicePortState, WireOp]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- sources -------------------------------------------------------
+    def submit_threadsafe(self, events: Sequence[Event]) -> None:
+        """Hand a batch from another thread to the loop."""
+        assert self.loop is not None, "Engine.loop must be set before sources start"
+        self.loop.call_soon_threadsafe(self.submit, list(events))
+
+    def submit(self, events: Iterable[Event]) -> None:
+        """Apply one batch of source events and publish the resulting changes."""
+        touched = _Touched()
+        for ev in events:
+            if isinstance(ev, Replace):
+                self._replace(ev.kind, ev.objs, touched)
+                self._listed.add(ev.kind)
+            elif isinstance(ev, Upsert):
+                self._upsert(ev.kind, ev.obj, touched)
+            elif isinstance(ev, Delete):
+                self._delete(ev.kind, (ev.namespace, ev.name), touched)
+            metrics.WATCH_EVENTS.labels(type(ev).__name__.lower()).inc()
+        self._publish(touched)
+        if not self.synced.is_set() and self._listed >= set(KINDS):
+            log.info("frontend synced: %d services, %d endpoint slices, %d nodes",
+                     len(self.services), len(self.slices), len(self.nodes))
+            self.synced.set()
+
+    def _parse(self, kind: Kind, obj: dict[str, Any]) -> Service | EndpointSlice | Node | None:
+        try:
+            if kind == "Service":
+                return parse_service(obj)
+            if kind == "EndpointSlice":
+                return parse_endpoint_slice(obj)
+            return parse_node(obj)
+        except (ParseError, TypeError, AttributeError, ValueError) as err:
+            ns, name = _obj_key(kind, obj)
+            where = obj.get("__source__", "")
+            log.error("skipping invalid %s %s%s%s: %s (its last good version stays in use)",
+                      kind, f"{ns}/" if ns else "", name, f" from {where}" if where else "", err)
+            metrics.INVALID_OBJECTS.labels(kind).inc()
+            return None
+
+    def _upsert(self, kind: Kind, obj: dict[str, Any], touched: _Touched) -> None:
+        parsed = self._parse(kind, obj)
+        if isinstance(parsed, Service):
+            if self.services.get(parsed.key) != parsed:
+                self.services[parsed.key] = parsed
+                touched.services.add(parsed.key)
+        elif isinstance(parsed, EndpointSlice):
+            old = self.slices.get(parsed.key)
+            if old is not None and old.service_name != parsed.service_name:
+                self._delete("EndpointSlice", parsed.key, touched)
+                old = None
+            if old is None or (old.ports, old.endpoints) != (parsed.ports, parsed.endpoints):
+                self.slices[parsed.key] = parsed
+                svc = (parsed.namespace, parsed.service_name)
+                self.slices_of.setdefault(svc, set()).add(parsed.key)
+                touched.services.add(svc)
+        elif isinstance(parsed, Node):
+            if self.nodes.get(parsed.name) != parsed:
+                self.nodes[parsed.name] = parsed
+                touched.nodes.add(parsed.name)
+
+    def _delete(self, kind: Kind, key: ObjKey, touched: _Touched) -> None:
+        if kind == "Service":
+            if self.services.pop(key, None) is not None:
+                touched.services.add(key)
+        elif kind == "EndpointSlice":
+            old = self.slices.pop(key, None)
+            if old is not None:
+                svc = (old.namespace, old.service_name)
+                self.slices_of.get(svc, set()).discard(key)
+                touched.services.add(svc)
+        elif self.nodes.pop(key[1], None) is not None:
+            touched.nodes.add(key[1])
+
+    def _replace(self, kind: Kind, objs: list[dict[str, Any]], touched: _Touched) -> None:
+        store: dict[Any, Any] = {"Service": self.services, "EndpointSlice": self.slices,
+                                 "Node": self.nodes}[kind]
+        listed = {_obj_key(kind, o) for o in objs}
+        for key in list(store):
+            full = ("", key) if kind == "Node" else key
+            if full not in listed:
+                self._delete(kind, full, touched)
+        for obj in objs:
+            self._upsert(kind, obj, touched)
+
+    # ---- computation ---------------------------------------------------
+    def _new_view(self, name: str) -> NodeView:
+        return NodeView(name, self.revision, self.history_limit)
+
+    def _zone(self, name: str) -> str:
+        node = self.nodes.get(name)
+        return node.zone if node else ""
+
+    def view(self, name: str) -> NodeView:
+        """The view of a node, created (with all current records) on first use."""
+        view = self.views.get(name)
+        if view is None:
+            view = self.views[name] = self._new_view(name)
+            zone = self._zone(name)
+            for cache in self.caches.values():
+                view.records.update(cache.records(name, zone))
+            if name in self.nodes:
+                view.node = node_info(self.nodes[name])
+        return view
+
+    def release(self, view: NodeView) -> None:
+        """Forget a view nobody watches and no Node backs."""
+        if not view.watchers and view.name and view.name not in self.nodes:
+            self.views.pop(view.name, None)
+
+    def _publish(self, touched: _Touched) -> None:
+        for name in touched.nodes:
+            if name in self.nodes:
+                self.view(name)
+        pending: dict[str, list[WireOp]] = {}
+        self._publish_nodes(touched.nodes, pending)
+        for svc in touched.services:
+            self._publish_service(svc, pending)
+        changed = {n: ops for n, ops in pending.items() if ops}
+        if not changed:
+            return
+        self.revision += 1
+        metrics.REVISION.set(self.revision)
+        for name, ops in changed.items():
+            self.views[name].append(self.revision, ops)
+            metrics.BATCH_OPS.observe(len(ops))
+        for name in touched.nodes:
+            if name not in self.nodes and name in self.views:
+                self.release(self.views[name])
+
+    def _publish_nodes(self, names: set[str], pending: dict[str, list[WireOp]]) -> None:
+        cluster = self.views[CLUSTER_VIEW]
+        for name in names:
+            node = self.nodes.get(name)
+            info = node_info(node) if node else None
+            op = set_node(info) if info else delete_node(name)
+            pending.setdefault(CLUSTER_VIEW, []).append(op)
+            if info:
+                cluster.nodes[name] = info
+            else:
+                cluster.nodes.pop(name, None)
+            view = self.views.get(name)
+            if view is None:
+                continue
+            old_zone = view.node.zone if view.node else ""
+            view.node = info
+            pending.setdefault(name, []).append(op)
+            if (info.zone if info else "") != old_zone:
+                self._recompute_view(view, pending)
+
+    def _recompute_view(self, view: NodeView, pending: dict[str, list[WireOp]]) -> None:
+        """A node's zone changed: every service may now select differently for it."""
+        zone = self._zone(view.name)
+        ops = pending.setdefault(view.name, [])
+        for cache in self.caches.values():
+            new = cache.records(view.name, zone)
+            for key, rec in new.items():
+                ops += diff_records(view.records.get(key), rec)
+            view.records.update(new)
+
+    def _publish_service(self, svc: ObjKey, pending: dict[str, list[WireOp]]) -> None:
+        old_cache = self.caches.get(svc)
+        old_keys = {p.service.key for p in (old_cache.base if old_cache else EMPTY_BASE).ports}
+        base = service_base(self.services.get(svc),
+                            (self.slices[k] for k in self.slices_of.get(svc, ())),
+                            self.proxy_name)
+        cache = NodeClassCache(base)
+        if base.ports:
+            self.caches[svc] = cache
+        else:
+            self.caches.pop(svc, None)
+        if not self.slices_of.get(svc):
+            self.slices_of.pop(svc, None)
+        memo: dict[tuple[int, int], list[WireOp]] = {}
+        for view in self.views.values():
+            new = cache.records(view.name, self._zone(view.name))
+            ops = pending.setdefault(view.name, [])
+            for key in old_keys | new.keys():
+                old_rec, new_rec = view.records.get(key), new.get(key)
+                if old_rec == new_rec:
+                    continue
+                pair = (id(old_rec), id(new_rec))
+                if pair not in memo:
+                    memo[pair] = diff_records(old_rec, new_rec)
+                ops += memo[pair]
+            view.set_records(old_keys, new)
+
+    # ---- snapshots -----------------------------------------------------
+    def snapshot_ops(self, view: NodeView) -> list[bytes]:
+        """The ops that build ``view`` from nothing (serialised records are cached)."""
+        out = [set_node(n).data for n in view.nodes.values()]
+        if view.node is not None:
+            out.append(set_node(view.node).data)
+        live: dict[int, tuple[ServicePortState, WireOp]] = {}
+        for rec in view.records.values():
+            hit = self._snapshot_ops.get(id(rec))
+            if hit is None or hit[0] is not rec:
+                hit = (rec, replace_service(rec))
+            live[id(rec)] = hit
+            out.append(hit[1].data)
+        self._snapshot_ops.update(live)
+        if len(self._snapshot_ops) > 4 * max(1, len(live)) + 100000:
+            self._snapshot_ops = live
+        return out
+
+
+def known_nodes(engine: Engine) -> list[NodeInfo]:
+    return [node_info(engine.nodes[n]) for n in sorted(engine.nodes)]
+
+
+Submit = Callable[[Sequence[Event]], None]

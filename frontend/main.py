@@ -1,0 +1,85 @@
+"""Runs the frontend: a source, the engine, the gRPC server and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.manifests import ManifestSource
+from svcproxy.frontend.server import TLSFiles, start_server
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendOptions:
+    listen: str = "127.0.0.1:12090"
+    manifests: Path | None = None
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    service_proxy_name: str = ""
+    metrics_bind_address: str = "127.0.0.1:12091"
+    tls: TLSFiles | None = None
+    history: int = 20000
+
+
+def _start_source(opts: FrontendOptions, engine: Engine) -> object:
+    if opts.manifests is not None:
+        source = ManifestSource(opts.manifests, engine.submit_threadsafe)
+        log.info("reading manifests from %s", opts.manifests)
+    else:
+        from svcproxy.frontend.apiserver import ApiserverSource
+
+        source = ApiserverSource(engine.submit_threadsafe, kubeconfig=opts.kubeconfig)
+        log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
+    source.start()
+    return source
+
+
+def _start_metrics(address: str) -> None:
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0")
+    log.info("serving /metrics on %s", address)
+
+
+class Frontend:
+    """The running frontend; ``await start()``, then ``await stop()``."""
+
+    def __init__(self, opts: FrontendOptions) -> None:
+        self.opts = opts
+        self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history)
+        self.port = 0
+        self._server: object = None
+        self._source: object = None
+
+    async def start(self) -> None:
+        self.engine.loop = asyncio.get_running_loop()
+        self._server, self.port = await start_server(self.engine, self.opts.listen,
+                                                      self.opts.tls)
+        _start_metrics(self.opts.metrics_bind_address)
+        self._source = _start_source(self.opts, self.engine)
+
+    async def stop(self) -> None:
+        self._source.stop()  # type: ignore[attr-defined]
+        await self._server.stop(grace=1)  # type: ignore[attr-defined]
+
+
+async def run_frontend(opts: FrontendOptions) -> int:
+    """Serve until SIGINT/SIGTERM."""
+    frontend = Frontend(opts)
+    await frontend.start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await frontend.stop()
+    return 0

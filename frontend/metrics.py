@@ -1,0 +1,20 @@
+"""The frontend's Prometheus metrics."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+WATCH_EVENTS = Counter("svcproxy_frontend_source_events_total",
+                       "Events received from the sources, by type (upsert, delete, replace).",
+                       ["type"])
+INVALID_OBJECTS = Counter("svcproxy_frontend_invalid_objects_total",
+                          "Objects skipped because they could not be parsed, by kind.", ["kind"])
+REVISION = Gauge("svcproxy_frontend_revision", "The latest revision of the node views.")
+CLIENTS = Gauge("svcproxy_frontend_watch_clients", "Connected Watch streams.")
+CLIENT_LAG = Histogram("svcproxy_frontend_client_lag_revisions",
+                       "How many revisions a client was behind when its batch was sent.",
+                       buckets=(0, 1, 2, 5, 10, 50, 100, 1000, 10000))
+SNAPSHOT_BYTES = Histogram("svcproxy_frontend_snapshot_bytes", "Size of snapshots sent.",
+                           buckets=(1e3, 1e4, 1e5, 1e6, 1e7, 1e8))
+BATCH_OPS = Histogram("svcproxy_frontend_batch_ops", "Ops per published node batch.",
+                      buckets=(1, 2, 5, 10, 100, 1000, 10000, 100000))
+RESETS = Counter("svcproxy_frontend_watch_resets_total",
+                 "Watch streams that had to start over with a snapshot (history gone).")

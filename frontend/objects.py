@@ -1,0 +1,345 @@
+"""The cluster objects the frontend uses, parsed and validated from Kubernetes JSON.
+
+Only the fields svcproxy needs are kept. Parsing is strict where a mistake
+would program wrong rules (ports, protocols) and forgiving where Kubernetes
+itself is (IPs with leading zeros, spaces in source ranges): a bad object
+raises ``ParseError`` with a reason a person can act on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from svcproxy.model import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    LoadBalancerIngress,
+    Protocol,
+    ServiceType,
+    SessionAffinity,
+    TrafficPolicy,
+    normalize_cidr,
+    normalize_ip,
+)
+
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+HEADLESS_LABEL = "service.kubernetes.io/headless"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+TOPOLOGY_ANNOTATIONS = ("service.kubernetes.io/topology-mode",
+                        "service.kubernetes.io/topology-aware-hints")
+ZONE_LABEL = "topology.kubernetes.io/zone"
+TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
+OPTION_PREFIX = "svcproxy.io/"
+
+
+class ParseError(ValueError):
+    """An object that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SvcPort:
+    name: str
+    protocol: Protocol
+    port: int
+    node_port: int
+    target_port: str
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    namespace: str
+    name: str
+    type: str
+    cluster_ips: tuple[str, ...]
+    ports: tuple[SvcPort, ...]
+    external_ips: tuple[str, ...] = ()
+    load_balancer_ingress: tuple[LoadBalancerIngress, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    session_affinity: SessionAffinity = SessionAffinity.NONE
+    session_affinity_timeout: int = 0
+    internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    health_check_node_port: int = 0
+    traffic_distribution: str = ""
+    topology_mode: str = ""
+    proxy_name: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def proxyable_type(self) -> ServiceType | None:
+        """The type as svcproxy programs it; None for ExternalName and headless."""
+        if self.type == "ExternalName" or not self.cluster_ips:
+            return None
+        return {"NodePort": ServiceType.NODE_PORT,
+                "LoadBalancer": ServiceType.LOAD_BALANCER}.get(self.type, ServiceType.CLUSTER_IP)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceEndpoint:
+    addresses: tuple[str, ...]
+    ready: bool
+    serving: bool
+    terminating: bool
+    node_name: str
+    zone: str
+    hint_zones: tuple[str, ...]
+    hint_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePort:
+    name: str
+    protocol: Protocol
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSlice:
+    namespace: str
+    name: str
+    service_name: str
+    address_type: str
+    ports: tuple[SlicePort, ...]
+    endpoints: tuple[SliceEndpoint, ...]
+    trigger_time: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    zone: str
+    labels: tuple[tuple[str, str], ...]
+    pod_cidrs: tuple[str, ...]
+    addresses: tuple[str, ...]
+    terminating: bool
+
+
+def _meta(obj: dict[str, Any], namespaced: bool) -> tuple[str, str, dict[str, Any]]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name"):
+        raise ParseError("metadata.name is missing")
+    namespace = str(meta.get("namespace") or ("default" if namespaced else ""))
+    return namespace, str(meta["name"]), meta
+
+
+def _dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ParseError(f"{where} must be a mapping")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ParseError(f"{where} must be a list")
+    return value
+
+
+def _protocol(value: Any, where: str) -> Protocol:
+    try:
+        return Protocol(value or "TCP")
+    except ValueError:
+        raise ParseError(f"{where}: unsupported protocol {value!r} (TCP, UDP or SCTP)") from None
+
+
+def _port(value: Any, where: str, allow_zero: bool = False) -> int:
+    if value is None and allow_zero:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParseError(f"{where}: port {value!r} is not a number")
+    if not (0 if allow_zero else 1) <= value <= 65535:
+        raise ParseError(f"{where}: port {value} is out of range 1-65535")
+    return value
+
+
+def _ips(values: list[Any], where: str) -> tuple[str, ...]:
+    out = []
+    for value in values:
+        ip = normalize_ip(str(value))
+        if ip is None:
+            raise ParseError(f"{where}: {value!r} is not an IP address")
+        out.append(ip)
+    return tuple(dict.fromkeys(out))
+
+
+def _policy(value: Any, where: str) -> TrafficPolicy:
+    if value in (None, ""):
+        return TrafficPolicy.CLUSTER
+    if value == "Local":
+        return TrafficPolicy.LOCAL
+    if value == "Cluster":
+        return TrafficPolicy.CLUSTER
+    raise ParseError(f"{where}: traffic policy {value!r} is neither Cluster nor Local")
+
+
+def _service_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
+    ports = []
+    raw = _list(spec.get("ports"), "spec.ports")
+    for i, p in enumerate(raw):
+        where = f"spec.ports[{i}]"
+        p = _dict(p, where)
+        name = str(p.get("name") or "")
+        if len(raw) > 1 and not name:
+            raise ParseError(f"{where}: a service with several ports must name each")
+        port = _port(p.get("port"), where)
+        target = p.get("targetPort", port)
+        ports.append(SvcPort(name, _protocol(p.get("protocol"), where), port,
+                             _port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True),
+                             str(target)))
+    return tuple(ports)
+
+
+def _affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
+    if spec.get("sessionAffinity") != "ClientIP":
+        return SessionAffinity.NONE, 0
+    cfg = _dict(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client = _dict(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    timeout = client.get("timeoutSeconds", DEFAULT_AFFINITY_TIMEOUT)
+    if not isinstance(timeout, int) or not 0 < timeout <= 86400:
+        raise ParseError(f"sessionAffinityConfig.clientIP.timeoutSeconds {timeout!r} "
+                         "must be 1-86400")
+    return SessionAffinity.CLIENT_IP, timeout
+
+
+def _source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
+    out = []
+    for value in _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges"):
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            cidr = normalize_cidr(part)
+            if cidr is None:
+                raise ParseError(f"loadBalancerSourceRanges: {part.strip()!r} is not a CIDR")
+            out.append(cidr)
+    return tuple(dict.fromkeys(out))
+
+
+def _lb_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
+    lb = _dict(status.get("loadBalancer"), "status.loadBalancer")
+    out = []
+    for i, ing in enumerate(_list(lb.get("ingress"), "status.loadBalancer.ingress")):
+        ing = _dict(ing, f"status.loadBalancer.ingress[{i}]")
+        if not ing.get("ip"):
+            continue
+        (ip,) = _ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
+        out.append(LoadBalancerIngress(ip, str(ing.get("ipMode") or "VIP")))
+    return tuple(out)
+
+
+def parse_service(obj: dict[str, Any]) -> Service:
+    """A Service from its JSON; raises ParseError."""
+    namespace, name, meta = _meta(obj, namespaced=True)
+    spec = _dict(obj.get("spec"), "spec")
+    labels = _dict(meta.get("labels"), "metadata.labels")
+    annotations = _dict(meta.get("annotations"), "metadata.annotations")
+    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    cluster_ips = [] if "None" in cluster_ips else cluster_ips
+    affinity, timeout = _affinity(spec)
+    topology = next((str(annotations[a]) for a in TOPOLOGY_ANNOTATIONS if a in annotations), "")
+    hc_port = spec.get("healthCheckNodePort")
+    return Service(
+        namespace=namespace, name=name, type=str(spec.get("type") or "ClusterIP"),
+        cluster_ips=_ips(_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
+        ports=_service_ports(spec),
+        external_ips=_ips(_list(spec.get("externalIPs"), "spec.externalIPs"), "spec.externalIPs"),
+        load_balancer_ingress=_lb_ingress(_dict(obj.get("status"), "status")),
+        load_balancer_source_ranges=_source_ranges(spec),
+        session_affinity=affinity, session_affinity_timeout=timeout,
+        internal_traffic_policy=_policy(spec.get("internalTrafficPolicy"),
+                                        "spec.internalTrafficPolicy"),
+        external_traffic_policy=_policy(spec.get("externalTrafficPolicy"),
+                                        "spec.externalTrafficPolicy"),
+        health_check_node_port=_port(hc_port, "spec.healthCheckNodePort", allow_zero=True),
+        traffic_distribution=str(spec.get("trafficDistribution") or ""),
+        topology_mode=topology,
+        proxy_name=str(labels[SERVICE_PROXY_NAME_LABEL])
+        if SERVICE_PROXY_NAME_LABEL in labels else None,
+        options=tuple(sorted((str(k), str(v)) for k, v in annotations.items()
+                             if str(k).startswith(OPTION_PREFIX))),
+    )
+
+
+def parse_time(text: Any) -> float:
+    """Unix seconds of an RFC 3339 timestamp; 0.0 when absent or invalid."""
+    if not text:
+        return 0.0
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _slice_endpoint(ep: dict[str, Any], where: str) -> SliceEndpoint:
+    cond = _dict(ep.get("conditions"), f"{where}.conditions")
+    hints = _dict(ep.get("hints"), f"{where}.hints")
+    ready = cond.get("ready")
+    ready = True if ready is None else bool(ready)
+    serving = cond.get("serving")
+    serving = ready if serving is None else bool(serving)
+    return SliceEndpoint(
+        addresses=_ips(_list(ep.get("addresses"), f"{where}.addresses"), f"{where}.addresses"),
+        ready=ready, serving=serving, terminating=bool(cond.get("terminating") or False),
+        node_name=str(ep.get("nodeName") or ""), zone=str(ep.get("zone") or ""),
+        hint_zones=tuple(str(_dict(z, where).get("name", "")) for z in
+                         _list(hints.get("forZones"), f"{where}.hints.forZones")),
+        hint_nodes=tuple(str(_dict(n, where).get("name", "")) for n in
+                         _list(hints.get("forNodes"), f"{where}.hints.forNodes")),
+    )
+
+
+def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> EndpointSlice:
+    """An EndpointSlice from its JSON; raises ParseError."""
+    namespace, name, meta = _meta(obj, namespaced=True)
+    labels = _dict(meta.get("labels"), "metadata.labels")
+    annotations = _dict(meta.get("annotations"), "metadata.annotations")
+    service = labels.get(SERVICE_NAME_LABEL)
+    if not service:
+        raise ParseError(f"label {SERVICE_NAME_LABEL} is missing: the slice belongs to no service")
+    address_type = str(obj.get("addressType") or "")
+    if address_type not in ("IPv4", "IPv6", "FQDN"):
+        raise ParseError(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
+    ports = []
+    for i, p in enumerate(_list(obj.get("ports"), "ports")):
+        p = _dict(p, f"ports[{i}]")
+        ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), f"ports[{i}]"),
+                               _port(p.get("port"), f"ports[{i}]")))
+    endpoints = () if address_type == "FQDN" else tuple(
+        _slice_endpoint(_dict(ep, f"endpoints[{i}]"), f"endpoints[{i}]")
+        for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")))
+    trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
+    return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,
+                         trigger or (seen_at if seen_at is not None else time.time()))
+
+
+def parse_node(obj: dict[str, Any]) -> Node:
+    """A Node from its JSON; raises ParseError."""
+    _, name, meta = _meta(obj, namespaced=False)
+    labels = {str(k): str(v) for k, v in _dict(meta.get("labels"), "metadata.labels").items()}
+    spec = _dict(obj.get("spec"), "spec")
+    status = _dict(obj.get("status"), "status")
+    cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs") or (
+        [spec["podCIDR"]] if spec.get("podCIDR") else [])
+    pod_cidrs = tuple(c for c in (normalize_cidr(str(x)) for x in cidrs) if c)
+    addresses = tuple(dict.fromkeys(
+        ip for a in _list(status.get("addresses"), "status.addresses")
+        if _dict(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")
+        and (ip := normalize_ip(str(a.get("address", "")))) is not None))
+    taints = _list(spec.get("taints"), "spec.taints")
+    terminating = bool(meta.get("deletionTimestamp")) or any(
+        _dict(t, "spec.taints").get("key") == TO_BE_DELETED_TAINT for t in taints)
+    return Node(name, labels.get(ZONE_LABEL, ""), tuple(sorted(labels.items())), pod_cidrs,
+                addresses, terminating)

@@ -1,0 +1,81 @@
+"""Which endpoints a node uses for a service port: kube-proxy's CategorizeEndpoints.
+
+One small pure function decides for every backend, so they all agree:
+
+- cluster endpoints: ready ones, narrowed by topology hints when kube-proxy's
+  safeguards allow; when none is ready, serving-and-terminating ones;
+- local endpoints (for Local traffic policies): ready local ones, else
+  serving-and-terminating local ones;
+- internal traffic uses local endpoints when internalTrafficPolicy is Local,
+  external traffic when externalTrafficPolicy is Local, cluster ones otherwise;
+- ``has_endpoints`` is False only when no endpoint anywhere is usable, so the
+  service's traffic is rejected rather than dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from svcproxy.model import Endpoint, ServicePort
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    endpoints: tuple[Endpoint, ...]
+    has_endpoints: bool
+
+
+def topology_mode(endpoints: Sequence[Endpoint], node_name: str, zone: str) -> str:
+    """"PreferSameNode", "PreferSameZone" or "" from the hints, with kube-proxy's safeguards.
+
+    Hints are used only when every ready endpoint carries one and at least one
+    is hinted for this node (or, for zones, this node's zone).
+    """
+    ready = [e for e in endpoints if e.ready]
+    if not ready:
+        return ""
+    if node_name and all(e.hint_nodes for e in ready) and any(
+            node_name in e.hint_nodes for e in ready):
+        return "PreferSameNode"
+    if zone and all(e.hint_zones for e in ready) and any(zone in e.hint_zones for e in ready):
+        return "PreferSameZone"
+    return ""
+
+
+def _in_topology(ep: Endpoint, mode: str, node_name: str, zone: str) -> bool:
+    if mode == "PreferSameNode":
+        return node_name in ep.hint_nodes
+    if mode == "PreferSameZone":
+        return zone in ep.hint_zones
+    return True
+
+
+def cluster_endpoints(endpoints: Sequence[Endpoint], node_name: str, zone: str) -> set[str]:
+    """IPs of the endpoints for Cluster traffic policy."""
+    mode = topology_mode(endpoints, node_name, zone)
+    chosen = {e.ip for e in endpoints if e.ready and _in_topology(e, mode, node_name, zone)}
+    if not chosen:
+        chosen = {e.ip for e in endpoints if e.serving and e.terminating}
+    return chosen
+
+
+def local_endpoints(endpoints: Sequence[Endpoint]) -> set[str]:
+    """IPs of the endpoints for Local traffic policy: ready local ones, else terminating ones."""
+    ready = {e.ip for e in endpoints if e.is_local and e.ready}
+    if ready:
+        return ready
+    return {e.ip for e in endpoints if e.is_local and e.serving and e.terminating}
+
+
+def categorize(service: ServicePort, endpoints: Sequence[Endpoint], node_name: str,
+               zone: str) -> Selection:
+    """Mark each endpoint ``internal`` / ``external`` for this node (endpoints carry is_local)."""
+    cluster = cluster_endpoints(endpoints, node_name, zone)
+    local = local_endpoints(endpoints)
+    internal = local if service.internal_policy_local else cluster
+    external = local if service.external_policy_local else cluster
+    has_any = any(e.ready or (e.serving and e.terminating) for e in endpoints)
+    marked = tuple(replace(e, internal=e.ip in internal, external=e.ip in external)
+                   for e in endpoints)
+    return Selection(marked, has_any)

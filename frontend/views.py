@@ -1,0 +1,70 @@
+"""A node's view: its current records and a bounded, revisioned history of changes.
+
+Clients read the history from their own cursor, so a slow client costs no
+memory of its own: when it falls behind the history it gets a reset and a
+fresh snapshot; otherwise the entries it missed are coalesced (latest state
+wins) into one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+
+from svcproxy.frontend.wire import WireOp, coalesce
+from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
+
+
+class NodeView:
+    """The state one node (or, with name "", the whole cluster) is served."""
+
+    def __init__(self, name: str, revision: int, history_limit: int) -> None:
+        self.name = name
+        self.node: NodeInfo | None = None
+        self.nodes: dict[str, NodeInfo] = {}
+        self.records: dict[ServicePortKey, ServicePortState] = {}
+        self.revision = revision
+        self.history_start = revision
+        self.history: deque[tuple[int, list[WireOp]]] = deque()
+        self.history_ops = 0
+        self.history_limit = history_limit
+        self.watchers = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.name == ""
+
+    def set_records(self, old_keys: set[ServicePortKey],
+                    new: Mapping[ServicePortKey, ServicePortState]) -> None:
+        for key in old_keys - new.keys():
+            self.records.pop(key, None)
+        self.records.update(new)
+
+    def append(self, revision: int, ops: list[WireOp]) -> None:
+        """Record a batch and wake this view's watchers."""
+        self.history.append((revision, ops))
+        self.history_ops += len(ops)
+        self.revision = revision
+        while self.history_ops > self.history_limit and len(self.history) > 1:
+            rev, old = self.history.popleft()
+            self.history_ops -= len(old)
+            self.history_start = rev
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def can_resume(self, since: int) -> bool:
+        """Whether every change after ``since`` is still in the history."""
+        return self.history_start <= since
+
+    def ops_since(self, since: int) -> list[WireOp] | None:
+        """Coalesced ops after revision ``since``; None when the history no longer has them."""
+        if not self.can_resume(since):
+            return None
+        return coalesce(ops for rev, ops in self.history if rev > since)
+
+    async def wait_change(self, since: int) -> None:
+        """Return once the view is past revision ``since``."""
+        while self.revision <= since:
+            await self._changed.wait()

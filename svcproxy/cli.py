@@ -1,0 +1,126 @@
+"""The ``svcproxy`` command: ``svcproxy frontend ...`` and ``svcproxy backend NAME ...``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BACKENDS = ("dump", "nft", "iptables", "ipvs")
+BACKEND_HELP = {
+    "dump": "print the node's state and each change as JSON lines (the reference backend)",
+    "nft": "program nftables (one table per address family owned by svcproxy)",
+    "iptables": "program iptables as kube-proxy's iptables mode does",
+    "ipvs": "program IPVS virtual servers, ipsets and a fixed set of iptables rules",
+}
+
+
+def _frontend_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "frontend", help="watch the cluster and serve each node's state over gRPC",
+        description="Watch Services, EndpointSlices and Nodes (from the apiserver or a "
+        "directory of manifests), compute what every node must program, and serve it over "
+        "the svcproxy.v1 gRPC API (reflection and health enabled).")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--kubeconfig", metavar="PATH",
+                     help="kubeconfig of the cluster to watch (default: in-cluster config)")
+    src.add_argument("--manifests", metavar="DIR", type=Path,
+                     help="watch a directory of Kubernetes YAML instead of an apiserver")
+    p.add_argument("--listen", default="127.0.0.1:12090", metavar="ADDR",
+                   help="HOST:PORT or unix:///path to serve the API on (default %(default)s)")
+    p.add_argument("--service-proxy-name", default="", metavar="NAME",
+                   help="serve services labelled service.kubernetes.io/service-proxy-name=NAME "
+                   "(services with another value of that label are always skipped)")
+    p.add_argument("--metrics-bind-address", default="127.0.0.1:12091", metavar="ADDR",
+                   help="HOST:PORT for /metrics; empty disables (default %(default)s)")
+    p.add_argument("--history", type=int, default=20000, metavar="OPS",
+                   help="changes kept per node for clients resuming a stream "
+                   "(default %(default)s)")
+    p.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve TLS with this cert")
+    p.add_argument("--tls-key", type=Path, metavar="FILE", help="private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, metavar="FILE",
+                   help="require client certificates signed by this CA (mutual TLS)")
+    p.set_defaults(func=_run_frontend)
+
+
+def _load_backend(name: str) -> ModuleType | str:
+    try:
+        return importlib.import_module(f"svcproxy.backends.{name}.cli")
+    except ImportError as err:
+        return str(err)
+
+
+def _backend_parsers(sub: argparse._SubParsersAction) -> None:
+    from svcproxy.agent.cli import add_agent_arguments
+
+    p = sub.add_parser("backend", help="run a backend on this node",
+                       description="Run a backend: watch this node's state from the frontend "
+                       "and program the dataplane.")
+    names = p.add_subparsers(dest="backend", required=True, metavar="NAME")
+    for name in BACKENDS:
+        b = names.add_parser(name, help=BACKEND_HELP[name], description=BACKEND_HELP[name])
+        add_agent_arguments(b)
+        module = _load_backend(name)
+        if isinstance(module, ModuleType):
+            group = b.add_argument_group(f"{name} backend")
+            module.add_arguments(group)  # type: ignore[arg-type]
+        b.set_defaults(func=_run_backend, backend_module=module)
+
+
+def _run_frontend(args: argparse.Namespace) -> int:
+    from svcproxy.frontend.main import FrontendOptions, run_frontend
+    from svcproxy.frontend.server import TLSFiles
+
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise SystemExit("svcproxy: --tls-cert and --tls-key go together")
+        tls = TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    opts = FrontendOptions(listen=args.listen, manifests=args.manifests,
+                           kubeconfig=args.kubeconfig, service_proxy_name=args.service_proxy_name,
+                           metrics_bind_address=args.metrics_bind_address, tls=tls,
+                           history=args.history)
+    return asyncio.run(run_frontend(opts))
+
+
+def _run_backend(args: argparse.Namespace) -> int:
+    from svcproxy.agent.cli import config_from_args, run_agent
+
+    module = args.backend_module
+    if isinstance(module, str):
+        raise SystemExit(f"svcproxy: backend {args.backend} is not available here: {module}")
+    config = config_from_args(args)
+    backend = module.create(args, config)
+    if getattr(args, "cleanup", False):
+        backend.cleanup()
+        logging.getLogger("svcproxy").info("%s: removed everything it programmed", args.backend)
+        return 0
+    return run_agent(backend, config, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="svcproxy",
+        description="A Kubernetes Service proxy split in two: one frontend per cluster "
+        "computes each node's services and endpoints and streams them over gRPC; a backend "
+        "on every node programs the kernel (nftables, iptables or IPVS).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _frontend_parser(sub)
+    _backend_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Conversion between the typed model (svcproxy.model) and the protobuf API."""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from svcproxy.model import (
+    Endpoint,
+    LoadBalancerIngress,
+    NodeInfo,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+    SessionAffinity,
+    TrafficPolicy,
+)
+from svcproxy.v1 import nodestate_pb2 as pb
+
+_PROTO = {Protocol.TCP: pb.TCP, Protocol.UDP: pb.UDP, Protocol.SCTP: pb.SCTP}
+_PROTO_BACK = {v: k for k, v in _PROTO.items()}
+_TYPE = {ServiceType.CLUSTER_IP: pb.CLUSTER_IP, ServiceType.NODE_PORT: pb.NODE_PORT,
+         ServiceType.LOAD_BALANCER: pb.LOAD_BALANCER}
+_TYPE_BACK = {v: k for k, v in _TYPE.items()}
+_POLICY = {TrafficPolicy.CLUSTER: pb.CLUSTER, TrafficPolicy.LOCAL: pb.LOCAL}
+_POLICY_BACK = {v: k for k, v in _POLICY.items()}
+_AFFINITY = {SessionAffinity.NONE: pb.NONE, SessionAffinity.CLIENT_IP: pb.CLIENT_IP}
+_AFFINITY_BACK = {v: k for k, v in _AFFINITY.items()}
+
+
+def key_to_pb(key: ServicePortKey) -> pb.ServicePortKey:
+    return pb.ServicePortKey(namespace=key.namespace, name=key.name, port_name=key.port_name,
+                             protocol=_PROTO[key.protocol])
+
+
+def key_from_pb(msg: pb.ServicePortKey) -> ServicePortKey:
+    return ServicePortKey(msg.namespace, msg.name, msg.port_name,
+                          _PROTO_BACK.get(msg.protocol, Protocol.TCP))
+
+
+def _timestamp(unix: float) -> Timestamp | None:
+    if not unix:
+        return None
+    ts = Timestamp()
+    ts.FromNanoseconds(int(unix * 1e9))
+    return ts
+
+
+def service_to_pb(svc: ServicePort) -> pb.ServicePort:
+    return pb.ServicePort(
+        key=key_to_pb(svc.key), type=_TYPE[svc.type], cluster_ips=svc.cluster_ips,
+        port=svc.port, node_port=svc.node_port, external_ips=svc.external_ips,
+        load_balancer_ingress=[pb.LoadBalancerIngress(ip=i.ip, ip_mode=i.ip_mode)
+                               for i in svc.load_balancer_ingress],
+        load_balancer_source_ranges=svc.load_balancer_source_ranges,
+        session_affinity=_AFFINITY[svc.session_affinity],
+        session_affinity_timeout_seconds=svc.session_affinity_timeout,
+        internal_traffic_policy=_POLICY[svc.internal_traffic_policy],
+        external_traffic_policy=_POLICY[svc.external_traffic_policy],
+        health_check_node_port=svc.health_check_node_port,
+        traffic_distribution=svc.traffic_distribution, has_endpoints=svc.has_endpoints,
+        options=dict(svc.options), trigger_time=_timestamp(svc.trigger_time))
+
+
+def service_from_pb(msg: pb.ServicePort) -> ServicePort:
+    return ServicePort(
+        key=key_from_pb(msg.key), type=_TYPE_BACK.get(msg.type, ServiceType.CLUSTER_IP),
+        cluster_ips=tuple(msg.cluster_ips), port=msg.port, node_port=msg.node_port,
+        external_ips=tuple(msg.external_ips),
+        load_balancer_ingress=tuple(LoadBalancerIngress(i.ip, i.ip_mode or "VIP")
+                                    for i in msg.load_balancer_ingress),
+        load_balancer_source_ranges=tuple(msg.load_balancer_source_ranges),
+        session_affinity=_AFFINITY_BACK.get(msg.session_affinity, SessionAffinity.NONE),
+        session_affinity_timeout=msg.session_affinity_timeout_seconds,
+        internal_traffic_policy=_POLICY_BACK.get(msg.internal_traffic_policy,
+                                                 TrafficPolicy.CLUSTER),
+        external_traffic_policy=_POLICY_BACK.get(msg.external_traffic_policy,
+                                                 TrafficPolicy.CLUSTER),
+        health_check_node_port=msg.health_check_node_port,
+        traffic_distribution=msg.traffic_distribution, has_endpoints=msg.has_endpoints,
+        options=tuple(sorted(msg.options.items())),
+        trigger_time=msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time")
+        else 0.0)
+
+
+def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
+    return pb.Endpoint(ip=ep.ip, port=ep.port, ready=ep.ready, serving=ep.serving,
+                       terminating=ep.terminating, is_local=ep.is_local, node_name=ep.node_name,
+                       zone=ep.zone, hint_zones=ep.hint_zones, hint_nodes=ep.hint_nodes,
+                       internal=ep.internal, external=ep.external)
+
+
+def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
+    return Endpoint(ip=msg.ip, port=msg.port, ready=msg.ready, serving=msg.serving,
+                    terminating=msg.terminating, is_local=msg.is_local, node_name=msg.node_name,
+                    zone=msg.zone, hint_zones=tuple(msg.hint_zones),
+                    hint_nodes=tuple(msg.hint_nodes), internal=msg.internal,
+                    external=msg.external)
+
+
+def state_to_pb(state: ServicePortState) -> pb.ServicePortState:
+    return pb.ServicePortState(service=service_to_pb(state.service),
+                               endpoints=[endpoint_to_pb(e) for _, e in
+                                          sorted(state.endpoints.items())])
+
+
+def state_from_pb(msg: pb.ServicePortState) -> ServicePortState:
+    return ServicePortState(service_from_pb(msg.service),
+                            {e.ip: endpoint_from_pb(e) for e in msg.endpoints})
+
+
+def node_to_pb(node: NodeInfo) -> pb.NodeInfo:
+    return pb.NodeInfo(name=node.name, zone=node.zone, pod_cidrs=node.pod_cidrs,
+                       addresses=node.addresses, labels=dict(node.labels),
+                       terminating=node.terminating)
+
+
+def node_from_pb(msg: pb.NodeInfo) -> NodeInfo:
+    return NodeInfo(name=msg.name, zone=msg.zone, pod_cidrs=tuple(msg.pod_cidrs),
+                    addresses=tuple(msg.addresses), labels=tuple(sorted(msg.labels.items())),
+                    terminating=msg.terminating)

@@ -1,0 +1,245 @@
+"""The node-side client: a typed local copy of one node's state, kept current.
+
+``NodeStateClient`` watches the frontend in a background thread, applies each
+batch once it is complete (a consistent point), remembers what changed, and
+reconnects by itself, resuming from its last revision (the frontend answers a
+resume it can no longer serve with a reset and a full snapshot)::
+
+    client = NodeStateClient("127.0.0.1:12090", "node-1")
+    client.start()
+    for state, changes in client.updates():
+        print(state.revision, sorted(map(str, changes.services)))
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from types import MappingProxyType
+
+import grpc
+
+from svcproxy.convert import (
+    endpoint_from_pb,
+    key_from_pb,
+    node_from_pb,
+    service_from_pb,
+    state_from_pb,
+)
+from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
+from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A channel to the frontend: HOST:PORT or unix:///path, TLS when credentials are given."""
+    options = [("grpc.max_receive_message_length", 64 << 20),
+               ("grpc.keepalive_time_ms", 30000)]
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials, options=options)
+    return grpc.insecure_channel(target, options=options)
+
+
+class NodeStateClient:
+    """Keeps a node's state in sync with the frontend; see the module docstring."""
+
+    def __init__(self, target: str, node_name: str, *,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 cluster: bool = False, max_backoff: float = 5.0) -> None:
+        self.target = target
+        self.node_name = node_name
+        self.credentials = credentials
+        self.cluster = cluster
+        self.max_backoff = max_backoff
+        self.revision = 0
+        self.connected = False
+        self.resets = 0
+        self._services: dict[ServicePortKey, ServicePortState] = {}
+        self._node: NodeInfo | None = None
+        self._nodes: dict[str, NodeInfo] = {}
+        self._synced = False
+        self._dirty: set[ServicePortKey] = set()
+        self._endpoint_changes = 0
+        self._node_changed = False
+        self._full = True
+        self._triggers: list[float] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._call: grpc.Future | None = None
+        self._thread = threading.Thread(target=self._run, name="svcproxy-watch", daemon=True)
+
+    # ---- public API ----------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def has_changes(self) -> bool:
+        return self._synced and (self._full or bool(self._dirty) or self._node_changed)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until changes are pending (True) or ``timeout`` passes (False)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.has_changes() or self._stop.is_set(),
+                                       timeout) and not self._stop.is_set()
+
+    def take(self) -> tuple[NodeState, Changes] | None:
+        """A consistent copy of the state and what changed since the previous take.
+
+        None until the first snapshot has arrived.
+        """
+        with self._cond:
+            if not self._synced:
+                return None
+            state = NodeState(self.node_name, self.revision, self._node,
+                              MappingProxyType(dict(self._services)))
+            full = self._full
+            changes = Changes(
+                services=frozenset(self._services) if full else frozenset(self._dirty),
+                node_changed=self._node_changed or full, full=full,
+                reason="initial" if full else "changes", trigger_times=tuple(self._triggers))
+            self._dirty = set()
+            self._endpoint_changes = 0
+            self._node_changed = self._full = False
+            self._triggers = []
+            return state, changes
+
+    def pending(self) -> tuple[int, int]:
+        """(service ports, endpoint changes) waiting for the next take."""
+        with self._cond:
+            return len(self._dirty), self._endpoint_changes
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        """Every node seen (cluster watches carry them all)."""
+        with self._cond:
+            return dict(self._nodes)
+
+    def updates(self, timeout: float | None = None) -> Iterator[tuple[NodeState, Changes]]:
+        """Yield (state, changes) at each consistent point until stopped."""
+        while not self._stop.is_set():
+            if self.wait(timeout):
+                taken = self.take()
+                if taken is not None:
+                    yield taken
+
+    # ---- the watch loop -------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                self._watch_once()
+                backoff = 0.1
+            except grpc.RpcError as err:
+                if self._stop.is_set():
+                    break
+                code = err.code() if hasattr(err, "code") else None
+                log.warning("watch of %s at %s failed (%s); reconnecting in %.1fs, resuming "
+                            "from revision %d", self.node_name or "<cluster>", self.target,
+                            code, backoff, self.revision)
+            finally:
+                self.connected = False
+            self._stop.wait(backoff)
+            backoff = min(self.max_backoff, backoff * 2)
+
+    def _watch_once(self) -> None:
+        with open_channel(self.target, self.credentials) as channel:
+            stub = pb_grpc.NodeStateServiceStub(channel)
+            if self.cluster:
+                call = stub.WatchCluster(pb.ClusterWatchRequest(since_revision=self.revision))
+            else:
+                call = stub.Watch(pb.WatchRequest(node_name=self.node_name,
+                                                  since_revision=self.revision))
+            self._call = call
+            pending: list[pb.WatchEvent] = []
+            for event in call:
+                if not self.connected:
+                    self.connected = True
+                    log.info("watching %s at %s", self.node_name or "<cluster>", self.target)
+                pending.append(event)
+                if not event.more:
+                    self._apply(pending)
+                    pending = []
+
+    def _apply(self, events: list[pb.WatchEvent]) -> None:
+        """Apply one complete batch under the lock: the state is consistent after it."""
+        with self._cond:
+            if events[0].reset or not self._synced:
+                if events[0].reset:
+                    self.resets += 1
+                    log.info("the frontend reset the stream; rebuilding from its snapshot")
+                self._services.clear()
+                self._nodes.clear()
+                self._node = None
+                self._full = True
+            for event in events:
+                for op in event.ops:
+                    self._apply_op(op)
+            self.revision = events[-1].revision
+            self._synced = True
+            self._cond.notify_all()
+
+    def _touch(self, key: ServicePortKey, record: ServicePortState | None) -> None:
+        self._dirty.add(key)
+        if record is not None and record.service.trigger_time:
+            self._triggers.append(record.service.trigger_time)
+
+    def _apply_op(self, op: pb.Op) -> None:
+        which = op.WhichOneof("op")
+        if which == "replace_service":
+            rec = state_from_pb(op.replace_service)
+            self._services[rec.key] = rec
+            self._endpoint_changes += len(rec.endpoints)
+            self._touch(rec.key, rec)
+        elif which == "set_service":
+            svc = service_from_pb(op.set_service)
+            old = self._services.get(svc.key)
+            rec = ServicePortState(svc, old.endpoints if old else {})
+            self._services[svc.key] = rec
+            self._touch(svc.key, rec)
+        elif which == "delete_service":
+            key = key_from_pb(op.delete_service)
+            self._services.pop(key, None)
+            self._touch(key, None)
+        elif which in ("set_endpoint", "delete_endpoint"):
+            self._apply_endpoint_op(op, which)
+        elif which == "set_node":
+            node = node_from_pb(op.set_node)
+            self._nodes[node.name] = node
+            if node.name == self.node_name:
+                self._node = node
+                self._node_changed = True
+        elif which == "delete_node":
+            self._nodes.pop(op.delete_node, None)
+            if op.delete_node == self.node_name:
+                self._node = None
+                self._node_changed = True
+
+    def _apply_endpoint_op(self, op: pb.Op, which: str) -> None:
+        msg = op.set_endpoint if which == "set_endpoint" else op.delete_endpoint
+        key = key_from_pb(msg.service)
+        old = self._services.get(key)
+        if old is None:
+            log.warning("endpoint op for unknown service port %s ignored", key)
+            return
+        endpoints = dict(old.endpoints)
+        if which == "set_endpoint":
+            ep = endpoint_from_pb(op.set_endpoint.endpoint)
+            endpoints[ep.ip] = ep
+        else:
+            endpoints.pop(op.delete_endpoint.ip, None)
+        rec = ServicePortState(old.service, endpoints)
+        self._services[key] = rec
+        self._endpoint_changes += 1
+        self._touch(key, rec)
+
