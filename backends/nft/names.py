@@ -1,0 +1,61 @@
+"""Names of the nftables objects the backend owns (chains and affinity sets).
+
+nft identifiers may hold ``[A-Za-z0-9_./-]`` and must start with a letter. A
+service port's chains are named ``<kind>-<hash>-<ns>/<name>/<proto>/<port>``
+(readable, and unique thanks to the hash); an endpoint's add ``__<ip>/<port>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from svcproxy.model import ServicePortKey
+
+TABLE = "svcproxy"
+
+
+def service_base(key: ServicePortKey) -> str:
+    """Hash-prefixed readable base name of one service port."""
+    readable = f"{key.namespace}/{key.name}/{key.protocol.value.lower()}/{key.port_name}"
+    digest = hashlib.blake2b(readable.encode(), digest_size=5).digest()
+    return f"{base64.b32encode(digest).decode()}-{readable}"
+
+
+def endpoint_suffix(ip: str, port: int) -> str:
+    """``__<ip>/<port>`` with IPv6 colons made identifier-safe."""
+    return f"__{ip.replace(':', '.')}/{port}"
+
+
+def endpoint_chain(base: str, ip: str, port: int) -> str:
+    return f"endpoint-{base}{endpoint_suffix(ip, port)}"
+
+
+def affinity_set(base: str, ip: str, port: int, timeout: int) -> str:
+    """The timeout is part of the name so that changing it creates a new set."""
+    return f"affinity-{timeout}-{base}{endpoint_suffix(ip, port)}"
+
+
+def service_chain(base: str) -> str:
+    """Load-balances internal (ClusterIP) traffic over the internal endpoints."""
+    return f"service-{base}"
+
+
+def external_policy_chain(base: str) -> str:
+    """Load-balances external traffic when its endpoints differ from the internal ones."""
+    return f"external-lb-{base}"
+
+
+def cluster_policy_chain(base: str) -> str:
+    """All usable endpoints, for pod/node traffic short-circuited past a Local policy."""
+    return f"cluster-lb-{base}"
+
+
+def external_chain(base: str) -> str:
+    """Entry for NodePort / ExternalIP / LoadBalancer traffic."""
+    return f"external-{base}"
+
+
+def firewall_chain(base: str) -> str:
+    """loadBalancerSourceRanges filter."""
+    return f"firewall-{base}"

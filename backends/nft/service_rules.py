@@ -1,0 +1,221 @@
+"""Render one service port into the chains, affinity sets and map elements of one family.
+
+Pure: (ServicePortState, FamilyContext) -> ServiceRules. The structure follows
+kube-proxy's nftables mode: the ``service-ips`` / ``service-nodeports`` verdict
+maps dispatch to a chain per service port, which picks an endpoint chain with
+``numgen random``; services without usable endpoints go to the
+``no-endpoint-*`` maps (reject, or drop when only local endpoints are missing).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from svcproxy.model import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    Endpoint,
+    ServicePort,
+    ServicePortState,
+    ip_family,
+    of_family,
+)
+
+from . import names
+from .context import FamilyContext, anonymous_set
+
+REJECT = "goto reject-chain"
+DROP = "drop"
+MARK_MASQ = "jump mark-for-masquerade"
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One element of a set (value "") or verdict map owned by a service port."""
+
+    container: str
+    key: str
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRules:
+    """Everything one service port contributes to one family's table.
+
+    ``chains`` are in dependency order (a chain only jumps to chains before it).
+    """
+
+    chains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    sets: Mapping[str, str] = field(default_factory=dict)
+    elements: tuple[Element, ...] = ()
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Accumulates one service port's objects while rendering."""
+
+    ctx: FamilyContext
+    svc: ServicePort
+    base: str
+    chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    sets: dict[str, str] = field(default_factory=dict)
+    elements: list[Element] = field(default_factory=list)
+    lb_chains: dict[tuple[str, ...], str] = field(default_factory=dict)
+
+    @property
+    def proto(self) -> str:
+        return self.svc.key.protocol.value.lower()
+
+    @property
+    def timeout(self) -> int:
+        return self.svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
+
+    def affinity_set(self, ep: Endpoint) -> str:
+        return names.affinity_set(self.base, ep.ip, ep.port, self.timeout)
+
+    def endpoint_chain(self, ep: Endpoint) -> str:
+        """Add (once) the chain that DNATs to ``ep``; return its name."""
+        name = names.endpoint_chain(self.base, ep.ip, ep.port)
+        if name in self.chains:
+            return name
+        ipx = self.ctx.ipx
+        rules = [f"{ipx} saddr {ep.ip} {MARK_MASQ}"]
+        if self.svc.affinity:
+            aff = self.affinity_set(ep)
+            self.sets[aff] = (
+                f"type {self.ctx.addr_type}; flags dynamic,timeout; timeout {self.timeout}s;"
+            )
+            rules.append(f"update @{aff} {{ {ipx} saddr }}")
+        rules.append(f"meta l4proto {self.proto} dnat to {dnat_target(ep)}")
+        self.chains[name] = tuple(rules)
+        return name
+
+    def lb_chain(self, name: str, endpoints: list[Endpoint], first: tuple[str, ...] = ()) -> str:
+        """A chain choosing among ``endpoints``; reuses one with the same endpoints."""
+        ids = tuple(f"{e.ip}/{e.port}" for e in endpoints)
+        if ids in self.lb_chains:
+            return self.lb_chains[ids]
+        targets = [self.endpoint_chain(e) for e in endpoints]
+        rules = list(first)
+        if self.svc.affinity:
+            rules += [
+                f"{self.ctx.ipx} saddr @{self.affinity_set(e)} goto {t}"
+                for e, t in zip(endpoints, targets, strict=True)
+            ]
+        choices = ", ".join(f"{i} : goto {t}" for i, t in enumerate(targets))
+        rules.append(f"numgen random mod {len(targets)} vmap {{ {choices} }}")
+        self.chains[name] = tuple(rules)
+        self.lb_chains[ids] = name
+        return name
+
+    def element(self, container: str, key: str, value: str = "") -> None:
+        self.elements.append(Element(container, key, value))
+
+
+def dnat_target(ep: Endpoint) -> str:
+    return f"[{ep.ip}]:{ep.port}" if ip_family(ep.ip) == 6 else f"{ep.ip}:{ep.port}"
+
+
+def usable_endpoints(endpoints: list[Endpoint]) -> list[Endpoint]:
+    """Ready endpoints, else serving terminating ones (kube-proxy's cluster fallback)."""
+    ready = [e for e in endpoints if e.ready]
+    return ready or [e for e in endpoints if e.serving and e.terminating]
+
+
+def _masquerade_rule(ctx: FamilyContext, svc: ServicePort, cip: str, proto: str) -> str | None:
+    """Mark off-cluster (or all, with --masquerade-all) traffic to the ClusterIP."""
+    match = f"{ctx.ipx} daddr {cip} {proto} dport {svc.port}"
+    if ctx.masquerade_all:
+        return f"{match} {MARK_MASQ}"
+    if ctx.nonlocal_match:
+        return f"{match} {ctx.nonlocal_match} {MARK_MASQ}"
+    return None
+
+
+def _firewall_sources(ctx: FamilyContext, ranges: list[str], vips: list[str]) -> list[str]:
+    """Allowed sources; LB IPs too when a range holds the node (VIP looped back locally)."""
+    nets = [ipaddress.ip_network(r, strict=False) for r in ranges]
+    from_node = any(ipaddress.ip_address(ip) in n for ip in ctx.node_ips for n in nets)
+    return ranges + (vips if from_node else [])
+
+
+def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules | None:
+    """The rules of one service port in one family; None if it has no ClusterIP there."""
+    svc = state.service
+    cips = of_family(svc.cluster_ips, ctx.family)
+    if not cips:
+        return None
+    b = _Builder(ctx, svc, names.service_base(svc.key))
+    eps = [e for _, e in sorted(state.endpoints.items()) if ip_family(e.ip) == ctx.family]
+    internal = [e for e in eps if e.internal]
+    external = [e for e in eps if e.external]
+    usable = usable_endpoints(eps)
+    has_eps = svc.has_endpoints and bool(usable or internal or external)
+    cluster = usable if svc.internal_policy_local else internal
+    no_eps_verdict = DROP if has_eps else REJECT
+    proto, port = b.proto, svc.port
+
+    internal_chain = ""
+    if internal:
+        masq = [r for r in (_masquerade_rule(ctx, svc, c, proto) for c in cips) if r]
+        internal_chain = b.lb_chain(names.service_chain(b.base), internal, tuple(masq))
+    for cip in cips:
+        b.element("cluster-ips", cip)
+        key = f"{cip} . {proto} . {port}"
+        if internal_chain:
+            b.element("service-ips", key, f"goto {internal_chain}")
+        else:
+            b.element("no-endpoint-services", key, no_eps_verdict)
+
+    ext_ips = of_family(svc.external_ips, ctx.family)
+    vips = of_family(svc.vip_ingress_ips(), ctx.family)
+    ext_addrs = list(dict.fromkeys(ext_ips + vips))
+    ext_chain = ""
+    if has_eps and (ext_addrs or svc.node_port):
+        ext_chain = _external_chain(b, external, cluster)
+    for addr in ext_addrs:
+        key = f"{addr} . {proto} . {port}"
+        if ext_chain:
+            b.element("service-ips", key, f"goto {ext_chain}")
+        if not external:
+            b.element("no-endpoint-services", key, no_eps_verdict)
+
+    ranges = of_family(svc.load_balancer_source_ranges, ctx.family)
+    if vips and ranges:
+        fw = names.firewall_chain(b.base)
+        sources = anonymous_set(_firewall_sources(ctx, ranges, vips))
+        b.chains[fw] = (f"{ctx.ipx} saddr != {sources} drop",)
+        for vip in vips:
+            b.element("firewall-ips", f"{vip} . {proto} . {port}", f"goto {fw}")
+
+    if svc.node_port:
+        key = f"{proto} . {svc.node_port}"
+        if ext_chain:
+            b.element("service-nodeports", key, f"goto {ext_chain}")
+        if not external:
+            b.element("no-endpoint-nodeports", key, no_eps_verdict)
+    return ServiceRules(b.chains, b.sets, tuple(b.elements))
+
+
+def _external_chain(b: _Builder, external: list[Endpoint], cluster: list[Endpoint]) -> str:
+    """The entry chain for external traffic (kube-proxy's EXT chain)."""
+    svc, ctx = b.svc, b.ctx
+    policy = ""
+    if external:
+        policy = b.lb_chain(names.external_policy_chain(b.base), external)
+    rules: list[str] = []
+    if not svc.external_policy_local:
+        rules.append(MARK_MASQ)
+    else:
+        short = b.lb_chain(names.cluster_policy_chain(b.base), cluster) if cluster else ""
+        if short and ctx.local_match:
+            rules.append(f"{ctx.local_match} goto {short}")
+        rules.append(f"fib saddr type local {MARK_MASQ}")
+        if short:
+            rules.append(f"fib saddr type local goto {short}")
+    if policy:
+        rules.append(f"goto {policy}")
+    name = names.external_chain(b.base)
+    b.chains[name] = tuple(rules)
+    return name

@@ -1,0 +1,111 @@
+"""The fixed part of one family's table: base chains, dispatch maps, helper chains."""
+
+from __future__ import annotations
+
+from .context import FamilyContext, anonymous_set
+
+# Sets and verdict maps that service ports add elements to.
+SETS = ("cluster-ips",)
+MAPS = (
+    "service-ips",
+    "service-nodeports",
+    "no-endpoint-services",
+    "no-endpoint-nodeports",
+    "firewall-ips",
+)
+CONTAINERS = SETS + MAPS
+
+# name, type, hook, priority: filter chains run before DNAT so they see the service address.
+BASE_CHAINS = (
+    ("filter-prerouting", "filter", "prerouting", -110),
+    ("filter-input", "filter", "input", -110),
+    ("filter-forward", "filter", "forward", -110),
+    ("filter-output", "filter", "output", -110),
+    ("filter-output-post-dnat", "filter", "output", -90),
+    ("nat-prerouting", "nat", "prerouting", -100),
+    ("nat-output", "nat", "output", -100),
+    ("nat-postrouting", "nat", "postrouting", 100),
+)
+
+
+def _containers(ctx: FamilyContext) -> dict[str, str]:
+    """Declarations of the sets and maps, by name."""
+    addr = ctx.addr_type
+    svc_key = f"{addr} . inet_proto . inet_service : verdict"
+    port_key = "inet_proto . inet_service : verdict"
+    nodeports = f"type {addr};"
+    if ctx.nodeport_ips:
+        nodeports += f" elements = {anonymous_set(ctx.nodeport_ips)};"
+    return {
+        "cluster-ips": f"type {addr}; comment \"ClusterIPs (other ports are rejected)\";",
+        "nodeport-ips": nodeports + ' comment "IPs that accept NodePort traffic";',
+        "service-ips": f'type {svc_key}; comment "ClusterIP, ExternalIP and LB IP traffic";',
+        "service-nodeports": f'type {port_key}; comment "NodePort traffic";',
+        "no-endpoint-services": f'type {svc_key}; comment "drop or reject: no endpoints";',
+        "no-endpoint-nodeports": f'type {port_key}; comment "drop or reject: no endpoints";',
+        "firewall-ips": f'type {svc_key}; comment "loadBalancerSourceRanges";',
+    }
+
+
+def _helper_chains(ctx: FamilyContext) -> dict[str, tuple[str, ...]]:
+    """Regular chains the base chains jump to, in dependency order."""
+    ipx, mark = ctx.ipx, f"0x{ctx.mark:x}"
+    dispatch = f"{ipx} daddr . meta l4proto . th dport vmap"
+    nodeport = f"{ipx} daddr @nodeport-ips meta l4proto . th dport vmap"
+    cluster_check = [f"{ipx} daddr @cluster-ips reject"]
+    if ctx.service_cidrs:
+        cluster_check.append(f"{ipx} daddr {anonymous_set(ctx.service_cidrs)} drop")
+    return {
+        "mark-for-masquerade": (f"meta mark set meta mark | {mark}",),
+        "masquerading": (
+            f"meta mark & {mark} == 0 return",
+            f"meta mark set meta mark ^ {mark}",
+            "masquerade fully-random",
+        ),
+        "reject-chain": ("reject",),
+        "services": (f"{dispatch} @service-ips", f"{nodeport} @service-nodeports"),
+        "service-endpoints-check": (
+            f"{dispatch} @no-endpoint-services",
+            f"{nodeport} @no-endpoint-nodeports",
+        ),
+        "firewall-check": (f"{dispatch} @firewall-ips",),
+        "cluster-ips-check": tuple(cluster_check),
+    }
+
+
+_JUMPS = {
+    "filter-prerouting": ("ct state new jump firewall-check",),
+    "filter-input": ("ct state new jump service-endpoints-check",),
+    "filter-forward": (
+        "ct state new jump service-endpoints-check",
+        "ct state new jump cluster-ips-check",
+    ),
+    "filter-output": (
+        "ct state new jump service-endpoints-check",
+        "ct state new jump firewall-check",
+    ),
+    "filter-output-post-dnat": ("ct state new jump cluster-ips-check",),
+    "nat-prerouting": ("jump services",),
+    "nat-output": ("jump services",),
+    "nat-postrouting": ("jump masquerading",),
+}
+
+
+def render_skeleton(ctx: FamilyContext) -> str:
+    """The body (inside ``table ... { }``) of the fixed objects."""
+    lines = ['\tcomment "svcproxy nft backend: generated, do not edit";']
+    for name, decl in _containers(ctx).items():
+        kind = "map" if ":" in decl.split(";")[0] else "set"
+        lines.append(f"\t{kind} {name} {{ {decl} }}")
+    for name, rules in _helper_chains(ctx).items():
+        lines.append(chain_block(name, rules))
+    for name, kind, hook, prio in BASE_CHAINS:
+        head = f"type {kind} hook {hook} priority {prio}; policy accept;"
+        lines.append(chain_block(name, (head, *_JUMPS[name])))
+    return "\n".join(lines)
+
+
+def chain_block(name: str, rules: tuple[str, ...] | list[str]) -> str:
+    """``chain name { ... }`` with one statement per line."""
+    body = "".join(f"\t\t{r}\n" for r in rules)
+    return f"\tchain {name} {{\n{body}\t}}"
