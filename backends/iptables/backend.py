@@ -1,0 +1,203 @@
+"""The iptables backend: kube-proxy's iptables mode driven by the node's state."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.backends.iptables import names
+from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
+from svcproxy.backends.iptables.cleanup import cleanup_text
+from svcproxy.backends.iptables.familyconfig import family_config, localhost_nodeports_allowed
+from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
+from svcproxy.backends.iptables.planner import Plan, Planner
+from svcproxy.backends.iptables.render import FamilyConfig
+from svcproxy.backends.iptables.restore import TableChanges, parse_save, restore_text
+from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
+from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
+from svcproxy.model import ServicePortKey
+from svcproxy.sdk.backend import Backend, Changes, NodeState
+
+log = logging.getLogger(__name__)
+
+ROUTE_LOCALNET = "net/ipv4/conf/all/route_localnet"
+TCP_BE_LIBERAL = "net/netfilter/nf_conntrack_tcp_be_liberal"
+
+
+@dataclass(frozen=True, slots=True)
+class IptablesOptions:
+    """Backend-specific settings (the iptables-only kube-proxy flags and test hooks)."""
+
+    localhost_nodeports: bool = True
+    masquerade_bit: int = 14
+    mode: str = "auto"  # auto | nft | legacy
+    families: tuple[int, ...] = (4, 6)
+    full_sync_interval: float = 3600.0
+    prefix: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What the last sync of one family did (for logs, tests and benchmarks)."""
+
+    family: int
+    full: bool
+    chains_written: int
+    chains_deleted: int
+    rendered: int
+    restore_bytes: int
+    seconds: float
+
+
+@dataclass(slots=True)
+class _Family:
+    tool: Iptables
+    probe: Probe
+    planner: Planner
+    last_full: float = 0.0
+
+
+class IptablesBackend(Backend):
+    """Programs the filter and nat tables as kube-proxy's iptables proxier does."""
+
+    name = "iptables"
+
+    def __init__(self, config: NodeConfig, options: IptablesOptions | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.options = options or IptablesOptions()
+        self.clock = clock
+        self.mode = ""
+        self.reports: list[SyncReport] = []
+        self._families: dict[int, _Family] = {}
+        self._localhost = False
+        self._drop_invalid = True
+
+    def _start(self) -> None:
+        """Pick the iptables mode and set the sysctls, once."""
+        opts = self.options
+        self.mode = opts.mode if opts.mode in MODES else detect_mode(opts.prefix)
+        sysctl = Sysctl(opts.prefix)
+        families = [f for f in opts.families if f == 4 or _ipv6_available(sysctl)]
+        log.info("Using iptables %s mode for IPv%s", self.mode,
+                 " and IPv".join(str(f) for f in families))
+        self._localhost = 4 in families and localhost_nodeports_allowed(
+            self.config, opts.localhost_nodeports)
+        if self._localhost and sysctl.get(ROUTE_LOCALNET) != "1":
+            log.info("Setting route_localnet=1 to allow NodePorts on localhost; to change this "
+                     "pass --iptables-localhost-nodeports=false or set --nodeport-addresses "
+                     "without 127.0.0.1")
+            sysctl.set(ROUTE_LOCALNET, "1")
+        liberal = sysctl.get(TCP_BE_LIBERAL)
+        self._drop_invalid = liberal in (None, "0")
+        if not self._drop_invalid:
+            log.info("nf_conntrack_tcp_be_liberal is set: not dropping INVALID packets")
+        for family in families:
+            tool = Iptables(family, self.mode, opts.prefix)
+            self._families[family] = _Family(tool, make_probe(tool), Planner(FamilyConfig()))
+
+    def family_config(self, family: int, state: NodeState) -> FamilyConfig:
+        return family_config(self.config, state.node, family,
+                             masquerade_bit=self.options.masquerade_bit,
+                             localhost_nodeports=self._localhost,
+                             drop_invalid=self._drop_invalid)
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        if not self._families:
+            self._start()
+        self.reports = []
+        errors: list[str] = []
+        for family, fam in self._families.items():
+            try:
+                self._sync_family(family, fam, state, changes)
+            except (IptablesError, OSError) as err:
+                fam.planner.forget()
+                errors.append(f"IPv{family}: {err}")
+        if errors:
+            raise IptablesError("; ".join(errors))
+
+    def _wants_full(self, family: int, fam: _Family, changes: Changes) -> str:
+        """Why this family needs a full sync, or "" for a partial one."""
+        if not fam.planner.synced:
+            return "first sync" if changes.reason != "retry" else "retry"
+        if changes.full and changes.reason not in ("periodic", "changes"):
+            return changes.reason
+        if changes.reason == "periodic" and \
+                self.clock() - fam.last_full >= self.options.full_sync_interval:
+            return "hourly resync"
+        if not fam.probe():
+            log.warning("IPv%d %s canary chain is gone: someone flushed iptables (a firewall "
+                        "reload?); rewriting all rules", family, names.CANARY)
+            return "canary gone"
+        return ""
+
+    def _sync_family(self, family: int, fam: _Family, state: NodeState,
+                     changes: Changes) -> None:
+        start = self.clock()
+        fam.planner.reconfigure(self.family_config(family, state))
+        why_full = self._wants_full(family, fam, changes)
+        candidates: Iterable[ServicePortKey] | None = None if why_full else changes.services
+        if why_full:
+            plan = self._full_plan(fam, state)
+        else:
+            plan = fam.planner.plan(state.services, candidates)
+        text = restore_text(plan.tables)
+        if text:
+            fam.tool.restore(text)
+        fam.planner.commit(plan)
+        if plan.full:
+            fam.last_full = start
+        report = _report(family, plan, len(text), self.clock() - start)
+        self.reports.append(report)
+        log.log(logging.INFO if plan.full else logging.DEBUG,
+                "IPv%d %s sync (%s): wrote %d chains, deleted %d, rendered %d service ports "
+                "in %.3fs", family, "full" if plan.full else "partial",
+                why_full or changes.reason, report.chains_written, report.chains_deleted,
+                report.rendered, report.seconds)
+
+    def _full_plan(self, fam: _Family, state: NodeState) -> Plan:
+        """Everything, plus stale-chain deletion, jump rules and canaries."""
+        saved = parse_save(fam.tool.save())
+        nat_saved = saved.get(NAT)
+        plan = fam.planner.plan(state.services, None,
+                                nat_saved.chains if nat_saved else frozenset())
+        jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(fam.planner.cfg) else ())
+        for table in (FILTER, NAT):
+            plan.tables[table].lines.extend(insert_lines(jumps, table, saved.get(table)))
+        for table in CANARY_TABLES:
+            plan.tables.setdefault(table, TableChanges()).write[names.CANARY] = ""
+        return plan
+
+    def cleanup(self) -> None:
+        """Remove our jump rules and chains, in both iptables modes and both families."""
+        errors = []
+        for mode in MODES:
+            for family in self.options.families:
+                tool = Iptables(family, mode, self.options.prefix)
+                try:
+                    text = cleanup_text(parse_save(tool.save()))
+                    if text:
+                        tool.restore(text)
+                        log.info("Removed svcproxy's iptables rules (IPv%d, %s)", family, mode)
+                except (IptablesError, OSError) as err:
+                    errors.append(f"IPv{family} {mode}: {err}")
+        for fam in self._families.values():
+            fam.planner.forget()
+        if errors:
+            raise IptablesError("; ".join(errors))
+
+
+def _report(family: int, plan: Plan, size: int, seconds: float) -> SyncReport:
+    written = sum(len(t.write) for t in plan.tables.values())
+    deleted = sum(len(t.delete) for t in plan.tables.values())
+    return SyncReport(family, plan.full, written, deleted, plan.rendered, size, seconds)
+
+
+def _ipv6_available(sysctl: Sysctl) -> bool:
+    if sysctl.prefix:
+        return sysctl.get("net/ipv6/conf/all/disable_ipv6") not in (None, "1")
+    return os.path.exists("/proc/net/if_inet6")

@@ -1,0 +1,73 @@
+"""Chain names and rule comments, spelled exactly as kube-proxy's iptables mode spells them.
+
+Chain names are "KUBE-XXX-" plus 16 characters of base32(sha256(...)), so a
+service port gets the same KUBE-SVC-* chain here as under kube-proxy.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import lru_cache
+
+from svcproxy.model import Endpoint, ServicePortKey
+
+SERVICES = "KUBE-SERVICES"
+EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"
+NODEPORTS = "KUBE-NODEPORTS"
+POSTROUTING = "KUBE-POSTROUTING"
+MARK_MASQ = "KUBE-MARK-MASQ"
+FORWARD = "KUBE-FORWARD"
+PROXY_FIREWALL = "KUBE-PROXY-FIREWALL"
+KUBELET_FIREWALL = "KUBE-FIREWALL"
+CANARY = "KUBE-PROXY-CANARY"
+
+SVC_PREFIX = "KUBE-SVC-"
+SVL_PREFIX = "KUBE-SVL-"
+FW_PREFIX = "KUBE-FW-"
+EXT_PREFIX = "KUBE-EXT-"
+SEP_PREFIX = "KUBE-SEP-"
+SERVICE_CHAIN_PREFIXES = (SVC_PREFIX, SVL_PREFIX, FW_PREFIX, EXT_PREFIX, SEP_PREFIX)
+
+
+def port_name(key: ServicePortKey) -> str:
+    """kube-proxy's ServicePortName string: "ns/name" or "ns/name:port"."""
+    base = f"{key.namespace}/{key.name}"
+    return f"{base}:{key.port_name}" if key.port_name else base
+
+
+def _hash16(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return base64.b32encode(digest)[:16].decode()
+
+
+@lru_cache(maxsize=65536)
+def service_hash(key: ServicePortKey) -> str:
+    """The 16-character hash shared by a service port's SVC/SVL/EXT/FW chains."""
+    return _hash16(port_name(key) + key.protocol.value.lower())
+
+
+def endpoint_string(endpoint: Endpoint) -> str:
+    """ip:port, with IPv6 addresses in brackets (as Go's net.JoinHostPort)."""
+    host = f"[{endpoint.ip}]" if ":" in endpoint.ip else endpoint.ip
+    return f"{host}:{endpoint.port}"
+
+
+def endpoint_chain(key: ServicePortKey, endpoint: Endpoint) -> str:
+    """KUBE-SEP-* chain of one endpoint of one service port."""
+    return _sep_chain(port_name(key) + key.protocol.value.lower() + endpoint_string(endpoint))
+
+
+@lru_cache(maxsize=1 << 18)
+def _sep_chain(text: str) -> str:
+    return SEP_PREFIX + _hash16(text)
+
+
+def is_service_chain(chain: str) -> bool:
+    """True for the per-service chains this backend creates and deletes."""
+    return chain.startswith(SERVICE_CHAIN_PREFIXES)
+
+
+def quote(comment: str) -> str:
+    """A comment as iptables-restore reads it: quoted when it holds a space."""
+    return f'"{comment}"' if " " in comment else comment

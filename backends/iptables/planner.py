@@ -1,0 +1,165 @@
+"""What one family's next iptables-restore must write, from what was applied (pure).
+
+The planner keeps, per service port, the input it last rendered and the
+fragment it produced, plus the text of every chain it believes is in the
+kernel. A partial plan re-renders only the candidate service ports and writes
+only chains whose text changed (kube-proxy's partial sync, KEP-3453, but
+also skipping unchanged top-level chains). A full plan writes every chain
+and deletes stale service chains found in the kernel. Nothing changes in the
+planner until ``commit`` is called after a successful apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from svcproxy.backends.iptables import names
+from svcproxy.backends.iptables.render import (
+    LARGE_CLUSTER_ENDPOINTS,
+    FamilyConfig,
+    ServiceRules,
+    render_service,
+)
+from svcproxy.backends.iptables.restore import TableChanges
+from svcproxy.backends.iptables.toplevel import FILTER, NAT, top_level
+from svcproxy.model import ServicePortKey, ServicePortState
+
+
+@dataclass(slots=True)
+class Plan:
+    """A transaction for one family and the planner state to adopt once it is applied."""
+
+    tables: dict[str, TableChanges]
+    fragments: dict[ServicePortKey, tuple[ServicePortState, ServiceRules | None]]
+    top: dict[str, dict[str, str]]
+    large: bool
+    endpoint_total: int
+    full: bool
+    rendered: int = 0
+
+    def empty(self) -> bool:
+        return all(t.empty() for t in self.tables.values())
+
+
+class Planner:
+    """Diffing state of one IP family."""
+
+    def __init__(self, cfg: FamilyConfig) -> None:
+        self.cfg = cfg
+        self.fragments: dict[ServicePortKey, tuple[ServicePortState, ServiceRules | None]] = {}
+        self.top: dict[str, dict[str, str]] = {}
+        self.large = False
+        self.endpoint_total = 0
+        self.synced = False
+
+    def reconfigure(self, cfg: FamilyConfig) -> bool:
+        """Adopt a new config; True (and everything to re-render) if it differs."""
+        if cfg == self.cfg:
+            return False
+        self.cfg = cfg
+        self.forget()
+        return True
+
+    def forget(self) -> None:
+        """Drop what was applied: the next plan must be full."""
+        self.fragments = {}
+        self.top = {}
+        self.synced = False
+
+    def plan(self, services: Mapping[ServicePortKey, ServicePortState],
+             candidates: Iterable[ServicePortKey] | None,
+             existing_nat_chains: frozenset[str] | None = None) -> Plan:
+        """Plan a sync. ``candidates`` None means full: re-check and write everything."""
+        full = candidates is None or not self.synced
+        if full:
+            endpoint_total = sum(len(s.endpoints) for s in services.values())
+        else:
+            gone = [k for k in self.fragments if k not in services]
+            endpoint_total = self._endpoint_total_after(services, [*(candidates or ()), *gone])
+        large = endpoint_total > LARGE_CLUSTER_ENDPOINTS
+        if large != self.large and self.synced:
+            full = True
+        fragments = dict(self.fragments) if not full else {}
+        if full:
+            keys: Iterable[ServicePortKey] = sorted(services)
+        else:
+            keys = set(candidates or ()) | {k for k in self.fragments if k not in services}
+        changed: list[ServicePortKey] = []
+        rendered = 0
+        for key in keys:
+            state = services.get(key)
+            old = self.fragments.get(key)
+            if state is None:
+                if fragments.pop(key, None) is not None:
+                    changed.append(key)
+                continue
+            if old is not None and large == self.large and (old[0] is state or old[0] == state):
+                fragments[key] = old
+            else:
+                fragments[key] = (state, render_service(state, self.cfg, large))
+                rendered += 1
+            changed.append(key)
+        top = top_level(self.cfg, (f for _, f in fragments.values() if f is not None))
+        if full:
+            tables = self._full_tables(fragments, top, existing_nat_chains or frozenset())
+        else:
+            tables = self._partial_tables(fragments, top, changed)
+        return Plan(tables=tables, fragments=fragments, top=top, large=large,
+                    endpoint_total=endpoint_total, full=full, rendered=rendered)
+
+    def commit(self, plan: Plan) -> None:
+        """Adopt a plan that is now in the kernel."""
+        self.fragments = plan.fragments
+        self.top = plan.top
+        self.large = plan.large
+        self.endpoint_total = plan.endpoint_total
+        self.synced = True
+
+    def _endpoint_total_after(self, services: Mapping[ServicePortKey, ServicePortState],
+                              candidates: Iterable[ServicePortKey]) -> int:
+        total = self.endpoint_total
+        for key in set(candidates):
+            old = self.fragments.get(key)
+            if old is not None:
+                total -= len(old[0].endpoints)
+            new = services.get(key)
+            if new is not None:
+                total += len(new.endpoints)
+        return total
+
+    def _full_tables(self, fragments: Mapping[ServicePortKey, tuple[ServicePortState,
+                                                                     ServiceRules | None]],
+                     top: dict[str, dict[str, str]],
+                     existing: frozenset[str]) -> dict[str, TableChanges]:
+        nat = TableChanges(write=dict(top[NAT]))
+        for _, frag in fragments.values():
+            if frag is not None:
+                nat.write.update(frag.chains)
+        nat.delete = sorted(c for c in existing if names.is_service_chain(c)
+                            and c not in nat.write)
+        return {FILTER: TableChanges(write=dict(top[FILTER])), NAT: nat}
+
+    def _partial_tables(self, fragments: Mapping[ServicePortKey, tuple[ServicePortState,
+                                                                        ServiceRules | None]],
+                        top: dict[str, dict[str, str]],
+                        changed: list[ServicePortKey]) -> dict[str, TableChanges]:
+        tables = {FILTER: TableChanges(), NAT: TableChanges()}
+        for table, chains in top.items():
+            old = self.top.get(table, {})
+            for chain, text in chains.items():
+                if old.get(chain) != text:
+                    tables[table].write[chain] = text
+            tables[table].delete.extend(c for c in old if c not in chains)
+        nat = tables[NAT]
+        for key in changed:
+            before = self.fragments.get(key)
+            after = fragments.get(key)
+            old_chains = before[1].chains if before and before[1] else {}
+            new_chains = after[1].chains if after and after[1] else {}
+            for chain, text in new_chains.items():
+                if old_chains.get(chain) != text:
+                    nat.write[chain] = text
+            nat.delete.extend(c for c in old_chains if c not in new_chains)
+        return tables
+

@@ -1,0 +1,90 @@
+"""iptables-restore input and iptables-save output, as text (pure).
+
+A transaction names, per table, the chains to (re)write, the chains to delete
+and raw lines (jump rules into built-in chains). It is applied with
+``iptables-restore --noflush``: chains not named are left untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+TABLE_ORDER = ("filter", "nat", "mangle")
+
+
+@dataclass(slots=True)
+class TableChanges:
+    """What one transaction does to one table."""
+
+    write: dict[str, str] = field(default_factory=dict)
+    delete: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.write or self.delete or self.lines)
+
+
+def diff_chains(old: Mapping[str, str], new: Mapping[str, str], chains: Iterable[str],
+                into: TableChanges) -> None:
+    """Add to ``into`` the chains among ``chains`` whose text differs or that are gone."""
+    for chain in chains:
+        text = new.get(chain)
+        if text is None:
+            if chain in old:
+                into.delete.append(chain)
+        elif old.get(chain) != text:
+            into.write[chain] = text
+
+
+def restore_text(tables: Mapping[str, TableChanges]) -> str:
+    """The iptables-restore input: chain lines first, then rules, raw lines, deletions."""
+    parts: list[str] = []
+    for table in sorted(tables, key=_table_rank):
+        changes = tables[table]
+        if changes.empty():
+            continue
+        parts.append(f"*{table}\n")
+        parts.extend(f":{chain} - [0:0]\n" for chain in changes.write)
+        parts.extend(f":{chain} - [0:0]\n" for chain in changes.delete)
+        parts.extend(changes.write.values())
+        parts.extend(line + "\n" for line in changes.lines)
+        parts.extend(f"-X {chain}\n" for chain in changes.delete)
+        parts.append("COMMIT\n")
+    return "".join(parts)
+
+
+def _table_rank(table: str) -> int:
+    return TABLE_ORDER.index(table) if table in TABLE_ORDER else len(TABLE_ORDER)
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTable:
+    """One table of iptables-save output: its chains and its rule lines."""
+
+    chains: frozenset[str]
+    rules: tuple[str, ...]
+
+
+def parse_save(text: str) -> dict[str, SavedTable]:
+    """Tables of iptables-save output by name."""
+    tables: dict[str, SavedTable] = {}
+    name = ""
+    chains: set[str] = set()
+    rules: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("*"):
+            name, chains, rules = line[1:].strip(), set(), []
+        elif line.startswith(":") and name:
+            chains.add(line[1:].split(" ", 1)[0])
+        elif line.startswith("-A ") and name:
+            rules.append(line)
+        elif line.strip() == "COMMIT" and name:
+            tables[name] = SavedTable(frozenset(chains), tuple(rules))
+            name = ""
+    return tables
+
+
+def count_rules(text: str) -> int:
+    """Rule lines in iptables-save output (how kube-proxy's wrapper weighs a mode)."""
+    return sum(1 for line in text.splitlines() if line.startswith("-"))

@@ -1,0 +1,130 @@
+"""Thin adapter over the iptables programs of one family and one mode (nft or legacy).
+
+Writes go through ``iptables-restore --noflush`` (one transaction per call);
+reads through ``iptables-save``. ``prefix`` runs every command through a
+wrapper such as ``ip netns exec NS`` (tests and benchmarks).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from svcproxy.backends.iptables.restore import count_rules
+
+log = logging.getLogger(__name__)
+
+MODES = ("nft", "legacy")
+HINT_CHAINS = ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY")
+WAIT_SECONDS = "5"
+
+
+class IptablesError(RuntimeError):
+    """An iptables program failed; the message carries its stderr and the failing lines."""
+
+
+def _program(family: int, mode: str, suffix: str = "") -> str:
+    base = "iptables" if family == 4 else "ip6tables"
+    return f"{base}-{mode}{suffix}"
+
+
+class Iptables:
+    """The iptables programs of one family in one mode."""
+
+    def __init__(self, family: int, mode: str, prefix: Sequence[str] = ()) -> None:
+        self.family = family
+        self.mode = mode
+        self.prefix = tuple(prefix)
+
+    def _run(self, args: list[str], stdin: str | None = None,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([*self.prefix, *args], input=stdin, capture_output=True,
+                              text=True, check=False)
+        if check and proc.returncode != 0:
+            raise IptablesError(f"{args[0]} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def restore(self, text: str) -> None:
+        """Apply one iptables-restore --noflush transaction."""
+        proc = self._run([_program(self.family, self.mode, "-restore"), "--noflush",
+                          "--wait", WAIT_SECONDS], stdin=text, check=False)
+        if proc.returncode != 0:
+            raise IptablesError(
+                f"{_program(self.family, self.mode, '-restore')} failed: "
+                f"{proc.stderr.strip()}{failing_lines(text, proc.stderr)}")
+
+    def save(self, table: str | None = None) -> str:
+        """iptables-save output, of one table or all."""
+        args = [_program(self.family, self.mode, "-save")]
+        if table:
+            args += ["-t", table]
+        return self._run(args).stdout
+
+    def chain_exists(self, table: str, chain: str) -> bool:
+        proc = self._run([_program(self.family, self.mode), "--wait", WAIT_SECONDS,
+                          "-t", table, "-S", chain], check=False)
+        return proc.returncode == 0
+
+
+def failing_lines(text: str, stderr: str, context: int = 2) -> str:
+    """The input lines around the one iptables-restore names in its error, for the log."""
+    match = re.search(r"line:? (\d+)", stderr)
+    if not match:
+        return ""
+    lines = text.splitlines()
+    n = int(match.group(1))
+    start, end = max(0, n - 1 - context), min(len(lines), n + context)
+    shown = "\n".join(f"  {i + 1}: {lines[i]}" for i in range(start, end))
+    return f"\n{shown}"
+
+
+def detect_mode(prefix: Sequence[str] = ()) -> str:
+    """nft or legacy: the one the node already uses, as kube-proxy's iptables-wrapper decides.
+
+    A kubelet hint chain in the mangle table decides first; otherwise the mode
+    holding more rules (legacy with ten or more) wins; an empty node gets nft.
+    """
+    for mode in MODES:
+        for family in (4, 6):
+            text = _quiet_save(prefix, family, mode, "mangle")
+            if any(f":{chain} " in text for chain in HINT_CHAINS):
+                return mode
+    legacy = sum(count_rules(_quiet_save(prefix, f, "legacy")) for f in (4, 6))
+    if legacy >= 10:
+        return "legacy"
+    nft = sum(count_rules(_quiet_save(prefix, f, "nft")) for f in (4, 6))
+    return "legacy" if legacy > nft else "nft"
+
+
+def _quiet_save(prefix: Sequence[str], family: int, mode: str, table: str = "") -> str:
+    args = [*prefix, _program(family, mode, "-save")] + (["-t", table] if table else [])
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+class Sysctl:
+    """Read and write /proc/sys in the namespace the commands run in."""
+
+    def __init__(self, prefix: Sequence[str] = ()) -> None:
+        self.prefix = tuple(prefix)
+
+    def get(self, name: str) -> str | None:
+        if not self.prefix:
+            path = Path("/proc/sys") / name
+            return path.read_text().strip() if path.exists() else None
+        proc = subprocess.run([*self.prefix, "cat", f"/proc/sys/{name}"], capture_output=True,
+                              text=True, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def set(self, name: str, value: str) -> None:
+        if not self.prefix:
+            (Path("/proc/sys") / name).write_text(value)
+            return
+        subprocess.run([*self.prefix, "sh", "-c", f"echo {value} > /proc/sys/{name}"],
+                       check=True, capture_output=True)
