@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -109,9 +109,10 @@ class AgentMetrics:
     def queued(self) -> None:
         self.last_queued.set_to_current_time()
 
-    def pending(self, services: int, endpoints: int) -> None:
-        self.service_changes_pending.set(services)
-        self.endpoint_changes_pending.set(endpoints)
+    def track_pending(self, pending: Callable[[], tuple[int, int]]) -> None:
+        """Read the *_changes_pending gauges from ``pending`` at every scrape."""
+        self.service_changes_pending.set_function(lambda: pending()[0])
+        self.endpoint_changes_pending.set_function(lambda: pending()[1])
 
     def synced(
         self,

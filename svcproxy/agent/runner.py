@@ -57,6 +57,8 @@ class SyncRunner:
         self._poll = poll
         self._clock = clock
         self._stop = threading.Event()
+        if metrics:
+            metrics.track_pending(source.pending)
 
         self._dirty = False
         self._last_start: float | None = None
@@ -81,8 +83,6 @@ class SyncRunner:
     def run(self) -> None:
         """Sync until ``stop`` is called."""
         while not self._stop.is_set():
-            if self._metrics:
-                self._metrics.pending(*self._source.pending())
             now = self._clock()
             due, reason = self._next_due(now)
             if due is not None and due <= now:
