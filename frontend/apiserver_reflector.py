@@ -144,7 +144,7 @@ class KindReflector:
         stream = self._watch.stream(
             self._raw_call,
             resource_version=self.resource_version,
-            allow_watch_bookmarks=False,
+            allow_watch_bookmarks=True,
             timeout_seconds=timeout,
             _request_timeout=(opts.connect_timeout, timeout + 30),
         )
