@@ -23,6 +23,7 @@ import copy
 import itertools
 import json
 import re
+import select
 import socket
 import threading
 import time
@@ -384,6 +385,8 @@ class FakeApiserver:
             with self._cond:
                 if state.drop_generation != watcher.drop_generation or self._server is None:
                     raise ConnectionAbortedError("dropped by the test")
+                if send.peer_closed():
+                    raise ConnectionResetError("the client went away")
                 if state.expire_generation != watcher.expire_generation:
                     send.event("ERROR", self._too_old(state.rv - 1))
                     return
@@ -398,7 +401,7 @@ class FakeApiserver:
             if bookmarks and now >= next_bookmark:
                 send.event("BOOKMARK", self._bookmark(res, current))
                 next_bookmark = now + self.bookmark_interval
-            wake = [next_bookmark if bookmarks else now + 1.0]
+            wake = [next_bookmark if bookmarks else now + 1.0, now + 0.1]
             if deadline is not None:
                 wake.append(deadline)
             with self._cond:
@@ -451,6 +454,15 @@ class _Sender:
         line = json.dumps({"type": type_, "object": obj}).encode() + b"\n"
         self._handler.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
         self._handler.wfile.flush()
+
+    def peer_closed(self) -> bool:
+        """Whether the client has closed its end (a watch client never sends anything)."""
+        conn = self._handler.connection
+        try:
+            readable, _, _ = select.select([conn], [], [], 0)
+            return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def end(self) -> None:
         """Terminate the chunked body."""
