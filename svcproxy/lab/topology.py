@@ -1,0 +1,131 @@
+"""Build and tear down the lab's namespaces, links, addresses and routes.
+
+One ``lan`` namespace is the router and the bridge of the nodes' network;
+each node has an ``eth0`` on it and a ``br0`` bridge for its pods. Pods have
+/32 and /128 addresses and reach everything through their node (so every pod
+packet crosses the node's netfilter hooks, as with most CNI plugins).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+
+from .netns import LabError, ip, run, sysctl
+from .plan import EXTERNAL_CIDRS, LAN4, LAN6, SERVICE_CIDRS, LabSpec, NodeSpec, PodSpec
+
+
+def run_tag() -> str:
+    """A short per-run tag making names unique among parallel runs."""
+    return f"{os.getpid() % 100000}{secrets.token_hex(2)}"
+
+
+@dataclass
+class Lab:
+    """A built lab; ``ns(name)`` is the namespace of a node, pod, client or ``lan``."""
+
+    spec: LabSpec
+    tag: str = field(default_factory=run_tag)
+    created: list[str] = field(default_factory=list)
+
+    def ns(self, name: str) -> str:
+        return f"sp{self.tag}-{name}"
+
+    def build(self) -> Lab:
+        """Create everything; on failure remove what was made and re-raise."""
+        try:
+            self._build()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def destroy(self) -> None:
+        """Delete every namespace this lab created (their links go with them)."""
+        for ns in reversed(self.created):
+            run(["ip", "netns", "del", ns], check=False)
+        self.created.clear()
+
+    def __enter__(self) -> Lab:
+        return self.build()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def _add_ns(self, name: str, forwarding: bool = False) -> str:
+        ns = self.ns(name)
+        run(["ip", "netns", "add", ns])
+        self.created.append(ns)
+        ip(ns, "link", "set", "lo", "up")
+        sysctl(ns, "net.ipv6.conf.all.accept_dad", "0")
+        sysctl(ns, "net.ipv6.conf.default.accept_dad", "0")
+        if forwarding:
+            sysctl(ns, "net.ipv4.ip_forward", "1")
+            sysctl(ns, "net.ipv6.conf.all.forwarding", "1")
+        return ns
+
+    def _build(self) -> None:
+        lan = self._add_ns("lan", forwarding=True)
+        ip(lan, "link", "add", "lan0", "type", "bridge")
+        _addresses(lan, "lan0", f"{LAN4}.1/24", f"{LAN6}:1/64")
+        ip(lan, "link", "set", "lan0", "up")
+        for node in self.spec.nodes:
+            self._build_node(lan, node)
+        for pod in self.spec.pods:
+            self._build_pod(pod)
+        entry = self.spec.node(self.spec.entry)
+        for client in self.spec.clients:
+            ns = self._add_ns(client.name)
+            _veth(ns, "eth0", lan, f"c{client.host}", bridge="lan0")
+            _addresses(ns, "eth0", f"{client.ipv4}/24", f"{client.ipv6}/64")
+            _default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
+            for cidr in (*SERVICE_CIDRS, *EXTERNAL_CIDRS):
+                via = entry.ipv6 if ":" in cidr else entry.ipv4
+                ip(ns, "route", "add", cidr, "via", via)
+
+    def _build_node(self, lan: str, node: NodeSpec) -> None:
+        ns = self._add_ns(node.name, forwarding=True)
+        _veth(ns, "eth0", lan, f"n{node.index}", bridge="lan0")
+        _addresses(ns, "eth0", f"{node.ipv4}/24", f"{node.ipv6}/64")
+        _default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
+        ip(ns, "link", "add", "br0", "type", "bridge")
+        gw4, gw6 = node.gateways
+        _addresses(ns, "br0", f"{gw4}/24", f"{gw6}/64")
+        ip(ns, "link", "set", "br0", "up")
+        for other in self.spec.nodes:
+            if other is not node:
+                v4, v6 = other.pod_cidrs
+                ip(ns, "route", "add", v4, "via", other.ipv4)
+                ip(ns, "-6", "route", "add", v6, "via", other.ipv6)
+
+    def _build_pod(self, pod: PodSpec) -> None:
+        ns = self._add_ns(pod.name)
+        node_ns = self.ns(pod.node.name)
+        _veth(ns, "eth0", node_ns, f"veth{pod.host}", bridge="br0")
+        _addresses(ns, "eth0", f"{pod.ipv4}/32", f"{pod.ipv6}/128")
+        gw4, gw6 = pod.node.gateways
+        ip(ns, "route", "add", gw4, "dev", "eth0")
+        ip(ns, "-6", "route", "add", gw6, "dev", "eth0")
+        _default_routes(ns, "eth0", gw4, gw6)
+
+
+def _veth(ns: str, name: str, peer_ns: str, peer: str, bridge: str) -> None:
+    """A veth pair from ``ns`` to ``peer_ns``, the peer end enslaved to ``bridge``."""
+    try:
+        ip(ns, "link", "add", name, "type", "veth", "peer", "name", peer, "netns", peer_ns)
+    except LabError as err:
+        raise LabError(f"veth {ns}/{name} <-> {peer_ns}/{peer}: {err}") from None
+    ip(peer_ns, "link", "set", peer, "master", bridge)
+    ip(peer_ns, "link", "set", peer, "up")
+    ip(ns, "link", "set", name, "up")
+
+
+def _addresses(ns: str, dev: str, v4: str, v6: str) -> None:
+    ip(ns, "addr", "add", v4, "dev", dev)
+    ip(ns, "-6", "addr", "add", v6, "dev", dev, "nodad")
+
+
+def _default_routes(ns: str, dev: str, gw4: str, gw6: str) -> None:
+    ip(ns, "route", "add", "default", "via", gw4, "dev", dev, "onlink")
+    ip(ns, "-6", "route", "add", "default", "via", gw6, "dev", dev, "onlink")
