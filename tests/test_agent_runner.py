@@ -190,7 +190,7 @@ def test_failed_sync_is_retried_as_full_sync_with_backoff(start: Callable[..., R
     assert all(len(a.changes.trigger_times) == 1 for a in attempts)
     gaps = [b.at - a.at for a, b in zip(attempts, attempts[1:], strict=False)]
     assert gaps[0] >= 0.14 and gaps[1] >= 0.29 and gaps[2] >= 0.59, gaps
-    assert r.runner.applied is not None and r.runner.applied.revision == 2
+    assert until(lambda: r.runner.applied is not None and r.runner.applied.revision == 2)
 
 
 def test_changes_during_a_failing_streak_are_folded_into_the_retry(

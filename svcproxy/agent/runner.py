@@ -74,7 +74,7 @@ class SyncRunner:
 
     @property
     def applied(self) -> NodeState | None:
-        """The last state the backend applied successfully."""
+        """The last state the backend applied successfully (post-sync steps included)."""
         return self._applied
 
     def stop(self) -> None:
@@ -177,7 +177,6 @@ class SyncRunner:
 
     def _succeeded(self, state: NodeState, changes: Changes, duration: float) -> None:
         previous = self._applied
-        self._applied = state
         self._need_full = False
         self._retry_at = None
         self._backoff = self._retry_initial
@@ -201,3 +200,4 @@ class SyncRunner:
                 hook(previous, state)
             except Exception:  # noqa: BLE001 - one hook's failure must not stop the others
                 log.exception("Post-sync step %s failed", getattr(hook, "__qualname__", hook))
+        self._applied = state
