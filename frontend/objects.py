@@ -314,9 +314,10 @@ def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> E
         raise ParseError(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
     ports = []
     for i, p in enumerate(_list(obj.get("ports"), "ports")):
-        p = _dict(p, f"ports[{i}]")
-        ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), f"ports[{i}]"),
-                               _port(p.get("port"), f"ports[{i}]")))
+        where = f"ports[{i}]"
+        p = _dict(p, where)
+        ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
+                               _port(p.get("port"), where)))
     endpoints = () if address_type == "FQDN" else tuple(
         _slice_endpoint(_dict(ep, f"endpoints[{i}]"), f"endpoints[{i}]")
         for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")))

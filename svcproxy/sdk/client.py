@@ -66,7 +66,7 @@ class NodeStateClient:
         self._endpoint_changes = 0
         self._node_changed = False
         self._full = True
-        self._triggers: list[float] = []
+        self._triggers: set[float] = set()
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._call: grpc.Future | None = None
@@ -108,11 +108,11 @@ class NodeStateClient:
             changes = Changes(
                 services=frozenset(self._services) if full else frozenset(self._dirty),
                 node_changed=self._node_changed or full, full=full,
-                reason="initial" if full else "changes", trigger_times=tuple(self._triggers))
+                reason="initial" if full else "changes", trigger_times=tuple(sorted(self._triggers)))
             self._dirty = set()
             self._endpoint_changes = 0
             self._node_changed = self._full = False
-            self._triggers = []
+            self._triggers = set()
             return state, changes
 
     def pending(self) -> tuple[int, int]:
@@ -192,7 +192,7 @@ class NodeStateClient:
     def _touch(self, key: ServicePortKey, record: ServicePortState | None) -> None:
         self._dirty.add(key)
         if record is not None and record.service.trigger_time:
-            self._triggers.append(record.service.trigger_time)
+            self._triggers.add(record.service.trigger_time)
 
     def _apply_op(self, op: pb.Op) -> None:
         which = op.WhichOneof("op")

@@ -1,0 +1,76 @@
+"""Shared fixtures: an in-process frontend on a unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from svcproxy.frontend.events import Event
+from svcproxy.frontend.main import Frontend, FrontendOptions
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0,
+             interval: float = 0.02) -> None:
+    """Poll until ``predicate()`` is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+class RunningFrontend:
+    """A Frontend on its own event loop thread."""
+
+    def __init__(self, opts: FrontendOptions) -> None:
+        self.opts = opts
+        self.loop = asyncio.new_event_loop()
+        self.frontend = Frontend(opts)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    @property
+    def engine(self) -> Any:
+        return self.frontend.engine
+
+    def start(self) -> RunningFrontend:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.frontend.start(), self.loop).result(10)
+        return self
+
+    def submit(self, events: Sequence[Event]) -> None:
+        """Apply events on the loop and wait until they are published."""
+        async def apply() -> None:
+            self.engine.submit(events)
+        asyncio.run_coroutine_threadsafe(apply(), self.loop).result(10)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.frontend.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+@pytest.fixture
+def frontend_factory(tmp_path: Path) -> Iterator[Callable[..., RunningFrontend]]:
+    started: list[RunningFrontend] = []
+
+    def make(manifests: Path, **kw: Any) -> RunningFrontend:
+        sock = tmp_path / f"api{len(started)}.sock"
+        opts = FrontendOptions(listen=f"unix://{sock}", manifests=manifests,
+                               metrics_bind_address="", **kw)
+        fe = RunningFrontend(opts).start()
+        started.append(fe)
+        return fe
+
+    yield make
+    for fe in started:
+        try:
+            fe.stop()
+        except Exception:
+            pass

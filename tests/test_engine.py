@@ -1,0 +1,195 @@
+"""The frontend engine: parsing, merging, per-node records, incremental publishing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from svcproxy.frontend import compute, metrics
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.events import Delete, Replace, Upsert
+from svcproxy.frontend.objects import ParseError, parse_endpoint_slice, parse_service
+from svcproxy.model import Protocol, ServicePortKey
+from svcproxy.v1 import nodestate_pb2 as pb
+
+
+def service(name: str, *, ns: str = "default", ip: str = "10.96.0.1", port: int = 80,
+            target: Any = "http", **spec: Any) -> dict[str, Any]:
+    labels = spec.pop("labels", {})
+    return {"kind": "Service", "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"clusterIP": ip, "clusterIPs": [ip],
+                     "ports": [{"name": "http", "port": port, "targetPort": target}], **spec}}
+
+
+def slice_(name: str, svc: str, eps: list[dict[str, Any]], *, ns: str = "default",
+           port: int = 8080, family: str = "IPv4", port_name: str = "http") -> dict[str, Any]:
+    return {"kind": "EndpointSlice", "addressType": family,
+            "metadata": {"name": name, "namespace": ns,
+                         "labels": {"kubernetes.io/service-name": svc}},
+            "ports": [{"name": port_name, "port": port, "protocol": "TCP"}], "endpoints": eps}
+
+
+def endpoint(ip: str, node: str = "n1", **cond: Any) -> dict[str, Any]:
+    return {"addresses": [ip], "nodeName": node, "conditions": {"ready": True, **cond}}
+
+
+def node(name: str, zone: str = "") -> dict[str, Any]:
+    labels = {"topology.kubernetes.io/zone": zone} if zone else {}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+KEY = ServicePortKey("default", "web", "http", Protocol.TCP)
+
+
+def engine_with(*objs: dict[str, Any]) -> Engine:
+    eng = Engine()
+    by_kind: dict[str, list[dict[str, Any]]] = {"Service": [], "EndpointSlice": [], "Node": []}
+    for o in objs:
+        by_kind[o["kind"]].append(o)
+    eng.submit([Replace(k, v) for k, v in by_kind.items()])  # type: ignore[arg-type]
+    return eng
+
+
+def ops_of(eng: Engine, name: str) -> list[str]:
+    view = eng.views[name]
+    return [pb.Op.FromString(op.data).WhichOneof("op") for op in view.history[-1][1]]
+
+
+def test_endpoints_merged_across_slices_with_target_port_by_name() -> None:
+    eng = engine_with(service("web"), node("n1"),
+                      slice_("a", "web", [endpoint("10.0.0.1")]),
+                      slice_("b", "web", [endpoint("10.0.0.2", node="n2")]),
+                      slice_("c", "web", [endpoint("10.0.0.3")], port_name="other"))
+    rec = eng.view("n1").records[KEY]
+    assert {ip: e.port for ip, e in rec.endpoints.items()} == {"10.0.0.1": 8080,
+                                                                "10.0.0.2": 8080}
+    assert rec.endpoints["10.0.0.1"].is_local and not rec.endpoints["10.0.0.2"].is_local
+
+
+def test_duplicate_address_keeps_non_terminating_copy() -> None:
+    eng = engine_with(service("web"), node("n1"),
+                      slice_("a", "web", [endpoint("10.0.0.1", ready=False, serving=True,
+                                                   terminating=True)]),
+                      slice_("b", "web", [endpoint("10.0.0.1")]))
+    ep = eng.view("n1").records[KEY].endpoints["10.0.0.1"]
+    assert ep.ready and not ep.terminating
+
+
+def test_dual_stack_slices_and_loose_input_normalised() -> None:
+    eng = engine_with(
+        service("web", ip="10.96.000.010", clusterIPs=["10.96.000.010", "fd00::0010"],
+                loadBalancerSourceRanges=[" 192.168.1.7/24 ,10.0.0.0/8"]),
+        node("n1"), slice_("a", "web", [endpoint("010.0.0.1")]),
+        slice_("b", "web", [endpoint("fd00:0::1")], family="IPv6"))
+    rec = eng.view("n1").records[KEY]
+    assert rec.service.cluster_ips == ("10.96.0.10", "fd00::10")
+    assert rec.service.load_balancer_source_ranges == ("192.168.1.0/24", "10.0.0.0/8")
+    assert set(rec.endpoints) == {"10.0.0.1", "fd00::1"}
+
+
+@pytest.mark.parametrize("svc", [
+    service("web", clusterIP="None", clusterIPs=["None"]),
+    {**service("web"), "spec": {"type": "ExternalName", "externalName": "x.example"}},
+    service("web", labels={"service.kubernetes.io/service-proxy-name": "other-proxy"}),
+], ids=["headless", "externalname", "other-proxy"])
+def test_unproxied_services_are_skipped(svc: dict[str, Any]) -> None:
+    eng = engine_with(svc, node("n1"), slice_("a", "web", [endpoint("10.0.0.1")]))
+    assert eng.view("n1").records == {}
+
+
+def test_service_proxy_name_matching_ours_is_served() -> None:
+    eng = Engine(proxy_name="mine")
+    eng.submit([Replace("Service", [service(
+        "web", labels={"service.kubernetes.io/service-proxy-name": "mine"})]),
+        Replace("EndpointSlice", []), Replace("Node", [])])
+    assert KEY in eng.view("n1").records
+
+
+def test_malformed_service_is_skipped_others_kept_and_last_good_stays() -> None:
+    eng = engine_with(service("web"), service("api", ip="10.96.0.2"), node("n1"))
+    before = metrics.INVALID_OBJECTS.labels("Service")._value.get()
+    eng.submit([Upsert("Service", service("web", port=99999)),
+                Upsert("Service", service("new", ip="10.96.0.3"))])
+    records = eng.view("n1").records
+    assert records[KEY].service.port == 80
+    assert ServicePortKey("default", "new", "http", Protocol.TCP) in records
+    assert metrics.INVALID_OBJECTS.labels("Service")._value.get() == before + 1
+
+
+@pytest.mark.parametrize("obj,reason", [
+    (service("web", port="eighty"), "not a number"),
+    ({**service("web"), "spec": {"clusterIP": "10.0.0.1",
+                                 "ports": [{"port": 80, "protocol": "ICMP"}]}}, "protocol"),
+    (service("web", ip="10.0.0.300"), "not an IP"),
+    (service("web", loadBalancerSourceRanges=["10.0.0.0/99"]), "not a CIDR"),
+])
+def test_parse_errors_say_why(obj: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ParseError, match=reason):
+        parse_service(obj)
+
+
+def test_slice_without_service_label_is_rejected() -> None:
+    bad = slice_("a", "web", [])
+    bad["metadata"]["labels"] = {}
+    with pytest.raises(ParseError, match="kubernetes.io/service-name"):
+        parse_endpoint_slice(bad)
+
+
+def test_one_endpoint_change_publishes_one_endpoint_op() -> None:
+    eng = engine_with(service("web"), node("n1"),
+                      slice_("a", "web", [endpoint(f"10.0.0.{i}") for i in range(1, 50)]))
+    eng.submit([Upsert("EndpointSlice", slice_(
+        "a", "web", [endpoint(f"10.0.0.{i}") for i in range(1, 49)]))])
+    # set_service carries the new trigger time; one endpoint goes.
+    assert ops_of(eng, "n1") == ["set_service", "delete_endpoint"]
+
+
+def test_nodes_without_local_endpoints_share_records() -> None:
+    eng = engine_with(service("web"), node("n1"), node("n2"), node("n3"),
+                      slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
+    r1, r2, r3 = (eng.view(n).records[KEY] for n in ("n1", "n2", "n3"))
+    assert r2 is r3
+    assert r1 is not r2 and r1.endpoints["10.0.0.1"].is_local
+
+
+def test_change_recomputes_only_the_touched_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    svcs = [service(f"s{i}", ip=f"10.96.{i // 250}.{i % 250 + 1}") for i in range(500)]
+    slices = [slice_(f"s{i}", f"s{i}", [endpoint(f"10.1.{i // 250}.{i % 250 + 1}")])
+              for i in range(500)]
+    eng = engine_with(*svcs, *slices, *(node(f"n{i}") for i in range(20)))
+    calls: list[str] = []
+    real = compute.node_records
+    monkeypatch.setattr(compute, "node_records",
+                        lambda base, n, z: calls.append(n) or real(base, n, z))
+    eng.submit([Upsert("EndpointSlice", slice_("s7", "s7", [endpoint("10.2.0.1")]))])
+    # One service, computed once per node class (n1 hosts the endpoint; the rest share).
+    assert len(calls) <= 3
+    changed = [n for n, v in eng.views.items() if v.revision == eng.revision]
+    assert len(changed) == len(eng.views)
+
+
+def test_local_policy_records_differ_per_node() -> None:
+    eng = engine_with(service("web", type="NodePort", externalTrafficPolicy="Local"),
+                      node("n1"), node("n2"),
+                      slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
+    assert eng.view("n1").records[KEY].external_endpoints()
+    assert not eng.view("n2").records[KEY].external_endpoints()
+    assert eng.view("n2").records[KEY].service.has_endpoints
+
+
+def test_zone_change_of_a_node_reselects_topology() -> None:
+    hinted = [dict(endpoint("10.0.0.1", node="x"), hints={"forZones": [{"name": "a"}]}),
+              dict(endpoint("10.0.0.2", node="y"), hints={"forZones": [{"name": "b"}]})]
+    eng = engine_with(service("web"), node("n1", zone="a"), slice_("s", "web", hinted))
+    assert [e.ip for e in eng.view("n1").records[KEY].internal_endpoints()] == ["10.0.0.1"]
+    eng.submit([Upsert("Node", node("n1", zone="b"))])
+    assert [e.ip for e in eng.view("n1").records[KEY].internal_endpoints()] == ["10.0.0.2"]
+
+
+def test_relist_reconciles_deletions() -> None:
+    eng = engine_with(service("web"), service("api", ip="10.96.0.2"), node("n1"))
+    eng.submit([Replace("Service", [service("web")])])
+    assert set(k.name for k in eng.view("n1").records) == {"web"}
+    eng.submit([Delete("Service", "default", "web")])
+    assert eng.view("n1").records == {}

@@ -1,0 +1,123 @@
+"""Endpoint selection, table-driven over kube-proxy's CategorizeEndpoints rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from svcproxy.frontend.selection import categorize
+from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServiceType, TrafficPolicy
+
+KEY = ServicePortKey("ns", "svc", "http", "TCP")  # type: ignore[arg-type]
+
+
+def ep(ip: str, *, ready: bool = True, serving: bool | None = None, term: bool = False,
+       local: bool = False, zones: tuple[str, ...] = (), nodes: tuple[str, ...] = ()) -> Endpoint:
+    return Endpoint(ip=ip, port=80, ready=ready, serving=ready if serving is None else serving,
+                    terminating=term, is_local=local, node_name="me" if local else "other",
+                    hint_zones=zones, hint_nodes=nodes)
+
+
+@dataclass
+class Case:
+    name: str
+    endpoints: list[Endpoint]
+    internal: set[str]
+    external: set[str]
+    has_endpoints: bool = True
+    itp: TrafficPolicy = TrafficPolicy.CLUSTER
+    etp: TrafficPolicy = TrafficPolicy.CLUSTER
+    zone: str = "a"
+    type: ServiceType = ServiceType.NODE_PORT
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+L = TrafficPolicy.LOCAL
+CASES = [
+    Case("ready endpoints only", [ep("1"), ep("2", ready=False, serving=False)],
+         {"1"}, {"1"}),
+    Case("no endpoints at all: reject", [], set(), set(), has_endpoints=False),
+    Case("only unready, not serving: reject", [ep("1", ready=False, serving=False)],
+         set(), set(), has_endpoints=False),
+    Case("terminating fallback when nothing is ready",
+         [ep("1", ready=False, serving=True, term=True), ep("2", ready=False, serving=False,
+                                                            term=True)],
+         {"1"}, {"1"}),
+    Case("terminating ignored while a ready endpoint exists",
+         [ep("1"), ep("2", ready=False, serving=True, term=True)], {"1"}, {"1"}),
+    Case("ETP Local: external uses local only, internal all",
+         [ep("1", local=True), ep("2")], {"1", "2"}, {"1"}, etp=L),
+    Case("ETP Local with no local endpoint: external empty, service still has endpoints",
+         [ep("2")], {"2"}, set(), etp=L),
+    Case("ETP Local on a ClusterIP service is ignored (no external traffic)",
+         [ep("1", local=True), ep("2")], {"1", "2"}, {"1", "2"}, etp=L,
+         type=ServiceType.CLUSTER_IP),
+    Case("ITP Local: internal uses local only", [ep("1", local=True), ep("2")],
+         {"1"}, {"1", "2"}, itp=L),
+    Case("ITP Local with no local endpoint: dropped, not rejected", [ep("2")],
+         set(), {"2"}, itp=L),
+    Case("Local falls back to local serving-terminating endpoints",
+         [ep("1", ready=False, serving=True, term=True, local=True), ep("2")],
+         {"1"}, {"2"}, itp=L),
+    Case("Local does not use a remote terminating endpoint",
+         [ep("1", ready=False, serving=True, term=True), ep("2", ready=False, serving=False)],
+         set(), {"1"}, itp=L),
+    Case("zone hints used when every endpoint is hinted and the zone appears",
+         [ep("1", zones=("a",)), ep("2", zones=("b",))], {"1"}, {"1"}),
+    Case("hints ignored when one ready endpoint has none",
+         [ep("1", zones=("a",)), ep("2")], {"1", "2"}, {"1", "2"}),
+    Case("hints ignored when no endpoint is hinted for this zone",
+         [ep("1", zones=("b",)), ep("2", zones=("c",))], {"1", "2"}, {"1", "2"}),
+    Case("hints ignored when the node has no zone",
+         [ep("1", zones=("a",)), ep("2", zones=("b",))], {"1", "2"}, {"1", "2"}, zone=""),
+    Case("unready endpoints need no hint",
+         [ep("1", zones=("a",)), ep("2", ready=False, serving=False)], {"1"}, {"1"}),
+    Case("PreferSameNode: node hints win over zone hints",
+         [ep("1", zones=("a",), nodes=("me",)), ep("2", zones=("a",), nodes=("other",))],
+         {"1"}, {"1"}),
+    Case("PreferSameNode without a hint for this node falls back to zones",
+         [ep("1", zones=("a",), nodes=("x",)), ep("2", zones=("b",), nodes=("y",))],
+         {"1"}, {"1"}),
+    Case("topology does not apply to Local policy",
+         [ep("1", zones=("b",), local=True), ep("2", zones=("a",))], {"1"}, {"2"}, itp=L),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_categorize(case: Case) -> None:
+    svc = ServicePort(KEY, type=case.type, internal_traffic_policy=case.itp,
+                      external_traffic_policy=case.etp)
+    sel = categorize(svc, case.endpoints, "me", case.zone)
+    assert {e.ip for e in sel.endpoints if e.internal} == case.internal
+    assert {e.ip for e in sel.endpoints if e.external} == case.external
+    assert sel.has_endpoints == case.has_endpoints
+
+
+endpoints = st.lists(st.builds(
+    lambda i, r, s, t, loc: ep(str(i), ready=r, serving=s or r, term=t, local=loc),
+    st.integers(0, 20), st.booleans(), st.booleans(), st.booleans(), st.booleans()),
+    max_size=8, unique_by=lambda e: e.ip)
+
+
+@given(endpoints, st.sampled_from(list(TrafficPolicy)), st.sampled_from(list(TrafficPolicy)))
+def test_selection_invariants(eps: list[Endpoint], itp: TrafficPolicy,
+                              etp: TrafficPolicy) -> None:
+    """Selected endpoints are always usable, local when a policy is Local, and exist
+    whenever a usable endpoint exists under Cluster policy."""
+    svc = ServicePort(KEY, type=ServiceType.NODE_PORT, internal_traffic_policy=itp,
+                      external_traffic_policy=etp)
+    sel = categorize(svc, eps, "me", "")
+    for e in sel.endpoints:
+        if e.internal or e.external:
+            assert e.ready or (e.serving and e.terminating)
+        if e.internal and itp is TrafficPolicy.LOCAL:
+            assert e.is_local
+        if e.external and etp is TrafficPolicy.LOCAL:
+            assert e.is_local
+    usable = any(e.ready or (e.serving and e.terminating) for e in eps)
+    assert sel.has_endpoints == usable
+    if usable and itp is TrafficPolicy.CLUSTER:
+        assert any(e.internal for e in sel.endpoints)
