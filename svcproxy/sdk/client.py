@@ -108,7 +108,8 @@ class NodeStateClient:
             changes = Changes(
                 services=frozenset(self._services) if full else frozenset(self._dirty),
                 node_changed=self._node_changed or full, full=full,
-                reason="initial" if full else "changes", trigger_times=tuple(sorted(self._triggers)))
+                reason="initial" if full else "changes",
+                trigger_times=tuple(sorted(self._triggers)))
             self._dirty = set()
             self._endpoint_changes = 0
             self._node_changed = self._full = False

@@ -1,0 +1,64 @@
+"""The manifest source: valid, invalid and changing files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from svcproxy.model import Protocol, ServicePortKey
+from tests.conftest import wait_for
+from tests.test_stream import WEB, copy_examples
+
+API = ServicePortKey("shop", "api", "http", Protocol.TCP)
+
+
+def records(fe, node: str = "node-a") -> dict:  # type: ignore[no-untyped-def]
+    return dict(fe.engine.views[node].records) if node in fe.engine.views else {}
+
+
+def test_examples_load_and_skip_unproxied(frontend_factory, tmp_path: Path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    wait_for(lambda: fe.engine.synced.is_set())
+    names = {k.name for k in fe.engine.view("node-a").records}
+    assert names == {"web", "api", "gateway", "dns"}
+
+
+def test_edit_and_delete_files_are_picked_up(frontend_factory, tmp_path: Path) -> None:
+    d = copy_examples(tmp_path)
+    fe = frontend_factory(d)
+    wait_for(lambda: WEB in fe.engine.view("node-a").records)
+    web = d / "web.yaml"
+    web.write_text(web.read_text().replace("- addresses: [10.244.2.10]",
+                                           "- addresses: [10.244.2.99]"))
+    wait_for(lambda: "10.244.2.99" in records(fe)[WEB].endpoints)
+    (d / "api.yaml").unlink()
+    wait_for(lambda: API not in records(fe))
+
+
+def test_broken_file_reported_and_last_good_state_kept(frontend_factory, tmp_path: Path,
+                                                       caplog) -> None:  # type: ignore[no-untyped-def]
+    d = copy_examples(tmp_path)
+    fe = frontend_factory(d)
+    wait_for(lambda: API in fe.engine.view("node-a").records)
+    caplog.set_level(logging.ERROR)
+    (d / "api.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: api\n  bad: [\n")
+    wait_for(lambda: any("api.yaml:" in r.getMessage() for r in caplog.records))
+    (d / "new.yaml").write_text(
+        "kind: Service\nmetadata: {name: dns2, namespace: kube-system}\n"
+        "spec: {clusterIP: 10.96.0.54, ports: [{port: 53, protocol: UDP}]}\n")
+    wait_for(lambda: any(k.name == "dns2" for k in records(fe)))
+    assert API in records(fe), "the broken file's objects must keep their last good state"
+    message = next(r.getMessage() for r in caplog.records if "api.yaml:" in r.getMessage())
+    assert "api.yaml:4" in message or "api.yaml:5" in message
+
+
+def test_invalid_object_in_valid_file_skipped_alone(frontend_factory, tmp_path: Path,
+                                                    caplog) -> None:  # type: ignore[no-untyped-def]
+    d = copy_examples(tmp_path)
+    (d / "api.yaml").write_text((d / "api.yaml").read_text().replace("port: 8080,", "port: -1,"))
+    caplog.set_level(logging.ERROR)
+    fe = frontend_factory(d)
+    wait_for(lambda: WEB in fe.engine.view("node-a").records)
+    assert API not in fe.engine.view("node-a").records
+    assert any("invalid Service shop/api" in r.getMessage() and "out of range" in r.getMessage()
+               for r in caplog.records)

@@ -1,0 +1,58 @@
+"""The SDK survives a frontend restart and converges without restarting the backend."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from svcproxy.sdk.client import NodeStateClient
+from tests.conftest import wait_for
+from tests.test_stream import WEB, copy_examples
+
+
+def start_frontend(manifests: Path, sock: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
+         "--listen", f"unix://{sock}", "--metrics-bind-address", ""],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None:
+    d = copy_examples(tmp_path)
+    sock = tmp_path / "api.sock"
+    proc = start_frontend(d, sock)
+    client = NodeStateClient(f"unix://{sock}", "node-a", max_backoff=0.5)
+    client.start()
+    try:
+        wait_for(client.has_changes, timeout=20)
+        state, _ = client.take()  # type: ignore[misc]
+        assert len(state.services[WEB].endpoints) == 3
+        stop(proc)
+        wait_for(lambda: not client.connected)
+        # While the frontend is down the cluster changes: one web pod goes away.
+        web = d / "web.yaml"
+        text = web.read_text()
+        cut = text.index("- addresses: [10.244.2.10]")
+        web.write_text(text[:cut])
+        (d / "api.yaml").unlink()
+        proc = start_frontend(d, sock)
+        wait_for(lambda: client.connected and client.has_changes(), timeout=20)
+        state, changes = client.take()  # type: ignore[misc]
+        assert changes.full, "a restarted frontend cannot resume: the SDK must rebuild"
+        assert set(state.services[WEB].endpoints) == {"10.244.1.10", "10.244.1.11"}
+        assert not any(k.name == "api" for k in state.services)
+        assert client.resets == 1
+    finally:
+        client.stop()
+        stop(proc)
