@@ -62,6 +62,7 @@ class ApiserverSource:
         page_size: int = 500,
         watch_timeout_seconds: int = 300,
     ) -> None:
+        self._owns_client = api_client is None
         self.api_client = api_client if api_client is not None else load_api_client(kubeconfig)
         self.synced = threading.Event()
         options = ReflectorOptions(
@@ -105,6 +106,9 @@ class ApiserverSource:
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
+        if self._owns_client:
+            self.api_client.close()
+            self.api_client.rest_client.close()
 
     def __enter__(self) -> ApiserverSource:
         self.start()

