@@ -9,7 +9,8 @@ It serves Services, EndpointSlices (discovery.k8s.io/v1) and Nodes:
   ``{"type": ..., "object": ...}`` of every change after N, BOOKMARK events when
   ``allowWatchBookmarks=true``, and ends after ``timeoutSeconds``. A resourceVersion
   older than the retained history yields one ``ERROR`` event carrying a 410 Status,
-  exactly like the apiserver's watch cache.
+  exactly like the apiserver's watch cache (or, with ``gone_as_status``, an HTTP 410
+  response, as when the apiserver serves the watch from etcd).
 
 Tests change the cluster with :meth:`FakeApiserver.create` / ``update`` / ``delete`` and
 provoke failures with ``compact``, ``expire_watches``, ``drop_connections`` and
@@ -142,9 +143,11 @@ class FakeApiserver:
         history_size: int = 1000,
         bookmark_interval: float = 0.2,
         token: str | None = None,
+        gone_as_status: bool = False,
     ) -> None:
         self.bookmark_interval = bookmark_interval
         self.token = token
+        self.gone_as_status = gone_as_status
         self.list_requests: list[tuple[str, dict[str, str]]] = []
         self.watch_requests: list[WatchRequest] = []
         self._state = _State(history_size=history_size)
@@ -213,6 +216,13 @@ class FakeApiserver:
             key = _key(self._with_namespace(kind, obj))
             stored = copy.deepcopy(self._state.objects[kind][key])
             return self._record(kind, "DELETED", stored)
+
+    def too_old(self, resource_version: str) -> bool:
+        """Whether a watch from this resourceVersion would get 410 Gone."""
+        with self._cond:
+            return resource_version not in ("", "0") and (
+                int(resource_version) < self._state.compacted_rv
+            )
 
     def compact(self) -> None:
         """Forget all history: watching from any older resourceVersion now gets 410 Gone."""
@@ -511,6 +521,10 @@ def _make_handler(api: FakeApiserver) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _watch(self, res: _Resource, namespace: str | None, params: dict[str, str]) -> None:
+            rv = params.get("resourceVersion", "")
+            if api.gone_as_status and api.too_old(rv):
+                self._json(410, _status(410, "Expired", f"too old resource version: {rv}"))
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")

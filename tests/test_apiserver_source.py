@@ -212,6 +212,9 @@ def test_pagination_lists_more_objects_than_the_page_size(fake, start_source) ->
     assert [bool(p.get("continue")) for p in pages] == [False, True, True]
 
 
+@pytest.mark.parametrize(
+    "fake", [{}, {"gone_as_status": True}], indirect=True, ids=["error-event", "http-410"]
+)
 def test_forced_410_while_disconnected_relists_and_loses_nothing(fake, start_source) -> None:
     populate(fake)
     _, sink = start_synced(start_source)
