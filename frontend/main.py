@@ -68,14 +68,21 @@ class Frontend:
         self._source = _start_source(self.opts, self.engine)
 
     async def stop(self) -> None:
-        self._source.stop()  # type: ignore[attr-defined]
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._source.stop)  # type: ignore[attr-defined]
         await self._server.stop(grace=1)  # type: ignore[attr-defined]
 
 
 async def run_frontend(opts: FrontendOptions) -> int:
     """Serve until SIGINT/SIGTERM."""
+    from svcproxy.frontend.apiserver import ApiserverConfigError
+
     frontend = Frontend(opts)
-    await frontend.start()
+    try:
+        await frontend.start()
+    except (ApiserverConfigError, FileNotFoundError, OSError) as err:
+        log.error("cannot start the frontend: %s", err)
+        return 1
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -1,0 +1,231 @@
+"""Frontend benchmark: a synthetic cluster, many watching clients, one change at a time.
+
+    .venv/bin/python bench/bench_frontend.py [--services 10000] [--endpoints 10]
+        [--nodes 100] [--clients 1000] [--changes 50] [--client-procs 4]
+
+The frontend (engine + grpc.aio server) runs in this process, as in production.
+Clients are grpc.aio streams in ``--client-procs`` separate processes (so their CPU is
+not the frontend's), spread over the nodes; they keep messages as raw bytes except the
+revision, like a backend that applies ops lazily. Prints:
+
+- initial load of the cluster into the engine;
+- one node's initial snapshot: time to the last byte at a client, and its size;
+- latency from an EndpointSlice change to each client having it (p50, p99), and to
+  every client having it (p50, p99 over changes);
+- frontend CPU time per change; frontend peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.events import Replace, Upsert
+from svcproxy.frontend.server import start_server
+from svcproxy.v1 import nodestate_pb2 as pb
+
+
+def _ip(i: int, base: int) -> str:
+    return f"{base}.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
+
+
+def make_slice(s: int, endpoints: int, nodes: int, flip: int = -1) -> dict[str, Any]:
+    eps = []
+    for e in range(endpoints):
+        n = (s * endpoints + e) % nodes
+        eps.append({"addresses": [_ip(s * endpoints + e, 10)], "nodeName": f"n{n}",
+                    "zone": f"z{n % 3}", "conditions": {"ready": e != flip}})
+    return {"kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": f"s{s}-x", "namespace": "bench",
+                         "labels": {"kubernetes.io/service-name": f"s{s}"}},
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": eps}
+
+
+def make_cluster(services: int, endpoints: int, nodes: int) -> list[Any]:
+    svcs = [{"kind": "Service", "metadata": {"name": f"s{s}", "namespace": "bench"},
+             "spec": {"clusterIP": _ip(s, 100), "ports": [
+                 {"name": "http", "port": 80, "targetPort": 8080}]}} for s in range(services)]
+    node_objs = [{"kind": "Node", "metadata": {"name": f"n{n}", "labels": {
+        "topology.kubernetes.io/zone": f"z{n % 3}"}}} for n in range(nodes)]
+    return [Replace("Service", svcs),
+            Replace("EndpointSlice", [make_slice(s, endpoints, nodes)
+                                      for s in range(services)]),
+            Replace("Node", node_objs)]
+
+
+def _revision(data: bytes) -> tuple[int, bool]:
+    """(revision, more) of a serialised WatchEvent without parsing its ops."""
+    ev = pb.WatchEvent()
+    ev.MergeFromString(data[:32].split(b"\x22", 1)[0]) if False else None
+    rev, shift, i = 0, 0, 1
+    while True:
+        b = data[i]
+        rev |= (b & 0x7F) << shift
+        i += 1
+        shift += 7
+        if b < 0x80:
+            break
+    more = b"\x18\x01" in data[i:i + 4]
+    return rev, more
+
+
+async def _client(target: str, node: str, got: dict[int, float], ready: Any) -> None:
+    async with grpc.aio.insecure_channel(
+            target, options=[("grpc.max_receive_message_length", 256 << 20)]) as ch:
+        call = ch.unary_stream("/svcproxy.v1.NodeStateService/Watch",
+                               request_serializer=pb.WatchRequest.SerializeToString,
+                               response_deserializer=lambda b: b)(pb.WatchRequest(node_name=node))
+        first = True
+        async for data in call:
+            rev, more = _revision(data)
+            if more:
+                continue
+            if first:
+                first = False
+                ready()
+                continue
+            got.setdefault(rev, time.time())
+
+
+def client_process(target: str, nodes: list[str], conn: Any) -> None:
+    """Run streams for ``nodes``; report readiness, then receive times per revision."""
+    got: list[dict[int, float]] = [{} for _ in nodes]
+    left = [len(nodes)]
+
+    def ready() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            conn.send("ready")
+
+    async def main() -> None:
+        tasks = [asyncio.create_task(_client(target, n, got[i], ready))
+                 for i, n in enumerate(nodes)]
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        for t in tasks:
+            t.cancel()
+        conn.send(got)
+
+    asyncio.run(main())
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def run(args: argparse.Namespace) -> None:
+    engine = Engine()
+    engine.loop = asyncio.get_running_loop()
+    sock = Path(tempfile.mkdtemp()) / "bench.sock"
+    target = f"unix://{sock}"
+    server, _ = await start_server(engine, target)
+    t0 = time.perf_counter()
+    engine.submit(make_cluster(args.services, args.endpoints, args.nodes))
+    print(f"cluster: {args.services} services x {args.endpoints} endpoints "
+          f"({args.services * args.endpoints} endpoints), {args.nodes} nodes; "
+          f"loaded in {time.perf_counter() - t0:.2f} s", flush=True)
+
+    loop = asyncio.get_running_loop()
+    for attempt in ("cold", "warm"):
+        t0 = time.perf_counter()
+        size = 0
+        async with grpc.aio.insecure_channel(target, options=[
+                ("grpc.max_receive_message_length", 256 << 20)]) as ch:
+            call = ch.unary_stream("/svcproxy.v1.NodeStateService/Watch",
+                                   request_serializer=pb.WatchRequest.SerializeToString,
+                                   response_deserializer=lambda b: b)(
+                pb.WatchRequest(node_name="n1" if attempt == "cold" else "n2"))
+            async for data in call:
+                size += len(data)
+                if not _revision(data)[1]:
+                    break
+            call.cancel()
+        print(f"snapshot of one node ({attempt}): {time.perf_counter() - t0:.3f} s, "
+              f"{size / 1e6:.1f} MB", flush=True)
+
+    procs, conns = [], []
+    names = [f"n{i % args.nodes}" for i in range(args.clients)]
+    t0 = time.perf_counter()
+    for p in range(args.client_procs):
+        parent, child = mp.Pipe()
+        proc = mp.Process(target=client_process,
+                          args=(target, names[p::args.client_procs], child), daemon=True)
+        proc.start()
+        procs.append(proc)
+        conns.append(parent)
+    for c in conns:
+        while not c.poll(1):
+            await asyncio.sleep(0.5)
+        c.recv()
+    print(f"{args.clients} clients connected and got their snapshots in "
+          f"{time.perf_counter() - t0:.1f} s ({args.client_procs} client processes)",
+          flush=True)
+
+    sent: dict[int, float] = {}
+    cpu0 = time.process_time()
+    for i in range(args.changes):
+        s = (i * 7919) % args.services
+        sent_at = time.time()
+        engine.submit([Upsert("EndpointSlice", make_slice(s, args.endpoints, args.nodes,
+                                                          flip=i % args.endpoints))])
+        sent[engine.revision] = sent_at
+        await asyncio.sleep(args.interval)
+    cpu = time.process_time() - cpu0
+    await asyncio.sleep(1)
+    for c in conns:
+        c.send("stop")
+    results: list[list[dict[int, float]]] = [await loop.run_in_executor(None, c.recv)
+                                             for c in conns]
+    per_client, to_all = [], []
+    for rev, at in sent.items():
+        times = [got[rev] - at for r in results for got in r if rev in got]
+        missing = args.clients - len(times)
+        if missing:
+            print(f"revision {rev}: {missing} clients never got it", flush=True)
+        per_client += times
+        to_all.append(max(times))
+    print(f"change -> client latency over {len(per_client)} deliveries: "
+          f"p50 {1000 * pct(per_client, 0.5):.1f} ms, p99 {1000 * pct(per_client, 0.99):.1f} ms")
+    print(f"change -> every client: p50 {1000 * pct(to_all, 0.5):.1f} ms, "
+          f"p99 {1000 * pct(to_all, 0.99):.1f} ms over {len(to_all)} changes")
+    print(f"frontend CPU per change (compute + fan-out): {1000 * cpu / args.changes:.1f} ms "
+          f"(includes {args.interval * 1000:.0f} ms idle spacing, not counted)")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"frontend peak RSS: {rss:.0f} MB", flush=True)
+    for p in procs:
+        p.join(5)
+    await server.stop(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=int, default=10000)
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--changes", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=0.2,
+                        help="seconds between changes")
+    args = parser.parse_args()
+    mp.set_start_method("fork")
+    print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
