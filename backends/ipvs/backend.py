@@ -1,0 +1,346 @@
+"""The IPVS backend: node state -> virtual servers, kube-ipvs0 addresses, ipsets, rules.
+
+A full sync (first, periodic, after a failure) reads the IPVS services and the
+addresses on kube-ipvs0 back from the kernel and rewrites every ipset and the
+fixed iptables rules; a partial sync re-renders only the changed service ports
+and sends only the difference. Draining real servers are deleted by a small
+background check once their connections are gone (or after the bound).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
+from svcproxy.backends.ipvs import rules as R
+from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.diff import (
+    Applied,
+    diff_members,
+    diff_servers,
+    reap,
+    reap_requests,
+)
+from svcproxy.backends.ipvs.genl import ServiceId
+from svcproxy.backends.ipvs.netlink import (
+    NETLINK_ROUTE,
+    Failure,
+    IpvsNetlink,
+    NetlinkBatch,
+    Request,
+)
+from svcproxy.backends.ipvs.options import IpvsOptions
+from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
+from svcproxy.model import NodeInfo, ServicePortKey, of_family
+from svcproxy.sdk.backend import Backend, Changes, NodeState
+
+log = logging.getLogger(__name__)
+
+SYSCTLS = (
+    ("net.ipv4.vs.conntrack", "1"),
+    ("net.ipv4.vs.expire_nodest_conn", "1"),
+    ("net.ipv4.vs.expire_quiescent_template", "1"),
+    ("net.ipv4.ip_forward", "1"),
+    ("net.bridge.bridge-nf-call-iptables", "1"),
+)
+SYSCTLS_V6 = (
+    ("net.ipv6.conf.all.forwarding", "1"),
+    ("net.bridge.bridge-nf-call-ip6tables", "1"),
+)
+STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2"))
+IGNORE_ADDR_GONE = frozenset({99, 2, 3, 19})  # EADDRNOTAVAIL, ENOENT, ESRCH, ENODEV
+
+
+class SyncError(RuntimeError):
+    """Some kernel requests failed; the message lists them."""
+
+
+def _raise_failures(failures: list[Failure]) -> None:
+    if failures:
+        shown = "; ".join(str(f) for f in failures[:5])
+        more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+        raise SyncError(f"{len(failures)} IPVS/netlink request(s) failed: {shown}{more}")
+
+
+def ipv6_enabled() -> bool:
+    return os.path.exists("/proc/net/if_inet6")
+
+
+class IpvsBackend(Backend):
+    name = "ipvs"
+
+    def __init__(self, config: NodeConfig, options: IpvsOptions,
+                 families: Iterable[int] | None = None) -> None:
+        self.config = config
+        self.options = options
+        self.families = tuple(families) if families else ((4, 6) if ipv6_enabled() else (4,))
+        self.lock = threading.Lock()
+        self.desired = Desired()
+        self.applied = Applied()
+        self.ctx: RenderContext | None = None
+        self.node: NodeInfo | None = None
+        self.ifindex = 0
+        self.ipvs: IpvsNetlink | None = None
+        self.route: NetlinkBatch | None = None
+        self.warned: set[str] = set()
+        self.stop = threading.Event()
+        self.reaper: threading.Thread | None = None
+
+    # -- setup -------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """Open sockets, set sysctls and timeouts, create kube-ipvs0 (first sync only)."""
+        if self.ipvs is not None:
+            return
+        self.ipvs = IpvsNetlink()
+        self.route = NetlinkBatch(NETLINK_ROUTE)
+        wanted = list(SYSCTLS) + (list(SYSCTLS_V6) if 6 in self.families else [])
+        if self.options.strict_arp:
+            wanted += STRICT_ARP
+        for name, value in wanted:
+            if not system.write_sysctl(name, value) and name.startswith("net.bridge"):
+                log.info("%s not available (br_netfilter not loaded): pod-to-service traffic "
+                         "whose endpoint is on the same bridge may not be de-NATed", name)
+        o = self.options
+        if o.tcp_timeout or o.tcpfin_timeout or o.udp_timeout:
+            built = genl.set_timeouts(o.tcp_timeout, o.tcpfin_timeout, o.udp_timeout)
+            _raise_failures(self.ipvs.apply([Request("set IPVS timeouts",
+                                                     genl.genl_body(*built))]))
+        self.ifindex = system.ensure_dummy(o.interface)
+        self.reaper = threading.Thread(target=self._reap_loop, name="ipvs-drain", daemon=True)
+        self.reaper.start()
+
+    def close(self) -> None:
+        """Stop the drain check and close sockets (tests and shutdown)."""
+        self.stop.set()
+        if self.reaper is not None:
+            self.reaper.join(timeout=5)
+        for sock in (self.ipvs, self.route):
+            if sock is not None:
+                sock.close()
+        self.ipvs = self.route = None
+
+    # -- sync --------------------------------------------------------------------------
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        with self.lock:
+            self._setup()
+            ctx = self._context(state)
+            if changes.full or ctx != self.ctx or state.node != self.node:
+                self._full_sync(state, ctx, changes.reason)
+            else:
+                self._partial_sync(state, changes.services)
+            self._reap_now()
+
+    def _context(self, state: NodeState) -> RenderContext:
+        node_ips = self.config.node_ips or (state.node.addresses if state.node else ())
+        locals_ = system.local_addresses(self.ifindex)
+        ports = node_port_ips(self.config.node_port_addresses, node_ips, locals_)
+        return RenderContext(self.options.scheduler, ports, tuple(node_ips))
+
+    def _render(self, state: NodeState, keys: Iterable[ServicePortKey],
+                touched: Touched) -> None:
+        assert self.ctx is not None
+        for key in keys:
+            sps = state.services.get(key)
+            plan = render_port(sps, self.ctx) if sps is not None else None
+            if plan is not None:
+                for warning in plan.warnings:
+                    if warning not in self.warned:
+                        self.warned.add(warning)
+                        log.warning("%s", warning)
+            self.desired.set_plan(key, plan, touched)
+
+    def _full_sync(self, state: NodeState, ctx: RenderContext, reason: str) -> None:
+        started = time.monotonic()
+        self.ctx, self.node = ctx, state.node
+        self.desired = Desired()
+        self._render(state, state.services, Touched())
+        for line in self.desired.conflicts():
+            log.warning("address conflict: %s", line)
+        self._read_kernel(refresh_dests=reason in ("initial", "retry"))
+        ids = set(self.desired.claims) | set(self.applied.servers)
+        self._apply_servers(ids)
+        self._apply_addresses(set(self.desired.addresses) | self.applied.addresses,
+                              set(self.desired.routes) | self.applied.routes)
+        entries = self.desired.entries_by_set()
+        system.ipset_restore(ipsets.full_restore(entries, self.families))
+        self.applied.entries = set(self.desired.entries)
+        self._apply_rules(state.node)
+        log.info("ipvs: full sync (%s) of %d service ports, %d virtual servers in %.3fs",
+                 reason, len(state.services), len(self.desired.claims),
+                 time.monotonic() - started)
+
+    def _partial_sync(self, state: NodeState, keys: Iterable[ServicePortKey]) -> None:
+        touched = Touched()
+        self._render(state, keys, touched)
+        self._apply_servers(touched.servers)
+        self._apply_addresses(touched.addresses, touched.routes)
+        want = {e for e in touched.entries if e in self.desired.entries}
+        have = {e for e in touched.entries if e in self.applied.entries}
+        add, remove = want - have, have - want
+        system.ipset_restore(ipsets.delta_restore(_by_set(add), _by_set(remove)))
+        self.applied.entries = (self.applied.entries - remove) | add
+
+    # -- kernel state ------------------------------------------------------------------
+
+    def _read_kernel(self, refresh_dests: bool) -> None:
+        """Reload what the kernel holds (services we own, kube-ipvs0 addresses, routes)."""
+        assert self.ipvs is not None
+        kernel = {s.id: s for s in self.ipvs.services() if not self.options.excluded(s.id.address)}
+        known = {} if refresh_dests else self.applied.dests
+        dests = {}
+        for sid in kernel:
+            if sid in known:
+                dests[sid] = known[sid]
+            else:
+                dests[sid] = {d.id: d.weight for d in self.ipvs.dests(sid)}
+        self.applied.servers = kernel
+        self.applied.dests = dests
+        self.applied.draining = {k: v for k, v in self.applied.draining.items() if k[0] in kernel}
+        self.applied.addresses = system.link_addresses(self.ifindex)
+        self.applied.routes = system.local_routes(self.ifindex) - self.applied.addresses
+
+    def _apply_servers(self, ids: Iterable[ServiceId]) -> None:
+        assert self.ipvs is not None
+        delta = diff_servers(ids, self.desired, self.applied, time.monotonic(),
+                             self.options.graceful_termination_timeout)
+        failures = self.ipvs.apply(delta.requests)
+        if failures:
+            self.applied.dests.clear()
+        else:
+            delta.commit(self.applied)
+        _raise_failures(failures)
+
+    def _apply_addresses(self, addresses: set[str], routes: set[str]) -> None:
+        assert self.route is not None
+        add_a, del_a = _touched_diff(addresses, self.desired.addresses, self.applied.addresses)
+        add_r, del_r = _touched_diff(routes, self.desired.routes, self.applied.routes)
+        i = self.ifindex
+        requests = [
+            *(Request(f"unbind {a} from {self.options.interface}", rtnl.address_body(a, i),
+                      rtnl.RTM_DELADDR, ignore=IGNORE_ADDR_GONE) for a in sorted(del_a)),
+            *(Request(f"remove local route {a}", rtnl.local_route_body(a, i),
+                      rtnl.RTM_DELROUTE, ignore=IGNORE_ADDR_GONE) for a in sorted(del_r)),
+            *(Request(f"bind {a} to {self.options.interface}", rtnl.address_body(a, i),
+                      rtnl.RTM_NEWADDR, rtnl.ADD_FLAGS) for a in sorted(add_a)),
+            *(Request(f"add local route {a}", rtnl.local_route_body(a, i),
+                      rtnl.RTM_NEWROUTE, rtnl.ADD_FLAGS) for a in sorted(add_r)),
+        ]
+        failures = self.route.apply(requests)
+        self.applied.addresses = (self.applied.addresses - del_a) | add_a
+        self.applied.routes = (self.applied.routes - del_r) | add_r
+        _raise_failures(failures)
+
+    def _local_detect(self, family: int, node: NodeInfo | None) -> R.LocalDetect:
+        c = self.config
+        mode = c.detect_local_mode
+        if mode == "NodeCIDR":
+            return R.LocalDetect(cidrs=tuple(of_family(node.pod_cidrs if node else (), family)))
+        if mode == "InterfaceNamePrefix" and c.pod_interface_name_prefix:
+            return R.LocalDetect(interfaces=(c.pod_interface_name_prefix + "+",))
+        if mode == "BridgeInterface" and c.pod_bridge_interface:
+            return R.LocalDetect(interfaces=(c.pod_bridge_interface,))
+        return R.LocalDetect(cidrs=tuple(of_family(c.cluster_cidrs, family)))
+
+    def _apply_rules(self, node: NodeInfo | None) -> None:
+        for family in self.families:
+            tables = {
+                "nat": R.nat_rules(family, self.config.masquerade_all,
+                                   self._local_detect(family, node)),
+                "filter": R.filter_rules(family),
+            }
+            saved = {t: system.iptables_save(family, t) for t in ("nat", "filter")}
+            missing = [j for j in R.JUMPS if j.rule() not in saved[j.table]]
+            system.iptables_restore(family, R.restore_text(tables, missing))
+
+    # -- graceful termination ------------------------------------------------------------
+
+    def _reap_now(self) -> None:
+        """Delete draining real servers that have no connections left or ran out of time."""
+        if not self.applied.draining or self.ipvs is None:
+            return
+        stats: dict[tuple[ServiceId, genl.DestId], genl.DestStats | None] = {}
+        for sid in {k[0] for k in self.applied.draining}:
+            found = {d.id: d for d in self.ipvs.dests(sid)}
+            for key in self.applied.draining:
+                if key[0] == sid:
+                    stats[key] = found.get(key[1])
+        done = reap(self.applied.draining, stats, time.monotonic())
+        present = [k for k in done if stats.get(k) is not None]
+        failures = self.ipvs.apply(reap_requests(present))
+        for key in done:
+            self.applied.draining.pop(key, None)
+            self.applied.dests.get(key[0], {}).pop(key[1], None)
+        for failure in failures:
+            log.warning("ipvs: %s", failure)
+        for sid, dest in done:
+            log.info("ipvs: real server %s of %s drained, deleted", dest, sid)
+
+    def _reap_loop(self) -> None:
+        while not self.stop.wait(self.options.graceful_check_interval):
+            try:
+                with self.lock:
+                    self._reap_now()
+            except Exception:  # noqa: BLE001 - keep checking; the next sync repairs
+                log.exception("ipvs: checking draining real servers failed")
+
+    # -- cleanup -----------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Remove IPVS services (outside --ipvs-exclude-cidrs), kube-ipvs0, rules, ipsets."""
+        self._cleanup_ipvs()
+        if system.delete_link(self.options.interface):
+            log.info("ipvs: deleted %s", self.options.interface)
+        for family in (4, 6):
+            saved = {t: self._saved_or_empty(family, t) for t in ("nat", "filter")}
+            present = {t: _chains(text) for t, text in saved.items()}
+            jumps = [j for j in R.JUMPS if j.rule() in saved[j.table]]
+            text = R.cleanup_text(present, jumps)
+            if text:
+                system.iptables_restore(family, text)
+        ours = set(ipsets.all_set_names()) | {f"KUBE-TMP-{f}-{i}" for f in (4, 6)
+                                               for i in range(len(ipsets.KINDS))}
+        existing = sorted(ours & system.ipset_names())
+        system.ipset_restore(ipsets.destroy_restore(existing))
+
+    def _cleanup_ipvs(self) -> None:
+        try:
+            sock = self.ipvs or IpvsNetlink()
+        except Exception as err:  # noqa: BLE001 - no IPVS: nothing to remove
+            log.info("ipvs: no IPVS in this kernel (%s); nothing to remove there", err)
+            return
+        gone = [s.id for s in sock.services() if not self.options.excluded(s.id.address)]
+        requests = [Request(f"delete virtual server {sid}", genl.genl_body(*genl.del_service(sid)))
+                    for sid in gone]
+        _raise_failures(sock.apply(requests))
+        log.info("ipvs: deleted %d virtual servers", len(gone))
+
+    def _saved_or_empty(self, family: int, table: str) -> str:
+        try:
+            return system.iptables_save(family, table)
+        except (system.CommandError, FileNotFoundError):
+            return ""
+
+
+def _by_set(entries: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    result: dict[str, list[str]] = {}
+    for name, value in entries:
+        result.setdefault(name, []).append(value)
+    return result
+
+
+def _touched_diff(touched: set[str], desired: Iterable[str],
+                  applied: set[str]) -> tuple[set[str], set[str]]:
+    want = {a for a in touched if a in desired}
+    have = {a for a in touched if a in applied}
+    return diff_members(want, have)
+
+
+def _chains(save_output: str) -> set[str]:
+    return {line[1:].split()[0] for line in save_output.splitlines() if line.startswith(":")}

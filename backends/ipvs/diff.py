@@ -1,0 +1,141 @@
+"""What to send to the kernel to go from the applied IPVS state to the desired one (pure).
+
+Removed real servers of a surviving virtual server are not deleted at once:
+they get weight 0 (no new connections) and are remembered as draining, with a
+deadline. ``reap`` later picks those that have no connections left or whose
+deadline passed. UDP real servers are deleted at once, as kube-proxy does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from svcproxy.backends.ipvs import genl
+from svcproxy.backends.ipvs.desired import Desired
+from svcproxy.backends.ipvs.genl import DestId, DestStats, ServiceId, ServiceSpec
+from svcproxy.backends.ipvs.netlink import Request, ipvs_request
+
+Draining = tuple[ServiceId, DestId]
+
+
+@dataclass(slots=True)
+class Applied:
+    """What this backend believes the kernel holds."""
+
+    servers: dict[ServiceId, ServiceSpec] = field(default_factory=dict)
+    dests: dict[ServiceId, dict[DestId, int]] = field(default_factory=dict)
+    addresses: set[str] = field(default_factory=set)
+    routes: set[str] = field(default_factory=set)
+    entries: set[tuple[str, str]] = field(default_factory=set)
+    draining: dict[Draining, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class IpvsDelta:
+    """Requests plus the applied state they lead to (committed only on success)."""
+
+    requests: list[Request] = field(default_factory=list)
+    servers: dict[ServiceId, ServiceSpec | None] = field(default_factory=dict)
+    dests: dict[ServiceId, dict[DestId, int] | None] = field(default_factory=dict)
+    draining_add: dict[Draining, float] = field(default_factory=dict)
+    draining_drop: set[Draining] = field(default_factory=set)
+
+    def commit(self, applied: Applied) -> None:
+        for sid, spec in self.servers.items():
+            if spec is None:
+                applied.servers.pop(sid, None)
+            else:
+                applied.servers[sid] = spec
+        for sid, dests in self.dests.items():
+            if dests is None:
+                applied.dests.pop(sid, None)
+            else:
+                applied.dests[sid] = dests
+        for key in self.draining_drop:
+            applied.draining.pop(key, None)
+        applied.draining.update(self.draining_add)
+
+
+def diff_servers(
+    ids: Iterable[ServiceId], desired: Desired, applied: Applied, now: float, grace: float
+) -> IpvsDelta:
+    """Requests for the virtual servers ``ids`` (and their real servers)."""
+    delta = IpvsDelta()
+    for sid in sorted(ids):
+        want = desired.server(sid)
+        have = applied.servers.get(sid)
+        if want is None:
+            if have is not None:
+                delta.requests.append(ipvs_request(f"delete virtual server {sid}",
+                                               genl.del_service(sid)))
+                delta.servers[sid] = None
+                delta.dests[sid] = None
+                delta.draining_drop |= {k for k in applied.draining if k[0] == sid}
+            continue
+        if have is None:
+            delta.requests.append(ipvs_request(f"add virtual server {sid}",
+                                           genl.add_service(want.spec)))
+            delta.servers[sid] = want.spec
+            old: Mapping[DestId, int] = {}
+        else:
+            if have != want.spec:
+                delta.requests.append(ipvs_request(f"update virtual server {sid}",
+                                               genl.set_service(want.spec)))
+                delta.servers[sid] = want.spec
+            old = applied.dests.get(sid, {})
+        _diff_dests(sid, want.dests, old, applied, delta, now + grace)
+    return delta
+
+
+def _diff_dests(sid: ServiceId, want: frozenset[DestId], old: Mapping[DestId, int],
+                applied: Applied, delta: IpvsDelta, deadline: float) -> None:
+    new = dict(old)
+    for dest in sorted(want):
+        weight = old.get(dest)
+        if weight is None:
+            delta.requests.append(ipvs_request(f"add real server {dest} to {sid}",
+                                           genl.add_dest(sid, dest, 1)))
+        elif weight != 1:
+            delta.requests.append(ipvs_request(f"restore real server {dest} of {sid}",
+                                           genl.set_dest(sid, dest, 1)))
+        delta.draining_drop.add((sid, dest))
+        new[dest] = 1
+    for dest in sorted(set(old) - want):
+        if sid.protocol == "UDP":
+            delta.requests.append(ipvs_request(f"delete real server {dest} of {sid}",
+                                           genl.del_dest(sid, dest)))
+            del new[dest]
+            delta.draining_drop.add((sid, dest))
+        elif old[dest] != 0:
+            delta.requests.append(ipvs_request(f"drain real server {dest} of {sid}",
+                                           genl.set_dest(sid, dest, 0)))
+            new[dest] = 0
+            delta.draining_add[(sid, dest)] = deadline
+        elif (sid, dest) not in applied.draining:
+            delta.draining_add[(sid, dest)] = deadline
+    if new != old or sid not in applied.dests:
+        delta.dests[sid] = new
+
+
+def reap(
+    draining: Mapping[Draining, float], stats: Mapping[Draining, DestStats | None], now: float
+) -> list[Draining]:
+    """Draining real servers to delete now: no connections left, gone, or past the deadline."""
+    done = []
+    for key, deadline in sorted(draining.items()):
+        s = stats.get(key)
+        if s is None or s.active + s.inactive == 0 or now >= deadline:
+            done.append(key)
+    return done
+
+
+def reap_requests(keys: Iterable[Draining]) -> list[Request]:
+    return [ipvs_request(f"delete drained real server {d} of {sid}", genl.del_dest(sid, d))
+            for sid, d in keys]
+
+
+def diff_members(want: Iterable[str], have: Iterable[str]) -> tuple[set[str], set[str]]:
+    """(to add, to remove) between two sets of plain items."""
+    w, h = set(want), set(have)
+    return w - h, h - w

@@ -1,0 +1,123 @@
+"""The ipsets of kube-proxy's IPVS mode and their ``ipset restore`` text (pure).
+
+IPv4 sets are named as kube-proxy names them (KUBE-CLUSTER-IP, ...); IPv6 ones
+carry a ``KUBE-6-`` prefix, as kube-proxy's IPv6 proxier does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+LOOP_BACK = "LOOP-BACK"
+CLUSTER_IP = "CLUSTER-IP"
+EXTERNAL_IP = "EXTERNAL-IP"
+EXTERNAL_IP_LOCAL = "EXTERNAL-IP-LOCAL"
+LOAD_BALANCER = "LOAD-BALANCER"
+LOAD_BALANCER_LOCAL = "LOAD-BALANCER-LOCAL"
+LOAD_BALANCER_FW = "LOAD-BALANCER-FW"
+LOAD_BALANCER_SOURCE_IP = "LOAD-BALANCER-SOURCE-IP"
+LOAD_BALANCER_SOURCE_CIDR = "LOAD-BALANCER-SOURCE-CIDR"
+NODE_PORT_TCP = "NODE-PORT-TCP"
+NODE_PORT_LOCAL_TCP = "NODE-PORT-LOCAL-TCP"
+NODE_PORT_UDP = "NODE-PORT-UDP"
+NODE_PORT_LOCAL_UDP = "NODE-PORT-LOCAL-UDP"
+NODE_PORT_SCTP = "NODE-PORT-SCTP-HASH"
+NODE_PORT_LOCAL_SCTP = "NODE-PORT-LOCAL-SCTP-HASH"
+HEALTH_CHECK_NODE_PORT = "HEALTH-CHECK-NODE-PORT"
+IPVS_IPS = "IPVS-IPS"
+
+
+@dataclass(frozen=True, slots=True)
+class SetKind:
+    base: str
+    type: str
+    comment: str
+
+
+KINDS = (
+    SetKind(LOOP_BACK, "hash:ip,port,ip",
+            "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
+    SetKind(CLUSTER_IP, "hash:ip,port",
+            "Kubernetes service cluster ip + port for masquerade purpose"),
+    SetKind(EXTERNAL_IP, "hash:ip,port",
+            "Kubernetes service external ip + port for masquerade and filter purpose"),
+    SetKind(EXTERNAL_IP_LOCAL, "hash:ip,port",
+            "Kubernetes service external ip + port with externalTrafficPolicy=local"),
+    SetKind(LOAD_BALANCER, "hash:ip,port",
+            "Kubernetes service lb portal"),
+    SetKind(LOAD_BALANCER_LOCAL, "hash:ip,port",
+            "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"),
+    SetKind(LOAD_BALANCER_FW, "hash:ip,port",
+            "Kubernetes service load balancer ip + port for load balancer with sourceRange"),
+    SetKind(LOAD_BALANCER_SOURCE_IP, "hash:ip,port,ip",
+            "Kubernetes service load balancer ip + port + source IP for packet filter purpose"),
+    SetKind(LOAD_BALANCER_SOURCE_CIDR, "hash:ip,port,net",
+            "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"),
+    SetKind(NODE_PORT_TCP, "bitmap:port", "Kubernetes nodeport TCP port for masquerade purpose"),
+    SetKind(NODE_PORT_LOCAL_TCP, "bitmap:port",
+            "Kubernetes nodeport TCP port with externalTrafficPolicy=local"),
+    SetKind(NODE_PORT_UDP, "bitmap:port", "Kubernetes nodeport UDP port for masquerade purpose"),
+    SetKind(NODE_PORT_LOCAL_UDP, "bitmap:port",
+            "Kubernetes nodeport UDP port with externalTrafficPolicy=local"),
+    SetKind(NODE_PORT_SCTP, "hash:ip,port",
+            "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"),
+    SetKind(NODE_PORT_LOCAL_SCTP, "hash:ip,port",
+            "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type "
+            "'hash ip:port'"),
+    SetKind(HEALTH_CHECK_NODE_PORT, "bitmap:port", "Kubernetes health check node port"),
+    SetKind(IPVS_IPS, "hash:ip", "Kubernetes ipvs addresses"),
+)
+KIND_BY_BASE = {k.base: k for k in KINDS}
+
+
+MAX_NAME = 31
+
+
+def set_name(base: str, family: int) -> str:
+    """KUBE-<base> for IPv4, KUBE-6-<base> for IPv6 (cut to ipset's 31 characters)."""
+    return (f"KUBE-{base}" if family == 4 else f"KUBE-6-{base}")[:MAX_NAME]
+
+
+def all_set_names(families: Iterable[int] = (4, 6)) -> list[str]:
+    return [set_name(k.base, f) for f in families for k in KINDS]
+
+
+def _create_line(name: str, kind: SetKind, family: int) -> str:
+    if kind.type.startswith("bitmap:"):
+        options = "range 0-65535"
+    else:
+        options = f"family {'inet' if family == 4 else 'inet6'} hashsize 1024 maxelem 262144"
+    return f"create {name} {kind.type} {options} -exist"
+
+
+def full_restore(entries: Mapping[str, Iterable[str]], families: Iterable[int]) -> str:
+    """Rewrite every set of ``families`` atomically: fill a temporary set, swap, destroy."""
+    lines: list[str] = []
+    for family in families:
+        for index, kind in enumerate(KINDS):
+            name = set_name(kind.base, family)
+            tmp = f"KUBE-TMP-{family}-{index}"
+            create = _create_line(name, kind, family)
+            lines.append(create)
+            lines.append(create.replace(f"create {name} ", f"create {tmp} ", 1))
+            lines.append(f"flush {tmp}")
+            lines.extend(f"add {tmp} {e} -exist" for e in sorted(entries.get(name, ())))
+            lines.append(f"swap {tmp} {name}")
+            lines.append(f"destroy {tmp}")
+    return "\n".join(lines) + "\n"
+
+
+def delta_restore(added: Mapping[str, Iterable[str]], removed: Mapping[str, Iterable[str]]) -> str:
+    """Add and delete single entries (sets already exist after a full restore)."""
+    lines: list[str] = []
+    for name in sorted(removed):
+        lines.extend(f"del {name} {e} -exist" for e in sorted(removed[name]))
+    for name in sorted(added):
+        lines.extend(f"add {name} {e} -exist" for e in sorted(added[name]))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def destroy_restore(names: Iterable[str]) -> str:
+    """Flush and destroy the named sets (every one must exist)."""
+    return "".join(f"flush {n}\ndestroy {n}\n" for n in names)

@@ -1,0 +1,208 @@
+"""From one service port to the IPVS objects it needs on this node (pure).
+
+A Kubernetes service port becomes N virtual servers (one per ClusterIP,
+ExternalIP, LB ingress IP and node address:nodePort), each with one NAT real
+server per endpoint of the same IP family, plus the addresses to bind to
+kube-ipvs0 and the ipset entries the fixed iptables rules match on.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs.genl import DestId, ServiceId, ServiceSpec
+from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, SCHEDULERS
+from svcproxy.model import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortState,
+    ServiceType,
+    ip_family,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderContext:
+    """What the rendering needs from the node and the flags."""
+
+    scheduler: str = "rr"
+    node_port_ips: tuple[str, ...] = ()
+    node_ips: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServer:
+    spec: ServiceSpec
+    dests: frozenset[DestId]
+
+
+@dataclass(frozen=True, slots=True)
+class PortPlan:
+    """Everything one service port contributes to the node's IPVS programming."""
+
+    servers: tuple[VirtualServer, ...] = ()
+    addresses: frozenset[str] = frozenset()
+    local_routes: frozenset[str] = frozenset()
+    entries: frozenset[tuple[str, str]] = frozenset()
+    warnings: tuple[str, ...] = ()
+
+
+def scheduler_for(service: ServicePort, default: str) -> tuple[str, str]:
+    """The scheduler (annotation first, then --ipvs-scheduler) and a warning if ignored."""
+    wanted = service.option(SCHEDULER_ANNOTATION).strip()
+    if not wanted:
+        return default, ""
+    if wanted in SCHEDULERS:
+        return wanted, ""
+    return default, (
+        f"{service.key}: ignoring annotation {SCHEDULER_ANNOTATION}={wanted!r} (unknown "
+        f"scheduler; choose one of {', '.join(SCHEDULERS)}); using {default}"
+    )
+
+
+def _dests(endpoints: Sequence[Endpoint], family: int) -> frozenset[DestId]:
+    return frozenset(DestId(e.ip, e.port) for e in endpoints if ip_family(e.ip) == family)
+
+
+def _ip_port(ip: str, protocol: Protocol, port: int) -> str:
+    return f"{ip},{protocol.value.lower()}:{port}"
+
+
+class _Builder:
+    """Collects one port's objects; small helper to keep render_port readable."""
+
+    def __init__(self, state: ServicePortState, ctx: RenderContext) -> None:
+        svc = state.service
+        self.svc = svc
+        self.proto = svc.key.protocol
+        self.scheduler, warning = scheduler_for(svc, ctx.scheduler)
+        self.warnings = (warning,) if warning else ()
+        timeout = svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
+        self.persistence = timeout if svc.affinity else 0
+        self.internal = state.internal_endpoints()
+        self.external = state.external_endpoints()
+        self.servers: list[VirtualServer] = []
+        self.addresses: set[str] = set()
+        self.routes: set[str] = set()
+        self.entries: set[tuple[str, str]] = set()
+
+    def server(self, ip: str, port: int, endpoints: Sequence[Endpoint]) -> None:
+        spec = ServiceSpec(ServiceId(self.proto.value, ip, port), self.scheduler, self.persistence)
+        self.servers.append(VirtualServer(spec, _dests(endpoints, ip_family(ip))))
+
+    def entry(self, base: str, family: int, value: str) -> None:
+        self.entries.add((S.set_name(base, family), value))
+
+    def plan(self) -> PortPlan:
+        return PortPlan(tuple(sorted(self.servers, key=lambda v: v.spec.id)),
+                        frozenset(self.addresses), frozenset(self.routes),
+                        frozenset(self.entries), self.warnings)
+
+
+def render_port(state: ServicePortState, ctx: RenderContext) -> PortPlan:
+    """The IPVS objects, bound addresses and ipset entries of one service port."""
+    b = _Builder(state, ctx)
+    svc = b.svc
+    families = sorted({ip_family(ip) for ip in svc.cluster_ips})
+    _cluster_ips(b)
+    _loop_back(b, state)
+    _external_ips(b)
+    _load_balancers(b, ctx)
+    if svc.node_port and svc.type is not ServiceType.CLUSTER_IP:
+        _node_ports(b, ctx, families)
+    if svc.health_check_node_port and svc.external_policy_local:
+        for family in families:
+            b.entry(S.HEALTH_CHECK_NODE_PORT, family, str(svc.health_check_node_port))
+    return b.plan()
+
+
+def _cluster_ips(b: _Builder) -> None:
+    for ip in b.svc.cluster_ips:
+        b.server(ip, b.svc.port, b.internal)
+        b.addresses.add(ip)
+        b.entry(S.CLUSTER_IP, ip_family(ip), _ip_port(ip, b.proto, b.svc.port))
+        b.entry(S.IPVS_IPS, ip_family(ip), ip)
+
+
+def _loop_back(b: _Builder, state: ServicePortState) -> None:
+    """Hairpin: a local endpoint reaching itself through the service is masqueraded."""
+    for e in state.local_endpoints():
+        if e.internal or e.external:
+            b.entry(S.LOOP_BACK, ip_family(e.ip), f"{_ip_port(e.ip, b.proto, e.port)},{e.ip}")
+
+
+def _external_ips(b: _Builder) -> None:
+    base = S.EXTERNAL_IP_LOCAL if b.svc.external_policy_local else S.EXTERNAL_IP
+    for ip in b.svc.external_ips:
+        b.server(ip, b.svc.port, b.external)
+        b.addresses.add(ip)
+        b.entry(base, ip_family(ip), _ip_port(ip, b.proto, b.svc.port))
+        b.entry(S.IPVS_IPS, ip_family(ip), ip)
+
+
+def _load_balancers(b: _Builder, ctx: RenderContext) -> None:
+    svc = b.svc
+    for ip in svc.vip_ingress_ips():
+        family = ip_family(ip)
+        key = _ip_port(ip, b.proto, svc.port)
+        b.server(ip, svc.port, b.external)
+        b.routes.add(ip)
+        b.entry(S.LOAD_BALANCER, family, key)
+        b.entry(S.IPVS_IPS, family, ip)
+        if svc.external_policy_local:
+            b.entry(S.LOAD_BALANCER_LOCAL, family, key)
+        ranges = [r for r in svc.load_balancer_source_ranges if ip_family(r) == family]
+        if not ranges:
+            continue
+        b.entry(S.LOAD_BALANCER_FW, family, key)
+        for cidr in ranges:
+            b.entry(S.LOAD_BALANCER_SOURCE_CIDR, family, f"{key},{cidr}")
+        allowed = {ip} | {n for n in ctx.node_ips if ip_family(n) == family}
+        allowed |= {e.ip for e in b.external if e.is_local and ip_family(e.ip) == family}
+        for source in allowed:
+            b.entry(S.LOAD_BALANCER_SOURCE_IP, family, f"{key},{source}")
+
+
+def _node_ports(b: _Builder, ctx: RenderContext, families: Sequence[int]) -> None:
+    svc = b.svc
+    local = svc.external_policy_local
+    for ip in ctx.node_port_ips:
+        if ip_family(ip) in families:
+            b.server(ip, svc.node_port, b.external)
+    for family in families:
+        if b.proto is Protocol.SCTP:
+            base = S.NODE_PORT_LOCAL_SCTP if local else S.NODE_PORT_SCTP
+            for ip in ctx.node_port_ips:
+                if ip_family(ip) == family:
+                    b.entry(base, family, _ip_port(ip, b.proto, svc.node_port))
+            continue
+        if b.proto is Protocol.TCP:
+            base = S.NODE_PORT_LOCAL_TCP if local else S.NODE_PORT_TCP
+        else:
+            base = S.NODE_PORT_LOCAL_UDP if local else S.NODE_PORT_UDP
+        b.entry(base, family, str(svc.node_port))
+
+
+def node_port_ips(
+    setting: Sequence[str], node_ips: Sequence[str], local_ips: Sequence[str]
+) -> tuple[str, ...]:
+    """The addresses NodePorts listen on: --node-port-addresses CIDRs matched against the
+    node's local addresses, "primary" for the primary IP per family, () for every node IP."""
+    if not setting:
+        return tuple(dict.fromkeys(node_ips))
+    if tuple(setting) == ("primary",):
+        firsts: dict[int, str] = {}
+        for ip in node_ips:
+            firsts.setdefault(ip_family(ip), ip)
+        return tuple(firsts.values())
+    networks = [ipaddress.ip_network(c) for c in setting]
+    candidates = dict.fromkeys([*node_ips, *local_ips])
+    return tuple(
+        ip for ip in candidates
+        if any(ipaddress.ip_address(ip) in n for n in networks if n.version == ip_family(ip))
+    )

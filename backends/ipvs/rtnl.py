@@ -1,0 +1,57 @@
+"""rtnetlink requests for the service addresses on kube-ipvs0 and local routes (pure).
+
+Thousands of ClusterIPs are bound at start-up; one pyroute2 call per address
+costs ~12 ms in the emulated guest, so these requests are built here and sent
+in batches like the IPVS ones.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+
+from svcproxy.backends.ipvs.genl import attr
+
+RTM_NEWADDR = 20
+RTM_DELADDR = 21
+RTM_NEWROUTE = 24
+RTM_DELROUTE = 25
+NLM_F_ACK = 0x4
+NLM_F_REPLACE = 0x100
+NLM_F_CREATE = 0x400
+IFA_ADDRESS = 1
+IFA_LOCAL = 2
+IFA_FLAGS = 8
+IFA_F_NODAD = 0x02
+RTA_DST = 1
+RTA_OIF = 4
+RTA_TABLE = 15
+RT_TABLE_LOCAL = 255
+RTPROT_KERNEL = 2
+RTN_LOCAL = 2
+RT_SCOPE_HOST = 254
+ADD_FLAGS = NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+
+
+def _family_and_raw(address: str) -> tuple[int, bytes, int]:
+    ip = ipaddress.ip_address(address)
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    return family, ip.packed, ip.max_prefixlen
+
+
+def address_body(address: str, ifindex: int) -> bytes:
+    """ifaddrmsg + attributes for a host address (/32 or /128, no DAD) on ``ifindex``."""
+    family, raw, plen = _family_and_raw(address)
+    head = struct.pack("=BBBBI", family, plen, 0, 0, ifindex)
+    return head + attr(IFA_LOCAL, raw) + attr(IFA_ADDRESS, raw) + attr(
+        IFA_FLAGS, struct.pack("=I", IFA_F_NODAD))
+
+
+def local_route_body(address: str, ifindex: int) -> bytes:
+    """rtmsg + attributes for a ``local`` route to ``address`` in the local table."""
+    family, raw, plen = _family_and_raw(address)
+    head = struct.pack("=BBBBBBBBI", family, plen, 0, 0, RT_TABLE_LOCAL, RTPROT_KERNEL,
+                       RT_SCOPE_HOST, RTN_LOCAL, 0)
+    return head + attr(RTA_DST, raw) + attr(RTA_OIF, struct.pack("=I", ifindex)) + attr(
+        RTA_TABLE, struct.pack("=I", RT_TABLE_LOCAL))

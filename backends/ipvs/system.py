@@ -1,0 +1,121 @@
+"""Thin adapters for the rest of the node: the dummy link (pyroute2 IPRoute),
+sysctls, ``ipset restore`` and ``iptables-restore``."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import subprocess
+from pathlib import Path
+
+from svcproxy.backends.ipvs import rtnl
+
+log = logging.getLogger(__name__)
+
+
+class CommandError(RuntimeError):
+    """A program failed; the message carries its stderr."""
+
+
+def run(argv: list[str], text: str = "") -> str:
+    """Run a program with ``text`` on stdin; its stdout, or CommandError with its stderr."""
+    proc = subprocess.run(argv, input=text, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise CommandError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def ensure_dummy(name: str) -> int:
+    """The index of the dummy link ``name``, created (down, as kube-proxy's) if missing."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if not found:
+            ipr.link("add", ifname=name, kind="dummy")
+            found = ipr.link_lookup(ifname=name)
+        return int(found[0])
+
+
+def link_index(name: str) -> int | None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+    return int(found[0]) if found else None
+
+
+def delete_link(name: str) -> bool:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if found:
+            ipr.link("del", index=found[0])
+    return bool(found)
+
+
+def link_addresses(ifindex: int) -> set[str]:
+    """Addresses bound to one link."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return {str(ipaddress.ip_address(m.get("IFA_ADDRESS")))
+                for m in ipr.get_addr(index=ifindex)}
+
+
+def local_addresses(skip_ifindex: int | None) -> list[str]:
+    """Every address of the node except those on ``skip_ifindex`` (kube-ipvs0)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return [str(ipaddress.ip_address(m.get("IFA_ADDRESS"))) for m in ipr.get_addr()
+                if m["index"] != skip_ifindex]
+
+
+def local_routes(ifindex: int) -> set[str]:
+    """Destinations of host-wide ``local`` routes through one link (the local table)."""
+    from pyroute2 import IPRoute
+
+    result: set[str] = set()
+    with IPRoute() as ipr:
+        for family in (2, 10):
+            for m in ipr.get_routes(family=family, table=rtnl.RT_TABLE_LOCAL):
+                if m["type"] == rtnl.RTN_LOCAL and m.get("RTA_OIF") == ifindex:
+                    result.add(str(ipaddress.ip_address(m.get("RTA_DST"))))
+    return result
+
+
+def write_sysctl(name: str, value: str) -> bool:
+    """Set /proc/sys/<name> (dots as slashes) if it exists and differs; False if missing."""
+    path = Path("/proc/sys") / name.replace(".", "/")
+    try:
+        if path.read_text().strip() != value:
+            path.write_text(value + "\n")
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        log.warning("cannot set %s=%s: %s", name, value, err)
+        return False
+    return True
+
+
+def ipset_restore(text: str) -> None:
+    if text:
+        run(["ipset", "restore"], text)
+
+
+def ipset_names() -> set[str]:
+    return set(run(["ipset", "list", "-n"]).split())
+
+
+def iptables(family: int, tool: str) -> str:
+    return ("iptables" if family == 4 else "ip6tables") + tool
+
+
+def iptables_restore(family: int, text: str) -> None:
+    run([iptables(family, "-restore"), "--noflush", "-w", "5"], text)
+
+
+def iptables_save(family: int, table: str) -> str:
+    return run([iptables(family, "-save"), "-t", table])
