@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from svcproxy.agent.conntrack import ConntrackFilter, stale_conntrack_filters
-from svcproxy.agent.conntrack_cli import ConntrackCleaner, conntrack_args
+from svcproxy.agent.conntrack import (
+    ConntrackEntry,
+    ConntrackFilter,
+    matches,
+    stale_conntrack_filters,
+)
+from svcproxy.agent.conntrack_cli import ConntrackCleaner, conntrack_args, parse_entries
 from svcproxy.model import (
     Endpoint,
     LoadBalancerIngress,
@@ -114,19 +119,65 @@ def test_conntrack_arguments() -> None:
         "-D", "-f", "ipv6", "-p", "sctp", "--orig-port-dst", "30053"]
 
 
-class FailingTool:
-    def __init__(self) -> None:
-        self.seen: list[ConntrackFilter] = []
+class FakeTool:
+    """Holds a table; the first delete fails (or listing fails when ``list_fails``)."""
+
+    def __init__(self, entries: list[ConntrackEntry], list_fails: bool = False) -> None:
+        self.entries = entries
+        self.list_fails = list_fails
+        self.deleted: list[ConntrackFilter] = []
+        self.calls = 0
+
+    def list(self, family: int, protocol: Protocol) -> list[ConntrackEntry]:
+        if self.list_fails:
+            raise OSError("conntrack: netlink error")
+        return [e for e in self.entries if (e.family, e.protocol) == (family, protocol)]
 
     def delete(self, f: ConntrackFilter) -> int:
-        self.seen.append(f)
-        if len(self.seen) == 1:
+        self.calls += 1
+        if self.calls == 1:
             raise OSError("conntrack: netlink error")
+        self.deleted.append(f)
         return 1
 
 
-def test_one_failed_deletion_does_not_stop_the_others() -> None:
-    tool = FailingTool()
-    cleaner = ConntrackCleaner(tool)  # type: ignore[arg-type]
-    deleted = cleaner.after_sync(node(dns(EP1, EP2)), node(dns(EP2)))
-    assert len(tool.seen) == 3 and deleted == 2
+def entry(dst: str, port: int, reply: str) -> ConntrackEntry:
+    return ConntrackEntry(UDP, 4, dst, port, reply)
+
+
+def test_only_filters_matching_existing_entries_are_run() -> None:
+    tool = FakeTool([entry("10.96.0.10", 53, "10.1.0.1"), entry("192.0.2.10", 53, "10.1.0.1"),
+                     entry("10.96.0.10", 53, "10.1.0.2"), entry("10.96.0.99", 53, "10.1.0.1")])
+    deleted = ConntrackCleaner(tool).after_sync(node(dns(EP1, EP2)), node(dns(EP2)))
+    assert tool.calls == 2, "one delete per matching filter; the first one failed"
+    assert deleted == 1 and len(tool.deleted) == 1
+
+
+def test_when_listing_fails_every_filter_is_tried() -> None:
+    tool = FakeTool([], list_fails=True)
+    ConntrackCleaner(tool).after_sync(node(dns(EP1, EP2)), node(dns(EP2)))
+    assert tool.calls == 3
+
+
+def test_conntrack_listing_is_parsed_original_then_reply() -> None:
+    text = (
+        "udp      17 29 src=10.200.0.2 dst=10.96.0.10 sport=40053 dport=53 [UNREPLIED] "
+        "src=10.96.0.10 dst=10.200.0.2 sport=53 dport=40053 mark=0 use=1\n"
+        "udp      17 25 src=10.200.0.2 dst=10.96.0.10 sport=40054 dport=53 "
+        "src=10.200.1.2 dst=10.200.0.2 sport=5353 dport=40054 [ASSURED] mark=0 use=1\n"
+        "conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n"
+    )
+    assert parse_entries(text, 4, UDP) == [entry("10.96.0.10", 53, "10.96.0.10"),
+                                          entry("10.96.0.10", 53, "10.200.1.2")]
+    v6 = ("udp      17 29 src=fd00::2 dst=fd00:96::000a sport=1 dport=53 src=fd01::5 "
+          "dst=fd00::2 sport=5353 dport=1 mark=0 use=1")
+    assert parse_entries(v6, 6, UDP) == [ConntrackEntry(UDP, 6, "fd00:96::a", 53, "fd01::5")]
+
+
+def test_filter_matching_treats_empty_fields_as_wildcards() -> None:
+    e = entry("10.96.0.10", 30053, "10.1.0.1")
+    assert matches(ConntrackFilter(UDP, 4, orig_dport=30053, reply_src="10.1.0.1"), e)
+    assert matches(ConntrackFilter(UDP, 4, orig_dport=30053), e)
+    assert not matches(ConntrackFilter(UDP, 4, orig_dport=30053, reply_src="10.1.0.2"), e)
+    assert not matches(ConntrackFilter(UDP, 6, orig_dport=30053), e)
+    assert not matches(ConntrackFilter(Protocol.SCTP, 4, orig_dport=30053), e)

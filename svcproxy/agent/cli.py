@@ -18,7 +18,7 @@ from svcproxy.agent.addresses import discover_node_ips
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.durations import parse_duration
 from svcproxy.agent.httpserve import parse_bind_address
-from svcproxy.agent.node_agent import NodeAgent, default_conntrack_cleaner
+from svcproxy.agent.node_agent import NodeAgent, default_conntrack_cleaner, programs_dataplane
 from svcproxy.model import normalize_cidr, normalize_ip
 from svcproxy.sdk.backend import Backend
 
@@ -259,6 +259,7 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
     from svcproxy.sdk.client import NodeStateClient
 
     client = NodeStateClient(args.api, config.node_name, credentials=api_credentials(args))
+    dataplane = programs_dataplane(backend)
     try:
         agent = NodeAgent(
             client,
@@ -266,7 +267,8 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
             config,
             healthz_address=_address(args.healthz_bind_address, HEALTHZ_PORT),
             metrics_address=_address(args.metrics_bind_address, METRICS_PORT),
-            conntrack=default_conntrack_cleaner(),
+            conntrack=default_conntrack_cleaner() if dataplane else None,
+            health_check_node_ports=dataplane,
         )
     except OSError as err:
         log.error("Cannot listen (%s); pick another --healthz-bind-address or "

@@ -40,6 +40,28 @@ class ConntrackFilter:
         return f"{self.protocol.value.lower()} {dst}{via}"
 
 
+@dataclass(frozen=True, slots=True)
+class ConntrackEntry:
+    """The part of a conntrack entry the filters look at."""
+
+    protocol: Protocol
+    family: int
+    orig_dst: str
+    orig_dport: int
+    reply_src: str
+
+
+def matches(f: ConntrackFilter, entry: ConntrackEntry) -> bool:
+    """Whether ``f`` selects ``entry``."""
+    return (
+        f.protocol == entry.protocol
+        and f.family == entry.family
+        and (not f.orig_dst or f.orig_dst == entry.orig_dst)
+        and (not f.orig_dport or f.orig_dport == entry.orig_dport)
+        and (not f.reply_src or f.reply_src == entry.reply_src)
+    )
+
+
 def stale_conntrack_filters(old: NodeState | None, new: NodeState) -> list[ConntrackFilter]:
     """The deletions that make ``new`` take effect for existing UDP/SCTP flows."""
     before = old.services if old else {}

@@ -33,6 +33,12 @@ def default_conntrack_cleaner() -> ConntrackCleaner | None:
     return ConntrackCleaner()
 
 
+def programs_dataplane(backend: Backend) -> bool:
+    """False for backends that program nothing (``dataplane = False``, e.g. dump): they get
+    no conntrack cleanup and no health-check node ports."""
+    return bool(getattr(backend, "dataplane", True))
+
+
 class NodeAgent:
     """Wires runner, health, metrics, health-check node ports and conntrack cleanup.
 
@@ -49,6 +55,7 @@ class NodeAgent:
         healthz_address: Address | None = None,
         metrics_address: Address | None = None,
         conntrack: ConntrackCleaner | None = None,
+        health_check_node_ports: bool = True,
         retry_initial: float = 1.0,
         poll: float = 0.2,
     ) -> None:
@@ -60,7 +67,8 @@ class NodeAgent:
         hooks: list[AfterSync] = []
         if conntrack is not None:
             hooks.append(conntrack.after_sync)
-        hooks.append(self._sync_service_health)
+        if health_check_node_ports:
+            hooks.append(self._sync_service_health)
         self.runner = SyncRunner(
             source,
             backend,
