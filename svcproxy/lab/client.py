@@ -17,6 +17,7 @@ class Reply:
 
     name: str = ""
     source: str = ""
+    port: int = 0  # the pod port that answered
     error: str = ""  # "refused", "timeout", "unreachable", "reset" or an errno name
 
 
@@ -36,10 +37,11 @@ def _error(err: OSError) -> str:
 
 
 def _parse(data: bytes) -> Reply:
-    name, _, source = data.decode(errors="replace").strip().partition(" ")
-    if source.startswith("::ffff:"):
-        source = source[len("::ffff:"):]
-    return Reply(name=name, source=source) if name else Reply(error="empty")
+    parts = data.decode(errors="replace").split()
+    if len(parts) != 3 or not parts[2].isdigit():
+        return Reply(error="garbled")
+    name, source, port = parts
+    return Reply(name=name, source=source.removeprefix("::ffff:"), port=int(port))
 
 
 def _once(proto: str, host: str, port: int, timeout: float, source: str) -> Reply:
@@ -83,6 +85,7 @@ def probe(
 class Summary:
     names: Counter[str]
     sources: frozenset[str]
+    ports: frozenset[int]
     errors: Counter[str]
 
     @property
@@ -94,5 +97,6 @@ def summarize(replies: list[Reply]) -> Summary:
     return Summary(
         names=Counter(r.name for r in replies if not r.error),
         sources=frozenset(r.source for r in replies if not r.error),
+        ports=frozenset(r.port for r in replies if not r.error),
         errors=Counter(r.error for r in replies if r.error),
     )

@@ -1,5 +1,5 @@
 """Tiny pod servers: every TCP connection and UDP datagram is answered with
-``<pod name> <source address seen>`` (IPv4 and IPv6, on every server port)."""
+``<pod name> <source address seen> <local port>`` (IPv4 and IPv6, every server port)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ def _answer(name: str, sock: socket.socket) -> None:
             conn.setblocking(True)
             conn.settimeout(1.0)
             try:
-                conn.sendall(f"{name} {peer[0]}\n".encode())
+                conn.sendall(f"{name} {peer[0]} {conn.getsockname()[1]}\n".encode())
             except OSError:
                 pass
     else:
         try:
             _, peer = sock.recvfrom(2048)
-            sock.sendto(f"{name} {peer[0]}\n".encode(), peer)
+            sock.sendto(f"{name} {peer[0]} {sock.getsockname()[1]}\n".encode(), peer)
         except OSError:
             pass
 

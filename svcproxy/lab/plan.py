@@ -27,12 +27,12 @@ class NodeSpec:
 
     @property
     def pod_cidrs(self) -> tuple[str, str]:
-        return f"10.244.{self.index}.0/24", f"fd00:244:{self.index}::/64"
+        return f"10.244.{self.index}.0/24", f"fd00:244:0:{self.index}::/64"
 
     @property
     def gateways(self) -> tuple[str, str]:
         """The node's addresses on its pod bridge."""
-        return f"10.244.{self.index}.1", f"fd00:244:{self.index}::1"
+        return f"10.244.{self.index}.1", f"fd00:244:0:{self.index}::1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class PodSpec:
 
     @property
     def ipv6(self) -> str:
-        return f"fd00:244:{self.node.index}::{self.host:x}"
+        return f"fd00:244:0:{self.node.index}::{self.host:x}"
 
 
 @dataclass(frozen=True, slots=True)

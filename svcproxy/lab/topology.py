@@ -103,6 +103,9 @@ class Lab:
         ns = self._add_ns(pod.name)
         node_ns = self.ns(pod.node.name)
         _veth(ns, "eth0", node_ns, f"veth{pod.host}", bridge="br0")
+        # As kubelet's hairpin-veth mode: a pod may reach itself through its service
+        # (bridge netfilter DNATs back to the port the frame came from).
+        ip(node_ns, "link", "set", f"veth{pod.host}", "type", "bridge_slave", "hairpin", "on")
         _addresses(ns, "eth0", f"{pod.ipv4}/32", f"{pod.ipv6}/128")
         gw4, gw6 = pod.node.gateways
         ip(ns, "route", "add", gw4, "dev", "eth0")

@@ -1,0 +1,83 @@
+"""Start the real frontend and backend processes for the lab (logs go to files)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .plan import CLUSTER_CIDRS, LAN4, LAN6, SERVICE_CIDRS
+
+SVCPROXY = (sys.executable, "-m", "svcproxy.cli")
+
+
+@dataclass
+class Process:
+    """A child process with its log file."""
+
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``."""
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def frontend(manifests: Path, socket: Path, log: Path) -> Process:
+    """``svcproxy frontend`` on a manifest directory, serving a unix socket."""
+    argv = [
+        *SVCPROXY, "frontend", "--manifests", str(manifests),
+        "--listen", f"unix://{socket}", "--metrics-bind-address", "",
+    ]
+    return Process(argv, log)
+
+
+def backend_argv(
+    ns: str, name: str, api: str, node: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """``svcproxy backend NAME`` inside namespace ``ns`` with the lab's cluster flags."""
+    return [
+        "ip", "netns", "exec", ns, *SVCPROXY, "backend", name,
+        "--api", api, "--node-name", node,
+        "--cluster-cidr", ",".join(CLUSTER_CIDRS),
+        "--service-cidr", ",".join(SERVICE_CIDRS),
+        "--node-port-addresses", f"{LAN4}.0/24,{LAN6}:/64",
+        "--min-sync-period", "0",
+        *extra,
+    ]
+
+
+def wait_for_path(path: Path, timeout: float = 15.0, process: Process | None = None) -> None:
+    """Wait until ``path`` exists (e.g. the frontend's socket)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process is not None and not process.alive():
+            raise RuntimeError(f"{process.argv[3:5]} exited:\n{process.tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout}s")
+        time.sleep(0.05)

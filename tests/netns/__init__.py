@@ -1,0 +1,1 @@
+"""The real-traffic harness shared by every backend's scenario suite."""

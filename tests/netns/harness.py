@@ -1,0 +1,142 @@
+"""A running scenario lab: namespaces, echo pods, the real frontend and backend.
+
+Tests write manifests, then poll with real traffic until the expected
+behaviour shows up (``eventually``); nothing is restarted between changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from svcproxy.lab import manifests
+from svcproxy.lab.client import Summary, probe, summarize
+from svcproxy.lab.echo import EchoServer
+from svcproxy.lab.plan import SERVER_PORTS, LabSpec, standard_spec
+from svcproxy.lab.processes import Process, backend_argv, frontend, wait_for_path
+from svcproxy.lab.topology import Lab
+
+from .backends import BackendCase
+
+T = TypeVar("T")
+NODE = "node1"
+
+
+def missing_requirements() -> str:
+    """Why the lab cannot run here, or "" when it can."""
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"needs the {tool} command"
+    probe_ns = f"spcheck{os.getpid()}"
+    done = subprocess.run(["ip", "netns", "add", probe_ns], capture_output=True)
+    if done.returncode != 0:
+        return f"cannot create network namespaces: {done.stderr.decode().strip()}"
+    subprocess.run(["ip", "netns", "del", probe_ns], capture_output=True)
+    return ""
+
+
+class ScenarioLab:
+    """The standard lab plus the frontend (root namespace) and one backend on node1."""
+
+    def __init__(self, backend: BackendCase, spec: LabSpec | None = None) -> None:
+        self.backend = backend
+        self.lab = Lab(spec or standard_spec())
+        self.dir = Path(tempfile.mkdtemp(prefix=f"sp{self.lab.tag}-"))
+        self.manifests = self.dir / "manifests"
+        self.socket = self.dir / "api.sock"
+        self.servers: list[EchoServer] = []
+        self.frontend: Process | None = None
+        self.agent: Process | None = None
+
+    @property
+    def spec(self) -> LabSpec:
+        return self.lab.spec
+
+    def start(self) -> ScenarioLab:
+        self.manifests.mkdir()
+        manifests.write(self.manifests, "nodes.yaml", [
+            manifests.node(self.spec.node("node1"), zone="zone-a"),
+            manifests.node(self.spec.node("node2"), zone="zone-b"),
+        ])
+        self.lab.build()
+        self.servers = [
+            EchoServer(self.lab.ns(p.name), p.name, SERVER_PORTS).start() for p in self.spec.pods
+        ]
+        self.frontend = frontend(self.manifests, self.socket, self.dir / "frontend.log").start()
+        wait_for_path(self.socket, process=self.frontend)
+        self.start_backend()
+        return self
+
+    def start_backend(self, *extra: str) -> None:
+        """(Re)start the backend process on node1 with the case's flags plus ``extra``."""
+        if self.agent is not None:
+            self.agent.stop()
+        argv = backend_argv(
+            self.lab.ns(NODE), self.backend.name, f"unix://{self.socket}", NODE,
+            (*self.backend.extra_args, *extra),
+        )
+        self.agent = Process(argv, self.dir / "backend.log").start()
+
+    def run_backend_cleanup(self) -> subprocess.CompletedProcess[bytes]:
+        """``svcproxy backend NAME --cleanup`` on node1 (the running one is stopped first)."""
+        if self.agent is not None:
+            self.agent.stop()
+        argv = backend_argv(
+            self.lab.ns(NODE), self.backend.name, f"unix://{self.socket}", NODE,
+            (*self.backend.extra_args, "--cleanup"),
+        )
+        return subprocess.run(argv, capture_output=True, timeout=60)
+
+    def stop(self) -> None:
+        for proc in (self.agent, self.frontend):
+            if proc is not None:
+                proc.stop()
+        for server in self.servers:
+            server.stop()
+        self.lab.destroy()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def logs(self) -> str:
+        parts = []
+        for label, proc in (("backend", self.agent), ("frontend", self.frontend)):
+            if proc is not None:
+                parts.append(f"--- {label} log (tail) ---\n{proc.tail()}")
+        return "\n".join(parts)
+
+    # manifests
+
+    def apply(self, filename: str, docs: Sequence[manifests.Doc]) -> None:
+        manifests.write(self.manifests, filename, docs)
+
+    def delete(self, filename: str) -> None:
+        manifests.remove(self.manifests, filename)
+
+    # traffic
+
+    def probe(
+        self, client: str, proto: str, host: str, port: int, count: int = 1,
+        timeout: float = 1.0,
+    ) -> Summary:
+        """``count`` attempts from ``client`` (a pod, a node or an external client)."""
+        return summarize(probe(self.lab.ns(client), proto, host, port, count, timeout))
+
+    def eventually(self, check: Callable[[], T], timeout: float = 20.0) -> T:
+        """Retry ``check`` until it passes (returns without AssertionError)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return check()
+            except AssertionError as err:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{err}\n{self.logs()}") from None
+                if self.agent is not None and not self.agent.alive():
+                    raise AssertionError(f"backend exited\n{self.logs()}") from None
+                time.sleep(0.1)
