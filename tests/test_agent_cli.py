@@ -154,6 +154,7 @@ def test_node_port_addresses_select_node_ips() -> None:
     assert node_port_ips((), ips) == ()
     assert node_port_ips(("primary",), ips) == ("192.168.1.10", "fd00::5")
     assert node_port_ips(("10.0.0.0/8", "fd00::/64"), ips) == ("10.0.0.5", "fd00::5")
+    assert node_port_ips(("0.0.0.0/0",), ips) == (), "a catch-all listens everywhere"
 
 
 def _netns_missing() -> str:

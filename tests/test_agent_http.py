@@ -14,6 +14,7 @@ import pytest
 
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.fake_source import FakeSource
+from svcproxy.agent.httpserve import BackgroundHTTPServer, Response, parse_bind_address
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.model import (
     Endpoint,
@@ -230,3 +231,25 @@ def test_metrics_port_serves_proxy_mode(agent: Callable[..., Agent]) -> None:
     a = agent()
     assert get(a.metrics, "/proxyMode")[2] == b"gated"
     assert get(a.metrics, "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("0.0.0.0:10256", ("0.0.0.0", 10256)), ("[::1]:9", ("::1", 9)), (":80", ("", 80)),
+    ("127.0.0.1", ("127.0.0.1", 10256)), ("::", ("::", 10256)),
+])
+def test_bind_addresses_are_parsed_like_kube_proxy(text: str, expected: tuple[str, int]) -> None:
+    assert parse_bind_address(text, 10256) == expected
+
+
+def test_wildcard_address_serves_ipv4_and_ipv6_loopback() -> None:
+    server = BackgroundHTTPServer("0.0.0.0", 0, lambda path: Response(200, path.encode()))
+    try:
+        assert get(server.port, "/x")[2] == b"/x"
+        conn = http.client.HTTPConnection("::1", server.port, timeout=5)
+        try:
+            conn.request("GET", "/y")
+            assert conn.getresponse().read() == b"/y"
+        finally:
+            conn.close()
+    finally:
+        server.close()

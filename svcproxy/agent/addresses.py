@@ -100,7 +100,7 @@ def primary_node_ips(node_ips: Sequence[str]) -> tuple[str, ...]:
 
 def node_port_ips(node_port_addresses: Sequence[str], node_ips: Sequence[str]) -> tuple[str, ...]:
     """The node IPs that --node-port-addresses selects; () means every address."""
-    if not node_port_addresses:
+    if not node_port_addresses or any(c in ("0.0.0.0/0", "::/0") for c in node_port_addresses):
         return ()
     if tuple(node_port_addresses) == ("primary",):
         return primary_node_ips(node_ips)
