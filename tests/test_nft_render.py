@@ -1,0 +1,129 @@
+"""The nft backend's renderer and delta planner, without a kernel."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from svcproxy.backends.nft import names
+from svcproxy.backends.nft.context import family_context
+from svcproxy.backends.nft.service_rules import ServiceRules, render_service
+from svcproxy.backends.nft.table_state import build_table, commit, full_text, plan_delta
+from svcproxy.model import SessionAffinity, TrafficPolicy
+from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
+
+CTX4 = family_context(CONFIG, None, 4)
+CTX6 = family_context(CONFIG, None, 6)
+
+
+def verdicts(rules: ServiceRules | None, container: str) -> dict[str, str]:
+    assert rules is not None
+    return {e.key: e.value for e in rules.elements if e.container == container}
+
+
+def test_cluster_ip_dispatches_to_every_endpoint_with_dnat() -> None:
+    record = state_of(service("web"), endpoint("10.244.1.10"), endpoint("10.244.2.10", port=9))
+    rules = render_service(record, CTX4)
+    base = names.service_base(key("web"))
+    chain = names.service_chain(base)
+    assert verdicts(rules, "service-ips") == {"10.96.0.10 . tcp . 80": f"goto {chain}"}
+    assert "numgen random mod 2" in rules.chains[chain][-1]
+    dnats = {r for rs in rules.chains.values() for r in rs if "dnat to" in r}
+    assert dnats == {"meta l4proto tcp dnat to 10.244.1.10:8080",
+                     "meta l4proto tcp dnat to 10.244.2.10:9"}
+    assert "ip saddr != { 10.244.0.0/16 } jump mark-for-masquerade" in rules.chains[chain][0]
+
+
+def test_no_endpoints_reject_and_local_policy_without_local_endpoints_drops() -> None:
+    empty = render_service(state_of(service("web", has_endpoints=False)), CTX4)
+    assert verdicts(empty, "no-endpoint-services") == {
+        "10.96.0.10 . tcp . 80": "goto reject-chain"}
+    assert not verdicts(empty, "service-ips")
+    local = service("web", internal_traffic_policy=TrafficPolicy.LOCAL)
+    remote_only = render_service(state_of(local, endpoint("10.244.2.10", internal=False)), CTX4)
+    assert verdicts(remote_only, "no-endpoint-services") == {"10.96.0.10 . tcp . 80": "drop"}
+
+
+def test_external_policy_local_short_circuits_pods_and_the_node() -> None:
+    svc = replace(lb_service(), external_traffic_policy=TrafficPolicy.LOCAL,
+                  load_balancer_source_ranges=())
+    record = state_of(svc, endpoint("10.244.1.10", local=True),
+                      endpoint("10.244.2.10", external=False))
+    rules = render_service(record, CTX4)
+    ext_name = names.external_chain(names.service_base(svc.key))
+    ext = rules.chains[ext_name]
+    assert ext[0].startswith("ip saddr { 10.244.0.0/16 } goto ")
+    assert "fib saddr type local jump mark-for-masquerade" in ext
+    assert not any(r == "jump mark-for-masquerade" for r in ext), "source IP preserved"
+    policy = ext[-1].removeprefix("goto ")
+    assert "numgen random mod 1 " in rules.chains[policy][-1], "only the local endpoint"
+    assert verdicts(rules, "service-nodeports") == {"tcp . 30080": f"goto {ext_name}"}
+
+
+def test_local_policy_without_local_endpoints_drops_external_traffic_only() -> None:
+    svc = replace(lb_service(), external_traffic_policy=TrafficPolicy.LOCAL)
+    rules = render_service(state_of(svc, endpoint("10.244.2.10", external=False)), CTX4)
+    assert verdicts(rules, "no-endpoint-services") == {"192.168.60.10 . tcp . 80": "drop"}
+    assert verdicts(rules, "no-endpoint-nodeports") == {"tcp . 30080": "drop"}
+    assert "10.96.0.10 . tcp . 80" not in verdicts(rules, "no-endpoint-services")
+
+
+def test_source_ranges_allow_lb_ips_when_the_node_is_in_range() -> None:
+    rules = render_service(state_of(lb_service(), endpoint("10.244.1.10")), CTX4)
+    fw = names.firewall_chain(names.service_base(lb_service().key))
+    assert rules.chains[fw] == ("ip saddr != { 192.168.50.0/24, 192.168.60.10 } drop",)
+    outside = replace(lb_service(), load_balancer_source_ranges=("203.0.113.0/24",))
+    rules = render_service(state_of(outside, endpoint("10.244.1.10")), CTX4)
+    assert rules.chains[fw] == ("ip saddr != { 203.0.113.0/24 } drop",)
+
+
+def test_affinity_uses_timed_sets_per_endpoint() -> None:
+    svc = service("web", session_affinity=SessionAffinity.CLIENT_IP, session_affinity_timeout=7)
+    rules = render_service(state_of(svc, endpoint("10.244.1.10")), CTX4)
+    (name, decl), = rules.sets.items()
+    assert "timeout 7s" in decl and "flags dynamic,timeout" in decl
+    assert any(f"update @{name} {{ ip saddr }}" in r for rs in rules.chains.values() for r in rs)
+
+
+def test_ipv6_rules_only_for_services_with_an_ipv6_cluster_ip() -> None:
+    record = state_of(lb_service(), endpoint("fd00:244:0:1::a"), endpoint("10.244.1.10"))
+    rules6 = render_service(record, CTX6)
+    dnats = [r for rs in rules6.chains.values() for r in rs if "dnat" in r]
+    assert dnats == ["meta l4proto tcp dnat to [fd00:244:0:1::a]:8080"]
+    assert render_service(state_of(service("v4only"), endpoint("10.244.1.10")), CTX6) is None
+
+
+def test_delta_of_one_endpoint_touches_only_that_service() -> None:
+    a = state_of(service("a", "10.96.0.1"), endpoint("10.244.1.10"), endpoint("10.244.1.11"))
+    b = state_of(service("b", "10.96.0.2"), endpoint("10.244.1.12"))
+    table = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (a, b)})
+    smaller = state_of(a.service, endpoint("10.244.1.10"))
+    delta = plan_delta(table, {a.key: render_service(smaller, CTX4)})
+    assert "10.244.1.11" in delta.text and "delete chain" in delta.text
+    assert "svc/b" not in delta.text and "ns/b/" not in delta.text
+    assert "service-ips" not in delta.text, "the map element still points to the same chain"
+    commit(table, delta)
+    assert plan_delta(table, {a.key: render_service(smaller, CTX4)}).empty
+
+
+def test_shared_cluster_ip_element_stays_while_one_port_remains() -> None:
+    http = state_of(service("web", key=key("web", "http")), endpoint("10.244.1.10"))
+    dns = state_of(service("web", key=key("web", "dns"), port=53), endpoint("10.244.1.10"))
+    table = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (http, dns)})
+    delta = plan_delta(table, {dns.key: None})
+    assert "delete element ip svcproxy cluster-ips" not in delta.text
+    commit(table, delta)
+    last = plan_delta(table, {http.key: None})
+    assert "delete element ip svcproxy cluster-ips { 10.96.0.10 }" in last.text
+
+
+def test_reassert_keeps_affinity_sets_and_deletes_leftovers() -> None:
+    a = state_of(service("a", "10.96.0.1", session_affinity=SessionAffinity.CLIENT_IP),
+                 endpoint("10.244.1.10"))
+    b = state_of(service("b", "10.96.0.2"), endpoint("10.244.1.12"))
+    before = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (a, b)})
+    after = build_table(CTX4, {a.key: render_service(a, CTX4)})
+    text = full_text(after, before)
+    assert "delete table" not in text and "flush table ip svcproxy" in text
+    assert "flush set ip svcproxy affinity" not in text
+    assert f"delete chain ip svcproxy {names.service_chain(names.service_base(b.key))}" in text
+    assert "delete table ip svcproxy" in full_text(after)
