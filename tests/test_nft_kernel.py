@@ -1,0 +1,157 @@
+"""The nft backend against the real kernel, in a network namespace per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from svcproxy.backends.nft import names
+from svcproxy.backends.nft.apply import NftError, NftRunner
+from svcproxy.backends.nft.backend import NftBackend
+from svcproxy.model import Protocol, SessionAffinity
+from svcproxy.sdk import Changes, NodeState
+from tests.netns.harness import missing_requirements
+from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
+
+pytestmark = pytest.mark.netns
+_why = missing_requirements()
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    if _why:
+        pytest.skip(_why)
+    name = f"spnft{os.getpid()}-{random.randrange(1 << 30):x}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def nft(ns: str, *args: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, "nft", *args], check=True,
+                          capture_output=True).stdout.decode()
+
+
+def backend(ns: str) -> NftBackend:
+    return NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", ns)))
+
+
+def everything(state: NodeState) -> Changes:
+    return Changes(frozenset(state.services), full=True, reason="initial")
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k != "handle"}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def kernel_content(ns: str) -> dict[str, Any]:
+    """Our tables as comparable data: rules per chain in order, elements as sets."""
+    out: dict[str, Any] = {}
+    for item in json.loads(nft(ns, "-j", "list", "ruleset"))["nftables"]:
+        kind, body = next(iter(item.items()))
+        if kind == "metainfo" or body.get("table") not in (None, names.TABLE):
+            continue
+        body = _strip(body)
+        if kind == "rule":
+            out.setdefault(("rules", body["family"], body["chain"]), []).append(body["expr"])
+        elif kind in ("set", "map"):
+            elems = body.pop("elem", [])
+            out[(kind, body["family"], body["name"])] = (
+                json.dumps(body, sort_keys=True), sorted(json.dumps(e) for e in elems))
+        else:
+            out[(kind, body.get("family"), body.get("name"))] = json.dumps(body, sort_keys=True)
+    return out
+
+
+def changing_states() -> list[NodeState]:
+    """A sequence of states exercising adds, removals, policy and affinity changes."""
+    web = state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10"), endpoint("10.244.1.11"))
+    lb = state_of(lb_service(), endpoint("10.244.1.12", local=True), endpoint("fd00:244::c"))
+    states = [node_state(web, lb)]
+    states.append(node_state(state_of(web.service, endpoint("10.244.1.10")), lb))
+    sticky = replace(web.service, session_affinity=SessionAffinity.CLIENT_IP)
+    states.append(node_state(state_of(sticky, endpoint("10.244.1.10")), lb))
+    states.append(node_state(state_of(replace(sticky, session_affinity_timeout=60),
+                                      endpoint("10.244.1.13")), lb))
+    states.append(node_state(state_of(replace(web.service, has_endpoints=False)), lb))
+    states.append(node_state(lb))
+    return states
+
+
+def test_deltas_leave_the_kernel_as_a_full_sync_would(netns: str) -> None:
+    other = f"{netns}b"
+    subprocess.run(["ip", "netns", "add", other], check=True)
+    try:
+        incremental = backend(netns)
+        states = changing_states()
+        incremental.sync(states[0], everything(states[0]))
+        for before, after in zip(states, states[1:], strict=False):
+            changed = frozenset(before.services) | frozenset(after.services)
+            incremental.sync(after, Changes(changed))
+            assert incremental.last and incremental.last.mode == "delta"
+            fresh = backend(other)
+            fresh.sync(after, everything(after))
+            assert kernel_content(netns) == kernel_content(other)
+            fresh.cleanup()
+    finally:
+        subprocess.run(["ip", "netns", "del", other], check=False)
+
+
+def test_rejected_transaction_keeps_previous_rules_and_next_sync_replaces(netns: str) -> None:
+    b = backend(netns)
+    good = node_state(state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10")))
+    b.sync(good, everything(good))
+    before = nft(netns, "list", "table", "ip", names.TABLE)
+    bad = node_state(state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10")),
+                     state_of(service("bad", "10.96.0.1"), endpoint("10.244.1.300")))
+    with pytest.raises(NftError):
+        b.sync(bad, Changes(frozenset({key("bad")})))
+    assert nft(netns, "list", "table", "ip", names.TABLE) == before
+    b.sync(good, Changes(frozenset({key("bad")})))
+    assert b.last and b.last.mode == "replace"
+
+
+def test_cleanup_deletes_only_our_tables(netns: str) -> None:
+    nft(netns, "add", "table", "inet", "keepme")
+    b = backend(netns)
+    state = node_state(state_of(lb_service(), endpoint("10.244.1.10"), endpoint("fd00:244::a")))
+    b.sync(state, everything(state))
+    assert f"table ip6 {names.TABLE}" in nft(netns, "list", "tables")
+    b.cleanup()
+    assert nft(netns, "list", "tables").split("\n") == ["table inet keepme", ""]
+    b.cleanup()
+
+
+def test_same_port_on_tcp_udp_and_sctp_loads(netns: str) -> None:
+    records = [state_of(service("dns", key=key("dns", p.value.lower(), p)), endpoint("10.244.1.10"))
+               for p in Protocol]
+    b = backend(netns)
+    b.sync(node_state(*records), everything(node_state(*records)))
+    listing = nft(netns, "list", "map", "ip", names.TABLE, "service-ips")
+    for proto in ("tcp", "udp", "sctp"):
+        assert f"10.96.0.10 . {proto} . 80" in listing
+
+
+def test_periodic_resync_keeps_affinity_state(netns: str) -> None:
+    svc = service("web", session_affinity=SessionAffinity.CLIENT_IP)
+    state = node_state(state_of(svc, endpoint("10.244.1.10")))
+    b = backend(netns)
+    b.sync(state, everything(state))
+    aff = names.affinity_set(names.service_base(svc.key), "10.244.1.10", 8080, 10800)
+    nft(netns, "add", "element", "ip", names.TABLE, aff, "{ 192.168.50.100 }")
+    b.sync(state, Changes(frozenset(state.services), full=True, reason="periodic"))
+    assert b.last and b.last.mode == "reassert"
+    assert "192.168.50.100" in nft(netns, "list", "set", "ip", names.TABLE, aff)
