@@ -19,9 +19,8 @@ def go_time(unix: float) -> str:
         return "0001-01-01 00:00:00 +0000 UTC"
     moment = dt.datetime.fromtimestamp(unix, dt.UTC)
     fraction = f"{moment.microsecond:06d}".rstrip("0")
-    return moment.strftime("%Y-%m-%d %H:%M:%S") + (f".{fraction}" if fraction else "") + (
-        " +0000 UTC"
-    )
+    seconds = moment.strftime("%Y-%m-%d %H:%M:%S") + (f".{fraction}" if fraction else "")
+    return f"{seconds} +0000 UTC"
 
 
 def healthz_body(status: HealthStatus, healthy: bool) -> bytes:
