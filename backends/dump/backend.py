@@ -23,6 +23,8 @@ def record_json(record: ServicePortState) -> dict[str, Any]:
 
 class DumpBackend(Backend):
     name = "dump"
+    # Not a dataplane: the agent opens no health-check ports and clears no conntrack.
+    dataplane = False
 
     def __init__(self, out: IO[str] = sys.stdout) -> None:
         self.out = out
