@@ -21,7 +21,11 @@ NETLINK_CAP_ACK = 10
 NETLINK_ROUTE = 0
 NETLINK_GENERIC = 16
 BATCH_BYTES = 48 * 1024
+# Every ack is its own skb (~1 KiB of receive buffer each): keep a batch's acks
+# well inside the buffer.
+BATCH_MESSAGES = 256
 RCVBUF = 4 * 1024 * 1024
+SO_RCVBUFFORCE = 33
 DEFAULT_TYPE = -1
 
 
@@ -74,7 +78,10 @@ class NetlinkBatch:
     def __init__(self, protocol: int, default_type: int = 0) -> None:
         self.default_type = default_type
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+        except PermissionError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
         self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
         self.sock.bind((0, 0))
         self.seq = 0
@@ -95,7 +102,7 @@ class NetlinkBatch:
             batch: list[bytes] = []
             pending: dict[int, Request] = {}
             size = 0
-            while start < len(requests) and size < BATCH_BYTES:
+            while start < len(requests) and size < BATCH_BYTES and len(batch) < BATCH_MESSAGES:
                 data = self._frame(requests[start])
                 pending[self.seq] = requests[start]
                 batch.append(data)

@@ -1,0 +1,253 @@
+"""The IPVS backend against a real IPVS kernel, with real connections.
+
+Runs only inside the qemu guest (tests/test_ipvs_vm.py starts it there with
+SVCPROXY_IPVS_GUEST=1). Each test drives the backend in-process inside a node
+namespace it creates; the client connects from its own namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.backends.ipvs import genl, system
+from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import rules as R
+from svcproxy.backends.ipvs.backend import IpvsBackend
+from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
+from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
+from svcproxy.lab.netns import ns_exec
+from svcproxy.model import ServiceType, SessionAffinity
+from tests.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
+from tests.ipvs.states import changed, endpoint, full, node_state, port_state
+
+pytestmark = [pytest.mark.ipvs, pytest.mark.netns]
+IN_GUEST = os.environ.get("SVCPROXY_IPVS_GUEST") == "1"
+if not IN_GUEST:
+    pytest.skip("runs inside the IPVS guest: tests/test_ipvs_vm.py starts it there",
+                allow_module_level=True)
+
+CONFIG = NodeConfig(node_name="node1", cluster_cidrs=("10.244.0.0/16",),
+                    node_ips=("10.100.0.1",))
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[IpvsLab]:
+    built = IpvsLab(pods=3).build()
+    try:
+        yield built
+    finally:
+        built.destroy()
+
+
+class Driver:
+    """The backend inside the lab's node namespace, and what the kernel holds there."""
+
+    def __init__(self, lab: IpvsLab, options: IpvsOptions) -> None:
+        self.lab = lab
+        self.backend = lab.on_node(IpvsBackend, CONFIG, options, (4,))
+        self.revision = 0
+
+    def sync(self, *ports: object, reason: str = "") -> None:
+        self.revision += 1
+        state = node_state(ports, self.revision)  # type: ignore[arg-type]
+        changes = full(reason or ("initial" if self.revision == 1 else "periodic"))
+        self.lab.on_node(self.backend.sync, state, changes)
+
+    def partial(self, *ports: object, gone: tuple[object, ...] = ()) -> None:
+        self.revision += 1
+        state = node_state(ports, self.revision)  # type: ignore[arg-type]
+        keys = changed(*ports, *gone)  # type: ignore[arg-type]
+        self.lab.on_node(self.backend.sync, state, keys)
+
+    def services(self) -> dict[genl.ServiceId, genl.ServiceSpec]:
+        return {s.id: s for s in self.lab.on_node(_dump_services)}
+
+    def dests(self, sid: genl.ServiceId) -> dict[genl.DestId, genl.DestStats]:
+        return {d.id: d for d in self.lab.on_node(_dump_dests, sid)}
+
+
+def _dump_services() -> list[genl.ServiceSpec]:
+    sock = IpvsNetlink()
+    try:
+        return sock.services()
+    finally:
+        sock.close()
+
+
+def _dump_dests(sid: genl.ServiceId) -> list[genl.DestStats]:
+    sock = IpvsNetlink()
+    try:
+        return sock.dests(sid)
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def make(lab: IpvsLab) -> Iterator[object]:
+    made: list[Driver] = []
+
+    def factory(**options: object) -> Driver:
+        made.append(Driver(lab, IpvsOptions(**options)))  # type: ignore[arg-type]
+        return made[-1]
+
+    try:
+        yield factory
+    finally:
+        for driver in made:
+            lab.on_node(driver.backend.cleanup)
+            lab.on_node(driver.backend.close)
+
+
+def pods(*indexes: int) -> list[object]:
+    return [endpoint(pod_ip(i)) for i in indexes]
+
+
+def test_rr_alternates_exactly_over_nat_real_servers(lab: IpvsLab, make) -> None:
+    d = make()
+    d.sync(port_state("web", "10.96.0.10", pods(1, 2, 3)))
+    names = lab.names("10.96.0.10", 80, 9)
+    assert sorted(set(names)) == ["pod1", "pod2", "pod3"]
+    assert names[:3] * 3 == names, f"rr must repeat one order exactly: {names}"
+    sid = genl.ServiceId("TCP", "10.96.0.10", 80)
+    assert d.services()[sid].scheduler == "rr"
+    assert {x.fwd_method for x in d.dests(sid).values()} == {genl.FWD_MASQ}
+    assert "10.96.0.10" in lab.on_node(system.link_addresses, d.backend.ifindex)
+
+
+def test_wrr_spreads_in_proportion_to_weights(lab: IpvsLab, make) -> None:
+    d = make(scheduler="wrr")
+    svc = port_state("web", "10.96.0.11", pods(1, 2, 3))
+    d.sync(svc)
+    assert counts(lab.names("10.96.0.11", 80, 9)) == {"pod1": 3, "pod2": 3, "pod3": 3}
+    held = lab.open("10.96.0.11", 80)
+    try:
+        drained = held.first
+        keep = [i for i in (1, 2, 3) if f"pod{i}" != drained]
+        d.partial(port_state("web", "10.96.0.11", pods(*keep)))
+        sid = genl.ServiceId("TCP", "10.96.0.11", 80)
+        weights = {x.id.address: x.weight for x in d.dests(sid).values()}
+        assert weights[pod_ip(int(drained[-1]))] == 0
+        seen = counts(lab.names("10.96.0.11", 80, 8))
+        assert seen == {f"pod{i}": 4 for i in keep}, "a weight-0 real server gets nothing"
+    finally:
+        held.close()
+
+
+def test_sh_annotation_keeps_a_client_on_one_pod(lab: IpvsLab, make) -> None:
+    d = make()
+    sticky = port_state("sticky", "10.96.0.12", pods(1, 2, 3),
+                        annotations=[(SCHEDULER_ANNOTATION, "sh")])
+    plain = port_state("plain", "10.96.0.13", pods(1, 2, 3))
+    d.sync(sticky, plain)
+    for source in CLIENT_IPS:
+        assert len(set(lab.names("10.96.0.12", 80, 8, source))) == 1
+    assert len(set(lab.names("10.96.0.13", 80, 6))) == 3
+    found = d.services()
+    assert found[genl.ServiceId("TCP", "10.96.0.12", 80)].scheduler == "sh"
+    assert found[genl.ServiceId("TCP", "10.96.0.13", 80)].scheduler == "rr"
+
+
+def test_client_ip_affinity_is_ipvs_persistence(lab: IpvsLab, make) -> None:
+    d = make()
+    svc = port_state("aff", "10.96.0.14", pods(1, 2, 3),
+                     session_affinity=SessionAffinity.CLIENT_IP)
+    d.sync(svc)
+    assert len(set(lab.names("10.96.0.14", 80, 8))) == 1
+    spec = d.services()[genl.ServiceId("TCP", "10.96.0.14", 80)]
+    assert spec.persistence_timeout == 10800
+
+
+def test_graceful_termination_keeps_established_connections(lab: IpvsLab, make) -> None:
+    d = make(graceful_termination_timeout=4.0, graceful_check_interval=0.5)
+    sid = genl.ServiceId("TCP", "10.96.0.15", 80)
+    d.sync(port_state("drain", "10.96.0.15", pods(1, 2)))
+    held = lab.open("10.96.0.15", 80)
+    try:
+        gone = held.first
+        stay = "pod2" if gone == "pod1" else "pod1"
+        d.partial(port_state("drain", "10.96.0.15", pods(int(stay[-1]))))
+        assert d.dests(sid)[genl.DestId(pod_ip(int(gone[-1])), 8080)].weight == 0
+        assert set(lab.names("10.96.0.15", 80, 6)) == {stay}
+        assert held.ask() == gone, "the established connection still reaches its pod"
+    finally:
+        held.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and len(d.dests(sid)) > 1:
+        time.sleep(0.5)
+    assert list(d.dests(sid)) == [genl.DestId(pod_ip(int(stay[-1])), 8080)]
+
+
+def test_no_endpoints_refused_and_unused_port_rejected(lab: IpvsLab, make) -> None:
+    d = make()
+    d.sync(port_state("empty", "10.96.0.16", []), port_state("web", "10.96.0.17", pods(1)))
+    with pytest.raises(ConnectionRefusedError):
+        lab.names("10.96.0.16", 80, 1)
+    with pytest.raises(ConnectionRefusedError):
+        lab.names("10.96.0.17", 81, 1)
+    assert lab.names("10.96.0.17", 80, 1) == ["pod1"]
+
+
+def _add_foreign(address: str) -> None:
+    sock = IpvsNetlink()
+    try:
+        spec = genl.ServiceSpec(genl.ServiceId("TCP", address, 80), "wlc")
+        assert not sock.apply([Request("foreign", genl.genl_body(*genl.add_service(spec)))])
+    finally:
+        sock.close()
+
+
+def test_exclude_cidrs_are_never_touched(lab: IpvsLab, make) -> None:
+    d = make(exclude_cidrs=("192.168.77.0/24",))
+    lab.on_node(_add_foreign, "192.168.77.1")
+    lab.on_node(_add_foreign, "192.168.88.1")
+    d.sync(port_state("web", "10.96.0.18", pods(1)))
+    kept = set(d.services())
+    assert genl.ServiceId("TCP", "192.168.77.1", 80) in kept
+    assert genl.ServiceId("TCP", "192.168.88.1", 80) not in kept
+    lab.on_node(d.backend.cleanup)
+    assert set(d.services()) == {genl.ServiceId("TCP", "192.168.77.1", 80)}
+    assert lab.on_node(system.link_index, "kube-ipvs0") is None
+    assert not set(S.all_set_names()) & lab.on_node(system.ipset_names)
+    assert "KUBE-SERVICES" not in lab.on_node(system.iptables_save, 4, "nat")
+    lab.on_node(_delete_service, genl.ServiceId("TCP", "192.168.77.1", 80))
+
+
+def _delete_service(sid: genl.ServiceId) -> None:
+    sock = IpvsNetlink()
+    try:
+        sock.apply([Request("del", genl.genl_body(*genl.del_service(sid)))])
+    finally:
+        sock.close()
+
+
+def _many(count: int) -> list[object]:
+    """``count`` NodePort services with one endpoint each."""
+    return [
+        port_state(f"s{i}", f"10.97.{i // 250}.{i % 250 + 1}", [endpoint(pod_ip(1 + i % 3))],
+                   node_port=30000 + i, type=ServiceType.NODE_PORT)
+        for i in range(count)
+    ]
+
+
+def _our_rules() -> int:
+    chains = sorted(set(R.NAT_CHAINS) | set(R.FILTER_CHAINS))
+    return sum(R.count_rules(system.iptables_save(4, t), chains) for t in ("nat", "filter"))
+
+
+def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, make) -> None:
+    d = make()
+    d.sync(*_many(10))
+    small = lab.on_node(_our_rules)
+    assert small > 20
+    d.sync(*_many(1000))
+    assert lab.on_node(_our_rules) == small
+    assert len(d.services()) == 2000, "a ClusterIP and a node-address NodePort per service"
+    assert len(lab.on_node(system.link_addresses, d.backend.ifindex)) == 1000
+    assert "30999" in ns_exec(lab.node, "ipset", "list", "KUBE-NODE-PORT-TCP")
+    assert lab.names("10.97.3.250", 80, 1) == [f"pod{1 + 999 % 3}"]
+    assert lab.names("10.100.0.1", 30999, 1) == [f"pod{1 + 999 % 3}"]
