@@ -247,6 +247,10 @@ class Engine:
         memo: dict[tuple[int, int], list[WireOp]] = {}
         for view in self.views.values():
             new = cache.records(view.name, self._zone(view.name))
+            if not self.synced.is_set():
+                # Nothing has been served yet: the first snapshot carries it all.
+                view.set_records(old_keys, new)
+                continue
             ops = pending.setdefault(view.name, [])
             for key in old_keys | new.keys():
                 old_rec, new_rec = view.records.get(key), new.get(key)

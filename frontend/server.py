@@ -74,16 +74,15 @@ class NodeStateServicer:
                     yield msg
             while True:
                 await view.wait_change(cursor)
-                ops = view.ops_since(cursor)
+                msgs = view.messages_since(cursor)
                 metrics.CLIENT_LAG.observe(max(0, engine.revision - cursor - 1))
-                if ops is None:
+                if msgs is None:
                     metrics.RESETS.inc()
                     cursor = engine.revision
-                    for msg in self._snapshot(view, cursor, reset=True):
-                        yield msg
-                    continue
-                cursor = view.revision
-                for msg in chunk_events(cursor, [op.data for op in ops]):
+                    msgs = self._snapshot(view, cursor, reset=True)
+                else:
+                    cursor = view.revision
+                for msg in msgs:
                     yield msg
         finally:
             view.watchers -= 1

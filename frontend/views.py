@@ -12,7 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 
-from svcproxy.frontend.wire import WireOp, coalesce
+from svcproxy.frontend.wire import WireOp, chunk_events, coalesce
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 
 
@@ -31,6 +31,7 @@ class NodeView:
         self.history_limit = history_limit
         self.watchers = 0
         self._changed = asyncio.Event()
+        self._encoded: tuple[int, int, list[bytes]] | None = None
 
     @property
     def is_cluster(self) -> bool:
@@ -63,6 +64,18 @@ class NodeView:
         if not self.can_resume(since):
             return None
         return coalesce(ops for rev, ops in self.history if rev > since)
+
+    def messages_since(self, since: int) -> list[bytes] | None:
+        """The encoded batch from ``since`` to now, shared by every client at that cursor."""
+        cached = self._encoded
+        if cached is not None and cached[0] == since and cached[1] == self.revision:
+            return cached[2]
+        ops = self.ops_since(since)
+        if ops is None:
+            return None
+        msgs = list(chunk_events(self.revision, [op.data for op in ops]))
+        self._encoded = (since, self.revision, msgs)
+        return msgs
 
     async def wait_change(self, since: int) -> None:
         """Return once the view is past revision ``since``."""
