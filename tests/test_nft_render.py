@@ -20,17 +20,22 @@ def verdicts(rules: ServiceRules | None, container: str) -> dict[str, str]:
     return {e.key: e.value for e in rules.elements if e.container == container}
 
 
-def test_cluster_ip_dispatches_to_every_endpoint_with_dnat() -> None:
-    record = state_of(service("web"), endpoint("10.244.1.10"), endpoint("10.244.2.10", port=9))
+def test_cluster_ip_picks_every_endpoint_uniformly_with_inline_dnat() -> None:
+    record = state_of(service("web"), endpoint("10.244.1.10"), endpoint("10.244.1.11"),
+                      endpoint("10.244.2.10", port=9))
     rules = render_service(record, CTX4)
-    base = names.service_base(key("web"))
-    chain = names.service_chain(base)
+    chain = names.service_chain(names.service_base(key("web")))
     assert verdicts(rules, "service-ips") == {"10.96.0.10 . tcp . 80": f"goto {chain}"}
-    assert "numgen random mod 2" in rules.chains[chain][-1]
-    dnats = {r for rs in rules.chains.values() for r in rs if "dnat to" in r}
-    assert dnats == {"meta l4proto tcp dnat to 10.244.1.10:8080",
-                     "meta l4proto tcp dnat to 10.244.2.10:9"}
-    assert "ip saddr != { 10.244.0.0/16 } jump mark-for-masquerade" in rules.chains[chain][0]
+    # P(i) = 1/(n-i) * prod_{j<i} (1 - 1/(n-j)) = 1/n for every endpoint.
+    assert rules.chains[chain] == (
+        "ip daddr 10.96.0.10 tcp dport 80 ip saddr != { 10.244.0.0/16 } "
+        "jump mark-for-masquerade",
+        "numgen random mod 3 0 meta l4proto tcp dnat to 10.244.1.10:8080",
+        "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.11:8080",
+        "meta l4proto tcp dnat to 10.244.2.10:9",
+    )
+    assert set(verdicts(rules, "hairpin")) == {
+        "10.244.1.10 . 10.244.1.10", "10.244.1.11 . 10.244.1.11", "10.244.2.10 . 10.244.2.10"}
 
 
 def test_no_endpoints_reject_and_local_policy_without_local_endpoints_drops() -> None:
@@ -55,7 +60,7 @@ def test_external_policy_local_short_circuits_pods_and_the_node() -> None:
     assert "fib saddr type local jump mark-for-masquerade" in ext
     assert not any(r == "jump mark-for-masquerade" for r in ext), "source IP preserved"
     policy = ext[-1].removeprefix("goto ")
-    assert "numgen random mod 1 " in rules.chains[policy][-1], "only the local endpoint"
+    assert rules.chains[policy] == ("meta l4proto tcp dnat to 10.244.1.10:8080",)
     assert verdicts(rules, "service-nodeports") == {"tcp . 30080": f"goto {ext_name}"}
 
 
@@ -98,8 +103,8 @@ def test_delta_of_one_endpoint_touches_only_that_service() -> None:
     table = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (a, b)})
     smaller = state_of(a.service, endpoint("10.244.1.10"))
     delta = plan_delta(table, {a.key: render_service(smaller, CTX4)})
-    assert "10.244.1.11" in delta.text and "delete chain" in delta.text
-    assert "svc/b" not in delta.text and "ns/b/" not in delta.text
+    assert "delete element ip svcproxy hairpin { 10.244.1.11 . 10.244.1.11 }" in delta.text
+    assert delta.text.count("flush chain") == 1 and "ns/b/" not in delta.text
     assert "service-ips" not in delta.text, "the map element still points to the same chain"
     commit(table, delta)
     assert plan_delta(table, {a.key: render_service(smaller, CTX4)}).empty

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .context import FamilyContext, anonymous_set
 
 # Sets and verdict maps that service ports add elements to.
-SETS = ("cluster-ips",)
+SETS = ("cluster-ips", "hairpin")
 MAPS = (
     "service-ips",
     "service-nodeports",
@@ -38,6 +38,7 @@ def _containers(ctx: FamilyContext) -> dict[str, str]:
         nodeports += f" elements = {anonymous_set(ctx.nodeport_ips)};"
     return {
         "cluster-ips": f"type {addr}; comment \"ClusterIPs (other ports are rejected)\";",
+        "hairpin": f'type {addr} . {addr}; comment "endpoint . endpoint: pod reaching itself";',
         "nodeport-ips": nodeports + ' comment "IPs that accept NodePort traffic";',
         "service-ips": f'type {svc_key}; comment "ClusterIP, ExternalIP and LB IP traffic";',
         "service-nodeports": f'type {port_key}; comment "NodePort traffic";',
@@ -58,6 +59,7 @@ def _helper_chains(ctx: FamilyContext) -> dict[str, tuple[str, ...]]:
     return {
         "mark-for-masquerade": (f"meta mark set meta mark | {mark}",),
         "masquerading": (
+            f"ct status dnat {ipx} saddr . {ipx} daddr @hairpin masquerade fully-random",
             f"meta mark & {mark} == 0 return",
             f"meta mark set meta mark ^ {mark}",
             "masquerade fully-random",

@@ -1,0 +1,223 @@
+"""Benchmark of the nft backend; prints figures (run as root: creates network namespaces).
+
+1. 10,000 services x 10 endpoints: full sync (render + ``nft -f``) next to the raw
+   ``nft -f`` load of the same text, each into a fresh namespace.
+2. One endpoint change at that scale (render the delta + ``nft -f``).
+3. Manifest edit -> rule in the kernel: the real frontend (manifest source) and
+   the real backend process (``--min-sync-period 0``) over a unix socket,
+   p50 / p99 over 50 edits, observed with ``nft monitor``.
+4. RSS: this process after the 10k full sync; the backend process of part 3.
+
+Usage: .venv/bin/python bench/bench_nft.py [--services N] [--endpoints N] [--edits N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
+from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
+from svcproxy.backends.nft.table_state import build_table, full_text  # noqa: E402
+from svcproxy.lab import manifests as m  # noqa: E402
+from svcproxy.lab.plan import NodeSpec, PodSpec  # noqa: E402
+from svcproxy.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
+from svcproxy.sdk import Changes  # noqa: E402
+from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Netns:
+    """A throwaway network namespace."""
+
+    def __init__(self, label: str) -> None:
+        self.name = f"spbench{os.getpid()}-{label}"
+
+    def __enter__(self) -> str:
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+def scale(services: int, endpoints: int) -> None:
+    print(f"== {services} services x {endpoints} endpoints "
+          f"({services * endpoints} endpoints; NodePorts on the first 2000)")
+    t0 = time.perf_counter()
+    state = big_state(services, endpoints)
+    print(f"   building the node state (not part of the sync): {time.perf_counter() - t0:.2f} s")
+    base_rss = rss_mb()
+    with Netns("full") as ns:
+        backend = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", ns)))
+        gc.collect()
+        t0 = time.perf_counter()
+        backend.sync(state, Changes(frozenset(state.services), full=True, reason="initial"))
+        ours = time.perf_counter() - t0
+        last = backend.last
+        assert last is not None
+        print(f"   full sync (render + nft -f): {ours:.2f} s "
+              f"(render {last.render_seconds:.2f} s, apply {last.apply_seconds:.2f} s, "
+              f"{last.text_bytes / 1e6:.1f} MB of nft text)")
+        print(f"   RSS of this process after the full sync: {rss_mb():.0f} MB "
+              f"({rss_mb() - base_rss:.0f} MB more than before it; state built before)")
+        changes = []
+        key = sorted(state.services)[services // 2]
+        record = state.services[key]
+        for i in range(5):
+            eps = dict(record.endpoints)
+            eps.pop(next(iter(eps)))
+            new = endpoint(pod_ip(2_000_000 + i))
+            eps[new.ip] = new
+            record = replace(record, endpoints=eps)
+            services_now = dict(state.services)
+            services_now[key] = record
+            state = replace(state, services=services_now, revision=state.revision + 1)
+            t0 = time.perf_counter()
+            backend.sync(state, Changes(frozenset({key})))
+            changes.append(time.perf_counter() - t0)
+            assert backend.last and backend.last.mode == "delta"
+        print(f"   one endpoint change (delta render + nft -f): median "
+              f"{1e3 * statistics.median(changes):.1f} ms, max {1e3 * max(changes):.1f} ms "
+              f"over {len(changes)} changes")
+        t0 = time.perf_counter()
+        backend.sync(state, Changes(frozenset(state.services), full=True, reason="periodic"))
+        print(f"   periodic full resync (flush + rewrite, affinity kept): "
+              f"{time.perf_counter() - t0:.2f} s")
+    tables = [build_table(ctx, backend._tables[f].services)  # noqa: SLF001
+              for f, ctx in ((f, backend._tables[f].ctx) for f in backend.families)]  # noqa: SLF001
+    text = "".join(full_text(t) for t in tables)
+    with Netns("raw") as ns:
+        t0 = time.perf_counter()
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=text.encode(),
+                       check=True)
+        raw = time.perf_counter() - t0
+    print(f"   raw nft -f of the same text: {raw:.2f} s -> ours / raw = {ours / raw:.2f}")
+
+
+def _edit_docs(name: str, pods: list[PodSpec], i: int) -> list[m.Doc]:
+    node = pods[0].node
+    target = PodSpec(f"p{i}", node, 2 + i % 250)
+    endpoints = [m.endpoint(p) for p in pods] + [m.endpoint(target)]
+    ip = f"10.96.250.{1 + i % 250}"
+    return [m.service(name, ("10.96.255.1",), [m.port("http", 80, 8080)]),
+            m.endpoint_slice(name, endpoints, [m.slice_port("http", 8080)])], ip
+
+
+def edit_latency(edits: int, background: int) -> None:
+    print(f"== manifest edit -> rule in the kernel ({edits} edits, {background} other "
+          "services of 10 endpoints, --min-sync-period 0, manifest poll 0.2 s)")
+    node = NodeSpec("node1", 1)
+    with Netns("e2e") as ns, tempfile.TemporaryDirectory(prefix="spbench") as tmp:
+        work = Path(tmp)
+        mdir = work / "manifests"
+        mdir.mkdir()
+        bg = []
+        for i in range(background):
+            pods = [PodSpec(f"b{i}-{j}", NodeSpec("node2", 2), 2 + j) for j in range(10)]
+            bg.append(m.service(f"bg{i}", (f"10.96.{1 + i // 250}.{1 + i % 250}",),
+                                [m.port("http", 80, 8080)]))
+            bg.append(m.endpoint_slice(f"bg{i}", [m.endpoint(p) for p in pods],
+                                       [m.slice_port("http", 8080)]))
+        m.write(mdir, "background.yaml", bg)
+        m.write(mdir, "node.yaml", [m.node(node)])
+        sock = work / "api.sock"
+        fe = frontend(mdir, sock, work / "frontend.log").start()
+        be = None
+        monitor = None
+        try:
+            wait_for_path(sock, process=fe)
+            be = Process(["ip", "netns", "exec", ns, *SVCPROXY, "backend", "nft",
+                          "--api", f"unix://{sock}", "--node-name", "node1",
+                          "--node-ip", "192.168.50.2", "--min-sync-period", "0",
+                          "--metrics-bind-address", "", "--healthz-bind-address", ""],
+                         work / "backend.log").start()
+            monitor = subprocess.Popen(["ip", "netns", "exec", ns, "nft", "monitor", "rules"],
+                                       stdout=subprocess.PIPE, text=True)
+            seen: queue.Queue[tuple[float, str]] = queue.Queue()
+
+            def read() -> None:
+                assert monitor is not None and monitor.stdout is not None
+                for line in monitor.stdout:
+                    seen.put((time.perf_counter(), line))
+
+            threading.Thread(target=read, daemon=True).start()
+            pods = [PodSpec(f"e{j}", NodeSpec("node2", 2), 100 + j) for j in range(2)]
+            _wait_for(seen, "dnat to", 60)
+            latencies = []
+            for i in range(edits):
+                docs = [m.service("edited", ("10.96.255.1",), [m.port("http", 80, 8080)]),
+                        m.endpoint_slice("edited", [m.endpoint(p) for p in pods] + [
+                            {"addresses": [f"10.250.0.{1 + i}"],
+                             "conditions": {"ready": True}, "nodeName": "node2"}],
+                            [m.slice_port("http", 8080)])]
+                while not seen.empty():
+                    seen.get()
+                t0 = time.perf_counter()
+                m.write(mdir, "edited.yaml", docs)
+                at = _wait_for(seen, f"dnat to 10.250.0.{1 + i}:8080", 10)
+                latencies.append(at - t0)
+                time.sleep(0.05)
+            latencies.sort()
+            p50 = statistics.median(latencies)
+            p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+            print(f"   p50 {1e3 * p50:.0f} ms, p99 {1e3 * p99:.0f} ms, "
+                  f"max {1e3 * latencies[-1]:.0f} ms")
+            assert be.popen is not None
+            print(f"   backend process RSS: {rss_mb(be.popen.pid):.0f} MB")
+        finally:
+            if monitor is not None:
+                monitor.terminate()
+            for proc in (be, fe):
+                if proc is not None:
+                    proc.stop()
+
+
+def _wait_for(seen: queue.Queue[tuple[float, str]], needle: str, timeout: float) -> float:
+    deadline = time.perf_counter() + timeout
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise TimeoutError(f"{needle!r} not seen in the kernel within {timeout}s")
+        try:
+            at, line = seen.get(timeout=left)
+        except queue.Empty:
+            continue
+        if needle in line:
+            return at
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=10_000)
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--edits", type=int, default=50)
+    parser.add_argument("--background", type=int, default=1000,
+                        help="other services in the manifests during the edit test")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench_nft: needs root (creates network namespaces)")
+    scale(args.services, args.endpoints)
+    edit_latency(args.edits, args.background)
+
+
+if __name__ == "__main__":
+    main()
