@@ -304,9 +304,7 @@ class IpvsBackend(Backend):
             text = R.cleanup_text(present, jumps)
             if text:
                 system.iptables_restore(family, text)
-        ours = set(ipsets.all_set_names()) | {f"KUBE-TMP-{f}-{i}" for f in (4, 6)
-                                               for i in range(len(ipsets.KINDS))}
-        existing = sorted(ours & system.ipset_names())
+        existing = sorted(set(ipsets.all_set_names()) & system.ipset_names())
         system.ipset_restore(ipsets.destroy_restore(existing))
 
     def _cleanup_ipvs(self) -> None:

@@ -79,8 +79,14 @@ def set_name(base: str, family: int) -> str:
     return (f"KUBE-{base}" if family == 4 else f"KUBE-6-{base}")[:MAX_NAME]
 
 
+def temp_name(family: int, index: int) -> str:
+    return f"KUBE-TMP-{family}-{index}"
+
+
 def all_set_names(families: Iterable[int] = (4, 6)) -> list[str]:
-    return [set_name(k.base, f) for f in families for k in KINDS]
+    """Every set this backend may create, the temporary ones of full syncs included."""
+    return [set_name(k.base, f) for f in families for k in KINDS] + [
+        temp_name(f, i) for f in families for i in range(len(KINDS))]
 
 
 def _create_line(name: str, kind: SetKind, family: int) -> str:
@@ -92,19 +98,22 @@ def _create_line(name: str, kind: SetKind, family: int) -> str:
 
 
 def full_restore(entries: Mapping[str, Iterable[str]], families: Iterable[int]) -> str:
-    """Rewrite every set of ``families`` atomically: fill a temporary set, swap, destroy."""
+    """Rewrite every set of ``families`` atomically: fill a temporary set and swap it in.
+
+    The temporary sets are kept (flushed) rather than destroyed: destroying a set
+    waits for RCU, which costs ~0.2 s per set in the emulated guest."""
     lines: list[str] = []
     for family in families:
         for index, kind in enumerate(KINDS):
             name = set_name(kind.base, family)
-            tmp = f"KUBE-TMP-{family}-{index}"
+            tmp = temp_name(family, index)
             create = _create_line(name, kind, family)
             lines.append(create)
             lines.append(create.replace(f"create {name} ", f"create {tmp} ", 1))
             lines.append(f"flush {tmp}")
             lines.extend(f"add {tmp} {e} -exist" for e in sorted(entries.get(name, ())))
             lines.append(f"swap {tmp} {name}")
-            lines.append(f"destroy {tmp}")
+            lines.append(f"flush {tmp}")
     return "\n".join(lines) + "\n"
 
 
