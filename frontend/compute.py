@@ -10,7 +10,7 @@ exactly what every other such node in its zone sees.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from svcproxy.frontend.objects import EndpointSlice, Service, SvcPort
 from svcproxy.frontend.selection import categorize
@@ -112,16 +112,37 @@ def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str]:
     return ("zone", zone if base.uses_zones else "")
 
 
-def node_records(base: ServiceBase, node_name: str,
-                 zone: str) -> dict[ServicePortKey, ServicePortState]:
-    """The records one node gets for one service."""
+def _marked(ep: Endpoint, local: bool, internal: bool, external: bool) -> Endpoint:
+    return Endpoint(ep.ip, ep.port, ep.ready, ep.serving, ep.terminating, local, ep.node_name,
+                    ep.zone, ep.hint_zones, ep.hint_nodes, internal, external)
+
+
+EndpointVariants = dict[tuple[ServicePortKey, str, bool, bool, bool], Endpoint]
+
+
+def node_records(base: ServiceBase, node_name: str, zone: str,
+                 variants: EndpointVariants | None = None
+                 ) -> dict[ServicePortKey, ServicePortState]:
+    """The records one node gets for one service.
+
+    ``variants`` shares identical endpoint objects between the node classes of one
+    service version.
+    """
+    variants = {} if variants is None else variants
     out: dict[ServicePortKey, ServicePortState] = {}
     for port in base.ports:
-        eps = [replace(e, is_local=True) if node_name and e.node_name == node_name else e
-               for e in port.endpoints]
-        sel = categorize(port.service, eps, node_name, zone)
-        out[port.service.key] = ServicePortState(
-            port.service, {e.ip: e for e in sel.endpoints})
+        key = port.service.key
+        local = [e if not (node_name and e.node_name == node_name)
+                 else _marked(e, True, False, False) for e in port.endpoints]
+        sel = categorize(port.service, local, node_name, zone)
+        eps = {}
+        for e in local:
+            vkey = (key, e.ip, e.is_local, e.ip in sel.internal, e.ip in sel.external)
+            marked = variants.get(vkey)
+            if marked is None:
+                marked = variants[vkey] = _marked(e, *vkey[2:])
+            eps[e.ip] = marked
+        out[key] = ServicePortState(port.service, eps)
     return out
 
 
@@ -131,11 +152,12 @@ class NodeClassCache:
     def __init__(self, base: ServiceBase) -> None:
         self.base = base
         self._by_class: dict[tuple[str, str], Mapping[ServicePortKey, ServicePortState]] = {}
+        self._variants: EndpointVariants = {}
 
     def records(self, node_name: str, zone: str) -> Mapping[ServicePortKey, ServicePortState]:
         cls = node_class(self.base, node_name, zone)
         found = self._by_class.get(cls)
         if found is None:
-            found = node_records(self.base, node_name, zone)
+            found = node_records(self.base, node_name, zone, self._variants)
             self._by_class[cls] = found
         return found

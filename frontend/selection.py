@@ -15,14 +15,17 @@ One small pure function decides for every backend, so they all agree:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from svcproxy.model import Endpoint, ServicePort
 
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    endpoints: tuple[Endpoint, ...]
+    """IPs used for internal and external traffic on one node."""
+
+    internal: frozenset[str]
+    external: frozenset[str]
     has_endpoints: bool
 
 
@@ -70,12 +73,11 @@ def local_endpoints(endpoints: Sequence[Endpoint]) -> set[str]:
 
 def categorize(service: ServicePort, endpoints: Sequence[Endpoint], node_name: str,
                zone: str) -> Selection:
-    """Mark each endpoint ``internal`` / ``external`` for this node (endpoints carry is_local)."""
+    """Which endpoints this node uses for internal and external traffic (endpoints carry
+    ``is_local``)."""
     cluster = cluster_endpoints(endpoints, node_name, zone)
     local = local_endpoints(endpoints)
     internal = local if service.internal_policy_local else cluster
     external = local if service.external_policy_local else cluster
     has_any = any(e.ready or (e.serving and e.terminating) for e in endpoints)
-    marked = tuple(replace(e, internal=e.ip in internal, external=e.ip in external)
-                   for e in endpoints)
-    return Selection(marked, has_any)
+    return Selection(frozenset(internal), frozenset(external), has_any)
