@@ -222,7 +222,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.2,
                         help="seconds between changes")
     args = parser.parse_args()
-    mp.set_start_method("fork")
+    mp.set_start_method("spawn")
     print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
     asyncio.run(run(args))
 
