@@ -60,10 +60,10 @@ class RunningFrontend:
 def frontend_factory(tmp_path: Path) -> Iterator[Callable[..., RunningFrontend]]:
     started: list[RunningFrontend] = []
 
-    def make(manifests: Path, **kw: Any) -> RunningFrontend:
+    def make(manifests: Path | None, **kw: Any) -> RunningFrontend:
         sock = tmp_path / f"api{len(started)}.sock"
-        opts = FrontendOptions(listen=f"unix://{sock}", manifests=manifests,
-                               metrics_bind_address="", **kw)
+        kw.setdefault("listen", f"unix://{sock}")
+        opts = FrontendOptions(manifests=manifests, metrics_bind_address="", **kw)
         fe = RunningFrontend(opts).start()
         started.append(fe)
         return fe

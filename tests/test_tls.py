@@ -1,0 +1,72 @@
+"""TLS and mutual TLS on the API, with certificates made by openssl for the test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from svcproxy.frontend.server import TLSFiles
+from svcproxy.sdk.client import NodeStateClient
+from tests.conftest import wait_for
+from tests.test_stream import copy_examples
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ca",
+            "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        (d / f"{name}.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext",
+                "-out", f"{name}.crt", cwd=d)
+    return d
+
+
+def creds(pki: Path, client_cert: bool) -> grpc.ChannelCredentials:
+    if client_cert:
+        return grpc.ssl_channel_credentials((pki / "ca.crt").read_bytes(),
+                                            (pki / "client.key").read_bytes(),
+                                            (pki / "client.crt").read_bytes())
+    return grpc.ssl_channel_credentials((pki / "ca.crt").read_bytes())
+
+
+def synced(target: str, credentials: grpc.ChannelCredentials) -> bool:
+    client = NodeStateClient(target, "node-a", credentials=credentials, max_backoff=0.2)
+    client.start()
+    try:
+        wait_for(client.has_changes, timeout=3)
+        return True
+    except AssertionError:
+        return False
+    finally:
+        client.stop()
+
+
+def test_tls(frontend_factory, tmp_path: Path, pki: Path) -> None:  # type: ignore[no-untyped-def]
+    fe = frontend_factory(copy_examples(tmp_path), listen="localhost:0",
+                          tls=TLSFiles(pki / "server.crt", pki / "server.key"))
+    target = f"localhost:{fe.frontend.port}"
+    assert synced(target, creds(pki, client_cert=False))
+
+
+def test_mutual_tls_requires_a_client_certificate(frontend_factory, tmp_path: Path,
+                                                  pki: Path) -> None:  # type: ignore[no-untyped-def]
+    fe = frontend_factory(copy_examples(tmp_path), listen="localhost:0",
+                          tls=TLSFiles(pki / "server.crt", pki / "server.key", pki / "ca.crt"))
+    target = f"localhost:{fe.frontend.port}"
+    assert synced(target, creds(pki, client_cert=True))
+    assert not synced(target, creds(pki, client_cert=False))
