@@ -1,0 +1,99 @@
+"""Only the difference is sent; removed real servers drain before they go (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from svcproxy.backends.ipvs import genl
+from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.diff import Applied, diff_servers, reap
+from svcproxy.backends.ipvs.genl import DestId, DestStats, ServiceId
+from svcproxy.backends.ipvs.render import RenderContext, render_port
+from svcproxy.model import Protocol, ServicePortState
+from tests.ipvs.states import endpoint, port_state
+
+CTX = RenderContext("rr")
+SID = ServiceId("TCP", "10.96.0.10", 80)
+
+
+def _desired(*states) -> Desired:
+    desired = Desired()
+    for state in states:
+        desired.set_plan(state.key, render_port(state, CTX), Touched())
+    return desired
+
+
+def _web(*ips: str, protocol: Protocol = Protocol.TCP):
+    return port_state("web", "10.96.0.10", [endpoint(ip) for ip in ips], protocol=protocol)
+
+
+def _applied(desired: Desired) -> Applied:
+    applied = Applied()
+    diff_servers(desired.claims, desired, applied, 0, 60).commit(applied)
+    return applied
+
+
+def test_first_sync_adds_the_service_then_each_real_server() -> None:
+    desired = _desired(_web("10.244.1.2", "10.244.2.2"))
+    delta = diff_servers(desired.claims, desired, Applied(), 0, 60)
+    assert [r.body[0] for r in delta.requests] == [
+        genl.CMD_NEW_SERVICE, genl.CMD_NEW_DEST, genl.CMD_NEW_DEST]
+
+
+def test_nothing_changed_sends_nothing() -> None:
+    desired = _desired(_web("10.244.1.2"))
+    applied = _applied(desired)
+    assert diff_servers(desired.claims, desired, applied, 1, 60).requests == []
+
+
+def test_a_removed_endpoint_drains_with_weight_zero_and_comes_back() -> None:
+    applied = _applied(_desired(_web("10.244.1.2", "10.244.2.2")))
+    fewer = _desired(_web("10.244.2.2"))
+    delta = diff_servers({SID}, fewer, applied, 100, 60)
+    assert [(r.body[0], r.what) for r in delta.requests] == [
+        (genl.CMD_SET_DEST, "drain real server 10.244.1.2:8080 of TCP/10.96.0.10:80")]
+    delta.commit(applied)
+    assert applied.draining == {(SID, DestId("10.244.1.2", 8080)): 160}
+    back = diff_servers({SID}, _desired(_web("10.244.1.2", "10.244.2.2")), applied, 101, 60)
+    assert [r.body[0] for r in back.requests] == [genl.CMD_SET_DEST]
+    back.commit(applied)
+    assert applied.draining == {}
+
+
+def test_udp_real_servers_are_deleted_at_once() -> None:
+    applied = _applied(_desired(_web("10.244.1.2", "10.244.2.2", protocol=Protocol.UDP)))
+    delta = diff_servers(applied.servers, _desired(_web("10.244.2.2", protocol=Protocol.UDP)),
+                         applied, 0, 60)
+    assert [r.body[0] for r in delta.requests] == [genl.CMD_DEL_DEST]
+
+
+def test_scheduler_change_updates_in_place_and_deleted_service_goes() -> None:
+    applied = _applied(_desired(_web("10.244.1.2")))
+    wrr = Desired()
+    wrr.set_plan(_web().key, render_port(_web("10.244.1.2"), RenderContext("wrr")), Touched())
+    assert [r.body[0] for r in diff_servers({SID}, wrr, applied, 0, 60).requests] == [
+        genl.CMD_SET_SERVICE]
+    assert [r.body[0] for r in diff_servers({SID}, Desired(), applied, 0, 60).requests] == [
+        genl.CMD_DEL_SERVICE]
+
+
+def test_drained_real_servers_go_when_idle_or_late() -> None:
+    idle, busy, late = (DestId(f"10.244.{i}.2", 8080) for i in (1, 2, 3))
+    draining = {(SID, idle): 100.0, (SID, busy): 100.0, (SID, late): 50.0}
+    stats = {(SID, d): DestStats(d, 0, 0, active, 0)
+             for d, active in ((idle, 0), (busy, 3), (late, 3))}
+    assert reap(draining, stats, 60.0) == [(SID, idle), (SID, late)]
+
+
+def test_shared_addresses_stay_until_the_last_port_goes() -> None:
+    a = port_state("multi", "10.96.0.20", [endpoint("10.244.1.2")], port=80)
+    b = port_state("multi", "10.96.0.20", [endpoint("10.244.1.2")], port=443)
+    https = replace(b.key, port_name="https")
+    b = ServicePortState(replace(b.service, key=https), b.endpoints)
+    desired = _desired(a, b)
+    touched = Touched()
+    desired.set_plan(a.key, None, touched)
+    assert "10.96.0.20" in touched.addresses
+    assert "10.96.0.20" in desired.addresses
+    desired.set_plan(b.key, None, Touched())
+    assert "10.96.0.20" not in desired.addresses

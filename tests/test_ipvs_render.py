@@ -1,0 +1,114 @@
+"""What one Kubernetes service port becomes in IPVS on this node (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs.genl import DestId, ServiceId
+from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION
+from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
+from svcproxy.model import (
+    LoadBalancerIngress,
+    Protocol,
+    ServicePortState,
+    ServiceType,
+    SessionAffinity,
+    TrafficPolicy,
+)
+from tests.ipvs.states import endpoint, port_state
+
+CTX = RenderContext("rr", node_port_ips=("192.168.0.10",), node_ips=("192.168.0.10",))
+
+
+def _servers(plan) -> dict[ServiceId, frozenset[DestId]]:
+    return {v.spec.id: v.dests for v in plan.servers}
+
+
+def test_one_virtual_server_per_address_and_one_real_server_per_endpoint() -> None:
+    state = port_state(
+        "web", "10.96.0.10", [endpoint("10.244.1.2"), endpoint("10.244.2.2")],
+        type=ServiceType.LOAD_BALANCER, node_port=30080, external_ips=("203.0.113.7",),
+        load_balancer_ingress=(LoadBalancerIngress("198.51.100.1"),
+                               LoadBalancerIngress("198.51.100.2", "Proxy")))
+    plan = render_port(state, CTX)
+    both = frozenset({DestId("10.244.1.2", 8080), DestId("10.244.2.2", 8080)})
+    assert _servers(plan) == {
+        ServiceId("TCP", "10.96.0.10", 80): both,
+        ServiceId("TCP", "203.0.113.7", 80): both,
+        ServiceId("TCP", "198.51.100.1", 80): both,
+        ServiceId("TCP", "192.168.0.10", 30080): both,
+    }
+    assert plan.addresses == {"10.96.0.10", "203.0.113.7"}, "LB ingress IPs are not bound"
+    assert plan.local_routes == {"198.51.100.1"}, "ipMode Proxy is left to the LB"
+    assert ("KUBE-NODE-PORT-TCP", "30080") in plan.entries
+    assert ("KUBE-LOAD-BALANCER", "198.51.100.1,tcp:80") in plan.entries
+
+
+def test_cluster_ip_uses_internal_endpoints_external_addresses_external_ones() -> None:
+    state = port_state(
+        "local", "10.96.0.11",
+        [endpoint("10.244.1.2", external=False), endpoint("10.244.2.2", internal=False)],
+        type=ServiceType.NODE_PORT, node_port=30081,
+        external_traffic_policy=TrafficPolicy.LOCAL)
+    servers = _servers(render_port(state, CTX))
+    assert servers[ServiceId("TCP", "10.96.0.11", 80)] == {DestId("10.244.1.2", 8080)}
+    assert servers[ServiceId("TCP", "192.168.0.10", 30081)] == {DestId("10.244.2.2", 8080)}
+    entries = render_port(state, CTX).entries
+    assert ("KUBE-NODE-PORT-LOCAL-TCP", "30081") in entries
+    assert ("KUBE-NODE-PORT-TCP", "30081") not in entries
+
+
+def test_scheduler_annotation_overrides_the_default_and_bad_values_warn() -> None:
+    good = port_state("a", "10.96.0.12", annotations=[(SCHEDULER_ANNOTATION, "sh")])
+    bad = port_state("b", "10.96.0.13", annotations=[(SCHEDULER_ANNOTATION, "fastest")])
+    assert render_port(good, CTX).servers[0].spec.scheduler == "sh"
+    plan = render_port(bad, CTX)
+    assert plan.servers[0].spec.scheduler == "rr"
+    assert "fastest" in plan.warnings[0] and "rr" in plan.warnings[0]
+
+
+def test_client_ip_affinity_is_persistence_with_the_service_timeout() -> None:
+    default = port_state("a", "10.96.0.14", session_affinity=SessionAffinity.CLIENT_IP)
+    custom = port_state("b", "10.96.0.15", affinity_timeout=60)
+    none = port_state("c", "10.96.0.16")
+    assert render_port(default, CTX).servers[0].spec.persistence_timeout == 10800
+    assert render_port(custom, CTX).servers[0].spec.persistence_timeout == 60
+    assert render_port(none, CTX).servers[0].spec.persistence_timeout == 0
+
+
+def test_real_servers_match_the_virtual_server_family() -> None:
+    state = port_state("dual", "10.96.0.17", [endpoint("10.244.1.2"), endpoint("fd00::2")])
+    state = ServicePortState(replace(state.service, cluster_ips=("10.96.0.17", "fd00:96::17")),
+                             state.endpoints)
+    servers = _servers(render_port(state, CTX))
+    assert servers[ServiceId("TCP", "10.96.0.17", 80)] == {DestId("10.244.1.2", 8080)}
+    assert servers[ServiceId("TCP", "fd00:96::17", 80)] == {DestId("fd00::2", 8080)}
+    assert (S.set_name(S.CLUSTER_IP, 6), "fd00:96::17,tcp:80") in render_port(state, CTX).entries
+
+
+def test_source_ranges_fill_the_firewall_sets_and_allow_the_node() -> None:
+    state = port_state(
+        "fw", "10.96.0.18", [endpoint("10.244.1.2")], type=ServiceType.LOAD_BALANCER,
+        node_port=30082, load_balancer_ingress=(LoadBalancerIngress("198.51.100.3"),),
+        load_balancer_source_ranges=("203.0.113.0/24",))
+    entries = render_port(state, CTX).entries
+    key = "198.51.100.3,tcp:80"
+    assert ("KUBE-LOAD-BALANCER-FW", key) in entries
+    assert ("KUBE-LOAD-BALANCER-SOURCE-CIDR", f"{key},203.0.113.0/24") in entries
+    assert ("KUBE-LOAD-BALANCER-SOURCE-IP", f"{key},192.168.0.10") in entries
+
+
+def test_hairpin_and_sctp_node_ports() -> None:
+    state = port_state("sctp", "10.96.0.19", [endpoint("10.244.1.2")], protocol=Protocol.SCTP,
+                       type=ServiceType.NODE_PORT, node_port=30083)
+    entries = render_port(state, CTX).entries
+    assert ("KUBE-LOOP-BACK", "10.244.1.2,sctp:8080,10.244.1.2") in entries
+    assert ("KUBE-NODE-PORT-SCTP-HASH", "192.168.0.10,sctp:30083") in entries
+
+
+def test_node_port_addresses() -> None:
+    node, local = ("192.168.0.10", "fd00::10", "192.168.1.10"), ("127.0.0.1", "10.0.0.5")
+    assert node_port_ips((), node, local) == node
+    assert node_port_ips(("primary",), node, local) == ("192.168.0.10", "fd00::10")
+    assert node_port_ips(("10.0.0.0/8", "127.0.0.0/8"), node, local) == ("127.0.0.1", "10.0.0.5")
