@@ -42,7 +42,7 @@ def _start_source(opts: FrontendOptions, engine: Engine) -> object:
     return source
 
 
-def _start_metrics(address: str) -> None:
+def start_metrics(address: str) -> None:
     if not address:
         return
     host, _, port = address.rpartition(":")
@@ -64,7 +64,7 @@ class Frontend:
         self.engine.loop = asyncio.get_running_loop()
         self._server, self.port = await start_server(self.engine, self.opts.listen,
                                                       self.opts.tls)
-        _start_metrics(self.opts.metrics_bind_address)
+        start_metrics(self.opts.metrics_bind_address)
         self._source = _start_source(self.opts, self.engine)
 
     async def stop(self) -> None:
