@@ -7,6 +7,7 @@ from dataclasses import replace
 from svcproxy.backends.nft import names
 from svcproxy.backends.nft.context import family_context
 from svcproxy.backends.nft.service_rules import ServiceRules, render_service
+from svcproxy.backends.nft.skeleton import lb_declarations
 from svcproxy.backends.nft.table_state import build_table, commit, full_text, plan_delta
 from svcproxy.model import SessionAffinity, TrafficPolicy
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
@@ -17,25 +18,43 @@ CTX6 = family_context(CONFIG, None, 6)
 
 def verdicts(rules: ServiceRules | None, container: str) -> dict[str, str]:
     assert rules is not None
-    return {e.key: e.value for e in rules.elements if e.container == container}
+    return {k: v for c, k, v in rules.elements if c == container}
 
 
-def test_cluster_ip_picks_every_endpoint_uniformly_with_inline_dnat() -> None:
+def test_cluster_ip_dnats_through_the_shared_map_of_its_endpoint_count() -> None:
     record = state_of(service("web"), endpoint("10.244.1.10"), endpoint("10.244.1.11"),
                       endpoint("10.244.2.10", port=9))
     rules = render_service(record, CTX4)
-    chain = names.service_chain(names.service_base(key("web")))
-    assert verdicts(rules, "service-ips") == {"10.96.0.10 . tcp . 80": f"goto {chain}"}
+    assert verdicts(rules, "service-ips") == {"10.96.0.10 . tcp . 80": "goto lb-3"}
+    assert verdicts(rules, "endpoints-3") == {
+        "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
+        "10.96.0.10 . tcp . 80 . 1": "10.244.1.11 . 8080",
+        "10.96.0.10 . tcp . 80 . 2": "10.244.2.10 . 9",
+    }
+    assert rules.lb_sizes == {3} and not rules.chains
+    assert set(verdicts(rules, "hairpin")) == {
+        "10.244.1.10 . 10.244.1.10", "10.244.1.11 . 10.244.1.11", "10.244.2.10 . 10.244.2.10"}
+
+
+def test_shared_lb_chain_masquerades_off_cluster_sources_and_picks_uniformly() -> None:
+    chain = lb_declarations(CTX4, 3)[1]
+    assert "ip saddr != { 10.244.0.0/16 } jump mark-for-masquerade" in chain
+    assert "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map " \
+        "@endpoints-3" in chain
+
+
+def test_external_traffic_picks_endpoints_with_a_uniform_cascade() -> None:
+    svc = replace(lb_service(), load_balancer_source_ranges=())
+    record = state_of(svc, endpoint("10.244.1.10"), endpoint("10.244.1.11"),
+                      endpoint("10.244.2.10", port=9))
+    rules = render_service(record, CTX4)
+    policy = names.external_policy_chain(names.service_base(svc.key))
     # P(i) = 1/(n-i) * prod_{j<i} (1 - 1/(n-j)) = 1/n for every endpoint.
-    assert rules.chains[chain] == (
-        "ip daddr 10.96.0.10 tcp dport 80 ip saddr != { 10.244.0.0/16 } "
-        "jump mark-for-masquerade",
+    assert rules.chains[policy] == (
         "numgen random mod 3 0 meta l4proto tcp dnat to 10.244.1.10:8080",
         "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.11:8080",
         "meta l4proto tcp dnat to 10.244.2.10:9",
     )
-    assert set(verdicts(rules, "hairpin")) == {
-        "10.244.1.10 . 10.244.1.10", "10.244.1.11 . 10.244.1.11", "10.244.2.10 . 10.244.2.10"}
 
 
 def test_no_endpoints_reject_and_local_policy_without_local_endpoints_drops() -> None:
@@ -99,15 +118,22 @@ def test_ipv6_rules_only_for_services_with_an_ipv6_cluster_ip() -> None:
 
 def test_delta_of_one_endpoint_touches_only_that_service() -> None:
     a = state_of(service("a", "10.96.0.1"), endpoint("10.244.1.10"), endpoint("10.244.1.11"))
-    b = state_of(service("b", "10.96.0.2"), endpoint("10.244.1.12"))
+    b = state_of(service("b", "10.96.0.2"), endpoint("10.244.1.12"), endpoint("10.244.1.13"))
     table = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (a, b)})
-    smaller = state_of(a.service, endpoint("10.244.1.10"))
-    delta = plan_delta(table, {a.key: render_service(smaller, CTX4)})
-    assert "delete element ip svcproxy hairpin { 10.244.1.11 . 10.244.1.11 }" in delta.text
-    assert delta.text.count("flush chain") == 1 and "ns/b/" not in delta.text
-    assert "service-ips" not in delta.text, "the map element still points to the same chain"
+    swapped = state_of(a.service, endpoint("10.244.1.10"), endpoint("10.244.1.20"))
+    delta = plan_delta(table, {a.key: render_service(swapped, CTX4)})
+    assert sorted(delta.text.splitlines()) == sorted([
+        "delete element ip svcproxy endpoints-2 { 10.96.0.1 . tcp . 80 . 1 }",
+        "delete element ip svcproxy hairpin { 10.244.1.11 . 10.244.1.11 }",
+        "add element ip svcproxy endpoints-2 { 10.96.0.1 . tcp . 80 . 1 : 10.244.1.20 . 8080 }",
+        "add element ip svcproxy hairpin { 10.244.1.20 . 10.244.1.20 }",
+    ])
     commit(table, delta)
-    assert plan_delta(table, {a.key: render_service(smaller, CTX4)}).empty
+    assert plan_delta(table, {a.key: render_service(swapped, CTX4)}).empty
+    shrunk = plan_delta(table, {a.key: render_service(state_of(a.service, endpoint("10.244.1.10")),
+                                                      CTX4)})
+    assert "map endpoints-1" in shrunk.text and "chain lb-1" in shrunk.text
+    assert "10.96.0.1 . tcp . 80 : goto lb-1" in shrunk.text
 
 
 def test_shared_cluster_ip_element_stays_while_one_port_remains() -> None:
@@ -130,5 +156,5 @@ def test_reassert_keeps_affinity_sets_and_deletes_leftovers() -> None:
     text = full_text(after, before)
     assert "delete table" not in text and "flush table ip svcproxy" in text
     assert "flush set ip svcproxy affinity" not in text
-    assert f"delete chain ip svcproxy {names.service_chain(names.service_base(b.key))}" in text
+    assert "delete chain ip svcproxy lb-1" in text and "delete map ip svcproxy endpoints-1" in text
     assert "delete table ip svcproxy" in full_text(after)

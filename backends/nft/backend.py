@@ -132,6 +132,10 @@ class NftBackend(Backend):
             mode, services, len(text), 1e3 * (rendered - start), 1e3 * (done - rendered),
         )
 
+    def applied_tables(self) -> dict[int, FamilyTable]:
+        """What the last successful sync left in each family's table (read only)."""
+        return dict(self._tables or {})
+
     def cleanup(self) -> None:
         """Delete our tables (and nothing else); fine if they do not exist."""
         text = "".join(

@@ -59,3 +59,13 @@ def external_chain(base: str) -> str:
 def firewall_chain(base: str) -> str:
     """loadBalancerSourceRanges filter."""
     return f"firewall-{base}"
+
+
+def lb_chain(size: int) -> str:
+    """Shared chain DNATing ClusterIP traffic of every service port with ``size`` endpoints."""
+    return f"lb-{size}"
+
+
+def lb_map(size: int) -> str:
+    """Its map: address . protocol . port . index -> endpoint address . port."""
+    return f"endpoints-{size}"

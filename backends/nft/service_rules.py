@@ -2,17 +2,21 @@
 
 Pure: (ServicePortState, FamilyContext) -> ServiceRules. The structure follows
 kube-proxy's nftables mode: the ``service-ips`` / ``service-nodeports`` verdict
-maps dispatch to a chain per service port, which picks an endpoint with
-``numgen random``; services without usable endpoints go to the
-``no-endpoint-*`` maps (reject, or drop when only local endpoints are missing).
+maps dispatch on address . protocol . port; services without usable endpoints
+go to the ``no-endpoint-*`` maps (reject, or drop when only local endpoints
+are missing); external traffic goes through a chain per service port that
+applies the traffic policy, masquerading and short-circuits.
 
-Unlike kube-proxy there is no chain per endpoint (except for session
-affinity) and no anonymous map per service: ``nft`` reads every chain and set
-of the table before each transaction, so at 10k services x 10 endpoints
-fewer objects make every update several times faster. Endpoints are picked by
-a cascade of ``numgen`` rules with inline DNAT, and hairpin traffic (a pod
-reaching itself) is found in postrouting through the ``hairpin`` set of
-``ip . ip`` pairs.
+Unlike kube-proxy, ClusterIP traffic needs no chain of its own: every service
+port with N endpoints jumps to the shared chain ``lb-N``, which DNATs through
+the map ``endpoints-N`` keyed on address . protocol . port . (numgen random
+mod N). ``nft`` reads every chain of the table before each transaction, so
+with one chain per endpoint count instead of one per service and endpoint an
+endpoint change at 10k services costs a few milliseconds, not hundreds.
+Session affinity keeps kube-proxy's chain per endpoint (it needs a timed set
+per endpoint); external traffic picks endpoints with a cascade of ``numgen``
+rules DNATing inline. Hairpin traffic (a pod reaching itself) is found in
+postrouting through the ``hairpin`` set of ``ip . ip`` pairs.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from svcproxy.model import (
     Endpoint,
     ServicePort,
     ServicePortState,
-    ip_family,
     of_family,
 )
 
@@ -37,26 +40,22 @@ REJECT = "goto reject-chain"
 DROP = "drop"
 MARK_MASQ = "jump mark-for-masquerade"
 
-
-@dataclass(frozen=True, slots=True)
-class Element:
-    """One element of a set (value "") or verdict map owned by a service port."""
-
-    container: str
-    key: str
-    value: str = ""
+# (container, key, value): an element of a set (value "") or of a map.
+Element = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class ServiceRules:
     """Everything one service port contributes to one family's table.
 
-    ``chains`` are in dependency order (a chain only jumps to chains before it).
+    ``chains`` are in dependency order (a chain only jumps to chains before it);
+    ``lb_sizes`` are the shared ``lb-N`` chains / ``endpoints-N`` maps it uses.
     """
 
     chains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     sets: Mapping[str, str] = field(default_factory=dict)
     elements: tuple[Element, ...] = ()
+    lb_sizes: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -66,14 +65,12 @@ class _Builder:
     ctx: FamilyContext
     svc: ServicePort
     base: str
+    proto: str
     chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sets: dict[str, str] = field(default_factory=dict)
     elements: list[Element] = field(default_factory=list)
     lb_chains: dict[tuple[str, ...], str] = field(default_factory=dict)
-
-    @property
-    def proto(self) -> str:
-        return self.svc.key.protocol.value.lower()
+    lb_sizes: set[int] = field(default_factory=set)
 
     @property
     def timeout(self) -> int:
@@ -81,6 +78,9 @@ class _Builder:
 
     def affinity_set(self, ep: Endpoint) -> str:
         return names.affinity_set(self.base, ep.ip, ep.port, self.timeout)
+
+    def hairpin(self, endpoints: list[Endpoint]) -> None:
+        self.elements += [("hairpin", f"{e.ip} . {e.ip}", "") for e in endpoints]
 
     def endpoint_chain(self, ep: Endpoint) -> str:
         """Add (once) the chain recording affinity and DNATing to ``ep``; return its name."""
@@ -101,7 +101,7 @@ class _Builder:
         """A chain choosing among ``endpoints``; reuses one with the same endpoints.
 
         Endpoint i is taken with probability 1/(n-i) if none before was (uniform
-        overall), DNATing inline; with affinity it goes through per-endpoint chains.
+        overall); with affinity through per-endpoint chains, else DNATing inline.
         """
         ids = tuple(f"{e.ip}/{e.port}" for e in endpoints)
         if ids in self.lb_chains:
@@ -118,18 +118,28 @@ class _Builder:
         n = len(targets)
         rules += [f"numgen random mod {n - i} 0 {t}" for i, t in enumerate(targets[:-1])]
         rules.append(targets[-1])
-        for e in endpoints:
-            self.element("hairpin", f"{e.ip} . {e.ip}")
+        self.hairpin(endpoints)
         self.chains[name] = tuple(rules)
         self.lb_chains[ids] = name
         return name
 
+    def shared_lb(self, key: str, endpoints: list[Endpoint]) -> str:
+        """Use ``lb-N`` for ClusterIP traffic: one ``endpoints-N`` element per endpoint."""
+        n = len(endpoints)
+        self.lb_sizes.add(n)
+        container = names.lb_map(n)
+        self.elements += [
+            (container, f"{key} . {i}", f"{e.ip} . {e.port}") for i, e in enumerate(endpoints)
+        ]
+        self.hairpin(endpoints)
+        return names.lb_chain(n)
+
     def element(self, container: str, key: str, value: str = "") -> None:
-        self.elements.append(Element(container, key, value))
+        self.elements.append((container, key, value))
 
 
 def dnat_target(ep: Endpoint) -> str:
-    return f"[{ep.ip}]:{ep.port}" if ip_family(ep.ip) == 6 else f"{ep.ip}:{ep.port}"
+    return f"[{ep.ip}]:{ep.port}" if ":" in ep.ip else f"{ep.ip}:{ep.port}"
 
 
 def usable_endpoints(endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -161,8 +171,9 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
     cips = of_family(svc.cluster_ips, ctx.family)
     if not cips:
         return None
-    b = _Builder(ctx, svc, names.service_base(svc.key))
-    eps = [e for _, e in sorted(state.endpoints.items()) if ip_family(e.ip) == ctx.family]
+    b = _Builder(ctx, svc, names.service_base(svc.key), svc.key.protocol.value.lower())
+    v6 = ctx.family == 6
+    eps = [e for _, e in sorted(state.endpoints.items()) if (":" in e.ip) == v6]
     internal = [e for e in eps if e.internal]
     external = [e for e in eps if e.external]
     usable = usable_endpoints(eps)
@@ -171,17 +182,17 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
     no_eps_verdict = DROP if has_eps else REJECT
     proto, port = b.proto, svc.port
 
-    internal_chain = ""
-    if internal:
-        masq = [r for r in (_masquerade_rule(ctx, svc, c, proto) for c in cips) if r]
-        internal_chain = b.lb_chain(names.service_chain(b.base), internal, tuple(masq))
     for cip in cips:
         b.element("cluster-ips", cip)
         key = f"{cip} . {proto} . {port}"
-        if internal_chain:
-            b.element("service-ips", key, f"goto {internal_chain}")
-        else:
+        if not internal:
             b.element("no-endpoint-services", key, no_eps_verdict)
+        elif svc.affinity:
+            masq = _masquerade_rule(ctx, svc, cip, proto)
+            chain = b.lb_chain(names.service_chain(b.base), internal, (masq,) if masq else ())
+            b.element("service-ips", key, f"goto {chain}")
+        else:
+            b.element("service-ips", key, f"goto {b.shared_lb(key, internal)}")
 
     ext_ips = of_family(svc.external_ips, ctx.family)
     vips = of_family(svc.vip_ingress_ips(), ctx.family)
@@ -210,7 +221,7 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
             b.element("service-nodeports", key, f"goto {ext_chain}")
         if not external:
             b.element("no-endpoint-nodeports", key, no_eps_verdict)
-    return ServiceRules(b.chains, b.sets, tuple(b.elements))
+    return ServiceRules(b.chains, b.sets, tuple(b.elements), frozenset(b.lb_sizes))
 
 
 def _external_chain(b: _Builder, external: list[Endpoint], cluster: list[Endpoint]) -> str:

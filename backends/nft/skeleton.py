@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .context import FamilyContext, anonymous_set
+from .names import lb_chain, lb_map
 
 # Sets and verdict maps that service ports add elements to.
 SETS = ("cluster-ips", "hairpin")
@@ -111,3 +112,19 @@ def chain_block(name: str, rules: tuple[str, ...] | list[str]) -> str:
     """``chain name { ... }`` with one statement per line."""
     body = "".join(f"\t\t{r}\n" for r in rules)
     return f"\tchain {name} {{\n{body}\t}}"
+
+
+def lb_declarations(ctx: FamilyContext, size: int) -> list[str]:
+    """The ``endpoints-N`` map and the ``lb-N`` chain DNATing through it (block lines)."""
+    ipx = ctx.ipx
+    key = f"{ipx} daddr . meta l4proto . th dport . numgen random mod {size}"
+    masq: tuple[str, ...] = ()
+    if ctx.masquerade_all:
+        masq = ("jump mark-for-masquerade",)
+    elif ctx.nonlocal_match:
+        masq = (f"{ctx.nonlocal_match} jump mark-for-masquerade",)
+    dnat = f"meta l4proto {{ tcp, udp, sctp }} dnat {ipx} to {key} map @{lb_map(size)}"
+    return [
+        f"\tmap {lb_map(size)} {{ typeof {key} : {ipx} daddr . th dport; }}",
+        chain_block(lb_chain(size), (*masq, dnat)),
+    ]

@@ -2,11 +2,12 @@
 
 Kept after every successful apply so that the next change is computed from it
 (never from a kernel dump): a full text rewrites the table; a delta text touches
-only the chains, sets and map elements of the service ports that changed.
+only the chains, sets and elements of the service ports that changed.
 
-Map elements are shared by key: two service ports may claim the same key (a
-ClusterIP in ``cluster-ips``, or a misconfigured duplicate address). Each key
-records its owners in claim order; the first owner's value is the one applied.
+Elements may be claimed by several service ports (a ClusterIP in
+``cluster-ips``, a pod in ``hairpin``, or a misconfigured duplicate address):
+each element counts its claims and remembers whose value was applied; the
+element goes when the last claim does.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 from svcproxy.model import ServicePortKey
 
 from .context import FamilyContext
+from .names import lb_chain, lb_map
 from .service_rules import ServiceRules
-from .skeleton import CONTAINERS, MAPS, SETS, chain_block, render_skeleton
+from .skeleton import MAPS, SETS, chain_block, lb_declarations, render_skeleton
 
 ElementId = tuple[str, str]  # (container, key)
-Owners = dict[ServicePortKey, str]
+Applied = tuple[str, ServicePortKey]  # (value, owner)
 
 
 @dataclass(slots=True)
@@ -30,8 +32,13 @@ class FamilyTable:
 
     ctx: FamilyContext
     services: dict[ServicePortKey, ServiceRules] = field(default_factory=dict)
-    owners: dict[ElementId, Owners] = field(default_factory=dict)
-    applied: dict[ElementId, str] = field(default_factory=dict)
+    claims: dict[ElementId, int] = field(default_factory=dict)
+    applied: dict[ElementId, Applied] = field(default_factory=dict)
+    lb_users: dict[int, int] = field(default_factory=dict)  # lb-N size -> service ports
+
+    @property
+    def lb_sizes(self) -> set[int]:
+        return set(self.lb_users)
 
 
 @dataclass(slots=True)
@@ -40,16 +47,17 @@ class Delta:
 
     text: str
     services: dict[ServicePortKey, ServiceRules | None]
-    owners: dict[ElementId, Owners]
-    applied: dict[ElementId, str | None]
+    claims: dict[ElementId, int]
+    applied: dict[ElementId, Applied | None]
+    lb_users: dict[int, int]
 
     @property
     def empty(self) -> bool:
         return not self.text
 
 
-def _element_claims(rules: ServiceRules | None) -> dict[ElementId, str]:
-    return {(e.container, e.key): e.value for e in rules.elements} if rules else {}
+def _claims_of(rules: ServiceRules | None) -> dict[ElementId, str]:
+    return {(c, k): v for c, k, v in rules.elements} if rules else {}
 
 
 def _element_lines(ctx: FamilyContext, verb: str, elements: Mapping[ElementId, str]) -> list[str]:
@@ -70,12 +78,16 @@ def _table_block(ctx: FamilyContext, parts: Iterable[str]) -> str:
 def build_table(ctx: FamilyContext, services: Mapping[ServicePortKey, ServiceRules]) -> FamilyTable:
     """The state a full sync produces."""
     table = FamilyTable(ctx, dict(services))
+    claims, applied = table.claims, table.applied
     for key, rules in services.items():
-        for eid, value in _element_claims(rules).items():
-            owners = table.owners.setdefault(eid, {})
-            owners[key] = value
-            if len(owners) == 1:
-                table.applied[eid] = value
+        for n in rules.lb_sizes:
+            table.lb_users[n] = table.lb_users.get(n, 0) + 1
+        for c, k, v in rules.elements:
+            eid = (c, k)
+            n = claims.get(eid, 0)
+            claims[eid] = n + 1
+            if not n:
+                applied[eid] = (v, key)
     return table
 
 
@@ -100,15 +112,21 @@ def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
         lines.append(f"flush table {ref}")
         lines += [f"flush set {ref} {c}" for c in ("nodeport-ips", *SETS)]
         lines += [f"flush map {ref} {c}" for c in MAPS]
+        lines += [f"flush map {ref} {lb_map(n)}" for n in sorted(previous.lb_sizes)]
     body = [render_skeleton(ctx)]
+    for n in sorted(table.lb_sizes):
+        body += lb_declarations(ctx, n)
     body += [f"\tset {n} {{ {d} }}" for n, d in sets.items()]
     body += [chain_block(n, r) for n, r in chains.items()]
     lines.append(_table_block(ctx, body))
-    lines += _element_lines(ctx, "add", table.applied)
+    lines += _element_lines(ctx, "add", {eid: v for eid, (v, _) in table.applied.items()})
     if previous is not None:
         old_chains = {n for r in previous.services.values() for n in r.chains}
         old_sets = {n for r in previous.services.values() for n in r.sets}
+        stale = sorted(previous.lb_sizes - table.lb_sizes)
         lines += [f"delete chain {ref} {n}" for n in sorted(old_chains - chains.keys())]
+        lines += [f"delete chain {ref} {lb_chain(n)}" for n in stale]
+        lines += [f"delete map {ref} {lb_map(n)}" for n in stale]
         lines += [f"delete set {ref} {n}" for n in sorted(old_sets - sets.keys())]
     return "\n".join(lines) + "\n"
 
@@ -116,7 +134,11 @@ def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
 def plan_delta(
     table: FamilyTable, updates: Mapping[ServicePortKey, ServiceRules | None]
 ) -> Delta:
-    """The text and resulting state for replacing some service ports' rules."""
+    """The text and resulting state for replacing some service ports' rules.
+
+    Shared ``lb-N`` objects are created with their first user and deleted
+    with their last, so the result equals what a full sync would write.
+    """
     ctx = table.ctx
     ref = f"{ctx.ipx} {ctx.table}"
     new_chains: dict[str, tuple[str, ...]] = {}
@@ -124,13 +146,15 @@ def plan_delta(
     removed_chains: list[str] = []
     new_sets: dict[str, str] = {}
     removed_sets: list[str] = []
-    owners: dict[ElementId, Owners] = {}
-    changed_services: dict[ServicePortKey, ServiceRules | None] = {}
+    changed: dict[ServicePortKey, ServiceRules | None] = {}
+    count_change: dict[ElementId, int] = {}
+    wanted: dict[ElementId, dict[ServicePortKey, str]] = {}
+    users: dict[int, int] = {}
     for key, new in updates.items():
         old = table.services.get(key)
         if old == new:
             continue
-        changed_services[key] = new
+        changed[key] = new
         old_chains = old.chains if old else {}
         new_chains_of = new.chains if new else {}
         for name, rules in new_chains_of.items():
@@ -143,50 +167,90 @@ def plan_delta(
         new_sets_of = new.sets if new else {}
         new_sets.update({n: d for n, d in new_sets_of.items() if n not in old_sets})
         removed_sets += [n for n in old_sets if n not in new_sets_of]
-        _reclaim(table, owners, key, _element_claims(old), _element_claims(new))
+        for n in old.lb_sizes if old else ():
+            users[n] = users.get(n, table.lb_users.get(n, 0)) - 1
+        for n in new.lb_sizes if new else ():
+            users[n] = users.get(n, table.lb_users.get(n, 0)) + 1
+        old_claims, new_claims = _claims_of(old), _claims_of(new)
+        for eid in old_claims.keys() - new_claims.keys():
+            count_change[eid] = count_change.get(eid, 0) - 1
+        for eid, value in new_claims.items():
+            if eid not in old_claims:
+                count_change[eid] = count_change.get(eid, 0) + 1
+            wanted.setdefault(eid, {})[key] = value
+    for eid in old_claims_touched(table, changed):
+        count_change.setdefault(eid, 0)
 
+    claims: dict[ElementId, int] = {}
+    applied: dict[ElementId, Applied | None] = {}
     removed_el: dict[ElementId, str] = {}
     added_el: dict[ElementId, str] = {}
-    applied: dict[ElementId, str | None] = {}
-    for eid, claim in owners.items():
-        want = next(iter(claim.values())) if claim else None
+    for eid, delta in count_change.items():
+        count = table.claims.get(eid, 0) + delta
+        claims[eid] = count
         have = table.applied.get(eid)
+        want = _winner(table, changed, wanted.get(eid, {}), eid, have) if count else None
         if want == have:
             continue
         applied[eid] = want
-        if have is not None:
-            removed_el[eid] = have
-        if want is not None:
-            added_el[eid] = want
+        if have is not None and (want is None or want[0] != have[0]):
+            removed_el[eid] = have[0]
+        if want is not None and (have is None or want[0] != have[0]):
+            added_el[eid] = want[0]
 
+    new_sizes = sorted(n for n, c in users.items() if c and n not in table.lb_users)
+    stale_sizes = sorted(n for n, c in users.items() if not c and n in table.lb_users)
     lines = [f"add set {ref} {n} {{ {d} }}" for n, d in new_sets.items()]
+    lb_lines = [line for n in new_sizes for line in lb_declarations(ctx, n)]
+    lines.append(_table_block(ctx, lb_lines))
     lines += [f"add chain {ref} {n}" for n in new_chains]
     lines += [f"flush chain {ref} {n}" for n in (*changed_chains, *removed_chains)]
     written = {**new_chains, **changed_chains}
-    if written:
-        lines.append(_table_block(ctx, [chain_block(n, r) for n, r in written.items()]))
+    lines.append(_table_block(ctx, [chain_block(n, r) for n, r in written.items()]))
     lines += _element_lines(ctx, "delete", removed_el)
     lines += _element_lines(ctx, "add", added_el)
     lines += [f"delete chain {ref} {n}" for n in removed_chains]
     lines += [f"delete set {ref} {n}" for n in removed_sets]
+    lines += [f"delete chain {ref} {lb_chain(n)}" for n in stale_sizes]
+    lines += [f"delete map {ref} {lb_map(n)}" for n in stale_sizes]
+    lines = [line for line in lines if line]
     text = "\n".join(lines) + "\n" if lines else ""
-    return Delta(text, changed_services, owners, applied)
+    return Delta(text, changed, claims, applied, users)
 
 
-def _reclaim(
+def old_claims_touched(
+    table: FamilyTable, changed: Mapping[ServicePortKey, ServiceRules | None]
+) -> set[ElementId]:
+    """Elements the changed service ports claimed before (their value may change hands)."""
+    touched: set[ElementId] = set()
+    for key in changed:
+        touched |= _claims_of(table.services.get(key)).keys()
+    return touched
+
+
+def _winner(
     table: FamilyTable,
-    owners: dict[ElementId, Owners],
-    key: ServicePortKey,
-    old: Mapping[ElementId, str],
-    new: Mapping[ElementId, str],
-) -> None:
-    """Move ``key``'s claims from ``old`` to ``new`` in (copies of) the owner lists."""
-    for eid in old.keys() - new.keys():
-        claim = owners.setdefault(eid, dict(table.owners.get(eid, {})))
-        claim.pop(key, None)
-    for eid, value in new.items():
-        claim = owners.setdefault(eid, dict(table.owners.get(eid, {})))
-        claim[key] = value
+    changed: Mapping[ServicePortKey, ServiceRules | None],
+    wanted: Mapping[ServicePortKey, str],
+    eid: ElementId,
+    have: Applied | None,
+) -> Applied:
+    """Whose value the element carries: the current owner's while it claims it."""
+    if have is not None:
+        owner = have[1]
+        if owner not in changed:
+            return have
+        if owner in wanted:
+            return (wanted[owner], owner)
+    if wanted:
+        owner, value = next(iter(wanted.items()))
+        return (value, owner)
+    for key, rules in table.services.items():  # rare: the owner left a shared element
+        if key not in changed:
+            value = _claims_of(rules).get(eid)
+            if value is not None:
+                return (value, key)
+    raise AssertionError(f"element {eid} is claimed but has no claimant")
 
 
 def commit(table: FamilyTable, delta: Delta) -> None:
@@ -196,16 +260,18 @@ def commit(table: FamilyTable, delta: Delta) -> None:
             table.services.pop(key, None)
         else:
             table.services[key] = rules
-    for eid, claim in delta.owners.items():
-        if claim:
-            table.owners[eid] = claim
+    for eid, count in delta.claims.items():
+        if count:
+            table.claims[eid] = count
         else:
-            table.owners.pop(eid, None)
+            table.claims.pop(eid, None)
     for eid, value in delta.applied.items():
         if value is None:
             table.applied.pop(eid, None)
         else:
             table.applied[eid] = value
-
-
-__all__ = ["CONTAINERS", "Delta", "FamilyTable", "build_table", "commit", "full_text", "plan_delta"]
+    for n, count in delta.lb_users.items():
+        if count:
+            table.lb_users[n] = count
+        else:
+            table.lb_users.pop(n, None)
