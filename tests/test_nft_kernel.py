@@ -147,11 +147,15 @@ def test_same_port_on_tcp_udp_and_sctp_loads(netns: str) -> None:
 
 def test_periodic_resync_keeps_affinity_state(netns: str) -> None:
     svc = service("web", session_affinity=SessionAffinity.CLIENT_IP)
-    state = node_state(state_of(svc, endpoint("10.244.1.10")))
+    plain = state_of(service("db", "10.96.0.11"), endpoint("10.244.1.11"), endpoint("fd00::b"))
+    state = node_state(state_of(svc, endpoint("10.244.1.10")), plain)
     b = backend(netns)
     b.sync(state, everything(state))
+    full = kernel_content(netns)
     aff = names.affinity_set(names.service_base(svc.key), "10.244.1.10", 8080, 10800)
     nft(netns, "add", "element", "ip", names.TABLE, aff, "{ 192.168.50.100 }")
     b.sync(state, Changes(frozenset(state.services), full=True, reason="periodic"))
     assert b.last and b.last.mode == "reassert"
     assert "192.168.50.100" in nft(netns, "list", "set", "ip", names.TABLE, aff)
+    nft(netns, "flush", "set", "ip", names.TABLE, aff)
+    assert kernel_content(netns) == full

@@ -112,7 +112,10 @@ def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
         lines.append(f"flush table {ref}")
         lines += [f"flush set {ref} {c}" for c in ("nodeport-ips", *SETS)]
         lines += [f"flush map {ref} {c}" for c in MAPS]
-        lines += [f"flush map {ref} {lb_map(n)}" for n in sorted(previous.lb_sizes)]
+        # Recreated, not flushed: nft 1.0.6 cannot add the lb-N rule against a
+        # typeof map it read back from the kernel ("conflicting protocols").
+        lines += [f"delete chain {ref} {lb_chain(n)}" for n in sorted(previous.lb_sizes)]
+        lines += [f"delete map {ref} {lb_map(n)}" for n in sorted(previous.lb_sizes)]
     body = [render_skeleton(ctx)]
     for n in sorted(table.lb_sizes):
         body += lb_declarations(ctx, n)
@@ -123,10 +126,7 @@ def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
     if previous is not None:
         old_chains = {n for r in previous.services.values() for n in r.chains}
         old_sets = {n for r in previous.services.values() for n in r.sets}
-        stale = sorted(previous.lb_sizes - table.lb_sizes)
         lines += [f"delete chain {ref} {n}" for n in sorted(old_chains - chains.keys())]
-        lines += [f"delete chain {ref} {lb_chain(n)}" for n in stale]
-        lines += [f"delete map {ref} {lb_map(n)}" for n in stale]
         lines += [f"delete set {ref} {n}" for n in sorted(old_sets - sets.keys())]
     return "\n".join(lines) + "\n"
 
