@@ -30,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
+from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.backends.nft.table_state import build_table, full_text  # noqa: E402
 from svcproxy.lab import manifests as m  # noqa: E402
 from svcproxy.lab.plan import NodeSpec, PodSpec  # noqa: E402
 from svcproxy.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
-from svcproxy.sdk import Changes  # noqa: E402
+from svcproxy.model import ServicePortKey  # noqa: E402
+from svcproxy.sdk import Changes, NodeState  # noqa: E402
 from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
 
 
@@ -67,39 +69,22 @@ def scale(services: int, endpoints: int) -> None:
     state = big_state(services, endpoints)
     print(f"   building the node state (not part of the sync): {time.perf_counter() - t0:.2f} s")
     base_rss = rss_mb()
-    backend = NftBackend(CONFIG, NftRunner())
+    backend = NftBackend(CONFIG, LibNftRunner())
     gc.collect()
     t0 = time.perf_counter()
     backend.sync(state, Changes(frozenset(state.services), full=True, reason="initial"))
     ours = time.perf_counter() - t0
     last = backend.last
     assert last is not None
-    print(f"   full sync (render + nft -f): {ours:.2f} s "
+    print(f"   full sync (render + libnftables): {ours:.2f} s "
           f"(render {last.render_seconds:.2f} s, apply {last.apply_seconds:.2f} s, "
           f"{last.text_bytes / 1e6:.1f} MB of nft text)")
     print(f"   RSS of this process after the full sync: {rss_mb():.0f} MB "
           f"({rss_mb() - base_rss:.0f} MB more than before it; state built before)")
-    changes: list[float] = []
     key = sorted(state.services)[services // 2]
-    record = state.services[key]
-    for i in range(20):
-        eps = dict(record.endpoints)
-        eps.pop(next(iter(eps)))
-        new = endpoint(pod_ip(2_000_000 + i))
-        eps[new.ip] = new
-        record = replace(record, endpoints=eps)
-        services_now = dict(state.services)
-        services_now[key] = record
-        state = replace(state, services=services_now, revision=state.revision + 1)
-        t0 = time.perf_counter()
-        backend.sync(state, Changes(frozenset({key})))
-        changes.append(time.perf_counter() - t0)
-        assert backend.last and backend.last.mode == "delta"
-        time.sleep(0.05)
-    changes.sort()
-    print(f"   one endpoint change (delta render + nft -f): median "
-          f"{1e3 * statistics.median(changes):.1f} ms, p90 "
-          f"{1e3 * changes[int(0.9 * len(changes))]:.1f} ms over {len(changes)} changes")
+    for first, runner in ((2_000_000, LibNftRunner()), (2_100_000, NftRunner())):
+        backend.runner = runner
+        state = _endpoint_changes(backend, state, key, type(runner).__name__, first)
     t0 = time.perf_counter()
     backend.sync(state, Changes(frozenset(state.services), full=True, reason="periodic"))
     print(f"   periodic full resync (flush + rewrite, affinity kept): "
@@ -112,6 +97,32 @@ def scale(services: int, endpoints: int) -> None:
     raw = time.perf_counter() - t0
     backend.cleanup()
     print(f"   raw nft -f of the same text: {raw:.2f} s -> ours / raw = {ours / raw:.2f}")
+
+
+def _endpoint_changes(backend: NftBackend, state: NodeState, key: ServicePortKey,
+                      label: str, first: int, count: int = 20) -> NodeState:
+    """Replace one endpoint of ``key`` ``count`` times; print delta sync times."""
+    record = state.services[key]
+    changes: list[float] = []
+    for i in range(count):
+        eps = dict(record.endpoints)
+        eps.pop(next(iter(eps)))
+        new = endpoint(pod_ip(first + i))
+        eps[new.ip] = new
+        record = replace(record, endpoints=eps)
+        services_now = dict(state.services)
+        services_now[key] = record
+        state = replace(state, services=services_now, revision=state.revision + 1)
+        t0 = time.perf_counter()
+        backend.sync(state, Changes(frozenset({key})))
+        changes.append(time.perf_counter() - t0)
+        assert backend.last and backend.last.mode == "delta"
+        time.sleep(0.05)
+    changes.sort()
+    print(f"   one endpoint change (delta render + apply, {label}): median "
+          f"{1e3 * statistics.median(changes):.1f} ms, p90 "
+          f"{1e3 * changes[int(0.9 * len(changes))]:.1f} ms over {len(changes)} changes")
+    return state
 
 
 def edit_latency(edits: int, background: int) -> None:

@@ -5,6 +5,13 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Runner(Protocol):
+    """Anything that applies nft text as one transaction (NftRunner, LibNftRunner)."""
+
+    def apply(self, text: str) -> None: ...
 
 
 class NftError(RuntimeError):
@@ -26,7 +33,7 @@ class NftRunner:
             [*self.prefix, self.nft, "-f", "-"], input=text.encode(), capture_output=True
         )
         if done.returncode != 0:
-            raise NftError(_summary(done.stderr.decode(errors="replace"), text))
+            raise NftError(summarize_error(done.stderr.decode(errors="replace"), text))
 
     def list_table(self, family: str, table: str) -> str:
         """``nft list table`` output, or "" when the table does not exist."""
@@ -36,7 +43,7 @@ class NftRunner:
         return done.stdout.decode() if done.returncode == 0 else ""
 
 
-def _summary(stderr: str, text: str, limit: int = 12) -> str:
+def summarize_error(stderr: str, text: str, limit: int = 12) -> str:
     """nft's error lines (capped), or the start of the text when nft said nothing."""
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     if not lines:

@@ -11,7 +11,7 @@ from svcproxy.agent.config import NodeConfig
 from svcproxy.model import ServicePortKey
 from svcproxy.sdk import Backend, Changes, NodeState
 
-from .apply import NftRunner
+from .apply import NftRunner, Runner
 from .context import FamilyContext, family_context
 from .names import TABLE
 from .service_rules import ServiceRules, render_service
@@ -51,12 +51,12 @@ class NftBackend(Backend):
     def __init__(
         self,
         config: NodeConfig,
-        runner: NftRunner | None = None,
+        runner: Runner | None = None,
         families: Iterable[int] = FAMILIES,
         table: str = TABLE,
     ) -> None:
         self.config = config
-        self.runner = runner or NftRunner()
+        self.runner: Runner = runner or NftRunner()
         self.families = tuple(families)
         self.table = table
         self._tables: dict[int, FamilyTable] | None = None

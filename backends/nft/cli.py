@@ -7,6 +7,7 @@ import argparse
 from svcproxy.agent.config import NodeConfig
 from svcproxy.sdk import Backend
 
+from .apply import NftRunner, Runner
 from .backend import NftBackend
 from .names import TABLE
 
@@ -17,7 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="name of the ip and ip6 tables this backend owns; nothing outside them is "
         "touched, --cleanup deletes them (default %(default)s)",
     )
+    parser.add_argument(
+        "--nft-api", choices=("lib", "exec"), default="lib",
+        help="how transactions reach the kernel: 'lib' calls libnftables in-process (about "
+        "3x faster per update at 10k services), 'exec' runs nft -f - per sync "
+        "(default %(default)s)",
+    )
 
 
 def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
-    return NftBackend(config, table=args.nft_table)
+    runner: Runner = NftRunner()
+    if args.nft_api == "lib":
+        from .libnft import LibNftRunner
+
+        runner = LibNftRunner()
+    return NftBackend(config, runner, table=args.nft_table)

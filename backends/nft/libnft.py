@@ -1,0 +1,57 @@
+"""Load nft text through libnftables in-process (ctypes), one context per runner.
+
+Same transactions as ``nft -f -`` without starting a process each time; the
+backend must already run in the node's network namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+
+from .apply import NftError, summarize_error
+
+
+def _load() -> ctypes.CDLL:
+    name = ctypes.util.find_library("nftables") or "libnftables.so.1"
+    lib = ctypes.CDLL(name)
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    return lib
+
+
+class LibNftRunner:
+    """Applies nft text with libnftables; raises NftError like NftRunner."""
+
+    def __init__(self) -> None:
+        self._lib = _load()
+        self._ctx = self._lib.nft_ctx_new(0)
+        if not self._ctx:
+            raise NftError("libnftables: cannot create a context")
+        self._lib.nft_ctx_buffer_output(self._ctx)
+        self._lib.nft_ctx_buffer_error(self._ctx)
+        self._lock = threading.Lock()
+
+    def apply(self, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+            if rc != 0:
+                err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(
+                    errors="replace")
+                raise NftError(summarize_error(err, text))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctx:
+                self._lib.nft_ctx_free(self._ctx)
+                self._ctx = None
