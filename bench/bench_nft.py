@@ -76,7 +76,7 @@ def scale(services: int, endpoints: int) -> None:
     ours = time.perf_counter() - t0
     last = backend.last
     assert last is not None
-    print(f"   full sync (render + libnftables): {ours:.2f} s "
+    print(f"   full sync (render + nft -f): {ours:.2f} s "
           f"(render {last.render_seconds:.2f} s, apply {last.apply_seconds:.2f} s, "
           f"{last.text_bytes / 1e6:.1f} MB of nft text)")
     print(f"   RSS of this process after the full sync: {rss_mb():.0f} MB "
@@ -155,7 +155,7 @@ def edit_latency(edits: int, background: int) -> None:
                          work / "backend.log").start()
             monitor = subprocess.Popen(
                 ["ip", "netns", "exec", ns, "stdbuf", "-oL", "nft", "monitor"],
-                stdout=subprocess.PIPE, text=True)
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             seen: queue.Queue[tuple[float, str]] = queue.Queue()
 
             def read() -> None:

@@ -15,6 +15,8 @@ import pytest
 from svcproxy.backends.nft import names
 from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
+from svcproxy.backends.nft.libnft import LibNftRunner
+from svcproxy.lab.netns import call_in
 from svcproxy.model import Protocol, SessionAffinity
 from svcproxy.sdk import Changes, NodeState
 from tests.netns.harness import missing_requirements
@@ -159,3 +161,25 @@ def test_periodic_resync_keeps_affinity_state(netns: str) -> None:
     assert "192.168.50.100" in nft(netns, "list", "set", "ip", names.TABLE, aff)
     nft(netns, "flush", "set", "ip", names.TABLE, aff)
     assert kernel_content(netns) == full
+
+
+def test_libnftables_runner_matches_nft_f(netns: str) -> None:
+    """The in-process runner (small updates) and nft -f (large ones) program the same."""
+    states = changing_states()
+
+    def run_all() -> None:
+        b = NftBackend(CONFIG, LibNftRunner())
+        b.sync(states[0], everything(states[0]))
+        for state in states[1:]:
+            b.sync(state, Changes(frozenset(states[0].services) | frozenset(state.services)))
+        with pytest.raises(NftError):
+            b.runner.apply("add element ip svcproxy nosuchmap { 1.2.3.4 }\n")
+
+    call_in(netns, run_all)
+    other = f"{netns}c"
+    subprocess.run(["ip", "netns", "add", other], check=True)
+    try:
+        backend(other).sync(states[-1], everything(states[-1]))
+        assert kernel_content(netns) == kernel_content(other)
+    finally:
+        subprocess.run(["ip", "netns", "del", other], check=False)

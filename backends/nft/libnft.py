@@ -1,7 +1,10 @@
 """Load nft text through libnftables in-process (ctypes), one context per runner.
 
-Same transactions as ``nft -f -`` without starting a process each time; the
-backend must already run in the node's network namespace.
+Same transactions as ``nft -f -`` without starting a process each time (about
+3x faster for a small update at 10k services); the backend must already run
+in the node's network namespace. Large transactions (full syncs) still go
+through ``nft -f -``: parsing megabytes of rules makes libnftables allocate
+hundreds of MB that the allocator keeps, which would stay in the backend's RSS.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ import ctypes
 import ctypes.util
 import threading
 
-from .apply import NftError, summarize_error
+from .apply import NftError, NftRunner, summarize_error
+
+LARGE = 256 * 1024  # bytes of nft text above which a child ``nft`` process is used
 
 
 def _load() -> ctypes.CDLL:
@@ -31,7 +36,8 @@ def _load() -> ctypes.CDLL:
 class LibNftRunner:
     """Applies nft text with libnftables; raises NftError like NftRunner."""
 
-    def __init__(self) -> None:
+    def __init__(self, large: NftRunner | None = None) -> None:
+        self._large = large or NftRunner()
         self._lib = _load()
         self._ctx = self._lib.nft_ctx_new(0)
         if not self._ctx:
@@ -42,6 +48,9 @@ class LibNftRunner:
 
     def apply(self, text: str) -> None:
         if not text:
+            return
+        if len(text) > LARGE:
+            self._large.apply(text)
             return
         with self._lock:
             rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
