@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from svcproxy.agent.config import NodeConfig
@@ -19,7 +19,6 @@ from svcproxy.backends.iptables.render import FamilyConfig
 from svcproxy.backends.iptables.restore import TableChanges, parse_save, restore_text
 from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
-from svcproxy.model import ServicePortKey
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 
 log = logging.getLogger(__name__)
@@ -121,13 +120,19 @@ class IptablesBackend(Backend):
             raise IptablesError("; ".join(errors))
 
     def _wants_full(self, family: int, fam: _Family, changes: Changes) -> str:
-        """Why this family needs a full sync, or "" for a partial one."""
+        """Why this family needs a full sync, or "" for a partial one.
+
+        Canaries are probed on the periodic sync only (kube-proxy probes once per
+        sync period too); a partial sync that fails because our chains were
+        flushed meanwhile falls back to a full one at once.
+        """
         if not fam.planner.synced:
             return "first sync" if changes.reason != "retry" else "retry"
         if changes.full and changes.reason not in ("periodic", "changes"):
             return changes.reason
-        if changes.reason == "periodic" and \
-                self.clock() - fam.last_full >= self.options.full_sync_interval:
+        if changes.reason != "periodic":
+            return ""
+        if self.clock() - fam.last_full >= self.options.full_sync_interval:
             return "hourly resync"
         if not fam.probe():
             log.warning("IPv%d %s canary chain is gone: someone flushed iptables (a firewall "
@@ -140,13 +145,21 @@ class IptablesBackend(Backend):
         start = self.clock()
         fam.planner.reconfigure(self.family_config(family, state))
         why_full = self._wants_full(family, fam, changes)
-        candidates: Iterable[ServicePortKey] | None = None if why_full else changes.services
         if why_full:
             plan = self._full_plan(fam, state)
         else:
-            plan = fam.planner.plan(state.services, candidates)
+            plan = fam.planner.plan(state.services, changes.services)
         text = restore_text(plan.tables)
-        if text:
+        try:
+            if text:
+                fam.tool.restore(text)
+        except IptablesError as err:
+            if plan.full:
+                raise
+            log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
+            why_full = "partial sync failed"
+            plan = self._full_plan(fam, state)
+            text = restore_text(plan.tables)
             fam.tool.restore(text)
         fam.planner.commit(plan)
         if plan.full:

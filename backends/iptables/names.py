@@ -6,7 +6,6 @@ service port gets the same KUBE-SVC-* chain here as under kube-proxy.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from functools import lru_cache
 
@@ -36,9 +35,15 @@ def port_name(key: ServicePortKey) -> str:
     return f"{base}:{key.port_name}" if key.port_name else base
 
 
+_BASE32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+_PAIRS = [a + b for a in _BASE32 for b in _BASE32]  # 10 bits -> two base32 characters
+_SHIFTS = tuple(range(70, -1, -10))
+
+
 def _hash16(text: str) -> str:
-    digest = hashlib.sha256(text.encode()).digest()
-    return base64.b32encode(digest)[:16].decode()
+    """The first 16 base32 characters of sha256(text): its first 80 bits."""
+    bits = int.from_bytes(hashlib.sha256(text.encode()).digest()[:10], "big")
+    return "".join([_PAIRS[(bits >> shift) & 1023] for shift in _SHIFTS])
 
 
 @lru_cache(maxsize=65536)
@@ -55,12 +60,12 @@ def endpoint_string(endpoint: Endpoint) -> str:
 
 def endpoint_chain(key: ServicePortKey, endpoint: Endpoint) -> str:
     """KUBE-SEP-* chain of one endpoint of one service port."""
-    return _sep_chain(port_name(key) + key.protocol.value.lower() + endpoint_string(endpoint))
+    return endpoint_chain_of(port_name(key) + key.protocol.value.lower(), endpoint)
 
 
-@lru_cache(maxsize=1 << 18)
-def _sep_chain(text: str) -> str:
-    return SEP_PREFIX + _hash16(text)
+def endpoint_chain_of(service_text: str, endpoint: Endpoint) -> str:
+    """KUBE-SEP-* chain from the service's name+protocol text (computed once per service)."""
+    return SEP_PREFIX + _hash16(service_text + endpoint_string(endpoint))
 
 
 def is_service_chain(chain: str) -> bool:

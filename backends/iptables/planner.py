@@ -22,7 +22,7 @@ from svcproxy.backends.iptables.render import (
     render_service,
 )
 from svcproxy.backends.iptables.restore import TableChanges
-from svcproxy.backends.iptables.toplevel import FILTER, NAT, top_level
+from svcproxy.backends.iptables.toplevel import FIELDS, FILTER, NAT, top_level
 from svcproxy.model import ServicePortKey, ServicePortState
 
 
@@ -72,19 +72,17 @@ class Planner:
              existing_nat_chains: frozenset[str] | None = None) -> Plan:
         """Plan a sync. ``candidates`` None means full: re-check and write everything."""
         full = candidates is None or not self.synced
+        gone = [] if full else self._gone(services, candidates or ())
         if full:
             endpoint_total = sum(len(s.endpoints) for s in services.values())
         else:
-            gone = [k for k in self.fragments if k not in services]
             endpoint_total = self._endpoint_total_after(services, [*(candidates or ()), *gone])
         large = endpoint_total > LARGE_CLUSTER_ENDPOINTS
         if large != self.large and self.synced:
             full = True
         fragments = dict(self.fragments) if not full else {}
-        if full:
-            keys: Iterable[ServicePortKey] = sorted(services)
-        else:
-            keys = set(candidates or ()) | {k for k in self.fragments if k not in services}
+        keys: Iterable[ServicePortKey] = sorted(services) if full else \
+            {*(candidates or ()), *gone}
         changed: list[ServicePortKey] = []
         rendered = 0
         for key in keys:
@@ -100,13 +98,39 @@ class Planner:
                 fragments[key] = (state, render_service(state, self.cfg, large))
                 rendered += 1
             changed.append(key)
-        top = top_level(self.cfg, (f for _, f in fragments.values() if f is not None))
+        live = (f for _, f in fragments.values() if f is not None)
         if full:
+            top = top_level(self.cfg, live)
             tables = self._full_tables(fragments, top, existing_nat_chains or frozenset())
         else:
+            top = top_level(self.cfg, live, self.top, self._dirty_fields(fragments, changed))
             tables = self._partial_tables(fragments, top, changed)
         return Plan(tables=tables, fragments=fragments, top=top, large=large,
                     endpoint_total=endpoint_total, full=full, rendered=rendered)
+
+    def _gone(self, services: Mapping[ServicePortKey, ServicePortState],
+              candidates: Iterable[ServicePortKey]) -> list[ServicePortKey]:
+        """Applied service ports missing from ``services`` (scanned only if counts say so)."""
+        listed = set(candidates)
+        added = sum(1 for k in listed if k in services and k not in self.fragments)
+        removed = sum(1 for k in listed if k not in services and k in self.fragments)
+        if len(self.fragments) + added - removed == len(services):
+            return []
+        return [k for k in self.fragments if k not in services]
+
+    def _dirty_fields(self, fragments: Mapping[ServicePortKey, tuple[ServicePortState,
+                                                                      ServiceRules | None]],
+                      changed: list[ServicePortKey]) -> frozenset[str]:
+        """The fragment fields (of shared chains) that some changed service port altered."""
+        dirty: set[str] = set()
+        empty = ServiceRules()
+        for key in changed:
+            before = self.fragments.get(key)
+            after = fragments.get(key)
+            old = before[1] if before and before[1] else empty
+            new = after[1] if after and after[1] else empty
+            dirty.update(f for f in FIELDS if getattr(old, f) != getattr(new, f))
+        return frozenset(dirty)
 
     def commit(self, plan: Plan) -> None:
         """Adopt a plan that is now in the kernel."""

@@ -143,7 +143,17 @@ class _Renderer:
         self.svl_chain = names.SVL_PREFIX + self.hash
         self.ext_chain = names.EXT_PREFIX + self.hash
         self.fw_chain = names.FW_PREFIX + self.hash
+        self.svc_match = self._match(cluster_ip, svc.port)
+        self.uses_fw = self.sel.has_endpoints and bool(self.lb_ips) and bool(self.ranges)
+        text = self.name + self.proto
+        used = ((self.sel.cluster if self.sel.uses_cluster else [])
+                + (self.sel.local if self.sel.uses_local else []))
+        self.seps = {e.ip: names.endpoint_chain_of(text, e) for e in used}
         self.chains: dict[str, list[str]] = {}
+        self.blocks: dict[str, list[str]] = {
+            "nat_services": [], "nat_nodeports": [], "filter_services": [],
+            "filter_external": [], "filter_nodeports": [], "filter_firewall": [],
+        }
 
     def _match(self, dest: str, port: int) -> str:
         return f"-m {self.proto} -p {self.proto} -d {dest} --dport {port}"
@@ -152,114 +162,122 @@ class _Renderer:
         return f"-m comment --comment {quote(text)}"
 
     def render(self) -> ServiceRules:
+        """Capture rules in the shared chains, then the service's own chains."""
         sel = self.sel
-        internal_chain = self.svl_chain if sel.internal_local else self.svc_chain
-        external_policy_chain = self.svl_chain if sel.external_local else self.svc_chain
-        uses_ext = sel.has_endpoints and sel.externally_accessible
-        uses_fw = sel.has_endpoints and bool(self.lb_ips) and bool(self.ranges)
-        lb_chain = self.fw_chain if uses_fw else self.ext_chain
-        int_target, int_comment, ext_target, ext_comment = self._filter_targets()
-
-        nat_services: list[str] = []
-        filter_services: list[str] = []
-        filter_external: list[str] = []
-        filter_firewall: list[str] = []
-        nat_nodeports: list[str] = []
-        filter_nodeports: list[str] = []
-        svc_match = self._match(self.cluster_ip, self.svc.port)
+        self._capture_cluster_ip()
+        self._capture_external_ips()
+        self._capture_lb_ips()
+        self._capture_node_port()
+        self._capture_health_check()
         if sel.has_internal:
-            nat_services.append(
-                f"-A {names.SERVICES} {self._comment(self.name + ' cluster IP')} "
-                f"{svc_match} -j {internal_chain}")
-        else:
-            filter_services.append(
-                f"-A {names.SERVICES} {self._comment(int_comment)} {svc_match} -j {int_target}")
-        for ip in self.external_ips:
-            match = self._match(ip, self.svc.port)
-            if sel.has_endpoints:
-                nat_services.append(
-                    f"-A {names.SERVICES} {self._comment(self.name + ' external IP')} "
-                    f"{match} -j {self.ext_chain}")
-            if not sel.has_external:
-                filter_external.append(
-                    f"-A {names.EXTERNAL_SERVICES} {self._comment(ext_comment)} "
-                    f"{match} -j {ext_target}")
-        for ip in self.lb_ips:
-            match = self._match(ip, self.svc.port)
-            if sel.has_endpoints:
-                nat_services.append(
-                    f"-A {names.SERVICES} {self._comment(self.name + ' loadbalancer IP')} "
-                    f"{match} -j {lb_chain}")
-            if uses_fw:
-                comment = f"{self.name} traffic not accepted by {self.fw_chain}"
-                filter_firewall.append(
-                    f"-A {names.PROXY_FIREWALL} {self._comment(comment)} {match} -j DROP")
-        if not sel.has_external:
-            for ip in self.lb_ips:
-                filter_external.append(
-                    f"-A {names.EXTERNAL_SERVICES} {self._comment(ext_comment)} "
-                    f"{self._match(ip, self.svc.port)} -j {ext_target}")
-        if self.svc.node_port:
-            port_match = f"-m {self.proto} -p {self.proto} --dport {self.svc.node_port}"
-            if sel.has_endpoints:
-                nat_nodeports.append(
-                    f"-A {names.NODEPORTS} {self._comment(self.name)} {port_match} "
-                    f"-j {self.ext_chain}")
-            if not sel.has_external:
-                filter_external.append(
-                    f"-A {names.EXTERNAL_SERVICES} {self._comment(ext_comment)} "
-                    f"-m addrtype --dst-type LOCAL {port_match} -j {ext_target}")
-        if self.svc.health_check_node_port:
-            filter_nodeports.append(
-                f"-A {names.NODEPORTS} "
-                f"{self._comment(self.name + ' health check node port')} "
-                f"-m tcp -p tcp --dport {self.svc.health_check_node_port} -j ACCEPT")
-
-        if sel.has_internal:
-            self._internal_masquerade(internal_chain, svc_match)
-        if uses_ext:
-            self._external_chain(external_policy_chain)
-        if uses_fw:
+            self._internal_masquerade()
+        if sel.has_endpoints and sel.externally_accessible:
+            self._external_chain()
+        if self.uses_fw:
             self._firewall_chain()
         if sel.uses_cluster:
             self._dispatch(self.svc_chain, sel.cluster)
         if sel.uses_local:
             self._dispatch(self.svl_chain, sel.local)
         self._endpoint_chains()
-
+        b = self.blocks
         return ServiceRules(
             chains={c: _block(lines) for c, lines in self.chains.items()},
-            nat_services=_block(nat_services),
-            nat_nodeports=_block(nat_nodeports),
-            filter_services=_block(filter_services),
-            filter_external=_block(filter_external),
-            filter_nodeports=_block(filter_nodeports),
-            filter_firewall=_block(filter_firewall),
+            nat_services=_block(b["nat_services"]),
+            nat_nodeports=_block(b["nat_nodeports"]),
+            filter_services=_block(b["filter_services"]),
+            filter_external=_block(b["filter_external"]),
+            filter_nodeports=_block(b["filter_nodeports"]),
+            filter_firewall=_block(b["filter_firewall"]),
             cluster_ip=self.cluster_ip,
             no_local_internal=sel.has_endpoints and not sel.has_internal,
             no_local_external=sel.has_endpoints and not sel.has_external,
         )
 
-    def _filter_targets(self) -> tuple[str, str, str, str]:
-        """REJECT when the service has no endpoints, DROP when it has none usable here."""
-        sel = self.sel
-        if not sel.has_endpoints:
-            comment = f"{self.name} has no endpoints"
-            return "REJECT", comment, "REJECT", comment
-        comment = f"{self.name} has no local endpoints"
-        return "DROP", comment, "DROP", comment
+    def _capture_cluster_ip(self) -> None:
+        """ClusterIP: to the internal policy chain, or REJECT/DROP in filter."""
+        if self.sel.has_internal:
+            chain = self.svl_chain if self.sel.internal_local else self.svc_chain
+            self.blocks["nat_services"].append(
+                f"-A {names.SERVICES} {self._comment(self.name + ' cluster IP')} "
+                f"{self.svc_match} -j {chain}")
+        else:
+            target, comment = self._internal_filter()
+            self.blocks["filter_services"].append(
+                f"-A {names.SERVICES} {self._comment(comment)} {self.svc_match} -j {target}")
+
+    def _reject_external(self, match: str) -> None:
+        target, comment = self._external_filter()
+        self.blocks["filter_external"].append(
+            f"-A {names.EXTERNAL_SERVICES} {self._comment(comment)} {match} -j {target}")
+
+    def _capture_external_ips(self) -> None:
+        for ip in self.external_ips:
+            match = self._match(ip, self.svc.port)
+            if self.sel.has_endpoints:
+                self.blocks["nat_services"].append(
+                    f"-A {names.SERVICES} {self._comment(self.name + ' external IP')} "
+                    f"{match} -j {self.ext_chain}")
+            if not self.sel.has_external:
+                self._reject_external(match)
+
+    def _capture_lb_ips(self) -> None:
+        """LB ingress: to KUBE-FW-* with source ranges (else KUBE-EXT-*)."""
+        lb_chain = self.fw_chain if self.uses_fw else self.ext_chain
+        for ip in self.lb_ips:
+            match = self._match(ip, self.svc.port)
+            if self.sel.has_endpoints:
+                self.blocks["nat_services"].append(
+                    f"-A {names.SERVICES} {self._comment(self.name + ' loadbalancer IP')} "
+                    f"{match} -j {lb_chain}")
+            if self.uses_fw:
+                comment = f"{self.name} traffic not accepted by {self.fw_chain}"
+                self.blocks["filter_firewall"].append(
+                    f"-A {names.PROXY_FIREWALL} {self._comment(comment)} {match} -j DROP")
+        if not self.sel.has_external:
+            for ip in self.lb_ips:
+                self._reject_external(self._match(ip, self.svc.port))
+
+    def _capture_node_port(self) -> None:
+        if not self.svc.node_port:
+            return
+        port_match = f"-m {self.proto} -p {self.proto} --dport {self.svc.node_port}"
+        if self.sel.has_endpoints:
+            self.blocks["nat_nodeports"].append(
+                f"-A {names.NODEPORTS} {self._comment(self.name)} {port_match} "
+                f"-j {self.ext_chain}")
+        if not self.sel.has_external:
+            self._reject_external(f"-m addrtype --dst-type LOCAL {port_match}")
+
+    def _capture_health_check(self) -> None:
+        """healthCheckNodePort is accepted whether or not this node has endpoints."""
+        if self.svc.health_check_node_port:
+            self.blocks["filter_nodeports"].append(
+                f"-A {names.NODEPORTS} "
+                f"{self._comment(self.name + ' health check node port')} "
+                f"-m tcp -p tcp --dport {self.svc.health_check_node_port} -j ACCEPT")
+
+    def _internal_filter(self) -> tuple[str, str]:
+        """REJECT when the service has no endpoints, DROP when none serve this traffic."""
+        if not self.sel.has_endpoints:
+            return "REJECT", f"{self.name} has no endpoints"
+        return "DROP", f"{self.name} has no local endpoints"
+
+    _external_filter = _internal_filter
 
     def _chain(self, chain: str) -> list[str]:
         return self.chains.setdefault(chain, [])
 
-    def _internal_masquerade(self, chain: str, svc_match: str) -> None:
-        head = f"-A {chain} {self._comment(self.name + ' cluster IP')} {svc_match}"
+    def _internal_masquerade(self) -> None:
+        chain = self.svl_chain if self.sel.internal_local else self.svc_chain
+        head = f"-A {chain} {self._comment(self.name + ' cluster IP')} {self.svc_match}"
         if self.cfg.masquerade_all:
             self._chain(chain).append(f"{head} -j {names.MARK_MASQ}")
         elif self.cfg.if_not_local:
             self._chain(chain).append(f"{head} {self.cfg.if_not_local} -j {names.MARK_MASQ}")
 
-    def _external_chain(self, policy_chain: str) -> None:
+    def _external_chain(self) -> None:
+        policy_chain = self.svl_chain if self.sel.external_local else self.svc_chain
         rules = self._chain(self.ext_chain)
         ext, name = self.ext_chain, self.name
         if not self.sel.external_local:
@@ -293,17 +311,16 @@ class _Renderer:
 
     def _dispatch(self, chain: str, endpoints: list[Endpoint]) -> None:
         rules = self._chain(chain)
-        key = self.svc.key
         if self.svc.affinity:
             seconds = self.svc.session_affinity_timeout or 10800
             for ep in endpoints:
-                sep = names.endpoint_chain(key, ep)
+                sep = self.seps[ep.ip]
                 comment = self._ep_comment(f"{self.name} -> {names.endpoint_string(ep)}")
                 rules.append(f"-A {chain}{comment} -m recent --name {sep} --rcheck "
                              f"--seconds {seconds} --reap -j {sep}")
         count = len(endpoints)
         for i, ep in enumerate(endpoints):
-            sep = names.endpoint_chain(key, ep)
+            sep = self.seps[ep.ip]
             comment = self._ep_comment(f"{self.name} -> {names.endpoint_string(ep)}")
             left = count - i
             chance = (f" -m statistic --mode random --probability {probability(left)}"
@@ -311,7 +328,7 @@ class _Renderer:
             rules.append(f"-A {chain}{comment}{chance} -j {sep}")
 
     def _endpoint_chains(self) -> None:
-        key, sel = self.svc.key, self.sel
+        sel = self.sel
         reachable: dict[str, Endpoint] = {}
         if sel.uses_cluster:
             reachable.update((e.ip, e) for e in sel.cluster)
@@ -321,7 +338,7 @@ class _Renderer:
         recent_flag = self.svc.affinity
         for ip in sorted(reachable):
             ep = reachable[ip]
-            sep = names.endpoint_chain(key, ep)
+            sep = self.seps[ip]
             recent = f" -m recent --name {sep} --set" if recent_flag else ""
             self.chains[sep] = [
                 f"-A {sep}{comment} -s {ip} -j {names.MARK_MASQ}",

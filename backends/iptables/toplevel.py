@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.render import FamilyConfig, ServiceRules
@@ -26,21 +26,50 @@ def uses_kubelet_firewall(cfg: FamilyConfig) -> bool:
     return cfg.family == 4 and cfg.localhost_nodeports
 
 
-def top_level(cfg: FamilyConfig, fragments: Iterable[ServiceRules]) -> dict[str, dict[str, str]]:
-    """Text of every top-level chain by table, fixed rules included."""
-    frags = list(fragments)
-    filter_services = "".join(f.filter_services for f in frags) + _service_cidr_rules(cfg, frags)
+# Which fragment fields each shared chain is assembled from.
+SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
+    (FILTER, names.SERVICES): ("filter_services", "cluster_ip"),
+    (FILTER, names.EXTERNAL_SERVICES): ("filter_external",),
+    (FILTER, names.NODEPORTS): ("filter_nodeports",),
+    (FILTER, names.PROXY_FIREWALL): ("filter_firewall",),
+    (NAT, names.SERVICES): ("nat_services",),
+    (NAT, names.NODEPORTS): ("nat_nodeports",),
+}
+FIELDS = frozenset(f for fields in SOURCES.values() for f in fields)
+
+
+def top_level(cfg: FamilyConfig, fragments: Iterable[ServiceRules],
+              previous: dict[str, dict[str, str]] | None = None,
+              dirty: frozenset[str] = FIELDS) -> dict[str, dict[str, str]]:
+    """Text of every top-level chain by table, fixed rules included.
+
+    With ``previous``, chains whose source fields are not ``dirty`` are reused
+    as they are (a partial sync that changed only endpoints joins nothing).
+    """
+    frags = list(fragments) if dirty else []
+
+    def build(table: str, chain: str, make: Callable[[], str]) -> str:
+        if previous is not None and not dirty.intersection(SOURCES[(table, chain)]):
+            return previous[table][chain]
+        return make()
+
     tables = {
         FILTER: {
-            names.SERVICES: filter_services,
-            names.EXTERNAL_SERVICES: "".join(f.filter_external for f in frags),
+            names.SERVICES: build(FILTER, names.SERVICES, lambda: "".join(
+                f.filter_services for f in frags) + _service_cidr_rules(cfg, frags)),
+            names.EXTERNAL_SERVICES: build(FILTER, names.EXTERNAL_SERVICES, lambda: "".join(
+                f.filter_external for f in frags)),
             names.FORWARD: _forward_rules(cfg),
-            names.NODEPORTS: "".join(f.filter_nodeports for f in frags),
-            names.PROXY_FIREWALL: "".join(f.filter_firewall for f in frags),
+            names.NODEPORTS: build(FILTER, names.NODEPORTS, lambda: "".join(
+                f.filter_nodeports for f in frags)),
+            names.PROXY_FIREWALL: build(FILTER, names.PROXY_FIREWALL, lambda: "".join(
+                f.filter_firewall for f in frags)),
         },
         NAT: {
-            names.SERVICES: "".join(f.nat_services for f in frags) + _nodeports_jump(cfg),
-            names.NODEPORTS: "".join(f.nat_nodeports for f in frags),
+            names.SERVICES: build(NAT, names.SERVICES, lambda: "".join(
+                f.nat_services for f in frags) + _nodeports_jump(cfg)),
+            names.NODEPORTS: build(NAT, names.NODEPORTS, lambda: "".join(
+                f.nat_nodeports for f in frags)),
             names.POSTROUTING: _postrouting_rules(cfg),
             names.MARK_MASQ: f"-A {names.MARK_MASQ} -j MARK --or-mark {cfg.masquerade_mark}\n",
         },
