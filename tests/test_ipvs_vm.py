@@ -36,7 +36,8 @@ def _missing() -> str:
 def _guest_pytest_args() -> list[str]:
     wanted = [t for t in GUEST_TESTS if (REPO / t).exists()]
     select = os.environ.get("SVCPROXY_IPVS_VM_SELECT", "")
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *wanted]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "-p", "tests.ipvs.slow_guest", "-x", "--durations=10", *wanted]
     if "tests/test_scenarios.py" in wanted:
         args += ["-k", select or "ipvs or test_ipvs_guest"]
     elif select:
