@@ -125,23 +125,45 @@ def _endpoint_changes(backend: NftBackend, state: NodeState, key: ServicePortKey
     return state
 
 
+def _edited(i: int) -> list[m.Doc]:
+    """The edited service: two fixed endpoints and a third whose address is 10.250.0.i."""
+    pods = [m.endpoint(PodSpec(f"e{j}", NodeSpec("node2", 2), 100 + j)) for j in range(2)]
+    extra = {"addresses": [f"10.250.0.{i}"], "conditions": {"ready": True}, "nodeName": "node2"}
+    return [m.service("edited", ("10.96.255.1",), [m.port("http", 80, 8080)]),
+            m.endpoint_slice("edited", [*pods, extra], [m.slice_port("http", 8080)])]
+
+
+def _background(count: int) -> list[m.Doc]:
+    docs = []
+    for i in range(count):
+        pods = [PodSpec(f"b{i}-{j}", NodeSpec("node2", 2), 2 + j) for j in range(10)]
+        docs.append(m.service(f"bg{i}", (f"10.96.{1 + i // 250}.{1 + i % 250}",),
+                              [m.port("http", 80, 8080)]))
+        docs.append(m.endpoint_slice(f"bg{i}", [m.endpoint(p) for p in pods],
+                                     [m.slice_port("http", 8080)]))
+    return docs
+
+
+def _wait_in_kernel(ns: str, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in subprocess.run(
+            ["ip", "netns", "exec", ns, "nft", "list", "map", "ip", "svcproxy", "endpoints-3"],
+            capture_output=True, text=True).stdout:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{needle!r} not in the kernel within {timeout}s")
+        time.sleep(0.2)
+
+
 def edit_latency(edits: int, background: int) -> None:
     print(f"== manifest edit -> rule in the kernel ({edits} edits, {background} other "
-          "services of 10 endpoints, --min-sync-period 0, manifest poll 0.2 s)")
-    node = NodeSpec("node1", 1)
+          "services of 10 endpoints, --min-sync-period 0, manifest poll 0.2 s)", flush=True)
     with Netns("e2e") as ns, tempfile.TemporaryDirectory(prefix="spbench") as tmp:
         work = Path(tmp)
         mdir = work / "manifests"
         mdir.mkdir()
-        bg = []
-        for i in range(background):
-            pods = [PodSpec(f"b{i}-{j}", NodeSpec("node2", 2), 2 + j) for j in range(10)]
-            bg.append(m.service(f"bg{i}", (f"10.96.{1 + i // 250}.{1 + i % 250}",),
-                                [m.port("http", 80, 8080)]))
-            bg.append(m.endpoint_slice(f"bg{i}", [m.endpoint(p) for p in pods],
-                                       [m.slice_port("http", 8080)]))
-        m.write(mdir, "background.yaml", bg)
-        m.write(mdir, "node.yaml", [m.node(node)])
+        m.write(mdir, "background.yaml", _background(background))
+        m.write(mdir, "node.yaml", [m.node(NodeSpec("node1", 1))])
+        m.write(mdir, "edited.yaml", _edited(200))
         sock = work / "api.sock"
         fe = frontend(mdir, sock, work / "frontend.log").start()
         be = None
@@ -151,10 +173,13 @@ def edit_latency(edits: int, background: int) -> None:
             be = Process(["ip", "netns", "exec", ns, *SVCPROXY, "backend", "nft",
                           "--api", f"unix://{sock}", "--node-name", "node1",
                           "--node-ip", "192.168.50.2", "--min-sync-period", "0",
+                          "--sync-period", "1h",
                           "--metrics-bind-address", "", "--healthz-bind-address", ""],
                          work / "backend.log").start()
+            _wait_in_kernel(ns, "10.250.0.200 . 8080", 120)
+            # nft monitor prints elements of the sets it knew when it started.
             monitor = subprocess.Popen(
-                ["ip", "netns", "exec", ns, "stdbuf", "-oL", "nft", "monitor"],
+                ["ip", "netns", "exec", ns, "stdbuf", "-oL", "nft", "monitor", "elements"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             seen: queue.Queue[tuple[float, str]] = queue.Queue()
 
@@ -164,21 +189,18 @@ def edit_latency(edits: int, background: int) -> None:
                     seen.put((time.perf_counter(), line))
 
             threading.Thread(target=read, daemon=True).start()
-            pods = [PodSpec(f"e{j}", NodeSpec("node2", 2), 100 + j) for j in range(2)]
-            _wait_for(seen, "endpoints-", 60)
+            time.sleep(1.0)
             latencies = []
-            for i in range(edits):
-                docs = [m.service("edited", ("10.96.255.1",), [m.port("http", 80, 8080)]),
-                        m.endpoint_slice("edited", [m.endpoint(p) for p in pods] + [
-                            {"addresses": [f"10.250.0.{1 + i}"],
-                             "conditions": {"ready": True}, "nodeName": "node2"}],
-                            [m.slice_port("http", 8080)])]
+            for i in range(1, edits + 1):
                 while not seen.empty():
                     seen.get()
                 t0 = time.perf_counter()
-                m.write(mdir, "edited.yaml", docs)
-                at = _wait_for(seen, f"10.250.0.{1 + i} . 8080", 10)
-                latencies.append(at - t0)
+                m.write(mdir, "edited.yaml", _edited(i))
+                try:
+                    latencies.append(_wait_for(seen, f"10.250.0.{i} . 8080", 10) - t0)
+                except TimeoutError:
+                    print(f"--- backend log\n{be.tail()}\n--- frontend log\n{fe.tail()}")
+                    raise
                 time.sleep(0.05)
             latencies.sort()
             p50 = statistics.median(latencies)
@@ -214,8 +236,10 @@ def main() -> None:
     parser.add_argument("--services", type=int, default=10_000)
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--edits", type=int, default=50)
-    parser.add_argument("--background", type=int, default=1000,
+    parser.add_argument("--background", type=int, default=0,
                         help="other services in the manifests during the edit test")
+    parser.add_argument("--only", choices=("scale", "edits"),
+                        help="run only one part of the benchmark")
     parser.add_argument("--inside", action="store_true",
                         help="(internal) run the scale part in the current namespace")
     args = parser.parse_args()
@@ -224,11 +248,13 @@ def main() -> None:
     if args.inside:
         scale(args.services, args.endpoints)
         return
-    with Netns("scale") as ns:
-        subprocess.run(["ip", "netns", "exec", ns, sys.executable, __file__, "--inside",
-                        "--services", str(args.services), "--endpoints", str(args.endpoints)],
-                       check=True)
-    edit_latency(args.edits, args.background)
+    if args.only != "edits":
+        with Netns("scale") as ns:
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, __file__, "--inside",
+                            "--services", str(args.services),
+                            "--endpoints", str(args.endpoints)], check=True)
+    if args.only != "scale":
+        edit_latency(args.edits, args.background)
 
 
 if __name__ == "__main__":
