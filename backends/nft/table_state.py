@@ -60,12 +60,17 @@ def _claims_of(rules: ServiceRules | None) -> dict[ElementId, str]:
     return {(c, k): v for c, k, v in rules.elements} if rules else {}
 
 
-def _element_lines(ctx: FamilyContext, verb: str, elements: Mapping[ElementId, str]) -> list[str]:
+def _element_lines(
+    ctx: FamilyContext, verb: str, elements: Iterable[tuple[ElementId, str]]
+) -> list[str]:
     """``add``/``delete element`` commands, one per container."""
     by_container: dict[str, list[str]] = {}
-    for (container, key), value in elements.items():
-        item = f"{key} : {value}" if value and verb == "add" else key
-        by_container.setdefault(container, []).append(item)
+    add = verb == "add"
+    for (container, key), value in elements:
+        items = by_container.get(container)
+        if items is None:
+            items = by_container[container] = []
+        items.append(f"{key} : {value}" if value and add else key)
     head = f"{verb} element {ctx.ipx} {ctx.table}"
     return [f"{head} {c} {{ {', '.join(items)} }}" for c, items in by_container.items()]
 
@@ -122,7 +127,7 @@ def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
     body += [f"\tset {n} {{ {d} }}" for n, d in sets.items()]
     body += [chain_block(n, r) for n, r in chains.items()]
     lines.append(_table_block(ctx, body))
-    lines += _element_lines(ctx, "add", {eid: v for eid, (v, _) in table.applied.items()})
+    lines += _element_lines(ctx, "add", ((eid, v) for eid, (v, _) in table.applied.items()))
     if previous is not None:
         old_chains = {n for r in previous.services.values() for n in r.chains}
         old_sets = {n for r in previous.services.values() for n in r.sets}
@@ -207,8 +212,8 @@ def plan_delta(
     lines += [f"flush chain {ref} {n}" for n in (*changed_chains, *removed_chains)]
     written = {**new_chains, **changed_chains}
     lines.append(_table_block(ctx, [chain_block(n, r) for n, r in written.items()]))
-    lines += _element_lines(ctx, "delete", removed_el)
-    lines += _element_lines(ctx, "add", added_el)
+    lines += _element_lines(ctx, "delete", removed_el.items())
+    lines += _element_lines(ctx, "add", added_el.items())
     lines += [f"delete chain {ref} {n}" for n in removed_chains]
     lines += [f"delete set {ref} {n}" for n in removed_sets]
     lines += [f"delete chain {ref} {lb_chain(n)}" for n in stale_sizes]
