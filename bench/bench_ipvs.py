@@ -68,10 +68,20 @@ def one_endpoint_changed(ports: list[ServicePortState]) -> tuple[NodeState, Chan
     return node_state(new, 2), Changes(services=frozenset({middle.key}))
 
 
+def _routes_to_endpoints(ns: str) -> None:
+    """A link and a route to the endpoints: IPVS refuses real servers it cannot route to."""
+    for argv in (["link", "add", "bv0", "type", "veth", "peer", "name", "bv1"],
+                 ["link", "set", "bv0", "up"], ["link", "set", "bv1", "up"],
+                 ["addr", "add", "10.1.0.1/24", "dev", "bv0"],
+                 ["route", "add", "10.192.0.0/10", "via", "10.1.0.2"]):
+        subprocess.run(["ip", "-n", ns, *argv], check=True)
+
+
 def measure(name: str, count: int, endpoints: int) -> tuple[float, float]:
     """(full sync seconds, one endpoint change seconds) in a fresh namespace."""
     ns = f"bench{os.getpid()}{name[:3]}{count}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
+    _routes_to_endpoints(ns)
     pool = ThreadPoolExecutor(1, initializer=enter, initargs=(ns,))
     try:
         backend = pool.submit(BACKENDS[name]).result()
