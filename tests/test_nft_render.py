@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.backends.nft import names
-from svcproxy.backends.nft.context import family_context
+from svcproxy.backends.nft.context import family_context, local_matches, nodeport_ips
 from svcproxy.backends.nft.service_rules import ServiceRules, render_service
 from svcproxy.backends.nft.skeleton import lb_declarations
 from svcproxy.backends.nft.table_state import build_table, commit, full_text, plan_delta
-from svcproxy.model import SessionAffinity, TrafficPolicy
+from svcproxy.model import NodeInfo, SessionAffinity, TrafficPolicy
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
 
 CTX4 = family_context(CONFIG, None, 4)
@@ -158,3 +158,24 @@ def test_reassert_keeps_affinity_sets_and_deletes_leftovers() -> None:
     assert "flush set ip svcproxy affinity" not in text
     assert "delete chain ip svcproxy lb-1" in text and "delete map ip svcproxy endpoints-1" in text
     assert "delete table ip svcproxy" in full_text(after)
+
+
+def test_node_ports_default_to_the_primary_ip_and_follow_cidrs() -> None:
+    config = replace(CONFIG, node_ips=("192.168.50.2", "10.244.1.1", "fd00:50::2", "fd00::1"))
+    assert nodeport_ips(config, 4) == ("192.168.50.2",)
+    assert nodeport_ips(config, 6) == ("fd00:50::2",)
+    assert nodeport_ips(replace(config, node_port_addresses=("primary",)), 4) == ("192.168.50.2",)
+    every = replace(config, node_port_addresses=("0.0.0.0/0", "fd00::/16"))
+    assert nodeport_ips(every, 4) == ("192.168.50.2", "10.244.1.1")
+    assert nodeport_ips(every, 6) == ("fd00:50::2", "fd00::1")
+
+
+def test_local_traffic_detection_modes() -> None:
+    prefix = replace(CONFIG, detect_local_mode="InterfaceNamePrefix",
+                     pod_interface_name_prefix="veth")
+    assert local_matches(prefix, None, 4) == ('iifname "veth*"', 'iifname != "veth*"')
+    node = NodeInfo("node1", pod_cidrs=("10.244.1.0/24", "fd00:244:0:1::/64"))
+    per_node = replace(CONFIG, detect_local_mode="NodeCIDR")
+    assert local_matches(per_node, node, 6) == (
+        "ip6 saddr { fd00:244:0:1::/64 }", "ip6 saddr != { fd00:244:0:1::/64 }")
+    assert local_matches(replace(CONFIG, cluster_cidrs=()), None, 4) == ("", "")
