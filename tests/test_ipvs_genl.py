@@ -81,3 +81,9 @@ def test_batched_buffer_splits_into_messages_and_errors() -> None:
                                  bytes(16), seq=i) for i in range(3))
     seen = [(kind, seq, genl.error_code(p)) for kind, _f, seq, p in genl.iter_messages(buffer)]
     assert seen == [(2, 0, 0), (2, 1, -17), (2, 2, -17)]
+
+
+def test_firewall_mark_services_round_trip() -> None:
+    spec = genl.ServiceSpec(genl.fwmark_service(6, 0x30000), "rr", 10800)
+    assert genl.parse_service(genl.genl_body(*genl.add_service(spec))) == spec
+    assert str(spec.id) == "FWMARK/0x30000/ipv6"

@@ -235,8 +235,8 @@ def _many(count: int) -> list[object]:
 
 
 def _our_rules() -> int:
-    chains = sorted(set(R.NAT_CHAINS) | set(R.FILTER_CHAINS))
-    return sum(R.count_rules(system.iptables_save(4, t), chains) for t in ("nat", "filter"))
+    chains = sorted(set(R.NAT_CHAINS) | set(R.FILTER_CHAINS) | set(R.MANGLE_CHAINS))
+    return sum(R.count_rules(system.iptables_save(4, t), chains) for t in R.TABLES)
 
 
 def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, make) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.backends.ipvs import ipsets as S
-from svcproxy.backends.ipvs.genl import DestId, ServiceId
+from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
+from svcproxy.backends.ipvs.genl import DestId, ServiceId, fwmark_service
 from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION
 from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
 from svcproxy.model import (
@@ -112,3 +113,36 @@ def test_node_port_addresses() -> None:
     assert node_port_ips((), node, local) == node
     assert node_port_ips(("primary",), node, local) == ("192.168.0.10", "fd00::10")
     assert node_port_ips(("10.0.0.0/8", "127.0.0.0/8"), node, local) == ("127.0.0.1", "10.0.0.5")
+
+
+def test_external_policy_local_short_circuits_pods_to_every_endpoint() -> None:
+    state = port_state(
+        "etp", "10.96.0.20",
+        [endpoint("10.244.1.2", external=False, is_local=False), endpoint("10.244.2.2")],
+        type=ServiceType.LOAD_BALANCER, node_port=30084,
+        external_traffic_policy=TrafficPolicy.LOCAL,
+        load_balancer_ingress=(LoadBalancerIngress("198.51.100.4"),))
+    desired = Desired()
+    desired.set_plan(state.key, render_port(state, CTX), Touched())
+    mark = desired.marks.get(state.key, 4)
+    assert is_our_fwmark(mark) and not mark & 0x4000
+    everyone = {DestId("10.244.1.2", 8080), DestId("10.244.2.2", 8080)}
+    assert desired.server(fwmark_service(4, mark)).dests == everyone
+    assert desired.server(ServiceId("TCP", "198.51.100.4", 80)).dests == {
+        DestId("10.244.2.2", 8080)}
+    marked = {e for s, e in desired.entries if s == "KUBE-EXTERNAL-LOCAL-FWMARK"}
+    assert marked == {f"198.51.100.4,tcp:80 skbmark {mark:#x}",
+                      f"192.168.0.10,tcp:30084 skbmark {mark:#x}"}
+    assert not {e for s, e in desired.entries if s == "KUBE-NO-LOCAL-ENDPOINTS"}
+
+
+def test_external_policy_local_without_local_endpoints_is_dropped_and_mark_freed() -> None:
+    state = port_state("etp", "10.96.0.21", [endpoint("10.244.1.2", external=False)],
+                       external_ips=("203.0.113.9",),
+                       external_traffic_policy=TrafficPolicy.LOCAL)
+    plan = render_port(state, CTX)
+    assert ("KUBE-NO-LOCAL-ENDPOINTS", "203.0.113.9,tcp:80") in plan.entries
+    desired = Desired()
+    desired.set_plan(state.key, plan, Touched())
+    desired.set_plan(state.key, None, Touched())
+    assert desired.marks.marks == {} and not desired.claims

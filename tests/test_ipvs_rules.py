@@ -17,7 +17,8 @@ POD_CIDR = R.LocalDetect(cidrs=("10.244.0.0/16",))
 
 def _text(family: int = 4, masquerade_all: bool = False,
           local: R.LocalDetect = POD_CIDR) -> str:
-    tables = {"nat": R.nat_rules(family, masquerade_all, local), "filter": R.filter_rules(family)}
+    tables = {"nat": R.nat_rules(family, masquerade_all, local), "filter": R.filter_rules(family),
+              "mangle": R.mangle_rules(family, local)}
     return R.restore_text(tables, list(R.JUMPS))
 
 
@@ -31,8 +32,19 @@ def test_rules_reference_sets_so_their_number_is_fixed() -> None:
     assert "-m conntrack --ctstate NEW" in text and "KUBE-IPVS-IPS dst -j REJECT" in text
     assert '-I PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' \
         in text
-    count = R.count_rules(text.replace("-I ", "-A "), R.NAT_CHAINS + R.FILTER_CHAINS)
+    chains = R.NAT_CHAINS + R.FILTER_CHAINS + R.MANGLE_CHAINS
+    count = R.count_rules(text.replace("-I ", "-A "), chains)
     assert count == text.count("\n-A ") + len(R.JUMPS) < 50
+
+
+def test_external_policy_local_marks_pod_traffic_and_drops_the_rest() -> None:
+    text = _text()
+    assert ("-A KUBE-EXTERNAL-LOCAL -s 10.244.0.0/16 -m comment" in text
+            and "-j SET --map-set KUBE-EXTERNAL-LOCAL-FWMARK dst,dst --map-mark" in text)
+    assert "-m mark --mark 0x0/0xffff0000" in text
+    assert "--match-set KUBE-NO-LOCAL-ENDPOINTS dst,dst -j DROP" in text
+    assert ("create KUBE-EXTERNAL-LOCAL-FWMARK hash:ip,port family inet hashsize 1024 "
+            "maxelem 262144 skbinfo -exist") in S.full_restore({}, (4,))
 
 
 def test_masquerade_all_and_no_local_detection() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
 from svcproxy.backends.ipvs import rules as R
-from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
 from svcproxy.backends.ipvs.diff import (
     Applied,
     diff_members,
@@ -159,8 +159,9 @@ class IpvsBackend(Backend):
     def _full_sync(self, state: NodeState, ctx: RenderContext, reason: str) -> None:
         started = time.monotonic()
         self.ctx, self.node = ctx, state.node
-        self.desired = Desired()
+        self.desired = Desired(marks=self.desired.marks)
         self._render(state, state.services, Touched())
+        self.desired.release_marks_of_gone_ports()
         for line in self.desired.conflicts():
             log.warning("address conflict: %s", line)
         self._read_kernel(refresh_dests=reason in ("initial", "retry"))
@@ -192,7 +193,7 @@ class IpvsBackend(Backend):
     def _read_kernel(self, refresh_dests: bool) -> None:
         """Reload what the kernel holds (services we own, kube-ipvs0 addresses, routes)."""
         assert self.ipvs is not None
-        kernel = {s.id: s for s in self.ipvs.services() if not self.options.excluded(s.id.address)}
+        kernel = {s.id: s for s in self.ipvs.services() if self._owned(s.id)}
         known = {} if refresh_dests else self.applied.dests
         dests = {}
         for sid in kernel:
@@ -250,12 +251,13 @@ class IpvsBackend(Backend):
 
     def _apply_rules(self, node: NodeInfo | None) -> None:
         for family in self.families:
+            local = self._local_detect(family, node)
             tables = {
-                "nat": R.nat_rules(family, self.config.masquerade_all,
-                                   self._local_detect(family, node)),
+                "nat": R.nat_rules(family, self.config.masquerade_all, local),
                 "filter": R.filter_rules(family),
+                "mangle": R.mangle_rules(family, local),
             }
-            saved = {t: system.iptables_save(family, t) for t in ("nat", "filter")}
+            saved = {t: system.iptables_save(family, t) for t in R.TABLES}
             missing = [j for j in R.JUMPS if j.rule() not in saved[j.table]]
             system.iptables_restore(family, R.restore_text(tables, missing))
 
@@ -298,7 +300,7 @@ class IpvsBackend(Backend):
         if system.delete_link(self.options.interface):
             log.info("ipvs: deleted %s", self.options.interface)
         for family in (4, 6):
-            saved = {t: self._saved_or_empty(family, t) for t in ("nat", "filter")}
+            saved = {t: self._saved_or_empty(family, t) for t in R.TABLES}
             present = {t: _chains(text) for t, text in saved.items()}
             jumps = [j for j in R.JUMPS if j.rule() in saved[j.table]]
             text = R.cleanup_text(present, jumps)
@@ -313,11 +315,18 @@ class IpvsBackend(Backend):
         except Exception as err:  # noqa: BLE001 - no IPVS: nothing to remove
             log.info("ipvs: no IPVS in this kernel (%s); nothing to remove there", err)
             return
-        gone = [s.id for s in sock.services() if not self.options.excluded(s.id.address)]
+        gone = [s.id for s in sock.services() if self._owned(s.id)]
         requests = [Request(f"delete virtual server {sid}", genl.genl_body(*genl.del_service(sid)))
                     for sid in gone]
         _raise_failures(sock.apply(requests))
         log.info("ipvs: deleted %d virtual servers", len(gone))
+
+    def _owned(self, sid: ServiceId) -> bool:
+        """Virtual servers this backend manages: outside --ipvs-exclude-cidrs, and for
+        firewall-mark ones only the marks it allocates."""
+        if sid.is_fwmark:
+            return is_our_fwmark(sid.port)
+        return not self.options.excluded(sid.address)
 
     def _saved_or_empty(self, family: int, table: str) -> str:
         try:

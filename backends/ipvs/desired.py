@@ -8,9 +8,10 @@ them. Every update reports what it touched so that only that is diffed.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from svcproxy.backends.ipvs.genl import ServiceId
+from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs.genl import ServiceId, ServiceSpec, fwmark_service
 from svcproxy.backends.ipvs.render import PortPlan, VirtualServer
 from svcproxy.model import ServicePortKey
 
@@ -31,6 +32,42 @@ class Touched:
         self.entries |= plan.entries
 
 
+MARK_SHIFT = 16
+MAX_MARKS = 0xFFFF
+
+
+def is_our_fwmark(mark: int) -> bool:
+    """Marks this backend allocates: bits 16-31 only (clear of the 0x4000 masquerade bit)."""
+    return mark > 0 and not mark & ((1 << MARK_SHIFT) - 1)
+
+
+@dataclass(slots=True)
+class MarkAllocator:
+    """One firewall mark per (service port, family), stable while the port needs it."""
+
+    marks: dict[tuple[ServicePortKey, int], int] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)
+    next_index: int = 1
+
+    def get(self, key: ServicePortKey, family: int) -> int:
+        if (key, family) not in self.marks:
+            if self.free:
+                mark = self.free.pop()
+            elif self.next_index <= MAX_MARKS:
+                mark = self.next_index << MARK_SHIFT
+                self.next_index += 1
+            else:
+                raise OverflowError("more than 65535 externalTrafficPolicy=Local service ports")
+            self.marks[(key, family)] = mark
+        return self.marks[(key, family)]
+
+    def release(self, key: ServicePortKey, keep: set[int]) -> None:
+        """Free the marks of ``key`` for families not in ``keep``."""
+        for family in (4, 6):
+            if family not in keep and (key, family) in self.marks:
+                self.free.append(self.marks.pop((key, family)))
+
+
 @dataclass(slots=True)
 class Desired:
     plans: dict[ServicePortKey, PortPlan] = field(default_factory=dict)
@@ -38,6 +75,7 @@ class Desired:
     addresses: Counter[str] = field(default_factory=Counter)
     routes: Counter[str] = field(default_factory=Counter)
     entries: Counter[tuple[str, str]] = field(default_factory=Counter)
+    marks: MarkAllocator = field(default_factory=MarkAllocator)
 
     def set_plan(self, key: ServicePortKey, plan: PortPlan | None, touched: Touched) -> None:
         """Replace the plan of one service port (None removes it)."""
@@ -45,10 +83,33 @@ class Desired:
         if old is not None:
             touched.add_plan(old)
             self._count(key, old, -1)
+        needed = {c.family for c in plan.short_circuits} if plan is not None else set()
+        self.marks.release(key, needed)
         if plan is not None:
+            plan = self._with_marks(key, plan)
             touched.add_plan(plan)
             self.plans[key] = plan
             self._count(key, plan, +1)
+
+    def release_marks_of_gone_ports(self) -> None:
+        """Free the marks of service ports that have no plan (after a full re-render)."""
+        for key, _family in list(self.marks.marks):
+            if key not in self.plans:
+                self.marks.release(key, set())
+
+    def _with_marks(self, key: ServicePortKey, plan: PortPlan) -> PortPlan:
+        """The plan plus its firewall-mark virtual servers and their ipset entries."""
+        if not plan.short_circuits:
+            return plan
+        servers = list(plan.servers)
+        entries = set(plan.entries)
+        for c in plan.short_circuits:
+            mark = self.marks.get(key, c.family)
+            spec = ServiceSpec(fwmark_service(c.family, mark), c.scheduler, c.persistence)
+            servers.append(VirtualServer(spec, c.dests))
+            name = S.set_name(S.EXTERNAL_LOCAL_FWMARK, c.family)
+            entries.update((name, f"{t} skbmark {mark:#x}") for t in c.targets)
+        return replace(plan, servers=tuple(servers), entries=frozenset(entries))
 
     def _count(self, key: ServicePortKey, plan: PortPlan, sign: int) -> None:
         for server in plan.servers:

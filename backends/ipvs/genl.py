@@ -66,13 +66,17 @@ FLAG_HASHED = 0x2
 FWD_MASQ = 0
 GENL_VERSION = 1
 
+FWMARK = "FWMARK"
 PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 PROTOCOL_NAMES = {v: k for k, v in PROTOCOLS.items()}
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class ServiceId:
-    """What identifies an IPVS virtual server: protocol, address, port."""
+    """What identifies an IPVS virtual server: protocol, address, port.
+
+    A firewall-mark virtual server has protocol FWMARK, the family's any-address
+    ("0.0.0.0" or "::") and the mark as its port."""
 
     protocol: str
     address: str
@@ -82,9 +86,20 @@ class ServiceId:
     def family(self) -> int:
         return socket.AF_INET6 if ":" in self.address else socket.AF_INET
 
+    @property
+    def is_fwmark(self) -> bool:
+        return self.protocol == FWMARK
+
     def __str__(self) -> str:
+        if self.is_fwmark:
+            return f"FWMARK/{self.port:#x}/ipv{6 if ':' in self.address else 4}"
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"{self.protocol}/{host}:{self.port}"
+
+
+def fwmark_service(family: int, mark: int) -> ServiceId:
+    """The id of a firewall-mark virtual server of one IP family (4 or 6)."""
+    return ServiceId(FWMARK, "::" if family == 6 else "0.0.0.0", mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +157,8 @@ def _addr(address: str) -> bytes:
 @functools.lru_cache(maxsize=1 << 16)
 def service_key_attrs(service: ServiceId) -> bytes:
     """The attributes that name a virtual server (enough for delete and dest calls)."""
+    if service.is_fwmark:
+        return _u16(SVC_AF, service.family) + _u32(SVC_FWMARK, service.port)
     return (
         _u16(SVC_AF, service.family)
         + _u16(SVC_PROTOCOL, PROTOCOLS[service.protocol])
@@ -280,18 +297,23 @@ def _ip(family: int, raw: bytes) -> str:
 
 
 def parse_service(payload: bytes) -> ServiceSpec | None:
-    """A virtual server from a GET_SERVICE reply; None for fwmark services."""
+    """A virtual server from a GET_SERVICE reply; None if it is incomplete."""
     attrs = _nested_attrs(payload, ATTR_SERVICE)
-    if SVC_ADDR not in attrs or SVC_PORT not in attrs:
+    family = struct.unpack("=H", attrs[SVC_AF][:2])[0] if SVC_AF in attrs else 0
+    if SVC_FWMARK in attrs and struct.unpack("=I", attrs[SVC_FWMARK][:4])[0]:
+        mark = struct.unpack("=I", attrs[SVC_FWMARK][:4])[0]
+        sid = fwmark_service(6 if family == socket.AF_INET6 else 4, mark)
+    elif SVC_ADDR in attrs and SVC_PORT in attrs and SVC_PROTOCOL in attrs:
+        protocol = PROTOCOL_NAMES.get(struct.unpack("=H", attrs[SVC_PROTOCOL][:2])[0], "?")
+        sid = ServiceId(protocol, _ip(family, attrs[SVC_ADDR]),
+                        struct.unpack(">H", attrs[SVC_PORT][:2])[0])
+    else:
         return None
-    family = struct.unpack("=H", attrs[SVC_AF][:2])[0]
-    protocol = PROTOCOL_NAMES.get(struct.unpack("=H", attrs[SVC_PROTOCOL][:2])[0], "?")
     flags = struct.unpack("=I", attrs[SVC_FLAGS][:4])[0] if SVC_FLAGS in attrs else 0
     timeout = struct.unpack("=I", attrs[SVC_TIMEOUT][:4])[0] if SVC_TIMEOUT in attrs else 0
     sched = attrs.get(SVC_SCHED_NAME, b"").split(b"\0")[0].decode()
     return ServiceSpec(
-        id=ServiceId(protocol, _ip(family, attrs[SVC_ADDR]),
-                     struct.unpack(">H", attrs[SVC_PORT][:2])[0]),
+        id=sid,
         scheduler=sched,
         persistence_timeout=timeout if flags & FLAG_PERSISTENT else 0,
     )

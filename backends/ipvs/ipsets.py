@@ -26,6 +26,8 @@ NODE_PORT_SCTP = "NODE-PORT-SCTP-HASH"
 NODE_PORT_LOCAL_SCTP = "NODE-PORT-LOCAL-SCTP-HASH"
 HEALTH_CHECK_NODE_PORT = "HEALTH-CHECK-NODE-PORT"
 IPVS_IPS = "IPVS-IPS"
+EXTERNAL_LOCAL_FWMARK = "EXTERNAL-LOCAL-FWMARK"
+NO_LOCAL_ENDPOINTS = "NO-LOCAL-ENDPOINTS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,7 @@ class SetKind:
     base: str
     type: str
     comment: str
+    options: str = ""
 
 
 KINDS = (
@@ -67,6 +70,11 @@ KINDS = (
             "'hash ip:port'"),
     SetKind(HEALTH_CHECK_NODE_PORT, "bitmap:port", "Kubernetes health check node port"),
     SetKind(IPVS_IPS, "hash:ip", "Kubernetes ipvs addresses"),
+    SetKind(EXTERNAL_LOCAL_FWMARK, "hash:ip,port",
+            "external ip + port with externalTrafficPolicy=local: the fwmark of the virtual "
+            "server with every endpoint, for traffic from pods", "skbinfo"),
+    SetKind(NO_LOCAL_ENDPOINTS, "hash:ip,port",
+            "external ip + port with externalTrafficPolicy=local and no local endpoint: dropped"),
 )
 KIND_BY_BASE = {k.base: k for k in KINDS}
 
@@ -94,7 +102,8 @@ def _create_line(name: str, kind: SetKind, family: int) -> str:
         options = "range 0-65535"
     else:
         options = f"family {'inet' if family == 4 else 'inet6'} hashsize 1024 maxelem 262144"
-    return f"create {name} {kind.type} {options} -exist"
+    extra = f" {kind.options}" if kind.options else ""
+    return f"create {name} {kind.type} {options}{extra} -exist"
 
 
 def full_restore(entries: Mapping[str, Iterable[str]], families: Iterable[int]) -> str:
@@ -118,10 +127,13 @@ def full_restore(entries: Mapping[str, Iterable[str]], families: Iterable[int]) 
 
 
 def delta_restore(added: Mapping[str, Iterable[str]], removed: Mapping[str, Iterable[str]]) -> str:
-    """Add and delete single entries (sets already exist after a full restore)."""
+    """Add and delete single entries (sets already exist after a full restore).
+
+    An entry may carry extensions after a space ("1.2.3.4,tcp:80 skbmark 0x10000");
+    deletion names the element only."""
     lines: list[str] = []
     for name in sorted(removed):
-        lines.extend(f"del {name} {e} -exist" for e in sorted(removed[name]))
+        lines.extend(f"del {name} {e.split(' ')[0]} -exist" for e in sorted(removed[name]))
     for name in sorted(added):
         lines.extend(f"add {name} {e} -exist" for e in sorted(added[name]))
     return "\n".join(lines) + ("\n" if lines else "")

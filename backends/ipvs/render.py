@@ -42,6 +42,19 @@ class VirtualServer:
 
 
 @dataclass(frozen=True, slots=True)
+class ShortCircuit:
+    """externalTrafficPolicy Local: traffic from pods to the external addresses
+    (``targets``, as ipset "ip,proto:port") still reaches every endpoint, through a
+    firewall-mark virtual server whose mark the Desired state allocates."""
+
+    family: int
+    targets: frozenset[str]
+    dests: frozenset[DestId]
+    scheduler: str
+    persistence: int
+
+
+@dataclass(frozen=True, slots=True)
 class PortPlan:
     """Everything one service port contributes to the node's IPVS programming."""
 
@@ -50,6 +63,7 @@ class PortPlan:
     local_routes: frozenset[str] = frozenset()
     entries: frozenset[tuple[str, str]] = frozenset()
     warnings: tuple[str, ...] = ()
+    short_circuits: tuple[ShortCircuit, ...] = ()
 
 
 def scheduler_for(service: ServicePort, default: str) -> tuple[str, str]:
@@ -95,13 +109,38 @@ class _Builder:
         spec = ServiceSpec(ServiceId(self.proto.value, ip, port), self.scheduler, self.persistence)
         self.servers.append(VirtualServer(spec, _dests(endpoints, ip_family(ip))))
 
+    def external_targets(self, family: int) -> set[str]:
+        """The "ip,proto:port" of every external virtual server of one family."""
+        return {
+            _ip_port(v.spec.id.address, self.proto, v.spec.id.port) for v in self.servers
+            if ip_family(v.spec.id.address) == family
+            and v.spec.id.address not in self.svc.cluster_ips
+        }
+
+    def short_circuits(self) -> tuple[ShortCircuit, ...]:
+        """With externalTrafficPolicy Local: pods keep reaching every endpoint, and
+        external traffic without a local endpoint is dropped."""
+        if not self.svc.external_policy_local:
+            return ()
+        result = []
+        for family in (4, 6):
+            targets = self.external_targets(family)
+            if not targets:
+                continue
+            if not _dests(self.external, family):
+                self.entries.update((S.set_name(S.NO_LOCAL_ENDPOINTS, family), t) for t in targets)
+            result.append(ShortCircuit(family, frozenset(targets), _dests(self.internal, family),
+                                       self.scheduler, self.persistence))
+        return tuple(result)
+
     def entry(self, base: str, family: int, value: str) -> None:
         self.entries.add((S.set_name(base, family), value))
 
     def plan(self) -> PortPlan:
+        short = self.short_circuits()
         return PortPlan(tuple(sorted(self.servers, key=lambda v: v.spec.id)),
                         frozenset(self.addresses), frozenset(self.routes),
-                        frozenset(self.entries), self.warnings)
+                        frozenset(self.entries), self.warnings, short)
 
 
 def render_port(state: ServicePortState, ctx: RenderContext) -> PortPlan:

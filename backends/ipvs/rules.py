@@ -49,12 +49,17 @@ JUMPS = (
     Jump("filter", "INPUT", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
     Jump("filter", "FORWARD", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
     Jump("filter", "INPUT", "KUBE-IPVS-FILTER", "kubernetes ipvs access filter"),
+    Jump("mangle", "PREROUTING", "KUBE-EXTERNAL-LOCAL",
+         "externalTrafficPolicy=Local: pods reach every endpoint, no local endpoint drops"),
 )
 NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-NODE-PORT",
               "KUBE-LOAD-BALANCER", "KUBE-MARK-NONLOCAL")
 FILTER_CHAINS = ("KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
                  "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER")
-CHAINS = {"nat": NAT_CHAINS, "filter": FILTER_CHAINS}
+MANGLE_CHAINS = ("KUBE-EXTERNAL-LOCAL",)
+CHAINS = {"nat": NAT_CHAINS, "filter": FILTER_CHAINS, "mangle": MANGLE_CHAINS}
+TABLES = ("filter", "nat", "mangle")
+FWMARK_MASK = "0xffff0000"
 
 
 def _set(base: str, family: int, match: str) -> str:
@@ -137,11 +142,25 @@ def filter_rules(family: int) -> dict[str, list[str]]:
     }
 
 
+def mangle_rules(family: int, local: LocalDetect) -> dict[str, list[str]]:
+    """externalTrafficPolicy Local: packets from pods to an external address get the
+    firewall mark of the virtual server holding every endpoint (ipset skbinfo), and
+    other packets to one without a local endpoint are dropped."""
+    marked = _set(S.EXTERNAL_LOCAL_FWMARK, family, "dst,dst")
+    mapping = (f"-j SET --map-set {S.set_name(S.EXTERNAL_LOCAL_FWMARK, family)} dst,dst "
+               "--map-mark")
+    rules = [f"-s {c} {marked} {mapping}" for c in local.cidrs]
+    rules += [f"-i {i} {marked} {mapping}" for i in local.interfaces]
+    rules.append(f"-m mark --mark 0x0/{FWMARK_MASK} "
+                 f"{_set(S.NO_LOCAL_ENDPOINTS, family, 'dst,dst')} -j DROP")
+    return {"KUBE-EXTERNAL-LOCAL": rules}
+
+
 def restore_text(tables: Mapping[str, Mapping[str, Sequence[str]]],
                  missing_jumps: Sequence[Jump]) -> str:
     """iptables-restore --noflush input: our chains rewritten, missing jumps inserted."""
     out: list[str] = []
-    for table in ("filter", "nat"):
+    for table in TABLES:
         chains = tables.get(table, {})
         out.append(f"*{table}")
         out.extend(f":{chain} - [0:0]" for chain in chains)
@@ -157,7 +176,7 @@ def restore_text(tables: Mapping[str, Mapping[str, Sequence[str]]],
 def cleanup_text(present: Mapping[str, set[str]], jumps_present: Sequence[Jump]) -> str:
     """iptables-restore --noflush input removing our jumps and chains that exist."""
     out: list[str] = []
-    for table in ("filter", "nat"):
+    for table in TABLES:
         chains = [c for c in CHAINS[table] if c in present.get(table, set())]
         jumps = [j for j in jumps_present if j.table == table]
         if not chains and not jumps:
