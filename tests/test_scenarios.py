@@ -193,6 +193,7 @@ def test_external_traffic_policy_local(lab: ScenarioLab) -> None:
     # Pods reaching the LB IP are short-circuited to every endpoint.
     inside = reach(lab, "client", "tcp", "192.168.60.30", 80, {"pod-a", "pod-c"})
     assert inside.sources == {lab.spec.pod("client").ipv4}
+    reach(lab, "node1", "tcp", "192.168.60.30", 80, {"pod-a", "pod-c"})  # the node itself too
 
     docs[1] = m.endpoint_slice("etp", eps(lab, "pod-c"), [m.slice_port("http", 8080)], 4)
     lab.apply("etp.yaml", docs)
@@ -244,6 +245,7 @@ def test_no_endpoints_reject_and_unallocated_drop(lab: ScenarioLab) -> None:
     lab.apply("empty.yaml", [svc])
     node = lab.spec.node("node1")
     lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.9.1", 80, "refused"))
+    fails(lab, "node1", "tcp", "10.96.9.1", 80, "refused")
     fails(lab, "client", "udp", "10.96.9.1", 80, "refused")  # a port the service lacks
     fails(lab, "ext-ok", "tcp", node.ipv4, 30083, "refused")
     fails(lab, "ext-ok", "tcp", "192.168.60.40", 80, "refused")
