@@ -81,6 +81,9 @@ class NftBackend(Backend):
             tables[f].ctx == ctx for f, ctx in contexts.items()
         )
         if tables is None or not same_context:
+            if tables is not None:
+                log.info("Node configuration changed (local traffic detection, node IPs or "
+                         "service CIDRs): rewriting tables %s", self.table)
             self._full(state, contexts, previous=None)
         elif changes.full:
             self._full(state, contexts, previous=tables)
@@ -132,6 +135,8 @@ class NftBackend(Backend):
             self.runner.apply(text)
         except Exception:
             self._tables = None
+            log.warning("nft %s transaction of %d bytes was refused; nothing of it was "
+                        "applied and the next sync replaces the tables", mode, len(text))
             raise
         done = time.perf_counter()
         self.last = SyncReport(mode, services, len(text), rendered - start, done - rendered)
