@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
@@ -146,6 +146,21 @@ class ServicePortState:
 
     def local_endpoints(self) -> list[Endpoint]:
         return [e for _, e in sorted(self.endpoints.items()) if e.is_local]
+
+    def family(self, family: int) -> ServicePortState | None:
+        """This record restricted to one IP family (4 or 6), as a per-family proxier sees it;
+        None when the service has no cluster IP of that family."""
+        svc = self.service
+        cluster_ips = tuple(of_family(svc.cluster_ips, family))
+        if not cluster_ips:
+            return None
+        eps = {ip: e for ip, e in self.endpoints.items() if ip_family(ip) == family}
+        return ServicePortState(replace(
+            svc, cluster_ips=cluster_ips, external_ips=tuple(of_family(svc.external_ips, family)),
+            load_balancer_ingress=tuple(i for i in svc.load_balancer_ingress
+                                        if ip_family(i.ip) == family),
+            load_balancer_source_ranges=tuple(of_family(svc.load_balancer_source_ranges,
+                                                        family))), eps)
 
 
 @dataclass(frozen=True, slots=True)

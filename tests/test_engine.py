@@ -193,3 +193,21 @@ def test_relist_reconciles_deletions() -> None:
     assert set(k.name for k in eng.view("n1").records) == {"web"}
     eng.submit([Delete("Service", "default", "web")])
     assert eng.view("n1").records == {}
+
+
+def test_records_split_by_family() -> None:
+    eng = engine_with(
+        service("web", ip="10.96.0.10", clusterIPs=["10.96.0.10", "fd00::10"],
+                externalIPs=["192.0.2.1", "2001:db8::1"],
+                loadBalancerSourceRanges=["10.0.0.0/8", "fd00::/8"]),
+        node("n1"), slice_("a", "web", [endpoint("10.0.0.1")]),
+        slice_("b", "web", [endpoint("fd00::1")], family="IPv6"))
+    rec = eng.view("n1").records[KEY]
+    v4, v6 = rec.family(4), rec.family(6)
+    assert v4 is not None and v6 is not None
+    assert (v4.service.cluster_ips, v4.service.external_ips, list(v4.endpoints)) == \
+        (("10.96.0.10",), ("192.0.2.1",), ["10.0.0.1"])
+    assert (v6.service.cluster_ips, v6.service.load_balancer_source_ranges, list(v6.endpoints)) \
+        == (("fd00::10",), ("fd00::/8",), ["fd00::1"])
+    single = engine_with(service("web"), node("n1")).view("n1").records[KEY]
+    assert single.family(6) is None
