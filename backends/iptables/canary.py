@@ -24,11 +24,20 @@ CANARY_TABLES = ("mangle", "nat", "filter")
 
 def make_probe(tool: Iptables) -> Probe:
     """A function telling whether the mangle canary chain of ``tool``'s family exists."""
-    if tool.mode == "legacy" and not tool.prefix:
-        probe = _iptc_probe(tool.family)
-        if probe is not None:
-            return probe
-    return lambda: tool.chain_exists("mangle", names.CANARY)
+
+    def with_iptables() -> bool:
+        return tool.chain_exists("mangle", names.CANARY)
+
+    if tool.mode != "legacy" or tool.prefix:
+        return with_iptables
+    chosen: list[Probe] = []
+
+    def probe() -> bool:
+        if not chosen:  # importing python-iptables takes ~0.5 s: only when first needed
+            chosen.append(_iptc_probe(tool.family) or with_iptables)
+        return chosen[0]()
+
+    return probe
 
 
 def _iptc_probe(family: int) -> Probe | None:

@@ -32,19 +32,18 @@ def masquerade_bit(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("iptables")
-    group.add_argument(
+    parser.add_argument(
         "--iptables-localhost-nodeports", type=boolean, nargs="?", const=True, default=True,
         metavar="BOOL",
         help="accept NodePort connections on 127.0.0.1 (IPv4 only; sets route_localnet=1 in "
         "this network namespace). Needs --node-port-addresses to include 127.0.0.1, as the "
         "default does (default true)",
     )
-    group.add_argument(
+    parser.add_argument(
         "--iptables-masquerade-bit", type=masquerade_bit, default=14, metavar="BIT",
         help="the bit of the packet mark that flags traffic for SNAT, 0-31 (default 14: 0x4000)",
     )
-    group.add_argument(
+    parser.add_argument(
         "--iptables-mode", choices=("auto", "nft", "legacy"), default="auto",
         help="which iptables to drive: auto picks the one the node already uses, as "
         "kube-proxy's iptables-wrapper (kubelet hint chains, then the one with more rules; "
