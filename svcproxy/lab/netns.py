@@ -38,8 +38,14 @@ def ns_exec(ns: str, *argv: str, check: bool = True, stdin: str | None = None) -
     return run(["ip", "netns", "exec", ns, *argv], check=check, stdin=stdin)
 
 
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
 def sysctl(ns: str, key: str, value: str) -> None:
-    ns_exec(ns, "sysctl", "-qw", f"{key}={value}")
+    """Set a network sysctl inside ``ns`` (via /proc/sys, from a thread in ``ns``)."""
+    call_in(ns, _write, "/proc/sys/" + key.replace(".", "/"), value)
 
 
 def enter(ns: str) -> None:

@@ -32,9 +32,8 @@ def missing_requirements() -> str:
     """Why the lab cannot run here, or "" when it can."""
     if os.geteuid() != 0:
         return "needs root for network namespaces"
-    for tool in ("ip", "nft"):
-        if shutil.which(tool) is None:
-            return f"needs the {tool} command"
+    if shutil.which("ip") is None:
+        return "needs the ip command (iproute2)"
     probe_ns = f"spcheck{os.getpid()}"
     done = subprocess.run(["ip", "netns", "add", probe_ns], capture_output=True)
     if done.returncode != 0:
