@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from svcproxy.frontend import metrics
-from svcproxy.frontend.events import KINDS, Event, Kind, Replace, Sink
+from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Sink, Upsert
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -33,10 +33,13 @@ class Fingerprint:
     size: int
 
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _documents(path: Path) -> list[dict[str, Any]]:
     """The objects of one file, with ``List`` documents flattened; raises ManifestError."""
     try:
-        docs = list(yaml.safe_load_all(path.read_text()))
+        docs = list(yaml.load_all(path.read_text(), Loader=_Loader))
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else 0
         raise ManifestError(f"{path}:{line}: {err.problem}") from None
@@ -55,26 +58,27 @@ def _documents(path: Path) -> list[dict[str, Any]]:
             out += [d for d in items if isinstance(d, dict)]
         else:
             out.append(doc)
+    for obj in out:
+        obj["__source__"] = str(path)
     return out
 
 
-def load_directory(directory: Path, last_good: dict[Path, list[dict[str, Any]]]
-                   ) -> dict[Path, list[dict[str, Any]]]:
-    """Objects per file; a broken file keeps the objects it had in ``last_good``."""
-    out: dict[Path, list[dict[str, Any]]] = {}
-    for path in sorted(p for p in directory.rglob("*") if p.suffix in SUFFIXES and p.is_file()):
-        try:
-            objs = _documents(path)
-        except ManifestError as err:
-            log.error("skipping manifest %s (its previous content stays in use)", err)
-            metrics.INVALID_OBJECTS.labels("File").inc()
-            if path in last_good:
-                out[path] = last_good[path]
-            continue
-        for obj in objs:
-            obj["__source__"] = str(path)
-        out[path] = objs
-    return out
+def load_file(path: Path, last_good: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The objects of one file; a broken file keeps ``last_good`` (reported, never raised)."""
+    try:
+        return _documents(path)
+    except ManifestError as err:
+        log.error("skipping manifest %s (its previous content stays in use)", err)
+        metrics.INVALID_OBJECTS.labels("File").inc()
+        return last_good or []
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    """(kind, namespace, name) of a manifest object."""
+    kind = str(obj.get("kind", ""))
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    ns = "" if kind == "Node" else str(meta.get("namespace") or "default")
+    return kind, ns, str(meta.get("name") or "")
 
 
 def replace_events(files: dict[Path, list[dict[str, Any]]]) -> list[Event]:
@@ -112,17 +116,39 @@ class ManifestSource:
                     st = path.stat()
                 except OSError:
                     continue
-                out[path] = Fingerprint(st.st_mtime_ns, st.st_size)
+                if path.is_file():
+                    out[path] = Fingerprint(st.st_mtime_ns, st.st_size)
         return out
 
     def poll(self) -> bool:
-        """Load the directory if anything changed; True when events were sent."""
+        """Re-read the files that changed; True when events were sent.
+
+        The first load sends every object (a Replace per kind); later, only the
+        objects of changed files are sent, so an edit costs the size of the file,
+        not of the directory.
+        """
         seen = self._fingerprints()
         if seen == self._seen:
             return False
+        first = self._seen is None
+        old = self._seen or {}
+        changed = [p for p, fp in sorted(seen.items()) if old.get(p) != fp]
+        removed = old.keys() - seen.keys()
+        before = {object_key(o) for p in (*changed, *removed) for o in self._files.get(p, [])}
+        for path in removed:
+            self._files.pop(path, None)
+        for path in changed:
+            self._files[path] = load_file(path, self._files.get(path))
         self._seen = seen
-        self._files = load_directory(self.directory, self._files)
-        self.sink(replace_events(self._files))
+        if first:
+            self.sink(replace_events(self._files))
+            return True
+        present = {object_key(o) for objs in self._files.values() for o in objs}
+        events: list[Event] = [Upsert(o["kind"], o) for p in changed for o in self._files[p]
+                               if o.get("kind") in KINDS]
+        events += [Delete(kind, ns, name) for kind, ns, name in sorted(before - present)
+                   if kind in KINDS]
+        self.sink(events)
         return True
 
     def start(self) -> None:

@@ -62,3 +62,18 @@ def test_invalid_object_in_valid_file_skipped_alone(frontend_factory, tmp_path: 
     assert API not in fe.engine.view("node-a").records
     assert any("invalid Service shop/api" in r.getMessage() and "out of range" in r.getMessage()
                for r in caplog.records)
+
+
+def test_object_moved_between_files_is_not_deleted(frontend_factory, tmp_path: Path) -> None:
+    d = copy_examples(tmp_path)
+    fe = frontend_factory(d)
+    wait_for(lambda: API in fe.engine.view("node-a").records)
+    revision = fe.engine.revision
+    (d / "moved.yaml").write_text((d / "api.yaml").read_text())
+    (d / "api.yaml").unlink()
+    wait_for(lambda: fe.engine._listed and fe.frontend._source._seen is not None
+             and (d / "moved.yaml") in fe.frontend._source._seen
+             and (d / "api.yaml") not in fe.frontend._source._seen)
+    fe.submit([])  # runs after the source's pending batches on the loop
+    assert API in records(fe)
+    assert fe.engine.revision == revision, "moving an object is not a change"
