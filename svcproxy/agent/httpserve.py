@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import socketserver
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,9 +57,13 @@ class _Server(ThreadingHTTPServer):
     dual_stack = False
 
     def server_bind(self) -> None:
+        """Bind without HTTPServer's reverse DNS lookup of the host (socket.getfqdn),
+        which stalls for seconds on a node whose resolver does not answer."""
         if self.dual_stack:
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
 
 
 def _handler(route: Route) -> type[BaseHTTPRequestHandler]:
