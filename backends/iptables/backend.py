@@ -145,6 +145,21 @@ class IptablesBackend(Backend):
         start = self.clock()
         fam.planner.reconfigure(self.family_config(family, state))
         why_full = self._wants_full(family, fam, changes)
+        plan, text, why_full = self._apply(family, fam, state, changes, why_full)
+        fam.planner.commit(plan)
+        if plan.full:
+            fam.last_full = start
+        report = _report(family, plan, len(text), self.clock() - start)
+        self.reports.append(report)
+        log.log(logging.INFO if plan.full else logging.DEBUG,
+                "IPv%d %s sync (%s): wrote %d chains, deleted %d, rendered %d service ports "
+                "in %.3fs", family, "full" if plan.full else "partial",
+                why_full or changes.reason, report.chains_written, report.chains_deleted,
+                report.rendered, report.seconds)
+
+    def _apply(self, family: int, fam: _Family, state: NodeState, changes: Changes,
+               why_full: str) -> tuple[Plan, str, str]:
+        """Plan and restore; a failed partial restore is retried at once as a full one."""
         if why_full:
             plan = self._full_plan(fam, state)
         else:
@@ -157,20 +172,8 @@ class IptablesBackend(Backend):
             if plan.full:
                 raise
             log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
-            why_full = "partial sync failed"
-            plan = self._full_plan(fam, state)
-            text = restore_text(plan.tables)
-            fam.tool.restore(text)
-        fam.planner.commit(plan)
-        if plan.full:
-            fam.last_full = start
-        report = _report(family, plan, len(text), self.clock() - start)
-        self.reports.append(report)
-        log.log(logging.INFO if plan.full else logging.DEBUG,
-                "IPv%d %s sync (%s): wrote %d chains, deleted %d, rendered %d service ports "
-                "in %.3fs", family, "full" if plan.full else "partial",
-                why_full or changes.reason, report.chains_written, report.chains_deleted,
-                report.rendered, report.seconds)
+            return self._apply(family, fam, state, changes, "partial sync failed")
+        return plan, text, why_full
 
     def _full_plan(self, fam: _Family, state: NodeState) -> Plan:
         """Everything, plus stale-chain deletion, jump rules and canaries."""

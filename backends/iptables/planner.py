@@ -25,13 +25,15 @@ from svcproxy.backends.iptables.restore import TableChanges
 from svcproxy.backends.iptables.toplevel import FIELDS, FILTER, NAT, top_level
 from svcproxy.model import ServicePortKey, ServicePortState
 
+Fragments = dict[ServicePortKey, tuple[ServicePortState, ServiceRules | None]]
+
 
 @dataclass(slots=True)
 class Plan:
     """A transaction for one family and the planner state to adopt once it is applied."""
 
     tables: dict[str, TableChanges]
-    fragments: dict[ServicePortKey, tuple[ServicePortState, ServiceRules | None]]
+    fragments: Fragments
     top: dict[str, dict[str, str]]
     large: bool
     endpoint_total: int
@@ -47,7 +49,7 @@ class Planner:
 
     def __init__(self, cfg: FamilyConfig) -> None:
         self.cfg = cfg
-        self.fragments: dict[ServicePortKey, tuple[ServicePortState, ServiceRules | None]] = {}
+        self.fragments: Fragments = {}
         self.top: dict[str, dict[str, str]] = {}
         self.large = False
         self.endpoint_total = 0
@@ -80,9 +82,24 @@ class Planner:
         large = endpoint_total > LARGE_CLUSTER_ENDPOINTS
         if large != self.large and self.synced:
             full = True
-        fragments = dict(self.fragments) if not full else {}
         keys: Iterable[ServicePortKey] = sorted(services) if full else \
             {*(candidates or ()), *gone}
+        fragments, changed, rendered = self._render(services, keys, full, large)
+        live = (f for _, f in fragments.values() if f is not None)
+        if full:
+            top = top_level(self.cfg, live)
+            tables = self._full_tables(fragments, top, existing_nat_chains or frozenset())
+        else:
+            top = top_level(self.cfg, live, self.top, self._dirty_fields(fragments, changed))
+            tables = self._partial_tables(fragments, top, changed)
+        return Plan(tables=tables, fragments=fragments, top=top, large=large,
+                    endpoint_total=endpoint_total, full=full, rendered=rendered)
+
+    def _render(self, services: Mapping[ServicePortKey, ServicePortState],
+                keys: Iterable[ServicePortKey], full: bool, large: bool,
+                ) -> tuple[Fragments, list[ServicePortKey], int]:
+        """Fragments after re-rendering ``keys`` whose input changed (or all, if full)."""
+        fragments: Fragments = {} if full else dict(self.fragments)
         changed: list[ServicePortKey] = []
         rendered = 0
         for key in keys:
@@ -98,15 +115,7 @@ class Planner:
                 fragments[key] = (state, render_service(state, self.cfg, large))
                 rendered += 1
             changed.append(key)
-        live = (f for _, f in fragments.values() if f is not None)
-        if full:
-            top = top_level(self.cfg, live)
-            tables = self._full_tables(fragments, top, existing_nat_chains or frozenset())
-        else:
-            top = top_level(self.cfg, live, self.top, self._dirty_fields(fragments, changed))
-            tables = self._partial_tables(fragments, top, changed)
-        return Plan(tables=tables, fragments=fragments, top=top, large=large,
-                    endpoint_total=endpoint_total, full=full, rendered=rendered)
+        return fragments, changed, rendered
 
     def _gone(self, services: Mapping[ServicePortKey, ServicePortState],
               candidates: Iterable[ServicePortKey]) -> list[ServicePortKey]:
@@ -118,8 +127,7 @@ class Planner:
             return []
         return [k for k in self.fragments if k not in services]
 
-    def _dirty_fields(self, fragments: Mapping[ServicePortKey, tuple[ServicePortState,
-                                                                      ServiceRules | None]],
+    def _dirty_fields(self, fragments: Fragments,
                       changed: list[ServicePortKey]) -> frozenset[str]:
         """The fragment fields (of shared chains) that some changed service port altered."""
         dirty: set[str] = set()
@@ -152,8 +160,7 @@ class Planner:
                 total += len(new.endpoints)
         return total
 
-    def _full_tables(self, fragments: Mapping[ServicePortKey, tuple[ServicePortState,
-                                                                     ServiceRules | None]],
+    def _full_tables(self, fragments: Fragments,
                      top: dict[str, dict[str, str]],
                      existing: frozenset[str]) -> dict[str, TableChanges]:
         nat = TableChanges(write=dict(top[NAT]))
@@ -164,8 +171,7 @@ class Planner:
                             and c not in nat.write)
         return {FILTER: TableChanges(write=dict(top[FILTER])), NAT: nat}
 
-    def _partial_tables(self, fragments: Mapping[ServicePortKey, tuple[ServicePortState,
-                                                                        ServiceRules | None]],
+    def _partial_tables(self, fragments: Fragments,
                         top: dict[str, dict[str, str]],
                         changed: list[ServicePortKey]) -> dict[str, TableChanges]:
         tables = {FILTER: TableChanges(), NAT: TableChanges()}
