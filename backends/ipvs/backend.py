@@ -130,9 +130,8 @@ class IpvsBackend(Backend):
     def sync(self, state: NodeState, changes: Changes) -> None:
         with self.lock:
             self._setup()
-            ctx = self._context(state)
-            if changes.full or ctx != self.ctx or state.node != self.node:
-                self._full_sync(state, ctx, changes.reason)
+            if changes.full or self.ctx is None or state.node != self.node:
+                self._full_sync(state, self._context(state), changes.reason)
             else:
                 self._partial_sync(state, changes.services)
             self._reap_now()
