@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -358,6 +359,7 @@ def edit_latencies(args: argparse.Namespace, tmp: Path) -> list[float]:
             for n in range(args.edits):
                 ip = _ip(0xFA0000 + n + 2, 10)
                 want = names.endpoint_chain(key, Endpoint(ip, 8080))
+                time.sleep(random.uniform(0, 0.2))  # not in step with the source's polling
                 start = time.time()
                 _write(mdir / "edit.yaml", _service_docs(0, [ip]))
                 poller.stdin.write(f"{chain} {want} {start + 10}\n")
