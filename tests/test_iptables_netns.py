@@ -410,3 +410,20 @@ def test_legacy_node_gets_legacy_rules(lab: Lab) -> None:
     assert pod_names(lab.connect(lab.client, "172.30.0.10", 80, count=20)) == {"pod-a", "pod-b"}
     backend(lab).cleanup()
     assert "KUBE-" not in lab.iptables_save(4, "legacy").replace("KUBE-IPTABLES-HINT", "")
+
+
+def test_restarted_backend_replaces_stale_chains_without_duplicating_jumps(lab: Lab) -> None:
+    old, kept = service("old", "172.30.0.30", ("pod-a",)), service("kept", "172.30.0.31",
+                                                                   ("pod-b",))
+    backend(lab).sync(node_state(old, kept), full())
+    before = lab.iptables_save()
+    restarted = backend(lab)
+    restarted.sync(node_state(kept), full())
+    after = lab.iptables_save()
+    old_chain = names.SVC_PREFIX + names.service_hash(old.key)
+    assert old_chain in before and old_chain not in after
+    jumps = [line for line in after.splitlines()
+             if line.startswith(("-A PREROUTING", "-A OUTPUT", "-A INPUT", "-A FORWARD"))]
+    assert len(jumps) == len(set(jumps)) > 0
+    assert lab.connect(lab.client, "172.30.0.31", 80) == ["pod-b 10.244.1.1"]
+    assert lab.connect(lab.client, "172.30.0.30", 80) == ["timeout"]
