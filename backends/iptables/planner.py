@@ -111,9 +111,9 @@ class Planner:
                 continue
             if old is not None and large == self.large and (old[0] is state or old[0] == state):
                 fragments[key] = old
-            else:
-                fragments[key] = (state, render_service(state, self.cfg, large))
-                rendered += 1
+                continue
+            fragments[key] = (state, render_service(state, self.cfg, large))
+            rendered += 1
             changed.append(key)
         return fragments, changed, rendered
 
@@ -153,9 +153,11 @@ class Planner:
         total = self.endpoint_total
         for key in set(candidates):
             old = self.fragments.get(key)
+            new = services.get(key)
+            if old is not None and old[0] is new:
+                continue
             if old is not None:
                 total -= len(old[0].endpoints)
-            new = services.get(key)
             if new is not None:
                 total += len(new.endpoints)
         return total
