@@ -320,3 +320,15 @@ def test_protocols_match_with_their_own_module() -> None:
                                            has_endpoints=True), endpoints("10.180.0.1"))
         name = proto.value.lower()
         assert any(f"-m {name} -p {name} -j DNAT" in r for r in rules([svc])["nat"])
+
+
+def test_source_ranges_of_the_other_family_block_this_one() -> None:
+    svc = state(endpoints("fd00:10::1"), cluster_ips=("fd00:30::41",),
+                type=ServiceType.LOAD_BALANCER, node_port=3001,
+                load_balancer_ingress=(LoadBalancerIngress("fd00:60::1"),),
+                load_balancer_source_ranges=("192.168.0.0/24",))
+    out = rules([svc], FamilyConfig(family=6))
+    fw = [r for r in out["nat"] if r.startswith("-A KUBE-FW-")]
+    assert fw == ['-A KUBE-FW-XPGD46QRK7WJZT7O -m comment --comment "other traffic to '
+                  'ns1/svc1:p80 will be dropped by KUBE-PROXY-FIREWALL"']
+    assert any("-d fd00:60::1 --dport 80 -j DROP" in r for r in out["filter"])

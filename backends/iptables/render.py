@@ -144,7 +144,9 @@ class _Renderer:
         self.ext_chain = names.EXT_PREFIX + self.hash
         self.fw_chain = names.FW_PREFIX + self.hash
         self.svc_match = self._match(cluster_ip, svc.port)
-        self.uses_fw = self.sel.has_endpoints and bool(self.lb_ips) and bool(self.ranges)
+        # Source ranges only of the other family still firewall this one (allowing nothing).
+        self.uses_fw = (self.sel.has_endpoints and bool(self.lb_ips)
+                        and bool(svc.load_balancer_source_ranges))
         text = self.name + self.proto
         used = ((self.sel.cluster if self.sel.uses_cluster else [])
                 + (self.sel.local if self.sel.uses_local else []))
@@ -202,12 +204,12 @@ class _Renderer:
                 f"-A {names.SERVICES} {self._comment(self.name + ' cluster IP')} "
                 f"{self.svc_match} -j {chain}")
         else:
-            target, comment = self._internal_filter()
+            target, comment = self._no_endpoint_verdict()
             self.blocks["filter_services"].append(
                 f"-A {names.SERVICES} {self._comment(comment)} {self.svc_match} -j {target}")
 
     def _reject_external(self, match: str) -> None:
-        target, comment = self._external_filter()
+        target, comment = self._no_endpoint_verdict()
         self.blocks["filter_external"].append(
             f"-A {names.EXTERNAL_SERVICES} {self._comment(comment)} {match} -j {target}")
 
@@ -257,13 +259,11 @@ class _Renderer:
                 f"{self._comment(self.name + ' health check node port')} "
                 f"-m tcp -p tcp --dport {self.svc.health_check_node_port} -j ACCEPT")
 
-    def _internal_filter(self) -> tuple[str, str]:
+    def _no_endpoint_verdict(self) -> tuple[str, str]:
         """REJECT when the service has no endpoints, DROP when none serve this traffic."""
         if not self.sel.has_endpoints:
             return "REJECT", f"{self.name} has no endpoints"
         return "DROP", f"{self.name} has no local endpoints"
-
-    _external_filter = _internal_filter
 
     def _chain(self, chain: str) -> list[str]:
         return self.chains.setdefault(chain, [])
