@@ -195,7 +195,12 @@ class IptablesBackend(Backend):
             for family in self.options.families:
                 tool = Iptables(family, mode, self.options.prefix)
                 try:
-                    text = cleanup_text(parse_save(tool.save()))
+                    saved = tool.save()
+                except (IptablesError, OSError) as err:
+                    log.debug("Nothing to clean in IPv%d %s iptables: %s", family, mode, err)
+                    continue
+                try:
+                    text = cleanup_text(parse_save(saved))
                     if text:
                         tool.restore(text)
                         log.info("Removed svcproxy's iptables rules (IPv%d, %s)", family, mode)
