@@ -136,9 +136,26 @@ class IpvsBackend(Backend):
                 self._partial_sync(state, changes.services)
             self._reap_now()
 
+    def _addresses(self) -> list[tuple[int, str]]:
+        """(ifindex, address) of every address in the namespace (one raw dump: pyroute2
+        takes seconds for thousands of ClusterIPs in the guest)."""
+        assert self.route is not None
+        payloads = self.route.dump(rtnl.RTM_GETADDR, rtnl.dump_addresses_body())
+        return [a for a in map(rtnl.parse_address, payloads) if a is not None]
+
+    def _local_routes(self) -> set[str]:
+        assert self.route is not None
+        found: set[str] = set()
+        for family in (2, 10):
+            for payload in self.route.dump(rtnl.RTM_GETROUTE, rtnl.dump_routes_body(family)):
+                route = rtnl.parse_local_route(payload)
+                if route is not None and route[0] == self.ifindex:
+                    found.add(route[1])
+        return found
+
     def _context(self, state: NodeState) -> RenderContext:
         node_ips = self.config.node_ips or (state.node.addresses if state.node else ())
-        locals_ = system.local_addresses(self.ifindex)
+        locals_ = [a for index, a in self._addresses() if index != self.ifindex]
         ports = node_port_ips(self.config.node_port_addresses, node_ips, locals_)
         return RenderContext(self.options.scheduler, ports, tuple(node_ips))
 
@@ -203,8 +220,8 @@ class IpvsBackend(Backend):
         self.applied.servers = kernel
         self.applied.dests = dests
         self.applied.draining = {k: v for k, v in self.applied.draining.items() if k[0] in kernel}
-        self.applied.addresses = system.link_addresses(self.ifindex)
-        self.applied.routes = system.local_routes(self.ifindex) - self.applied.addresses
+        self.applied.addresses = {a for index, a in self._addresses() if index == self.ifindex}
+        self.applied.routes = self._local_routes() - self.applied.addresses
 
     def _apply_servers(self, ids: Iterable[ServiceId]) -> None:
         assert self.ipvs is not None

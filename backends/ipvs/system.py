@@ -8,8 +8,6 @@ import logging
 import subprocess
 from pathlib import Path
 
-from svcproxy.backends.ipvs import rtnl
-
 log = logging.getLogger(__name__)
 
 
@@ -62,28 +60,6 @@ def link_addresses(ifindex: int) -> set[str]:
     with IPRoute() as ipr:
         return {str(ipaddress.ip_address(m.get("IFA_ADDRESS")))
                 for m in ipr.get_addr(index=ifindex)}
-
-
-def local_addresses(skip_ifindex: int | None) -> list[str]:
-    """Every address of the node except those on ``skip_ifindex`` (kube-ipvs0)."""
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        return [str(ipaddress.ip_address(m.get("IFA_ADDRESS"))) for m in ipr.get_addr()
-                if m["index"] != skip_ifindex]
-
-
-def local_routes(ifindex: int) -> set[str]:
-    """Destinations of host-wide ``local`` routes through one link (the local table)."""
-    from pyroute2 import IPRoute
-
-    result: set[str] = set()
-    with IPRoute() as ipr:
-        for family in (2, 10):
-            for m in ipr.get_routes(family=family, table=rtnl.RT_TABLE_LOCAL):
-                if m["type"] == rtnl.RTN_LOCAL and m.get("RTA_OIF") == ifindex:
-                    result.add(str(ipaddress.ip_address(m.get("RTA_DST"))))
-    return result
 
 
 def write_sysctl(name: str, value: str) -> bool:

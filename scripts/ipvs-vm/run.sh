@@ -56,7 +56,7 @@ timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 \
   -append "console=ttyS0 quiet loglevel=1 panic=-1 mitigations=off" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -virtfs "local,path=$share,mount_tag=hostshare,security_model=none" \
-  < /dev/null | tr -d '\r'
+  < /dev/null | sed -u 's/\r$//'
 qemu_status=${PIPESTATUS[0]}
 set -e
 if [[ -f $share/status ]]; then
