@@ -1,0 +1,64 @@
+"""The ipsets and fixed iptables rules against the real kernel (host, own netns):
+they load, stay the same size, and --cleanup removes them and nothing else."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import rules as R
+from svcproxy.backends.ipvs import system
+from svcproxy.backends.ipvs.backend import IpvsBackend
+from svcproxy.backends.ipvs.options import IpvsOptions
+from svcproxy.lab.netns import call_in
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    name = f"ivs{os.getpid() % 10000}{secrets.token_hex(2)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _load(entries: dict[str, set[str]]) -> int:
+    system.ipset_restore(S.full_restore(entries, (4,)))
+    local = R.LocalDetect(cidrs=("10.244.0.0/16",))
+    tables = {"nat": R.nat_rules(4, False, local), "filter": R.filter_rules(4),
+              "mangle": R.mangle_rules(4, local)}
+    saved = {t: system.iptables_save(4, t) for t in R.TABLES}
+    missing = [j for j in R.JUMPS if j.rule() not in saved[j.table] and j.table in tables]
+    system.iptables_restore(4, R.restore_text(tables, missing))
+    chains = R.NAT_CHAINS + R.FILTER_CHAINS + R.MANGLE_CHAINS
+    return sum(R.count_rules(system.iptables_save(4, t), chains) for t in R.TABLES)
+
+
+def _cleanup_leaves_foreign_things() -> tuple[str, set[str]]:
+    system.run(["iptables", "-t", "nat", "-N", "FOREIGN"])
+    system.run(["ipset", "create", "FOREIGN-SET", "hash:ip"])
+    IpvsBackend(NodeConfig(node_name="n1"), IpvsOptions(), (4,)).cleanup()
+    saved = "".join(system.iptables_save(4, t) for t in R.TABLES)
+    return saved, system.ipset_names()
+
+
+def test_rules_load_stay_fixed_and_cleanup_removes_only_ours(ns: str) -> None:
+    few = {"KUBE-CLUSTER-IP": {f"10.96.0.{i},tcp:80" for i in range(1, 11)}}
+    many = {"KUBE-CLUSTER-IP": {f"10.96.{i // 250}.{i % 250 + 1},tcp:80" for i in range(1000)},
+            "KUBE-NODE-PORT-TCP": {str(30000 + i) for i in range(1000)}}
+    small = call_in(ns, _load, few)
+    assert small == call_in(ns, _load, many), "reloading with more services adds no rule"
+    saved, sets = call_in(ns, _cleanup_leaves_foreign_things)
+    assert "KUBE-" not in saved and ":FOREIGN" in saved
+    assert sets == {"FOREIGN-SET"}
