@@ -1,5 +1,6 @@
 """pytest plugin for the emulated IPVS guest: Python runs 20-25x slower there, so the
-shared scenario suite's waits (process start-up, "eventually") are stretched.
+shared scenario suite's waits (process start-up, "eventually", the default wait for an
+answer) are stretched; explicit timeouts (those that check for drops) are kept.
 
 Loaded with ``-p tests.ipvs.slow_guest`` by tests/test_ipvs_vm.py; only wait
 bounds change, never what the tests assert. The factor comes from
@@ -42,6 +43,7 @@ def pytest_configure() -> None:
 
     _stretch(processes.wait_for_path, "timeout")
     _stretch(harness.ScenarioLab.eventually, "timeout")
+    _stretch(harness.ScenarioLab.probe, "timeout")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
