@@ -17,7 +17,8 @@ def generate_protos() -> None:
     (out / "__init__.py").write_text('"""Generated from proto/ by the build; do not edit."""\n')
     protos = sorted(p.name for p in (ROOT / "proto").glob("*.proto"))
     bindir = Path(sys.executable).parent
-    plugins = [f"--plugin=protoc-gen-{n}={bindir / ('protoc-gen-' + n)}" for n in ("mypy", "mypy_grpc")]
+    plugins = [f"--plugin=protoc-gen-{n}={bindir / ('protoc-gen-' + n)}"
+               for n in ("mypy", "mypy_grpc")]
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-Isvcproxy/v1=proto",
          *plugins, "--python_out=.", "--grpc_python_out=.", "--mypy_out=.", "--mypy_grpc_out=.",
