@@ -51,12 +51,14 @@ JUMPS = (
     Jump("filter", "INPUT", "KUBE-IPVS-FILTER", "kubernetes ipvs access filter"),
     Jump("mangle", "PREROUTING", "KUBE-EXTERNAL-LOCAL",
          "externalTrafficPolicy=Local: pods reach every endpoint, no local endpoint drops"),
+    Jump("mangle", "OUTPUT", "KUBE-EXTERNAL-LOCAL-NODE",
+         "externalTrafficPolicy=Local: the node reaches every endpoint"),
 )
 NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-NODE-PORT",
               "KUBE-LOAD-BALANCER", "KUBE-MARK-NONLOCAL")
 FILTER_CHAINS = ("KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
                  "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER")
-MANGLE_CHAINS = ("KUBE-EXTERNAL-LOCAL",)
+MANGLE_CHAINS = ("KUBE-EXTERNAL-LOCAL", "KUBE-EXTERNAL-LOCAL-NODE")
 CHAINS = {"nat": NAT_CHAINS, "filter": FILTER_CHAINS, "mangle": MANGLE_CHAINS}
 TABLES = ("filter", "nat", "mangle")
 FWMARK_MASK = "0xffff0000"
@@ -143,9 +145,9 @@ def filter_rules(family: int) -> dict[str, list[str]]:
 
 
 def mangle_rules(family: int, local: LocalDetect) -> dict[str, list[str]]:
-    """externalTrafficPolicy Local: packets from pods to an external address get the
-    firewall mark of the virtual server holding every endpoint (ipset skbinfo), and
-    other packets to one without a local endpoint are dropped."""
+    """externalTrafficPolicy Local: packets from pods and from the node itself to an
+    external address get the firewall mark of the virtual server holding every endpoint
+    (ipset skbinfo), and other packets to one without a local endpoint are dropped."""
     marked = _set(S.EXTERNAL_LOCAL_FWMARK, family, "dst,dst")
     mapping = (f"-j SET --map-set {S.set_name(S.EXTERNAL_LOCAL_FWMARK, family)} dst,dst "
                "--map-mark")
@@ -153,7 +155,7 @@ def mangle_rules(family: int, local: LocalDetect) -> dict[str, list[str]]:
     rules += [f"-i {i} {marked} {mapping}" for i in local.interfaces]
     rules.append(f"-m mark --mark 0x0/{FWMARK_MASK} "
                  f"{_set(S.NO_LOCAL_ENDPOINTS, family, 'dst,dst')} -j DROP")
-    return {"KUBE-EXTERNAL-LOCAL": rules}
+    return {"KUBE-EXTERNAL-LOCAL": rules, "KUBE-EXTERNAL-LOCAL-NODE": [f"{marked} {mapping}"]}
 
 
 def restore_text(tables: Mapping[str, Mapping[str, Sequence[str]]],
