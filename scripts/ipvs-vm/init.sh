@@ -24,8 +24,17 @@ mount -t devtmpfs devtmpfs $m/dev
 mkdir -p $m/dev/pts $m/dev/shm
 mount -t devpts devpts $m/dev/pts
 mount -t tmpfs tmpfs $m/dev/shm
+# A fresh /tmp and /run, but keep the job's working directory when it lives there
+# (a checkout in /tmp, as CI may use).
+workdir=$(cat /share/workdir 2>/dev/null)
+keep=""
+case "$workdir" in /tmp/*|/run/*) keep=1; mkdir -p /saved; mount -o bind "$m$workdir" /saved ;; esac
 mount -t tmpfs tmpfs $m/tmp
 mount -t tmpfs tmpfs $m/run
+if [ -n "$keep" ]; then
+  mkdir -p "$m$workdir"
+  mount -o bind /saved "$m$workdir"
+fi
 mkdir -p "$m$sharepath"
 mount -o bind /share "$m$sharepath"
 echo /sbin/guest-modprobe > /proc/sys/kernel/modprobe

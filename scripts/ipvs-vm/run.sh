@@ -37,6 +37,7 @@ initrd=$cache/initramfs-$kver-$key.cpio.gz
 share=$(mktemp -d "$cache/run.XXXXXX")
 trap 'rm -rf "$share"' EXIT
 echo "$share" > "$share/hostpath"
+echo "$PWD" > "$share/workdir"
 {
   echo "ip link set lo up 2>/dev/null"
   printf 'cd %q || exit 125\n' "$PWD"
