@@ -71,7 +71,9 @@ def _set(base: str, family: int, match: str) -> str:
 
 
 def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str, list[str]]:
-    """The nat table's chains and their rules, in order."""
+    """The nat table's chains and their rules, in order. Traffic the node itself sends
+    to an external address is masqueraded even with externalTrafficPolicy Local: its
+    source would otherwise be that address, which remote endpoints cannot answer."""
     svc: list[str] = [f"{_set(S.LOAD_BALANCER, family, 'dst,dst')} -j KUBE-LOAD-BALANCER"]
     if masquerade_all:
         svc.append(f"{_set(S.CLUSTER_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
@@ -80,6 +82,8 @@ def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str
     else:
         svc.append(f"{_set(S.CLUSTER_IP, family, 'src,dst')} -j KUBE-MARK-MASQ")
     svc.append(f"{_set(S.EXTERNAL_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
+    svc.append(f"{_set(S.EXTERNAL_IP_LOCAL, family, 'dst,dst')} -m addrtype --src-type LOCAL "
+               "-j KUBE-MARK-MASQ")
     for base in (S.EXTERNAL_IP, S.EXTERNAL_IP_LOCAL):
         svc.append(f"{_set(base, family, 'dst,dst')} -m addrtype ! --src-type LOCAL -j ACCEPT")
         svc.append(f"{_set(base, family, 'dst,dst')} -m addrtype --dst-type LOCAL -j ACCEPT")
@@ -100,6 +104,7 @@ def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str
     return {
         "KUBE-SERVICES": svc,
         "KUBE-LOAD-BALANCER": [
+            "-m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
             f"{_set(S.LOAD_BALANCER_LOCAL, family, 'dst,dst')} -j RETURN",
             "-j KUBE-MARK-MASQ",
         ],
