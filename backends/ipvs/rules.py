@@ -71,9 +71,9 @@ def _set(base: str, family: int, match: str) -> str:
 
 
 def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str, list[str]]:
-    """The nat table's chains and their rules, in order. Traffic the node itself sends
-    to an external address is masqueraded even with externalTrafficPolicy Local: its
-    source would otherwise be that address, which remote endpoints cannot answer."""
+    """The nat table's chains and their rules, in order. A packet leaving with a service
+    address as its source (the node talking to its own LB IP or ExternalIP picks that
+    address) is masqueraded: no endpoint could answer it."""
     svc: list[str] = [f"{_set(S.LOAD_BALANCER, family, 'dst,dst')} -j KUBE-LOAD-BALANCER"]
     if masquerade_all:
         svc.append(f"{_set(S.CLUSTER_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
@@ -82,8 +82,6 @@ def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str
     else:
         svc.append(f"{_set(S.CLUSTER_IP, family, 'src,dst')} -j KUBE-MARK-MASQ")
     svc.append(f"{_set(S.EXTERNAL_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
-    svc.append(f"{_set(S.EXTERNAL_IP_LOCAL, family, 'dst,dst')} -m addrtype --src-type LOCAL "
-               "-j KUBE-MARK-MASQ")
     for base in (S.EXTERNAL_IP, S.EXTERNAL_IP_LOCAL):
         svc.append(f"{_set(base, family, 'dst,dst')} -m addrtype ! --src-type LOCAL -j ACCEPT")
         svc.append(f"{_set(base, family, 'dst,dst')} -m addrtype --dst-type LOCAL -j ACCEPT")
@@ -104,7 +102,6 @@ def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str
     return {
         "KUBE-SERVICES": svc,
         "KUBE-LOAD-BALANCER": [
-            "-m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
             f"{_set(S.LOAD_BALANCER_LOCAL, family, 'dst,dst')} -j RETURN",
             "-j KUBE-MARK-MASQ",
         ],
@@ -112,6 +109,7 @@ def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str
         "KUBE-MARK-NONLOCAL": nonlocal_rules if local.implemented else [],
         "KUBE-POSTROUTING": [
             f"{_set(S.LOOP_BACK, family, 'dst,dst,src')} -j MASQUERADE",
+            f"{_set(S.IPVS_IPS, family, 'src')} -j MASQUERADE",
             f"-m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN",
             f"-j MARK --xor-mark {MASQ_MARK}",
             '-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE',

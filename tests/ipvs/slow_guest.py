@@ -13,6 +13,7 @@ expected failure for ipvs (strict: it is reported if it ever passes).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,3 +52,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         reason = KNOWN_DIFFERENCES.get(item.name)
         if reason:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+
+
+def _node_dump() -> str:
+    """The IPVS programming of every scenario node namespace (for failure reports)."""
+    import subprocess
+
+    out = []
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for ns in (line.split()[0] for line in names.splitlines() if "node1" in line):
+        for argv in (["iptables-save"], ["ipset", "list", "-t"],
+                     ["ipset", "list", "KUBE-EXTERNAL-LOCAL-FWMARK"], ["ip", "addr"],
+                     [sys.executable, "-c", _IPVS_DUMP]):
+            done = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True,
+                                  text=True)
+            out.append(f"== {ns}: {' '.join(argv[:3])}\n{done.stdout}{done.stderr}")
+    logs = subprocess.run("tail -n 40 /tmp/sp*/backend.log", shell=True, capture_output=True,
+                          text=True)
+    out.append(f"== backend logs\n{logs.stdout}")
+    return "\n".join(out)
+
+
+_IPVS_DUMP = """
+from svcproxy.backends.ipvs.netlink import IpvsNetlink
+s = IpvsNetlink()
+for v in s.services():
+    print(v, [(str(d.id), d.weight, d.active, d.inactive) for d in s.dests(v.id)])
+"""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and item.name.endswith("[ipvs]"):
+        report.sections.append(("node1 IPVS programming", _node_dump()))
