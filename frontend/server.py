@@ -9,7 +9,6 @@ its own cursor, so a slow client never delays another.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,20 +40,19 @@ class NodeStateServicer:
         self.engine = engine
 
     async def Watch(self, request: pb.WatchRequest,  # noqa: N802 - gRPC method name
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                    context: grpc.aio.ServicerContext) -> None:
         if not request.node_name:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "node_name is required (use WatchCluster for every node)")
-        async for msg in self._stream(request.node_name, request.since_revision, context):
-            yield msg
+        await self._stream(request.node_name, request.since_revision, context)
 
     async def WatchCluster(self, request: pb.ClusterWatchRequest,  # noqa: N802
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        async for msg in self._stream(CLUSTER_VIEW, request.since_revision, context):
-            yield msg
+                           context: grpc.aio.ServicerContext) -> None:
+        await self._stream(CLUSTER_VIEW, request.since_revision, context)
 
-    async def _stream(self, name: str, since: int,
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+        """Write the view's snapshot, then its batches, with ``context.write`` (one
+        generator layer less per message than yielding)."""
         engine = self.engine
         await engine.synced.wait()
         view = engine.view(name)
@@ -71,7 +69,7 @@ class NodeStateServicer:
                              "full snapshot", peer, since)
                 cursor = engine.revision
                 for msg in self._snapshot(view, cursor, reset=since != 0):
-                    yield msg
+                    await context.write(msg)
             while True:
                 await view.wait_change(cursor)
                 msgs = view.messages_since(cursor)
@@ -83,7 +81,7 @@ class NodeStateServicer:
                 else:
                     cursor = view.revision
                 for msg in msgs:
-                    yield msg
+                    await context.write(msg)
         finally:
             view.watchers -= 1
             metrics.CLIENTS.dec()
