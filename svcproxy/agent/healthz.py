@@ -7,7 +7,7 @@ import datetime as dt
 from prometheus_client import Counter
 
 from svcproxy.agent.health import HealthStatus, ProxyHealth
-from svcproxy.agent.httpserve import BackgroundHTTPServer, Response
+from svcproxy.agent.httpserve import Response, RoutedServer
 from svcproxy.agent.metrics import AgentMetrics
 
 _HEADERS = (("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"))
@@ -41,7 +41,7 @@ def livez_body(status: HealthStatus) -> bytes:
     ).encode()
 
 
-class HealthzServer:
+class HealthzServer(RoutedServer):
     """Serves /healthz (sync loop healthy and node eligible) and /livez (sync loop healthy)."""
 
     def __init__(
@@ -49,14 +49,7 @@ class HealthzServer:
     ) -> None:
         self._health = health
         self._metrics = metrics
-        self._server = BackgroundHTTPServer(host, port, self._route, name="healthz")
-
-    @property
-    def port(self) -> int:
-        return self._server.port
-
-    def close(self) -> None:
-        self._server.close()
+        super().__init__(host, port, "healthz")
 
     def _route(self, path: str) -> Response:
         status = self._health.status()

@@ -114,3 +114,20 @@ class BackgroundHTTPServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class RoutedServer:
+    """A BackgroundHTTPServer whose routes are this object's ``_route`` method."""
+
+    def __init__(self, host: str, port: int, name: str) -> None:
+        self._server = BackgroundHTTPServer(host, port, self._route, name=name)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _route(self, path: str) -> Response:
+        raise NotImplementedError

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from svcproxy.agent.httpserve import BackgroundHTTPServer, Response
+from svcproxy.agent.httpserve import Response, RoutedServer
 from svcproxy.agent.metrics import AgentMetrics
 
 
-class MetricsServer:
+class MetricsServer(RoutedServer):
     """Serves the agent's registry on /metrics; /proxyMode names the backend."""
 
     def __init__(self, host: str, port: int, metrics: AgentMetrics, proxy_mode: str) -> None:
         self._metrics = metrics
         self._mode = proxy_mode
-        self._server = BackgroundHTTPServer(host, port, self._route, name="metrics")
-
-    @property
-    def port(self) -> int:
-        return self._server.port
-
-    def close(self) -> None:
-        self._server.close()
+        super().__init__(host, port, "metrics")
 
     def _route(self, path: str) -> Response:
         if path == "/metrics":
