@@ -102,7 +102,8 @@ def test_cluster_ip_protocols_ports_and_target_port_names(lab: ScenarioLab) -> N
     udp = reach(lab, "client", "udp", cips[0], 80, set(pods))
     assert udp.ports == {8081} and udp.sources == {client.ipv4}
     assert reach(lab, "client", "tcp", cips[0], 81, set(pods)).ports == {8082}
-    tcp6 = reach(lab, "client", "tcp", cips[1], 80, set(pods))
+    tcp6 = lab.eventually(  # the IPv6 rules are a transaction of their own
+        lambda: reach(lab, "client", "tcp", cips[1], 80, set(pods)))
     assert tcp6.ports == {8080} and tcp6.sources == {client.ipv6}
     assert reach(lab, "client", "udp", cips[1], 80, set(pods)).ports == {8081}
 
@@ -124,7 +125,9 @@ def test_node_port_on_selected_addresses(lab: ScenarioLab) -> None:
     seen = lab.eventually(
         lambda: reach(lab, "ext-ok", "tcp", node.ipv4, 30080, {"pod-a", "pod-c"}))
     assert seen.sources <= node_addresses(lab), "external NodePort traffic is masqueraded"
-    seen6 = reach(lab, "ext-ok", "tcp", node.ipv6, 30080, {"pod-a", "pod-c"})
+    # Each family is its own transaction (iptables, then ip6tables): wait for both.
+    seen6 = lab.eventually(
+        lambda: reach(lab, "ext-ok", "tcp", node.ipv6, 30080, {"pod-a", "pod-c"}))
     assert seen6.sources <= node_addresses(lab)
     reach(lab, "node1", "tcp", node.ipv4, 30080, {"pod-a", "pod-c"})
     # The pod bridge address is not in --node-port-addresses: nothing listens there.
@@ -156,7 +159,8 @@ def test_external_ips(lab: ScenarioLab) -> None:
     seen = lab.eventually(
         lambda: reach(lab, "ext-ok", "tcp", "192.168.60.20", 80, {"pod-a", "pod-c"}))
     assert seen.sources <= node_addresses(lab)
-    seen6 = reach(lab, "ext-ok", "tcp", "fd00:60::20", 80, {"pod-a", "pod-c"})
+    seen6 = lab.eventually(  # the IPv6 rules are a transaction of their own
+        lambda: reach(lab, "ext-ok", "tcp", "fd00:60::20", 80, {"pod-a", "pod-c"}))
     assert seen6.sources <= node_addresses(lab)
 
 
@@ -265,7 +269,8 @@ def test_masquerade_and_hairpin(lab: ScenarioLab) -> None:
     pod_a = lab.spec.pod("pod-a")
     seen = lab.eventually(lambda: reach(lab, "pod-a", "tcp", "10.96.10.1", 80, {"pod-a"}, 5))
     assert seen.sources and pod_a.ipv4 not in seen.sources, "hairpin traffic is masqueraded"
-    seen6 = reach(lab, "pod-a", "tcp", "fd00:96::10:1", 80, {"pod-a"}, 5)
+    seen6 = lab.eventually(  # the IPv6 rules are a transaction of their own
+        lambda: reach(lab, "pod-a", "tcp", "fd00:96::10:1", 80, {"pod-a"}, 5))
     assert pod_a.ipv6 not in seen6.sources
     client = lab.spec.pod("client")
     assert reach(lab, "client", "tcp", "10.96.10.1", 80, {"pod-a"}, 5).sources == {client.ipv4}
