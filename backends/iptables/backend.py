@@ -8,15 +8,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
+
 from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
-from svcproxy.backends.iptables.cleanup import cleanup_text
+from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.familyconfig import family_config, localhost_nodeports_allowed
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
+from svcproxy.backends.iptables.metrics import IptablesMetrics
 from svcproxy.backends.iptables.planner import Plan, Planner
 from svcproxy.backends.iptables.render import FamilyConfig
-from svcproxy.backends.iptables.restore import TableChanges, parse_save, restore_text
+from svcproxy.backends.iptables.restore import (
+    ALL_CHAINS_ABOVE,
+    TableChanges,
+    parse_save,
+    restore_text,
+)
 from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
 from svcproxy.sdk.backend import Backend, Changes, NodeState
@@ -72,6 +80,8 @@ class IptablesBackend(Backend):
         self.clock = clock
         self.mode = ""
         self.reports: list[SyncReport] = []
+        self.last_sync_full: bool | None = None
+        self.metrics = IptablesMetrics()
         self._families: dict[int, _Family] = {}
         self._localhost = False
         self._drop_invalid = True
@@ -105,10 +115,15 @@ class IptablesBackend(Backend):
                              localhost_nodeports=self._localhost,
                              drop_invalid=self._drop_invalid)
 
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """The agent's hook: export kube-proxy's iptables metrics in its registry."""
+        self.metrics = IptablesMetrics(registry)
+
     def sync(self, state: NodeState, changes: Changes) -> None:
         if not self._families:
             self._start()
         self.reports = []
+        self.last_sync_full = None
         errors: list[str] = []
         for family, fam in self._families.items():
             try:
@@ -116,6 +131,8 @@ class IptablesBackend(Backend):
             except (IptablesError, OSError) as err:
                 fam.planner.forget()
                 errors.append(f"IPv{family}: {err}")
+        self.last_sync_full = any(r.full for r in self.reports)
+        self.metrics.set_rules(f.planner.rules for f in self._families.values())
         if errors:
             raise IptablesError("; ".join(errors))
 
@@ -164,16 +181,21 @@ class IptablesBackend(Backend):
             plan = self._full_plan(fam, state)
         else:
             plan = fam.planner.plan(state.services, changes.services)
-        text = restore_text(plan.tables)
+        text = restore_text(plan.tables, self._all_chains_above())
         try:
             if text:
                 fam.tool.restore(text)
         except IptablesError as err:
+            self.metrics.restore_failed(partial=not plan.full)
             if plan.full:
                 raise
             log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
             return self._apply(family, fam, state, changes, "partial sync failed")
         return plan, text, why_full
+
+    def _all_chains_above(self) -> int | None:
+        """iptables-nft fetches the chains of a big transaction in one dump (see restore)."""
+        return ALL_CHAINS_ABOVE if self.mode == "nft" else None
 
     def _full_plan(self, fam: _Family, state: NodeState) -> Plan:
         """Everything, plus stale-chain deletion, jump rules and canaries."""
@@ -200,9 +222,11 @@ class IptablesBackend(Backend):
                     log.debug("Nothing to clean in IPv%d %s iptables: %s", family, mode, err)
                     continue
                 try:
-                    text = cleanup_text(parse_save(saved))
-                    if text:
+                    texts = cleanup_texts(parse_save(saved),
+                                          ALL_CHAINS_ABOVE if mode == "nft" else None)
+                    for text in texts:
                         tool.restore(text)
+                    if texts:
                         log.info("Removed svcproxy's iptables rules (IPv%d, %s)", family, mode)
                 except (IptablesError, OSError) as err:
                     errors.append(f"IPv{family} {mode}: {err}")

@@ -40,3 +40,19 @@ def cleanup_text(saved: Mapping[str, SavedTable]) -> str:
                                delete=sorted(chains))
         tables[table] = changes
     return restore_text(tables)
+
+
+def cleanup_texts(saved: Mapping[str, SavedTable], all_chains_above: int | None = None,
+                  ) -> list[str]:
+    """The cleanup as restore inputs to apply in order ([] if nothing is left).
+
+    iptables-nft with many chains (``all_chains_above``, see restore): the jump
+    deletions first, then the chains, so the big transaction needs no rule cache.
+    """
+    if all_chains_above is None:
+        return [text] if (text := cleanup_text(saved)) else []
+    owned = owned_chains(saved)
+    jumps = {t: TableChanges(lines=delete_lines(c, saved[t])) for t, c in owned.items()}
+    chains = {t: TableChanges(delete=sorted(c)) for t, c in owned.items()}
+    return [text for text in (restore_text(jumps), restore_text(chains, all_chains_above))
+            if text]

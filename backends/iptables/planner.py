@@ -12,7 +12,7 @@ planner until ``commit`` is called after a successful apply.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.render import (
@@ -39,6 +39,7 @@ class Plan:
     endpoint_total: int
     full: bool
     rendered: int = 0
+    rules: dict[str, int] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return all(t.empty() for t in self.tables.values())
@@ -53,6 +54,7 @@ class Planner:
         self.top: dict[str, dict[str, str]] = {}
         self.large = False
         self.endpoint_total = 0
+        self.rules: dict[str, int] = {}
         self.synced = False
 
     def reconfigure(self, cfg: FamilyConfig) -> bool:
@@ -67,6 +69,7 @@ class Planner:
         """Drop what was applied: the next plan must be full."""
         self.fragments = {}
         self.top = {}
+        self.rules = {}
         self.synced = False
 
     def plan(self, services: Mapping[ServicePortKey, ServicePortState],
@@ -89,11 +92,28 @@ class Planner:
         if full:
             top = top_level(self.cfg, live)
             tables = self._full_tables(fragments, top, existing_nat_chains or frozenset())
+            rules = {t: sum(map(_lines, c.write.values())) for t, c in tables.items()}
         else:
             top = top_level(self.cfg, live, self.top, self._dirty_fields(fragments, changed))
             tables = self._partial_tables(fragments, top, changed)
+            rules = self._rules_after(tables, changed, fragments)
         return Plan(tables=tables, fragments=fragments, top=top, large=large,
-                    endpoint_total=endpoint_total, full=full, rendered=rendered)
+                    endpoint_total=endpoint_total, full=full, rendered=rendered, rules=rules)
+
+    def _rules_after(self, tables: dict[str, TableChanges], changed: list[ServicePortKey],
+                     fragments: Fragments) -> dict[str, int]:
+        """Rules in our chains per table once a partial plan is applied."""
+        rules = dict(self.rules)
+        for table, changes in tables.items():
+            old = dict(self.top.get(table, {}))
+            if table == NAT:
+                for key in changed:
+                    before = self.fragments.get(key)
+                    old.update(before[1].chains if before and before[1] else {})
+            delta = sum(map(_lines, changes.write.values()))
+            delta -= sum(_lines(old.get(c, "")) for c in [*changes.write, *changes.delete])
+            rules[table] = rules.get(table, 0) + delta
+        return rules
 
     def _render(self, services: Mapping[ServicePortKey, ServicePortState],
                 keys: Iterable[ServicePortKey], full: bool, large: bool,
@@ -146,6 +166,7 @@ class Planner:
         self.top = plan.top
         self.large = plan.large
         self.endpoint_total = plan.endpoint_total
+        self.rules = plan.rules
         self.synced = True
 
     def _endpoint_total_after(self, services: Mapping[ServicePortKey, ServicePortState],
@@ -195,3 +216,7 @@ class Planner:
             nat.delete.extend(c for c in old_chains if c not in new_chains)
         return tables
 
+
+
+def _lines(text: str) -> int:
+    return text.count("\n")

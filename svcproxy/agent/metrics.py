@@ -27,6 +27,7 @@ class AgentMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._backend: object = None
         r = self.registry
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -106,6 +107,20 @@ class AgentMetrics:
             registry=r,
         )
 
+    def attach_backend(self, backend: object) -> None:
+        """Let the backend export its own metrics here and say what kind of sync it did.
+
+        Both hooks are optional: ``register_metrics(registry)`` is called once,
+        now; ``last_sync_full`` (bool, or None to keep the agent's view) is read
+        after each successful sync, so the full and partial duration histograms
+        count what the backend did (kube-proxy's iptables mode answers most
+        periodic syncs with a partial one) rather than what was asked.
+        """
+        register = getattr(backend, "register_metrics", None)
+        if callable(register):
+            register(self.registry)
+        self._backend = backend
+
     def queued(self) -> None:
         self.last_queued.set_to_current_time()
 
@@ -124,6 +139,9 @@ class AgentMetrics:
         trigger_times: Iterable[float],
     ) -> None:
         """Record one successful sync."""
+        did_full = getattr(self._backend, "last_sync_full", None)
+        if isinstance(did_full, bool):
+            full = did_full
         self.sync_duration.observe(duration)
         (self.sync_full_duration if full else self.sync_partial_duration).observe(duration)
         self.last_sync.set_to_current_time()

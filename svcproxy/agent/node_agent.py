@@ -61,6 +61,7 @@ class NodeAgent:
     ) -> None:
         self.health = ProxyHealth(timeout=2 * config.sync_period)
         self.metrics = AgentMetrics()
+        self.metrics.attach_backend(backend)
         self.service_health = ServiceHealthServer(
             self.health, node_port_ips(config.node_port_addresses, config.node_ips)
         )

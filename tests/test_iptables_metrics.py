@@ -1,0 +1,126 @@
+"""kube-proxy's iptables-mode metrics, exported through the agent's /metrics (no kernel)."""
+
+from __future__ import annotations
+
+import http.client
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.agent.fake_source import FakeSource
+from svcproxy.agent.node_agent import NodeAgent
+from svcproxy.backends.iptables import backend as backend_module
+from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
+from svcproxy.backends.iptables.tool import IptablesError
+from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
+from svcproxy.sdk.backend import Changes, NodeState
+
+KEY = ServicePortKey("default", "web", "http", Protocol.TCP)
+
+
+class FakeIptables:
+    """Records restores instead of running iptables; ``fail`` makes the next ones fail."""
+
+    fail = 0
+    restored: list[str] = []
+
+    def __init__(self, family: int, mode: str, prefix: tuple[str, ...] = ()) -> None:
+        self.family, self.mode, self.prefix = family, mode, prefix
+
+    def restore(self, text: str) -> None:
+        if FakeIptables.fail:
+            FakeIptables.fail -= 1
+            raise IptablesError("iptables-nft-restore failed: line 2 failed")
+        FakeIptables.restored.append(text)
+
+    def save(self, table: str | None = None) -> str:
+        return ""
+
+    def chain_exists(self, table: str, chain: str) -> bool:
+        return True
+
+
+class FakeSysctl:
+    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
+        self.prefix = prefix
+
+    def get(self, name: str) -> str | None:
+        return None
+
+    def set(self, name: str, value: str) -> None:
+        pass
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[NodeAgent]:
+    monkeypatch.setattr(backend_module, "Iptables", FakeIptables)
+    monkeypatch.setattr(backend_module, "Sysctl", FakeSysctl)
+    FakeIptables.fail, FakeIptables.restored = 0, []
+    config = NodeConfig("node-a", cluster_cidrs=("10.0.0.0/8",))
+    backend = IptablesBackend(config, IptablesOptions(mode="nft", families=(4,),
+                                                      localhost_nodeports=False))
+    node_agent = NodeAgent(FakeSource(), backend, config, metrics_address=("127.0.0.1", 0))
+    yield node_agent
+    node_agent.close()
+
+
+def state(revision: int, *ips: str) -> NodeState:
+    port = ServicePort(KEY, cluster_ips=("172.30.0.1",), port=80, has_endpoints=bool(ips))
+    eps = {ip: Endpoint(ip, 8080, internal=True, external=True) for ip in ips}
+    return NodeState("node-a", revision, None, {KEY: ServicePortState(port, eps)})
+
+
+def metric(node_agent: NodeAgent, name: str, labels: str = "") -> float:
+    assert node_agent.metrics_server is not None
+    conn = http.client.HTTPConnection("127.0.0.1", node_agent.metrics_server.port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    found = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name}{labels} not in /metrics"
+    return float(found.group(1))
+
+
+def sync(node_agent: NodeAgent, new: NodeState, changes: Changes) -> None:
+    """One sync as the runner does it: the backend, then the agent's bookkeeping."""
+    node_agent.runner._backend.sync(new, changes)
+    node_agent.metrics.synced(None, new, changes.services, changes.full, 0.01, ())
+
+
+def test_rule_counts_per_table_follow_full_and_partial_syncs(agent: NodeAgent) -> None:
+    sync(agent, state(1, "10.1.0.1", "10.1.0.2"), Changes(full=True, reason="initial"))
+    nat = metric(agent, "kubeproxy_sync_proxy_rules_iptables_total", '{table="nat"}')
+    full_text = FakeIptables.restored[-1]
+    nat_text = full_text.split("*nat\n", 1)[1].split("COMMIT", 1)[0]
+    assert nat == sum(1 for line in nat_text.splitlines() if line.startswith("-A "))
+    assert metric(agent, "kubeproxy_sync_proxy_rules_iptables_total", '{table="filter"}') > 0
+    sync(agent, state(2, "10.1.0.1"), Changes(services=frozenset({KEY})))
+    # one KUBE-SEP chain (2 rules) and one probability rule fewer
+    assert metric(agent, "kubeproxy_sync_proxy_rules_iptables_total", '{table="nat"}') == nat - 3
+
+
+def test_restore_failures_are_counted_partial_ones_apart(agent: NodeAgent) -> None:
+    name = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+    partial = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
+    assert metric(agent, name) == 0 and metric(agent, partial) == 0
+    sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
+    FakeIptables.fail = 1  # the partial restore fails; the full one it falls back to works
+    sync(agent, state(2, "10.1.0.2"), Changes(services=frozenset({KEY})))
+    assert metric(agent, name) == 1 and metric(agent, partial) == 1
+    FakeIptables.fail = 1
+    with pytest.raises(IptablesError):
+        sync(agent, state(3, "10.1.0.3"), Changes(full=True, reason="retry"))
+    assert metric(agent, name) == 2 and metric(agent, partial) == 1
+
+
+def test_full_and_partial_durations_count_what_the_backend_did(agent: NodeAgent) -> None:
+    full = "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
+    partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+    sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
+    assert metric(agent, full) == 1 and metric(agent, partial) == 0
+    # the agent's periodic sync asks for everything; the backend finds nothing to rewrite
+    periodic = Changes(services=frozenset({KEY}), full=True, reason="periodic")
+    sync(agent, state(1, "10.1.0.1"), periodic)
+    assert metric(agent, full) == 1 and metric(agent, partial) == 1
