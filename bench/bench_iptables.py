@@ -10,6 +10,9 @@ rules. Prints, per iptables mode:
 - full sync of N services x M endpoints by the backend, against the raw
   ``iptables-restore --noflush`` time of the very same input (both families);
 - one endpoint change at that scale (partial sync: p50 / p99 / max);
+- the floor of the iptables tool itself at that scale: a raw ``iptables-restore
+  --noflush`` adding one empty chain, and one chain with one rule, to the loaded table
+  (legacy replaces the whole table; nf_tables validates the whole table on a new rule);
 - a periodic sync with nothing to do (equality check + canary probe);
 - backend RSS (peak, and above the state it was handed);
 - the nftables backend on the same state in the same run (full sync, one change);
@@ -128,14 +131,23 @@ def inner_iptables(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def inner_raw(args: argparse.Namespace) -> dict[str, Any]:
-    """The raw iptables-restore time of the exact input our full sync wrote."""
+    """The raw iptables-restore time of the exact input our full sync wrote, then the
+    tool's floor on that table: one empty chain added, one chain with one rule added."""
     total = 0.0
     for item in json.loads(Path(args.out).read_text()):
         family, text = item.split("\n", 1)
-        program = f"{'iptables' if family == '4' else 'ip6tables'}-{args.mode}-restore"
-        total += timed(lambda p=program, t=text: subprocess.run(
-            [p, "--noflush", "--wait", "5"], input=t, text=True, check=True))
-    return {"raw": total}
+        total += timed(lambda t=text, f=family: raw_restore(args.mode, f, t))
+    empty = [timed(lambda n=n: raw_restore(args.mode, "4", f"*nat\n:BENCH-E{n} - [0:0]\nCOMMIT\n"))
+             for n in range(5)]
+    rule = [timed(lambda n=n: raw_restore(
+        args.mode, "4", f"*nat\n:BENCH-R{n} - [0:0]\n-A BENCH-R{n} -j RETURN\nCOMMIT\n"))
+        for n in range(5)]
+    return {"raw": total, "floor_empty": empty, "floor_rule": rule}
+
+
+def raw_restore(mode: str, family: str, text: str) -> None:
+    program = f"{'iptables' if family == '4' else 'ip6tables'}-{mode}-restore"
+    subprocess.run([program, "--noflush", "--wait", "5"], input=text, text=True, check=True)
 
 
 def inner_nft(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,6 +259,9 @@ def report_mode(spec: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
           f"(ours / raw = {ours['full'] / raw['raw']:.2f})")
     print(f"one endpoint change            p50 {ms(statistics.median(changes))}, "
           f"p99 {ms(pct(changes, 0.99))}, max {ms(max(changes))} over {len(changes)}")
+    empty, rule = statistics.median(raw["floor_empty"]), statistics.median(raw["floor_rule"])
+    print(f"raw floor on that table: one empty chain p50 {ms(empty)}, "
+          f"one chain + one rule p50 {ms(rule)} (5 each)")
     print(f"periodic sync, nothing to do   {ms(ours['noop'])}")
     print(f"RSS                            {ours['rss']:.0f} MB peak "
           f"({ours['rss'] - ours['state_rss']:.0f} MB above the state itself)")
@@ -396,10 +411,9 @@ def main() -> int:
     parser.add_argument("--services", type=int, default=10_000)
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--changes", type=int, default=20)
-    parser.add_argument("--modes", default="legacy,nft:1000",
-                        help="iptables modes to measure, MODE[:SERVICES] (iptables-nft-restore "
-                        "1.8.9 grows superlinearly with the chain count: 1,000 services take "
-                        "~8 s, 3,000 ~200 s) (default %(default)s)")
+    parser.add_argument("--modes", default="legacy,nft",
+                        help="iptables modes to measure, MODE[:SERVICES] for another scale "
+                        "than --services (default %(default)s)")
     parser.add_argument("--no-nft", action="store_true", help="skip the nftables backend")
     parser.add_argument("--iptc-per-rule", type=int, default=1000)
     parser.add_argument("--edits", type=int, default=50)

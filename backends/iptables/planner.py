@@ -25,7 +25,9 @@ from svcproxy.backends.iptables.restore import TableChanges
 from svcproxy.backends.iptables.toplevel import FIELDS, FILTER, NAT, top_level
 from svcproxy.model import ServicePortKey, ServicePortState
 
-Fragments = dict[ServicePortKey, tuple[ServicePortState, ServiceRules | None]]
+Fragment = tuple[ServicePortState, ServiceRules | None]
+Fragments = dict[ServicePortKey, Fragment]
+Entry = tuple[ServicePortKey, ServicePortState | None, Fragment | None]
 
 
 @dataclass(slots=True)
@@ -77,17 +79,17 @@ class Planner:
              existing_nat_chains: frozenset[str] | None = None) -> Plan:
         """Plan a sync. ``candidates`` None means full: re-check and write everything."""
         full = candidates is None or not self.synced
-        gone = [] if full else self._gone(services, candidates or ())
+        entries = [] if full else self._entries(services, candidates or ())
         if full:
             endpoint_total = sum(len(s.endpoints) for s in services.values())
         else:
-            endpoint_total = self._endpoint_total_after(services, [*(candidates or ()), *gone])
+            endpoint_total = self._endpoint_total_after(entries)
         large = endpoint_total > LARGE_CLUSTER_ENDPOINTS
         if large != self.large and self.synced:
             full = True
-        keys: Iterable[ServicePortKey] = sorted(services) if full else \
-            {*(candidates or ()), *gone}
-        fragments, changed, rendered = self._render(services, keys, full, large)
+        if full:
+            entries = [(k, services[k], self.fragments.get(k)) for k in sorted(services)]
+        fragments, changed, rendered = self._render(entries, full, large)
         live = (f for _, f in fragments.values() if f is not None)
         if full:
             top = top_level(self.cfg, live)
@@ -115,16 +117,13 @@ class Planner:
             rules[table] = rules.get(table, 0) + delta
         return rules
 
-    def _render(self, services: Mapping[ServicePortKey, ServicePortState],
-                keys: Iterable[ServicePortKey], full: bool, large: bool,
+    def _render(self, entries: list[Entry], full: bool, large: bool,
                 ) -> tuple[Fragments, list[ServicePortKey], int]:
-        """Fragments after re-rendering ``keys`` whose input changed (or all, if full)."""
+        """Fragments after re-rendering the entries whose input changed (or all, if full)."""
         fragments: Fragments = {} if full else dict(self.fragments)
         changed: list[ServicePortKey] = []
         rendered = 0
-        for key in keys:
-            state = services.get(key)
-            old = self.fragments.get(key)
+        for key, state, old in entries:
             if state is None:
                 if fragments.pop(key, None) is not None:
                     changed.append(key)
@@ -137,15 +136,22 @@ class Planner:
             changed.append(key)
         return fragments, changed, rendered
 
-    def _gone(self, services: Mapping[ServicePortKey, ServicePortState],
-              candidates: Iterable[ServicePortKey]) -> list[ServicePortKey]:
-        """Applied service ports missing from ``services`` (scanned only if counts say so)."""
-        listed = set(candidates)
-        added = sum(1 for k in listed if k in services and k not in self.fragments)
-        removed = sum(1 for k in listed if k not in services and k in self.fragments)
-        if len(self.fragments) + added - removed == len(services):
-            return []
-        return [k for k in self.fragments if k not in services]
+    def _entries(self, services: Mapping[ServicePortKey, ServicePortState],
+                 candidates: Iterable[ServicePortKey]) -> list[Entry]:
+        """(key, new state, applied fragment) of the candidates and of applied service
+        ports gone from ``services`` (scanned for only if the counts say some are).
+
+        Each key is looked up once: hashing a ServicePortKey is most of a periodic
+        sync's cost at 10,000 service ports.
+        """
+        listed = candidates if isinstance(candidates, (set, frozenset)) else set(candidates)
+        entries = [(k, services.get(k), self.fragments.get(k)) for k in listed]
+        added = sum(1 for _, new, old in entries if new is not None and old is None)
+        removed = sum(1 for _, new, old in entries if new is None and old is not None)
+        if len(self.fragments) + added - removed != len(services):
+            entries += [(k, None, old) for k, old in self.fragments.items()
+                        if k not in services and k not in listed]
+        return entries
 
     def _dirty_fields(self, fragments: Fragments,
                       changed: list[ServicePortKey]) -> frozenset[str]:
@@ -169,12 +175,9 @@ class Planner:
         self.rules = plan.rules
         self.synced = True
 
-    def _endpoint_total_after(self, services: Mapping[ServicePortKey, ServicePortState],
-                              candidates: Iterable[ServicePortKey]) -> int:
+    def _endpoint_total_after(self, entries: list[Entry]) -> int:
         total = self.endpoint_total
-        for key in set(candidates):
-            old = self.fragments.get(key)
-            new = services.get(key)
+        for _, new, old in entries:
             if old is not None and old[0] is new:
                 continue
             if old is not None:
