@@ -40,6 +40,19 @@ def test_first_sync_adds_the_service_then_each_real_server() -> None:
         genl.CMD_NEW_SERVICE, genl.CMD_NEW_DEST, genl.CMD_NEW_DEST]
 
 
+def test_new_servers_come_after_the_changes_of_existing_ones() -> None:
+    """Creations are sent after the sync's ipset changes, everything else before."""
+    applied = _applied(_desired(_web("10.244.1.2")))
+    other = port_state("other", "10.96.0.11", [endpoint("10.244.1.3")])
+    desired = Desired()
+    for port in (_web("10.244.2.2"), other):
+        desired.set_plan(port.key, render_port(port, RenderContext("rr")), Touched())
+    delta = diff_servers(set(desired.claims) | set(applied.servers), desired, applied, 0, 60)
+    assert [r.body[0] for r in delta.changes] == [genl.CMD_NEW_DEST, genl.CMD_SET_DEST]
+    assert [r.body[0] for r in delta.creations] == [genl.CMD_NEW_SERVICE, genl.CMD_NEW_DEST]
+    assert delta.requests == delta.changes + delta.creations
+
+
 def test_nothing_changed_sends_nothing() -> None:
     desired = _desired(_web("10.244.1.2"))
     applied = _applied(desired)

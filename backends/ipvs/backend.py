@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
@@ -21,6 +22,7 @@ from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
 from svcproxy.backends.ipvs.diff import (
     Applied,
+    IpvsDelta,
     diff_members,
     diff_servers,
     reap,
@@ -181,14 +183,15 @@ class IpvsBackend(Backend):
         for line in self.desired.conflicts():
             log.warning("address conflict: %s", line)
         self._read_kernel(refresh_dests=reason in ("initial", "retry"))
-        ids = set(self.desired.claims) | set(self.applied.servers)
-        self._apply_servers(ids)
-        self._apply_addresses(set(self.desired.addresses) | self.applied.addresses,
-                              set(self.desired.routes) | self.applied.routes)
+        servers = self._server_delta(set(self.desired.claims) | set(self.applied.servers))
+        links = self._link_delta(set(self.desired.addresses) | self.applied.addresses,
+                                 set(self.desired.routes) | self.applied.routes)
+        self._take_away(servers, links)
         entries = self.desired.entries_by_set()
         system.ipset_restore(ipsets.full_restore(entries, self.families))
         self.applied.entries = set(self.desired.entries)
         self._apply_rules(state.node)
+        self._bring_up(servers, links)
         log.info("ipvs: full sync (%s) of %d service ports, %d virtual servers in %.3fs",
                  reason, len(state.services), len(self.desired.claims),
                  time.monotonic() - started)
@@ -196,13 +199,15 @@ class IpvsBackend(Backend):
     def _partial_sync(self, state: NodeState, keys: Iterable[ServicePortKey]) -> None:
         touched = Touched()
         self._render(state, keys, touched)
-        self._apply_servers(touched.servers)
-        self._apply_addresses(touched.addresses, touched.routes)
+        servers = self._server_delta(touched.servers)
+        links = self._link_delta(touched.addresses, touched.routes)
+        self._take_away(servers, links)
         want = {e for e in touched.entries if e in self.desired.entries}
         have = {e for e in touched.entries if e in self.applied.entries}
         add, remove = want - have, have - want
         system.ipset_restore(ipsets.delta_restore(_by_set(add), _by_set(remove)))
         self.applied.entries = (self.applied.entries - remove) | add
+        self._bring_up(servers, links)
 
     # -- kernel state ------------------------------------------------------------------
 
@@ -223,36 +228,46 @@ class IpvsBackend(Backend):
         self.applied.addresses = {a for index, a in self._addresses() if index == self.ifindex}
         self.applied.routes = self._local_routes() - self.applied.addresses
 
-    def _apply_servers(self, ids: Iterable[ServiceId]) -> None:
-        assert self.ipvs is not None
-        delta = diff_servers(ids, self.desired, self.applied, time.monotonic(),
-                             self.options.graceful_termination_timeout)
-        failures = self.ipvs.apply(delta.requests)
-        if failures:
-            self.applied.dests.clear()
-        else:
-            delta.commit(self.applied)
-        _raise_failures(failures)
+    # Order of a sync: what goes away first (addresses unbound, virtual servers deleted,
+    # real servers of the remaining ones changed), then the ipsets and rules, then what
+    # becomes reachable (new virtual servers, addresses bound). A client that reaches a
+    # new service therefore always meets its ipset entries (Local, masquerade,
+    # firewall), and a removed one is unreachable before its entries go.
 
-    def _apply_addresses(self, addresses: set[str], routes: set[str]) -> None:
-        assert self.route is not None
+    def _server_delta(self, ids: Iterable[ServiceId]) -> IpvsDelta:
+        return diff_servers(ids, self.desired, self.applied, time.monotonic(),
+                            self.options.graceful_termination_timeout)
+
+    def _link_delta(self, addresses: set[str], routes: set[str]) -> LinkDelta:
         add_a, del_a = _touched_diff(addresses, self.desired.addresses, self.applied.addresses)
         add_r, del_r = _touched_diff(routes, self.desired.routes, self.applied.routes)
-        i = self.ifindex
-        requests = [
-            *(Request(f"unbind {a} from {self.options.interface}", rtnl.address_body(a, i),
-                      rtnl.RTM_DELADDR, ignore=IGNORE_ADDR_GONE) for a in sorted(del_a)),
-            *(Request(f"remove local route {a}", rtnl.local_route_body(a, i),
-                      rtnl.RTM_DELROUTE, ignore=IGNORE_ADDR_GONE) for a in sorted(del_r)),
-            *(Request(f"bind {a} to {self.options.interface}", rtnl.address_body(a, i),
-                      rtnl.RTM_NEWADDR, rtnl.ADD_FLAGS) for a in sorted(add_a)),
-            *(Request(f"add local route {a}", rtnl.local_route_body(a, i),
-                      rtnl.RTM_NEWROUTE, rtnl.ADD_FLAGS) for a in sorted(add_r)),
-        ]
-        failures = self.route.apply(requests)
-        self.applied.addresses = (self.applied.addresses - del_a) | add_a
-        self.applied.routes = (self.applied.routes - del_r) | add_r
+        return LinkDelta(add_a, del_a, add_r, del_r)
+
+    def _take_away(self, servers: IpvsDelta, links: LinkDelta) -> None:
+        """Unbind addresses, remove local routes, send the changes of existing servers."""
+        self._send_links(links.unbind_requests(self.ifindex, self.options.interface))
+        self.applied.addresses -= links.del_addresses
+        self.applied.routes -= links.del_routes
+        self._send_servers(servers.changes)
+
+    def _bring_up(self, servers: IpvsDelta, links: LinkDelta) -> None:
+        """Create the new virtual servers, bind addresses, add local routes."""
+        self._send_servers(servers.creations)
+        servers.commit(self.applied)
+        self._send_links(links.bind_requests(self.ifindex, self.options.interface))
+        self.applied.addresses |= links.add_addresses
+        self.applied.routes |= links.add_routes
+
+    def _send_servers(self, requests: list[Request]) -> None:
+        assert self.ipvs is not None
+        failures = self.ipvs.apply(requests)
+        if failures:
+            self.applied.dests.clear()
         _raise_failures(failures)
+
+    def _send_links(self, requests: list[Request]) -> None:
+        assert self.route is not None
+        _raise_failures(self.route.apply(requests))
 
     def _local_detect(self, family: int, node: NodeInfo | None) -> R.LocalDetect:
         c = self.config
@@ -349,6 +364,34 @@ class IpvsBackend(Backend):
             return system.iptables_save(family, table)
         except (system.CommandError, FileNotFoundError):
             return ""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkDelta:
+    """Addresses of kube-ipvs0 and local routes to add and to delete."""
+
+    add_addresses: set[str]
+    del_addresses: set[str]
+    add_routes: set[str]
+    del_routes: set[str]
+
+    def unbind_requests(self, ifindex: int, name: str) -> list[Request]:
+        return [
+            *(Request(f"unbind {a} from {name}", rtnl.address_body(a, ifindex),
+                      rtnl.RTM_DELADDR, ignore=IGNORE_ADDR_GONE)
+              for a in sorted(self.del_addresses)),
+            *(Request(f"remove local route {a}", rtnl.local_route_body(a, ifindex),
+                      rtnl.RTM_DELROUTE, ignore=IGNORE_ADDR_GONE)
+              for a in sorted(self.del_routes)),
+        ]
+
+    def bind_requests(self, ifindex: int, name: str) -> list[Request]:
+        return [
+            *(Request(f"bind {a} to {name}", rtnl.address_body(a, ifindex),
+                      rtnl.RTM_NEWADDR, rtnl.ADD_FLAGS) for a in sorted(self.add_addresses)),
+            *(Request(f"add local route {a}", rtnl.local_route_body(a, ifindex),
+                      rtnl.RTM_NEWROUTE, rtnl.ADD_FLAGS) for a in sorted(self.add_routes)),
+        ]
 
 
 def _by_set(entries: Iterable[tuple[str, str]]) -> dict[str, list[str]]:

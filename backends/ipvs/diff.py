@@ -33,13 +33,24 @@ class Applied:
 
 @dataclass(slots=True)
 class IpvsDelta:
-    """Requests plus the applied state they lead to (committed only on success)."""
+    """Requests plus the applied state they lead to (committed only on success).
 
-    requests: list[Request] = field(default_factory=list)
+    ``changes`` (deleted virtual servers, and the updates and real servers of those
+    that stay) go before the sync's ipset and rule changes; ``creations`` (new
+    virtual servers with their real servers) go after them, so that nothing becomes
+    reachable before the ipset entries that police it are in place."""
+
+    changes: list[Request] = field(default_factory=list)
+    creations: list[Request] = field(default_factory=list)
     servers: dict[ServiceId, ServiceSpec | None] = field(default_factory=dict)
     dests: dict[ServiceId, dict[DestId, int] | None] = field(default_factory=dict)
     draining_add: dict[Draining, float] = field(default_factory=dict)
     draining_drop: set[Draining] = field(default_factory=set)
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request, in the order they are sent."""
+        return self.changes + self.creations
 
     def commit(self, applied: Applied) -> None:
         for sid, spec in self.servers.items():
@@ -67,49 +78,51 @@ def diff_servers(
         have = applied.servers.get(sid)
         if want is None:
             if have is not None:
-                delta.requests.append(ipvs_request(f"delete virtual server {sid}",
-                                               genl.del_service(sid)))
+                delta.changes.append(ipvs_request(f"delete virtual server {sid}",
+                                                  genl.del_service(sid)))
                 delta.servers[sid] = None
                 delta.dests[sid] = None
                 delta.draining_drop |= {k for k in applied.draining if k[0] == sid}
             continue
         if have is None:
-            delta.requests.append(ipvs_request(f"add virtual server {sid}",
-                                           genl.add_service(want.spec)))
+            out = delta.creations
+            out.append(ipvs_request(f"add virtual server {sid}", genl.add_service(want.spec)))
             delta.servers[sid] = want.spec
             old: Mapping[DestId, int] = {}
         else:
+            out = delta.changes
             if have != want.spec:
-                delta.requests.append(ipvs_request(f"update virtual server {sid}",
-                                               genl.set_service(want.spec)))
+                out.append(ipvs_request(f"update virtual server {sid}",
+                                        genl.set_service(want.spec)))
                 delta.servers[sid] = want.spec
             old = applied.dests.get(sid, {})
-        _diff_dests(sid, want.dests, old, applied, delta, now + grace)
+        _diff_dests(sid, want.dests, old, applied, delta, now + grace, out)
     return delta
 
 
 def _diff_dests(sid: ServiceId, want: frozenset[DestId], old: Mapping[DestId, int],
-                applied: Applied, delta: IpvsDelta, deadline: float) -> None:
+                applied: Applied, delta: IpvsDelta, deadline: float,
+                out: list[Request]) -> None:
     new = dict(old)
     for dest in sorted(want):
         weight = old.get(dest)
         if weight is None:
-            delta.requests.append(ipvs_request(f"add real server {dest} to {sid}",
-                                           genl.add_dest(sid, dest, 1)))
+            out.append(ipvs_request(f"add real server {dest} to {sid}",
+                                    genl.add_dest(sid, dest, 1)))
         elif weight != 1:
-            delta.requests.append(ipvs_request(f"restore real server {dest} of {sid}",
-                                           genl.set_dest(sid, dest, 1)))
+            out.append(ipvs_request(f"restore real server {dest} of {sid}",
+                                    genl.set_dest(sid, dest, 1)))
         delta.draining_drop.add((sid, dest))
         new[dest] = 1
     for dest in sorted(set(old) - want):
         if sid.protocol == "UDP":
-            delta.requests.append(ipvs_request(f"delete real server {dest} of {sid}",
-                                           genl.del_dest(sid, dest)))
+            out.append(ipvs_request(f"delete real server {dest} of {sid}",
+                                    genl.del_dest(sid, dest)))
             del new[dest]
             delta.draining_drop.add((sid, dest))
         elif old[dest] != 0:
-            delta.requests.append(ipvs_request(f"drain real server {dest} of {sid}",
-                                           genl.set_dest(sid, dest, 0)))
+            out.append(ipvs_request(f"drain real server {dest} of {sid}",
+                                    genl.set_dest(sid, dest, 0)))
             new[dest] = 0
             delta.draining_add[(sid, dest)] = deadline
         elif (sid, dest) not in applied.draining:

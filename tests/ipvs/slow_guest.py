@@ -63,6 +63,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
 
 
+def _now() -> str:
+    """Wall-clock time as the backend's log lines show it (to order the dump and the log)."""
+    import datetime
+
+    return datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
+
+
 def _node_dump() -> str:
     """The IPVS programming of every scenario node namespace (for failure reports)."""
     import subprocess
@@ -75,7 +82,7 @@ def _node_dump() -> str:
                      [sys.executable, "-c", _IPVS_DUMP]):
             done = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True,
                                   text=True)
-            out.append(f"== {ns}: {' '.join(argv[:3])}\n{done.stdout}{done.stderr}")
+            out.append(f"== {_now()} {ns}: {' '.join(argv[:3])}\n{done.stdout}{done.stderr}")
     logs = subprocess.run("tail -n 40 /tmp/sp*/backend.log", shell=True, capture_output=True,
                           text=True)
     out.append(f"== backend logs\n{logs.stdout}")
