@@ -427,3 +427,34 @@ def test_restarted_backend_replaces_stale_chains_without_duplicating_jumps(lab: 
     assert len(jumps) == len(set(jumps)) > 0
     assert lab.connect(lab.client, "172.30.0.31", 80) == ["pod-b 10.244.1.1"]
     assert lab.connect(lab.client, "172.30.0.30", 80) == ["timeout"]
+
+
+def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``-Z``-first restore (big nft transactions) programs exactly the usual rules,
+    on a fresh table and over existing chains, and its two-step cleanup leaves foreign
+    rules alone."""
+    from svcproxy.backends.iptables import backend as backend_module
+    from svcproxy.backends.iptables import tool
+
+    _foreign_rules(lab)
+    before4 = lab.iptables_save(4)
+    services = (service("web", "172.30.0.10", ("pod-a", "pod-b"), node_port=30080),
+                service("api", "172.30.0.11", ("pod-b",)))
+    backend(lab).sync(node_state(*services), full())
+    usual = _rules_only(lab.iptables_save(4))
+    backend(lab).cleanup()
+    texts: list[str] = []
+    restore = tool.Iptables.restore
+    monkeypatch.setattr(tool.Iptables, "restore",
+                        lambda self, text: (texts.append(text), restore(self, text))[-1])
+    monkeypatch.setattr(backend_module, "ALL_CHAINS_ABOVE", 0)
+    be = backend(lab)
+    be.sync(node_state(*services), full())
+    assert _rules_only(lab.iptables_save(4)) == usual
+    be.sync(node_state(*services), Changes(full=True, reason="hourly"))  # chains exist now
+    assert _rules_only(lab.iptables_save(4)) == usual
+    assert pod_names(lab.connect(lab.client, "172.30.0.10", 80, count=20)) == {"pod-a", "pod-b"}
+    backend(lab).cleanup()
+    assert _rules_only(lab.iptables_save(4)) == _rules_only(before4)
+    assert sum("*nat\n-Z\n" in text for text in texts) >= 3  # 2 full syncs, the cleanup

@@ -170,3 +170,25 @@ def test_restore_errors_show_the_failing_line() -> None:
     text = "*nat\n:A - [0:0]\n-A A -j NOPE\nCOMMIT\n"
     shown = failing_lines(text, "iptables-restore: line 3 failed")
     assert "3: -A A -j NOPE" in shown
+
+
+def test_big_nft_transactions_start_with_a_chainless_line() -> None:
+    from svcproxy.backends.iptables.restore import ALL_CHAINS_LINE, TableChanges
+
+    many = TableChanges(write={f"KUBE-SEP-{n}": f"-A KUBE-SEP-{n} -j RETURN\n" for n in range(3)},
+                        lines=["-I PREROUTING 1 -j KUBE-SERVICES"])
+    assert restore_text({"nat": many}, 2).startswith(f"*nat\n{ALL_CHAINS_LINE}\n:KUBE-SEP-0 ")
+    assert ALL_CHAINS_LINE not in restore_text({"nat": many}, 3)  # not above the threshold
+    assert ALL_CHAINS_LINE not in restore_text({"nat": many})  # legacy mode
+    many.lines.append("-D PREROUTING -j KUBE-SERVICES")  # needs the rule cache: -Z would
+    assert ALL_CHAINS_LINE not in restore_text({"nat": many}, 2)  # rewrite every rule
+
+
+def test_nft_cleanup_of_many_chains_deletes_jumps_first() -> None:
+    from svcproxy.backends.iptables.cleanup import cleanup_texts
+
+    saved = parse_save(SAVED)
+    assert cleanup_texts(saved) == [cleanup_text(saved)]
+    jumps, chains = cleanup_texts(saved, 0)
+    assert "-D " in jumps and "-X " not in jumps
+    assert "-D " not in chains and "\n-Z\n" in chains and "-X KUBE-SERVICES" in chains
