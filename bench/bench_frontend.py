@@ -1,12 +1,14 @@
 """Frontend benchmark: a synthetic cluster, many watching clients, one change at a time.
 
     .venv/bin/python bench/bench_frontend.py [--services 10000] [--endpoints 10]
-        [--nodes 100] [--clients 1000] [--changes 50] [--client-procs 4]
+        [--nodes 100] [--clients 1000] [--changes 100] [--client-procs 4]
+        [--stream-workers 1]
 
-The frontend (engine + grpc.aio server) runs in this process, as in production.
-Clients are grpc.aio streams in ``--client-procs`` separate processes (so their CPU is
-not the frontend's), spread over the nodes; they keep messages as raw bytes except the
-revision, like a backend that applies ops lazily. Prints:
+The frontend (engine + grpc.aio server, plus ``--stream-workers`` - 1 worker processes)
+runs as in production, on TCP loopback. Clients are grpc.aio streams, each on its own
+TCP connection as each node would be, in ``--client-procs`` separate processes, spread
+over the nodes; they keep messages as raw bytes except the revision, like a backend
+that applies ops lazily. Prints:
 
 - initial load of the cluster into the engine;
 - one node's initial snapshot: time to the last byte at a client, and its size;
@@ -23,8 +25,8 @@ import multiprocessing as mp
 import os
 import resource
 import sys
-import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import grpc
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.events import Replace, Upsert
 from svcproxy.frontend.server import start_server
+from svcproxy.frontend.workers import StreamWorkers
 from svcproxy.v1 import nodestate_pb2 as pb
 
 
@@ -64,6 +67,12 @@ def make_cluster(services: int, endpoints: int, nodes: int) -> list[Any]:
             Replace("Node", node_objs)]
 
 
+# Each client its own TCP connection, as each node has (gRPC would otherwise share one
+# connection between the channels of a process).
+CLIENT_OPTIONS = [("grpc.max_receive_message_length", 256 << 20),
+                  ("grpc.use_local_subchannel_pool", 1)]
+
+
 def _revision(data: bytes) -> tuple[int, bool]:
     """(revision, more) of a serialised WatchEvent without parsing its ops."""
     rev, shift, i = 0, 0, 1
@@ -80,8 +89,7 @@ def _revision(data: bytes) -> tuple[int, bool]:
 
 async def _client(target: str, node: str, since: int, got: dict[int, float],
                   ready: Any) -> None:
-    async with grpc.aio.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", 256 << 20)]) as ch:
+    async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as ch:
         call = ch.unary_stream("/svcproxy.v1.NodeStateService/Watch",
                                request_serializer=pb.WatchRequest.SerializeToString,
                                response_deserializer=lambda b: b)(
@@ -120,6 +128,29 @@ def client_process(target: str, nodes: list[str], since: int, conn: Any) -> None
     asyncio.run(main())
 
 
+def _cpu_seconds(pid: int | None, stat: str = "") -> float:
+    """CPU seconds of process ``pid`` (or of the stat file ``stat``)."""
+    text = Path(stat or f"/proc/{pid}/stat").read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu() -> Counter[str]:
+    """CPU seconds of this process's threads, by thread name."""
+    out: Counter[str] = Counter()
+    for tid in os.listdir("/proc/self/task"):
+        name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        out[name] += _cpu_seconds(None, f"/proc/self/task/{tid}/stat")
+    return out
+
+
+def _rss_mb(pid: int | None) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -128,9 +159,10 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     engine = Engine()
     engine.loop = asyncio.get_running_loop()
-    sock = Path(tempfile.mkdtemp()) / "bench.sock"
-    target = f"unix://{sock}"
-    server, _ = await start_server(engine, target)
+    server, port = await start_server(engine, "127.0.0.1:0")
+    target = f"127.0.0.1:{port}"
+    workers = StreamWorkers(engine, args.stream_workers, target, None)
+    workers.start()
     t0 = time.perf_counter()
     engine.submit(make_cluster(args.services, args.endpoints, args.nodes))
     print(f"cluster: {args.services} services x {args.endpoints} endpoints "
@@ -141,8 +173,7 @@ async def run(args: argparse.Namespace) -> None:
     for attempt in ("cold", "warm"):
         t0 = time.perf_counter()
         size = 0
-        async with grpc.aio.insecure_channel(target, options=[
-                ("grpc.max_receive_message_length", 256 << 20)]) as ch:
+        async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as ch:
             call = ch.unary_stream("/svcproxy.v1.NodeStateService/Watch",
                                    request_serializer=pb.WatchRequest.SerializeToString,
                                    response_deserializer=lambda b: b)(
@@ -180,6 +211,8 @@ async def run(args: argparse.Namespace) -> None:
 
     sent: dict[int, float] = {}
     cpu0 = time.process_time()
+    worker_cpu0 = sum(_cpu_seconds(pid) for pid in workers.pids)
+    threads0 = _thread_cpu()
     for i in range(args.changes):
         s = (i * 7919) % args.services
         sent_at = time.time()
@@ -188,6 +221,9 @@ async def run(args: argparse.Namespace) -> None:
         sent[engine.revision] = sent_at
         await asyncio.sleep(args.interval)
     cpu = time.process_time() - cpu0
+    worker_cpu = sum(_cpu_seconds(pid) for pid in workers.pids) - worker_cpu0
+    threads = _thread_cpu()
+    threads.subtract(threads0)
     await asyncio.sleep(1)
     for c in conns:
         c.send("stop")
@@ -206,11 +242,17 @@ async def run(args: argparse.Namespace) -> None:
     print(f"change -> every client: p50 {1000 * pct(to_all, 0.5):.1f} ms, "
           f"p99 {1000 * pct(to_all, 0.99):.1f} ms over {len(to_all)} changes")
     print(f"frontend CPU per change (compute + fan-out): {1000 * cpu / args.changes:.1f} ms "
-          f"(includes {args.interval * 1000:.0f} ms idle spacing, not counted)")
+          f"in the main process, {1000 * worker_cpu / args.changes:.1f} ms in "
+          f"{args.stream_workers - 1} stream workers")
+    print("  main process by thread (ms per change): " + ", ".join(
+        f"{name} {1000 * v / args.changes:.1f}" for name, v in threads.most_common() if v > 0))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"frontend peak RSS: {rss:.0f} MB", flush=True)
+    worker_rss = sum(_rss_mb(pid) for pid in workers.pids)
+    print(f"frontend peak RSS: {rss:.0f} MB main process, stream workers now {worker_rss:.0f} "
+          f"MB in all", flush=True)
     for p in procs:
         p.join(5)
+    await workers.stop()
     await server.stop(0)
 
 
@@ -222,8 +264,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--client-procs", type=int, default=4)
-    parser.add_argument("--changes", type=int, default=50)
-    parser.add_argument("--interval", type=float, default=0.2,
+    parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--stream-workers", type=int, default=1,
+                        help="processes serving streams, as the frontend's --stream-workers")
+    parser.add_argument("--interval", type=float, default=0.5,
                         help="seconds between changes")
     args = parser.parse_args()
     mp.set_start_method("spawn")

@@ -30,12 +30,21 @@ from svcproxy.frontend.objects import (
     parse_service,
 )
 from svcproxy.frontend.views import NodeView
-from svcproxy.frontend.wire import WireOp, delete_node, diff_records, replace_service, set_node
+from svcproxy.frontend.wire import (
+    WireOp,
+    chunk_events,
+    delete_node,
+    diff_records,
+    replace_service,
+    set_node,
+)
 from svcproxy.model import NodeInfo, ServicePortState
 
 log = logging.getLogger(__name__)
 ObjKey = tuple[str, str]
 CLUSTER_VIEW = ""
+# Called after each published revision with the ops of every view it changed.
+PublishListener = Callable[[int, dict[str, list[WireOp]]], None]
 
 
 def node_info(node: Node) -> NodeInfo:
@@ -72,6 +81,7 @@ class Engine:
         self.synced = asyncio.Event()
         self._snapshot_ops: dict[int, tuple[ServicePortState, WireOp]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.listeners: list[PublishListener] = []
 
     # ---- sources -------------------------------------------------------
     def submit_threadsafe(self, events: Sequence[Event]) -> None:
@@ -202,6 +212,8 @@ class Engine:
         for name, ops in changed.items():
             self.views[name].append(self.revision, ops)
             metrics.BATCH_OPS.observe(len(ops))
+        for listener in self.listeners:
+            listener(self.revision, changed)
         for name in touched.nodes:
             if name not in self.nodes and name in self.views:
                 self.release(self.views[name])
@@ -267,7 +279,27 @@ class Engine:
                 ops += memo[pair]
             view.set_records(old_keys, new)
 
-    # ---- snapshots -----------------------------------------------------
+    # ---- streams -------------------------------------------------------
+    def catch_up(self, view: NodeView, since: int) -> tuple[int, list[bytes]]:
+        """Where a stream whose client last applied ``since`` starts: its cursor and the
+        messages to send first (what it missed, or a reset and a snapshot when ``since``
+        is 0 or no longer in the history)."""
+        if since and view.can_resume(since) and since <= self.revision:
+            missed = view.messages_since(since) if view.revision > since else []
+            if missed is not None:
+                return self.revision, missed
+        if since:
+            metrics.RESETS.inc()
+            log.info("node %s: revision %d is not in the history; sending a reset and a "
+                     "full snapshot", view.name or "<cluster>", since)
+        return self.revision, self.snapshot(view, reset=since != 0)
+
+    def snapshot(self, view: NodeView, reset: bool = False) -> list[bytes]:
+        """The messages of a full snapshot of ``view`` at the current revision."""
+        msgs = list(chunk_events(self.revision, self.snapshot_ops(view), reset=reset))
+        metrics.SNAPSHOT_BYTES.observe(sum(len(m) for m in msgs))
+        return msgs
+
     def snapshot_ops(self, view: NodeView) -> list[bytes]:
         """The ops that build ``view`` from nothing (serialised records are cached)."""
         out = [set_node(n).data for n in view.nodes.values()]

@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.manifests import ManifestSource
 from svcproxy.frontend.server import TLSFiles, start_server
+from svcproxy.frontend.workers import StreamWorkers, tcp_address
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class FrontendOptions:
     metrics_bind_address: str = "127.0.0.1:12091"
     tls: TLSFiles | None = None
     history: int = 20000
+    stream_workers: int = 1
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
@@ -59,17 +61,25 @@ class Frontend:
         self.port = 0
         self._server: object = None
         self._source: object = None
+        self.workers: StreamWorkers | None = None
 
     async def start(self) -> None:
         self.engine.loop = asyncio.get_running_loop()
         self._server, self.port = await start_server(self.engine, self.opts.listen,
                                                       self.opts.tls)
+        if self.opts.stream_workers > 1:
+            self.workers = StreamWorkers(self.engine, self.opts.stream_workers,
+                                         tcp_address(self.opts.listen, self.port),
+                                         self.opts.tls, logging.getLogger().level)
+            self.workers.start()
         start_metrics(self.opts.metrics_bind_address)
         self._source = _start_source(self.opts, self.engine)
 
     async def stop(self) -> None:
         await asyncio.get_running_loop().run_in_executor(
             None, self._source.stop)  # type: ignore[attr-defined]
+        if self.workers is not None:
+            await self.workers.stop()
         await self._server.stop(grace=1)  # type: ignore[attr-defined]
 
 
@@ -80,7 +90,7 @@ async def run_frontend(opts: FrontendOptions) -> int:
     frontend = Frontend(opts)
     try:
         await frontend.start()
-    except (ApiserverConfigError, FileNotFoundError, OSError) as err:
+    except (ApiserverConfigError, FileNotFoundError, OSError, ValueError) as err:
         log.error("cannot start the frontend: %s", err)
         return 1
     stop = asyncio.Event()

@@ -8,9 +8,11 @@ WATCH_EVENTS = Counter("svcproxy_frontend_source_events_total",
 INVALID_OBJECTS = Counter("svcproxy_frontend_invalid_objects_total",
                           "Objects skipped because they could not be parsed, by kind.", ["kind"])
 REVISION = Gauge("svcproxy_frontend_revision", "The latest revision of the node views.")
-CLIENTS = Gauge("svcproxy_frontend_watch_clients", "Connected Watch streams.")
-CLIENT_LAG = Histogram("svcproxy_frontend_client_lag_revisions",
-                       "How many revisions a client was behind when its batch was sent.",
+CLIENTS = Gauge("svcproxy_frontend_watch_clients",
+                "Connected Watch and WatchCluster streams, stream workers' included.")
+CLIENT_LAG = Histogram("svcproxy_frontend_client_lag_batches",
+                       "How many of its node's batches a client was behind when it was sent "
+                       "them (0: it was up to date; more are coalesced into one message).",
                        buckets=(0, 1, 2, 5, 10, 50, 100, 1000, 10000))
 SNAPSHOT_BYTES = Histogram("svcproxy_frontend_snapshot_bytes", "Size of snapshots sent.",
                            buckets=(1e3, 1e4, 1e5, 1e6, 1e7, 1e8))

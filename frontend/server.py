@@ -9,8 +9,10 @@ its own cursor, so a slow client never delays another.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import _async as health_aio
@@ -20,8 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from svcproxy.convert import node_to_pb, state_to_pb
 from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import CLUSTER_VIEW, Engine, known_nodes
-from svcproxy.frontend.views import NodeView
-from svcproxy.frontend.wire import chunk_events
+from svcproxy.frontend.stream import write_stream
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,6 @@ class NodeStateServicer:
         await self._stream(CLUSTER_VIEW, request.since_revision, context)
 
     async def _stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
-        """Write the view's snapshot, then its batches, with ``context.write`` (one
-        generator layer less per message than yielding)."""
         engine = self.engine
         await engine.synced.wait()
         view = engine.view(name)
@@ -60,38 +59,18 @@ class NodeStateServicer:
         metrics.CLIENTS.inc()
         peer = context.peer()
         log.info("watch from %s for %s since revision %d", peer, name or "<cluster>", since)
+
+        async def resync(cursor: int) -> tuple[int, list[bytes]]:
+            return engine.catch_up(view, cursor)
+
         try:
-            cursor = since
-            if since == 0 or not view.can_resume(since) or since > engine.revision:
-                if since:
-                    metrics.RESETS.inc()
-                    log.info("%s: revision %d is not in the history; sending a reset and a "
-                             "full snapshot", peer, since)
-                cursor = engine.revision
-                for msg in self._snapshot(view, cursor, reset=since != 0):
-                    await context.write(msg)
-            while True:
-                await view.wait_change(cursor)
-                msgs = view.messages_since(cursor)
-                metrics.CLIENT_LAG.observe(max(0, engine.revision - cursor - 1))
-                if msgs is None:
-                    metrics.RESETS.inc()
-                    cursor = engine.revision
-                    msgs = self._snapshot(view, cursor, reset=True)
-                else:
-                    cursor = view.revision
-                for msg in msgs:
-                    await context.write(msg)
+            cursor, first = engine.catch_up(view, since)
+            await write_stream(context, view, cursor, first, resync)
         finally:
             view.watchers -= 1
             metrics.CLIENTS.dec()
             engine.release(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
-
-    def _snapshot(self, view: NodeView, revision: int, reset: bool) -> list[bytes]:
-        msgs = list(chunk_events(revision, self.engine.snapshot_ops(view), reset=reset))
-        metrics.SNAPSHOT_BYTES.observe(sum(len(m) for m in msgs))
-        return msgs
 
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> pb.NodeState:
@@ -119,7 +98,28 @@ def _serialize(msg: pb.NodeState | pb.ListNodesResponse) -> bytes:
     return msg.SerializeToString()
 
 
-def _handler(servicer: NodeStateServicer) -> grpc.GenericRpcHandler:
+class Servicer(Protocol):
+    """What the API's handler calls: the main process's servicer or a stream worker's."""
+
+    async def Watch(self, request: pb.WatchRequest,  # noqa: N802
+                    context: grpc.aio.ServicerContext) -> None: ...
+
+    async def WatchCluster(self, request: pb.ClusterWatchRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> None: ...
+
+    async def GetNodeState(self, request: Any,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> Any: ...
+
+    async def ListNodes(self, request: Any,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> Any: ...
+
+
+def api_handler(servicer: Servicer, raw_unary: bool = False) -> grpc.GenericRpcHandler:
+    """The svcproxy.v1 handler; with ``raw_unary`` the unary methods take and return
+    serialised bytes (a stream worker forwards them to the main process)."""
+    unary_in: dict[str, Callable[[bytes], Any]] = {
+        "GetNodeState": pb.GetNodeStateRequest.FromString,
+        "ListNodes": pb.ListNodesRequest.FromString}
     methods = {
         "Watch": grpc.unary_stream_rpc_method_handler(
             servicer.Watch, request_deserializer=pb.WatchRequest.FromString,
@@ -127,13 +127,11 @@ def _handler(servicer: NodeStateServicer) -> grpc.GenericRpcHandler:
         "WatchCluster": grpc.unary_stream_rpc_method_handler(
             servicer.WatchCluster, request_deserializer=pb.ClusterWatchRequest.FromString,
             response_serializer=_identity),
-        "GetNodeState": grpc.unary_unary_rpc_method_handler(
-            servicer.GetNodeState, request_deserializer=pb.GetNodeStateRequest.FromString,
-            response_serializer=_serialize),
-        "ListNodes": grpc.unary_unary_rpc_method_handler(
-            servicer.ListNodes, request_deserializer=pb.ListNodesRequest.FromString,
-            response_serializer=_serialize),
     }
+    for name, parse in unary_in.items():
+        methods[name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=_identity if raw_unary else parse,
+            response_serializer=_identity if raw_unary else _serialize)
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
@@ -144,12 +142,15 @@ def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
                                        root_certificates=ca, require_client_auth=ca is not None)
 
 
-async def start_server(engine: Engine, listen: str,
-                       tls: TLSFiles | None = None) -> tuple[grpc.aio.Server, int]:
-    """Start serving on ``listen`` (HOST:PORT or unix:///path); returns the server and port."""
+async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
+                    tls: TLSFiles | None = None) -> tuple[grpc.aio.Server, int]:
+    """Start a gRPC server with ``handler``, health and reflection on ``listen``
+    (HOST:PORT or unix:///path); returns the server and its port. Several processes can
+    serve the same TCP port (SO_REUSEPORT): the kernel spreads connections over them."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 << 20),
-                                      ("grpc.keepalive_time_ms", 30000)])
-    server.add_generic_rpc_handlers((_handler(NodeStateServicer(engine)),))
+                                      ("grpc.keepalive_time_ms", 30000),
+                                      ("grpc.so_reuseport", 1)])
+    server.add_generic_rpc_handlers((handler,))
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -163,5 +164,12 @@ async def start_server(engine: Engine, listen: str,
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
+async def start_server(engine: Engine, listen: str,
+                       tls: TLSFiles | None = None) -> tuple[grpc.aio.Server, int]:
+    """Serve the engine's API on ``listen``; returns the server and its port."""
+    server, port = await serve_api(api_handler(NodeStateServicer(engine)), listen, tls)
     log.info("serving the svcproxy API on %s%s", listen, " (TLS)" if tls else "")
     return server, port

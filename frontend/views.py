@@ -77,6 +77,15 @@ class NodeView:
         self._encoded = (since, self.revision, msgs)
         return msgs
 
+    def batches_after(self, since: int) -> int:
+        """How many batches of the history came after revision ``since``."""
+        count = 0
+        for rev, _ in reversed(self.history):
+            if rev <= since:
+                break
+            count += 1
+        return count
+
     async def wait_change(self, since: int) -> None:
         """Return once the view is past revision ``since``."""
         while self.revision <= since:

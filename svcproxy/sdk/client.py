@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
     """A channel to the frontend: HOST:PORT or unix:///path, TLS when credentials are given."""
     options = [("grpc.max_receive_message_length", 64 << 20),
-               ("grpc.keepalive_time_ms", 30000)]
+               ("grpc.keepalive_time_ms", 30000),
+               # A connection of its own, even when a process watches several nodes.
+               ("grpc.use_local_subchannel_pool", 1)]
     if credentials is not None:
         return grpc.secure_channel(target, credentials, options=options)
     return grpc.insecure_channel(target, options=options)

@@ -1,0 +1,170 @@
+"""A stream worker process: serves Watch streams from views the main process feeds.
+
+See workers.py for the design. Everything here runs in the worker: its link to the
+main process (requests with futures, published batches into local views) and the
+servicer its gRPC server calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import grpc
+
+from svcproxy.frontend.pipe import Message, Pipe
+from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
+from svcproxy.frontend.stream import write_stream
+from svcproxy.frontend.views import NodeView
+from svcproxy.v1 import nodestate_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    listen: str
+    tls: TLSFiles | None
+    history: int
+    log_level: int
+
+
+class MainProcessGone(Exception):
+    """The pipe to the main process closed."""
+
+
+class ParentLink:
+    """Requests to the main process, and the views its published batches feed."""
+
+    def __init__(self, conn: Connection, history: int) -> None:
+        self.pipe = Pipe(conn, self._on_message, self._on_closed)
+        self.history = history
+        self.views: dict[str, NodeView] = {}
+        self.closed = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[object], str | None]] = {}
+
+    def start(self) -> None:
+        self.pipe.start(asyncio.get_running_loop())
+
+    def request(self, kind: str, *args: object, watch: str | None = None
+                ) -> asyncio.Future[object]:
+        if self.closed.is_set():
+            raise MainProcessGone()
+        req = next(self._ids)
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._pending[req] = (future, watch)
+        self.pipe.send((kind, req, *args))
+        return future
+
+    async def watch(self, name: str, since: int) -> tuple[NodeView, int, list[bytes]]:
+        """Start a stream: the local view (held for it), its cursor and first messages."""
+        reply = await self.request("watch", name, since, watch=name)
+        return reply  # type: ignore[return-value]
+
+    def unwatch(self, view: NodeView) -> None:
+        view.watchers -= 1
+        if not view.watchers and self.views.get(view.name) is view:
+            del self.views[view.name]
+        if not self.closed.is_set():
+            self.pipe.send(("unwatch", view.name))
+
+    def _on_message(self, message: Message) -> None:
+        if message[0] == "publish":
+            revision, batches = message[1], message[2]
+            for name, ops in batches.items():  # type: ignore[attr-defined]
+                view = self.views.get(name)
+                if view is not None:
+                    view.append(revision, ops)  # type: ignore[arg-type]
+            return
+        future, watch = self._pending.pop(message[1])  # type: ignore[arg-type]
+        reply = message[2]
+        if watch is not None and future.done():
+            # The client left while waiting: the main process counted it, uncount it.
+            self.pipe.send(("unwatch", watch))
+            return
+        if watch is not None:
+            # Made here, not when the caller resumes: batches after this reply are
+            # already on their way and must find the view.
+            cursor, first = reply  # type: ignore[misc]
+            view = self.views.get(watch)
+            if view is None:
+                view = self.views[watch] = NodeView(watch, cursor, self.history)
+            view.watchers += 1
+            reply = (view, cursor, first)
+        if not future.done():
+            future.set_result(reply)
+
+    def _on_closed(self) -> None:
+        self.closed.set()
+        for future, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(MainProcessGone())
+        self._pending.clear()
+
+
+class WorkerServicer:
+    """The API as a stream worker serves it."""
+
+    def __init__(self, link: ParentLink) -> None:
+        self.link = link
+
+    async def Watch(self, request: pb.WatchRequest,  # noqa: N802 - gRPC method name
+                    context: grpc.aio.ServicerContext) -> None:
+        if not request.node_name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "node_name is required (use WatchCluster for every node)")
+        await self._stream(request.node_name, request.since_revision, context)
+
+    async def WatchCluster(self, request: pb.ClusterWatchRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> None:
+        await self._stream("", request.since_revision, context)
+
+    async def _stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+        try:
+            view, cursor, first = await self.link.watch(name, since)
+        except MainProcessGone:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the frontend is restarting")
+
+        async def resync(at: int) -> tuple[int, list[bytes]]:
+            return await self.link.request("catchup", name, at)  # type: ignore[return-value]
+
+        try:
+            await write_stream(context, view, cursor, first, resync)
+        finally:
+            self.link.unwatch(view)
+
+    async def GetNodeState(self, request: bytes,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> bytes:
+        return await self.link.request("unary", "GetNodeState", request)  # type: ignore[return-value]
+
+    async def ListNodes(self, request: bytes,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> bytes:
+        return await self.link.request("unary", "ListNodes", request)  # type: ignore[return-value]
+
+
+async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
+    link = ParentLink(conn, config.history)
+    link.start()
+    server, _ = await serve_api(api_handler(WorkerServicer(link), raw_unary=True),
+                                config.listen, config.tls)
+    log.info("stream worker %d serving %s", index, config.listen)
+    link.pipe.send(("ready",))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, link.closed.set)
+    await link.closed.wait()
+    await server.stop(grace=1)
+
+
+def worker_main(index: int, config: WorkerConfig, conn: Connection) -> None:
+    """Entry point of a stream worker process."""
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: "
+                        "%(message)s")
+    asyncio.run(_serve(index, config, conn))

@@ -1,0 +1,176 @@
+"""Stream workers, the main process's side: more processes serving Watch streams.
+
+The main process runs the sources and the engine. With ``--stream-workers N`` it also
+starts N-1 worker processes that serve the same TCP port (SO_REUSEPORT), so the kernel
+spreads the nodes' connections over N processes and gRPC Python's per-message cost
+(tens of microseconds) is paid on N cores instead of one.
+
+A worker holds nothing but the views its own clients watch. A new stream asks the main
+process where to start (``Engine.catch_up``: the batches it missed, or a snapshot) and
+subscribes its worker to that view; from then on every batch of the view is sent to the
+worker (already-serialised ops, pickled once per worker and revision), in the same
+pipe and so in the same order as the answers. Unary calls are forwarded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing.process import BaseProcess
+
+from svcproxy.frontend import metrics
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipe import Message, Pipe
+from svcproxy.frontend.server import NodeStateServicer, TLSFiles
+from svcproxy.frontend.wire import WireOp
+from svcproxy.frontend.worker import WorkerConfig, worker_main
+from svcproxy.v1 import nodestate_pb2 as pb
+
+log = logging.getLogger(__name__)
+RESPAWN_DELAY = 1.0
+UNARY_REQUESTS = {"GetNodeState": pb.GetNodeStateRequest, "ListNodes": pb.ListNodesRequest}
+
+
+def tcp_address(listen: str, port: int) -> str:
+    """HOST:PORT of the port the main process bound; stream workers need TCP."""
+    if listen.startswith("unix:"):
+        raise ValueError(f"--stream-workers needs a TCP --listen address, not {listen}")
+    host = listen.rpartition(":")[0]
+    return f"{host}:{port}"
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: BaseProcess
+    pipe: Pipe = field(init=False)
+    ready: bool = False
+    watching: Counter[str] = field(default_factory=Counter)
+
+
+class StreamWorkers:
+    """Starts, feeds, answers and (when one dies) restarts the stream workers."""
+
+    def __init__(self, engine: Engine, count: int, address: str, tls: TLSFiles | None,
+                 log_level: int = logging.INFO) -> None:
+        self.engine = engine
+        self.count = count
+        self.config = WorkerConfig(address, tls, engine.history_limit, log_level)
+        self._servicer = NodeStateServicer(engine)
+        self._workers: dict[int, _Worker] = {}
+        self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        for index in range(1, self.count):
+            self._spawn(index)
+        self.engine.listeners.append(self._on_publish)
+        log.info("%d stream workers serving %s with this process", self.count - 1,
+                 self.config.listen)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for worker in list(self._workers.values()):
+            worker.pipe.close()
+            worker.process.terminate()
+        for worker in list(self._workers.values()):
+            await asyncio.get_running_loop().run_in_executor(None, worker.process.join, 5)
+        self._workers.clear()
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The workers that are serving."""
+        return [w.process.pid for w in self._workers.values() if w.ready]
+
+    def _spawn(self, index: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        process = ctx.Process(target=worker_main, args=(index, self.config, theirs),
+                              name=f"svcproxy-stream-worker-{index}", daemon=True)
+        process.start()
+        theirs.close()
+        worker = _Worker(index, process)
+        worker.pipe = Pipe(ours, partial(self._on_message, worker),
+                           partial(self._on_closed, worker))
+        worker.pipe.start(asyncio.get_running_loop())
+        self._workers[index] = worker
+
+    def _on_closed(self, worker: _Worker) -> None:
+        for name, streams in worker.watching.items():
+            for _ in range(streams):
+                self._release(name)
+        worker.watching.clear()
+        self._workers.pop(worker.index, None)
+        if self._stopping:
+            return
+        log.error("stream worker %d (pid %s) exited with %s; its clients reconnect to the "
+                  "other processes, and it is restarted in %.0f s", worker.index,
+                  worker.process.pid, worker.process.exitcode, RESPAWN_DELAY)
+        asyncio.get_running_loop().call_later(RESPAWN_DELAY, self._respawn, worker.index)
+
+    def _respawn(self, index: int) -> None:
+        if not self._stopping and index not in self._workers:
+            self._spawn(index)
+
+    def _on_message(self, worker: _Worker, message: Message) -> None:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            return
+        if kind == "unwatch":
+            self._unwatch(worker, str(message[1]))
+            return
+        task = asyncio.ensure_future(self._answer(worker, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, worker: _Worker, message: Message) -> None:
+        kind, req = message[0], message[1]
+        if kind == "watch":
+            reply: object = await self._watch(worker, str(message[2]), int(message[3]))
+        elif kind == "catchup":
+            reply = self._catch_up(str(message[2]), int(message[3]))
+        else:
+            method = str(message[2])
+            request = UNARY_REQUESTS[method].FromString(message[3])  # type: ignore[arg-type]
+            response = await getattr(self._servicer, method)(request, None)
+            reply = response.SerializeToString()
+        worker.pipe.send(("reply", req, reply))
+
+    async def _watch(self, worker: _Worker, name: str, since: int) -> tuple[int, list[bytes]]:
+        """A new stream on ``worker``: subscribe it to the view, say where to start."""
+        await self.engine.synced.wait()
+        view = self.engine.view(name)
+        view.watchers += 1
+        metrics.CLIENTS.inc()
+        worker.watching[name] += 1
+        return self.engine.catch_up(view, since)
+
+    def _catch_up(self, name: str, since: int) -> tuple[int, list[bytes]]:
+        """A stream whose batches the worker no longer holds (a slow client)."""
+        return self.engine.catch_up(self.engine.view(name), since)
+
+    def _unwatch(self, worker: _Worker, name: str) -> None:
+        if worker.watching[name] <= 0:
+            return
+        worker.watching[name] -= 1
+        if not worker.watching[name]:
+            del worker.watching[name]
+        self._release(name)
+
+    def _release(self, name: str) -> None:
+        metrics.CLIENTS.dec()
+        view = self.engine.views.get(name)
+        if view is not None:
+            view.watchers -= 1
+            self.engine.release(view)
+
+    def _on_publish(self, revision: int, changed: dict[str, list[WireOp]]) -> None:
+        for worker in self._workers.values():
+            ops = {name: changed[name] for name in worker.watching if name in changed}
+            if ops:
+                worker.pipe.send(("publish", revision, ops))
