@@ -159,8 +159,8 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     engine = Engine()
     engine.loop = asyncio.get_running_loop()
-    server, port = await start_server(engine, "127.0.0.1:0")
-    target = f"127.0.0.1:{port}"
+    server, port = await start_server(engine, args.listen)
+    target = args.listen if args.listen.startswith("unix:") else f"127.0.0.1:{port}"
     workers = StreamWorkers(engine, args.stream_workers, target, None)
     workers.start()
     t0 = time.perf_counter()
@@ -265,6 +265,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--client-procs", type=int, default=4)
     parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--listen", default="127.0.0.1:0",
+                        help="where the frontend listens (unix:///path for a unix socket)")
     parser.add_argument("--stream-workers", type=int, default=1,
                         help="processes serving streams, as the frontend's --stream-workers")
     parser.add_argument("--interval", type=float, default=0.5,
