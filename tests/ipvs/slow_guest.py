@@ -25,12 +25,7 @@ KNOWN_DIFFERENCES = {
         "created are still tracked (TIME_WAIT lasts 2 minutes in IPVS), as in kube-proxy's "
         "IPVS mode; the test waits 30 s"),
 }
-OPEN_ISSUES = {
-    "test_external_traffic_policy_local[ipvs]": (
-        "open, intermittent: pods/node to an externalTrafficPolicy=Local LB IP sometimes "
-        "reach only local endpoints in the scenario lab, the fixed iptables rules missing "
-        "from its node namespace (the failure report dumps them); passes in other runs"),
-}
+OPEN_ISSUES: dict[str, str] = {}
 SCALE = float(os.environ.get("SVCPROXY_IPVS_GUEST_TIME_SCALE", "8"))
 
 
