@@ -165,3 +165,23 @@ def test_stream_workers_need_a_tcp_address(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "--stream-workers needs a TCP --listen address" in proc.stderr
+
+
+def test_cluster_watch_on_any_process(frontend: RunningFrontend) -> None:
+    target = f"127.0.0.1:{frontend.frontend.port}"
+    wait_for(lambda: frontend.frontend.workers.pids, timeout=30)  # type: ignore[union-attr]
+    channels = [own_connection(target) for _ in range(CONNECTIONS)]
+    calls = [pb_grpc.NodeStateServiceStub(ch).WatchCluster(pb.ClusterWatchRequest())
+             for ch in channels]
+    try:
+        snapshots = [read_batch(c) for c in calls]
+        assert len({b"".join(ev.SerializeToString() for ev in s) for s in snapshots}) == 1
+        nodes = {op.set_node.name for ev in snapshots[0] for op in ev.ops
+                 if op.WhichOneof("op") == "set_node"}
+        assert nodes == {"node-a", "node-b"}
+        frontend.submit([Upsert("EndpointSlice", web_slice(5))])
+        batches = [read_batch(c) for c in calls]
+        assert len({b"".join(ev.SerializeToString() for ev in b) for b in batches}) == 1
+        assert batches[0][-1].revision == frontend.engine.revision
+    finally:
+        close(channels, calls)
