@@ -8,11 +8,13 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from prometheus_client import start_http_server
 
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.manifests import ManifestSource
 from svcproxy.frontend.server import TLSFiles, start_server
+from svcproxy.frontend.upstream import UpstreamSource
 from svcproxy.frontend.workers import StreamWorkers, tcp_address
 
 log = logging.getLogger(__name__)
@@ -29,12 +31,18 @@ class FrontendOptions:
     tls: TLSFiles | None = None
     history: int = 20000
     stream_workers: int = 1
+    upstream: str | None = None
+    upstream_credentials: grpc.ChannelCredentials | None = None
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
     if opts.manifests is not None:
         source = ManifestSource(opts.manifests, engine.submit_threadsafe)
         log.info("reading manifests from %s", opts.manifests)
+    elif opts.upstream is not None:
+        source = UpstreamSource(opts.upstream, engine.submit_threadsafe,
+                                opts.upstream_credentials)
+        log.info("following the cluster watch of the frontend at %s", opts.upstream)
     else:
         from svcproxy.frontend.apiserver import ApiserverSource
 

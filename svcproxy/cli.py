@@ -22,14 +22,19 @@ BACKEND_HELP = {
 def _frontend_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "frontend", help="watch the cluster and serve each node's state over gRPC",
-        description="Watch Services, EndpointSlices and Nodes (from the apiserver or a "
-        "directory of manifests), compute what every node must program, and serve it over "
-        "the svcproxy.v1 gRPC API (reflection and health enabled).")
+        description="Watch Services, EndpointSlices and Nodes (from the apiserver, a "
+        "directory of manifests or another frontend), compute what every node must "
+        "program, and serve it over the svcproxy.v1 gRPC API (reflection and health "
+        "enabled).")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--kubeconfig", metavar="PATH",
                      help="kubeconfig of the cluster to watch (default: in-cluster config)")
     src.add_argument("--manifests", metavar="DIR", type=Path,
                      help="watch a directory of Kubernetes YAML instead of an apiserver")
+    src.add_argument("--upstream", metavar="ADDR",
+                     help="follow another svcproxy frontend's cluster watch (HOST:PORT or "
+                     "unix:///path) instead of an apiserver: chained frontends serve the "
+                     "same state to more nodes while one of them watches the apiserver")
     p.add_argument("--listen", default="127.0.0.1:12090", metavar="ADDR",
                    help="HOST:PORT or unix:///path to serve the API on (default %(default)s)")
     p.add_argument("--service-proxy-name", default="", metavar="NAME",
@@ -47,6 +52,12 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
                    "microseconds per streamed message, so one process fans a change out to "
                    "about 1,000 nodes in 50 ms of one core; give it up to one per core "
                    "(default %(default)s)")
+    p.add_argument("--upstream-ca", type=Path, metavar="FILE",
+                   help="verify --upstream's TLS certificate with this CA (enables TLS)")
+    p.add_argument("--upstream-cert", type=Path, metavar="FILE",
+                   help="client certificate for an --upstream that requires mutual TLS")
+    p.add_argument("--upstream-key", type=Path, metavar="FILE",
+                   help="private key of --upstream-cert")
     p.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve TLS with this cert")
     p.add_argument("--tls-key", type=Path, metavar="FILE", help="private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, metavar="FILE",
@@ -79,6 +90,8 @@ def _backend_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_frontend(args: argparse.Namespace) -> int:
+    import grpc
+
     from svcproxy.frontend.main import FrontendOptions, run_frontend
     from svcproxy.frontend.server import TLSFiles
 
@@ -87,10 +100,21 @@ def _run_frontend(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise SystemExit("svcproxy: --tls-cert and --tls-key go together")
         tls = TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    upstream_credentials = None
+    if args.upstream_ca or args.upstream_cert:
+        if bool(args.upstream_cert) != bool(args.upstream_key):
+            raise SystemExit("svcproxy: --upstream-cert and --upstream-key go together")
+        upstream_credentials = grpc.ssl_channel_credentials(
+            root_certificates=args.upstream_ca.read_bytes() if args.upstream_ca else None,
+            private_key=args.upstream_key.read_bytes() if args.upstream_key else None,
+            certificate_chain=args.upstream_cert.read_bytes() if args.upstream_cert else None)
+    if args.stream_workers < 1:
+        raise SystemExit("svcproxy: --stream-workers must be 1 or more")
     opts = FrontendOptions(listen=args.listen, manifests=args.manifests,
                            kubeconfig=args.kubeconfig, service_proxy_name=args.service_proxy_name,
                            metrics_bind_address=args.metrics_bind_address, tls=tls,
-                           history=args.history, stream_workers=args.stream_workers)
+                           history=args.history, stream_workers=args.stream_workers,
+                           upstream=args.upstream, upstream_credentials=upstream_credentials)
     return asyncio.run(run_frontend(opts))
 
 

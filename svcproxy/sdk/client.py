@@ -221,12 +221,13 @@ class NodeStateClient:
             self._nodes[node.name] = node
             if node.name == self.node_name:
                 self._node = node
-                self._node_changed = True
+            # A cluster watch reports a change of any node.
+            self._node_changed |= self.cluster or node.name == self.node_name
         elif which == "delete_node":
             self._nodes.pop(op.delete_node, None)
             if op.delete_node == self.node_name:
                 self._node = None
-                self._node_changed = True
+            self._node_changed |= self.cluster or op.delete_node == self.node_name
 
     def _apply_endpoint_op(self, op: pb.Op, which: str) -> None:
         msg = op.set_endpoint if which == "set_endpoint" else op.delete_endpoint
