@@ -13,7 +13,8 @@ rules. Prints, per iptables mode:
 - the floor of the iptables tool itself at that scale: a raw ``iptables-restore
   --noflush`` adding one empty chain, and one chain with one rule, to the loaded table
   (legacy replaces the whole table; nf_tables validates the whole table on a new rule);
-- a periodic sync with nothing to do (equality check + canary probe);
+- a periodic sync with nothing to do (equality check + canary probe), and the hourly full
+  resync over the rules already there;
 - backend RSS (peak, and above the state it was handed);
 - the nftables backend on the same state in the same run (full sync, one change);
 - python-iptables (libiptc, legacy only) against iptables-restore for 10,000 rules,
@@ -125,8 +126,9 @@ def inner_iptables(args: argparse.Namespace) -> dict[str, Any]:
     periodic = Changes(services=frozenset(state.services), full=True, reason="periodic")
     backend.sync(state, periodic)  # the first probe imports python-iptables (legacy mode)
     noop = timed(lambda: backend.sync(state, periodic))
+    resync = timed(lambda: backend.sync(state, Changes(full=True, reason="hourly")))
     rules = sum(text.count("\n-A ") for text in written[:1])
-    return {"full": full, "changes": changes, "noop": noop, "rss": rss_mb(),
+    return {"full": full, "changes": changes, "noop": noop, "resync": resync, "rss": rss_mb(),
             "state_rss": base_rss, "rules": rules, "bytes": len(written[0])}
 
 
@@ -263,6 +265,7 @@ def report_mode(spec: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
     print(f"raw floor on that table: one empty chain p50 {ms(empty)}, "
           f"one chain + one rule p50 {ms(rule)} (5 each)")
     print(f"periodic sync, nothing to do   {ms(ours['noop'])}")
+    print(f"full resync over our rules (hourly) {ours['resync']:.2f} s")
     print(f"RSS                            {ours['rss']:.0f} MB peak "
           f"({ours['rss'] - ours['state_rss']:.0f} MB above the state itself)")
     return {"ours": ours, "raw": raw}

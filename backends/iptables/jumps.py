@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from svcproxy.backends.iptables import names
-from svcproxy.backends.iptables.restore import SavedTable
+from svcproxy.backends.iptables.restore import BUILTIN_CHAINS, SavedTable
 
 NEW = "-m conntrack --ctstate NEW"
 
@@ -72,15 +72,12 @@ def insert_lines(jumps: tuple[Jump, ...], table: str, saved: SavedTable | None) 
             if j.table == table and not j.present_in(rules)]
 
 
-BUILTIN = ("INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTROUTING")
-
-
 def delete_lines(targets: set[str], saved: SavedTable) -> list[str]:
     """``-D`` lines for every built-in-chain rule of the saved table that jumps to ``targets``."""
     out = []
     for rule in saved.rules:
         source = rule.split(" ", 2)[1]
         target = rule.rsplit(" -j ", 1)[-1].split(" ", 1)[0] if " -j " in rule else ""
-        if source in BUILTIN and target in targets:
+        if source in BUILTIN_CHAINS and target in targets:
             out.append("-D" + rule[2:])
     return out

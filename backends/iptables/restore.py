@@ -91,9 +91,14 @@ def _table_rank(table: str) -> int:
     return TABLE_ORDER.index(table) if table in TABLE_ORDER else len(TABLE_ORDER)
 
 
+BUILTIN_CHAINS = ("INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTROUTING")
+_BUILTIN_RULE = tuple(f"-A {chain} " for chain in BUILTIN_CHAINS)
+
+
 @dataclass(frozen=True, slots=True)
 class SavedTable:
-    """One table of iptables-save output: its chains and its rule lines."""
+    """One table of iptables-save output: its chains and the rules of its built-in chains
+    (all anyone reads: jump rules; keeping 320,000 KUBE-* lines would cost ~100 MB)."""
 
     chains: frozenset[str]
     rules: tuple[str, ...]
@@ -110,7 +115,7 @@ def parse_save(text: str) -> dict[str, SavedTable]:
             name, chains, rules = line[1:].strip(), set(), []
         elif line.startswith(":") and name:
             chains.add(line[1:].split(" ", 1)[0])
-        elif line.startswith("-A ") and name:
+        elif line.startswith(_BUILTIN_RULE) and name:
             rules.append(line)
         elif line.strip() == "COMMIT" and name:
             tables[name] = SavedTable(frozenset(chains), tuple(rules))
