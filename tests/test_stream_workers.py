@@ -132,7 +132,7 @@ def test_a_dead_worker_is_restarted_and_its_clients_resume(frontend: RunningFron
     workers = frontend.frontend.workers
     assert workers is not None
     wait_for(lambda: len(workers.pids) == 1, timeout=30)
-    clients = [NodeStateClient(target, "node-a", max_backoff=0.3) for _ in range(8)]
+    clients = [NodeStateClient(target, "node-a", max_backoff=0.3) for _ in range(16)]
     for c in clients:
         c.start()
     try:
