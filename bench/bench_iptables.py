@@ -118,6 +118,7 @@ def inner_iptables(args: argparse.Namespace) -> dict[str, Any]:
     backend = IptablesBackend(NodeConfig("bench", cluster_cidrs=("10.0.0.0/8",)),
                               IptablesOptions(mode=args.mode, localhost_nodeports=False))
     full = timed(lambda: backend.sync(state, Changes(full=True, reason="initial")))
+    tool.Iptables.restore = original  # type: ignore[method-assign]
     Path(args.out).write_text(json.dumps(written))
     changes = []
     for n in range(args.changes):
