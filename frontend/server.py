@@ -21,8 +21,8 @@ from grpc_reflection.v1alpha import reflection
 
 from svcproxy.convert import node_to_pb, state_to_pb
 from svcproxy.frontend import metrics
-from svcproxy.frontend.engine import CLUSTER_VIEW, Engine, known_nodes
-from svcproxy.frontend.stream import write_stream
+from svcproxy.frontend.engine import Engine, known_nodes
+from svcproxy.frontend.stream import WatchServicer, write_stream
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,22 +36,11 @@ class TLSFiles:
     client_ca: Path | None = None
 
 
-class NodeStateServicer:
+class NodeStateServicer(WatchServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def Watch(self, request: pb.WatchRequest,  # noqa: N802 - gRPC method name
-                    context: grpc.aio.ServicerContext) -> None:
-        if not request.node_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "node_name is required (use WatchCluster for every node)")
-        await self._stream(request.node_name, request.since_revision, context)
-
-    async def WatchCluster(self, request: pb.ClusterWatchRequest,  # noqa: N802
-                           context: grpc.aio.ServicerContext) -> None:
-        await self._stream(CLUSTER_VIEW, request.since_revision, context)
-
-    async def _stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
         engine = self.engine
         await engine.synced.wait()
         view = engine.view(name)

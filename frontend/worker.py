@@ -19,9 +19,8 @@ import grpc
 
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
-from svcproxy.frontend.stream import write_stream
+from svcproxy.frontend.stream import WatchServicer, write_stream
 from svcproxy.frontend.views import NodeView
-from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -108,24 +107,13 @@ class ParentLink:
         self._pending.clear()
 
 
-class WorkerServicer:
+class WorkerServicer(WatchServicer):
     """The API as a stream worker serves it."""
 
     def __init__(self, link: ParentLink) -> None:
         self.link = link
 
-    async def Watch(self, request: pb.WatchRequest,  # noqa: N802 - gRPC method name
-                    context: grpc.aio.ServicerContext) -> None:
-        if not request.node_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "node_name is required (use WatchCluster for every node)")
-        await self._stream(request.node_name, request.since_revision, context)
-
-    async def WatchCluster(self, request: pb.ClusterWatchRequest,  # noqa: N802
-                           context: grpc.aio.ServicerContext) -> None:
-        await self._stream("", request.since_revision, context)
-
-    async def _stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
         try:
             view, cursor, first = await self.link.watch(name, since)
         except MainProcessGone:

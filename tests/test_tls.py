@@ -70,3 +70,17 @@ def test_mutual_tls_requires_a_client_certificate(frontend_factory, tmp_path: Pa
     target = f"localhost:{fe.frontend.port}"
     assert synced(target, creds(pki, client_cert=True))
     assert not synced(target, creds(pki, client_cert=False))
+
+
+def test_chained_frontend_over_mutual_tls(frontend_factory, tmp_path: Path,
+                                          pki: Path) -> None:  # type: ignore[no-untyped-def]
+    from svcproxy.sdk.client import tls_credentials
+
+    up = frontend_factory(copy_examples(tmp_path), listen="localhost:0",
+                          tls=TLSFiles(pki / "server.crt", pki / "server.key", pki / "ca.crt"))
+    down = frontend_factory(None, upstream=f"localhost:{up.frontend.port}",
+                            upstream_credentials=tls_credentials(
+                                pki / "ca.crt", pki / "client.crt", pki / "client.key"))
+    wait_for(down.engine.synced.is_set, timeout=20)
+    # Only what the upstream proxies travels (not headless or ExternalName services).
+    assert set(down.engine.caches) == set(up.engine.caches) != set()

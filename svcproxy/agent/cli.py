@@ -214,15 +214,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 def api_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     """TLS credentials for the frontend connection, or None for plaintext."""
-    if not (args.api_ca or args.api_cert):
-        return None
-    import grpc
+    from svcproxy.sdk.client import tls_credentials
 
-    return grpc.ssl_channel_credentials(
-        root_certificates=args.api_ca.read_bytes() if args.api_ca else None,
-        private_key=args.api_key.read_bytes() if args.api_key else None,
-        certificate_chain=args.api_cert.read_bytes() if args.api_cert else None,
-    )
+    return tls_credentials(args.api_ca, args.api_cert, args.api_key)
 
 
 def run_cleanup(backend: Backend) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import MappingProxyType
 
 import grpc
@@ -33,6 +34,20 @@ from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+
+def tls_credentials(ca: Path | None, cert: Path | None = None,
+                    key: Path | None = None) -> grpc.ChannelCredentials | None:
+    """Client TLS from PEM files (a CA to trust; a certificate and key for mutual TLS),
+    or None for plaintext when neither a CA nor a certificate is given."""
+    if not (ca or cert):
+        return None
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate and its key go together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca.read_bytes() if ca else None,
+        private_key=key.read_bytes() if key else None,
+        certificate_chain=cert.read_bytes() if cert else None)
 
 
 def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
