@@ -106,9 +106,13 @@ async def _client(target: str, node: str, since: int, got: dict[int, float],
             got.setdefault(rev, time.time())
 
 
-def client_process(target: str, nodes: list[str], since: int, conn: Any) -> None:
+def client_process(target: str, nodes: list[str], since: int, conn: Any,
+                   idle: bool = False) -> None:
     """Run streams for ``nodes`` resuming at ``since`` (they already hold the state);
-    report readiness once each got a first batch, then receive times per revision."""
+    report readiness once each got a first batch, then receive times per revision.
+    With ``idle`` the process runs SCHED_IDLE: it gets only CPU the frontend leaves."""
+    if idle:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     got: list[dict[int, float]] = [{} for _ in nodes]
     left = [len(nodes)]
 
@@ -192,7 +196,8 @@ async def run(args: argparse.Namespace) -> None:
     for p in range(args.client_procs):
         parent, child = mp.Pipe()
         proc = mp.Process(target=client_process, daemon=True,
-                          args=(target, names[p::args.client_procs], engine.revision, child))
+                          args=(target, names[p::args.client_procs], engine.revision, child,
+                                args.client_sched == "idle"))
         proc.start()
         procs.append(proc)
         conns.append(parent)
@@ -265,6 +270,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--client-procs", type=int, default=4)
     parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--client-sched", choices=("normal", "idle"), default="normal",
+                        help="idle: client processes run SCHED_IDLE, standing in for nodes "
+                        "on other machines (they never take CPU the frontend wants)")
     parser.add_argument("--listen", default="127.0.0.1:0",
                         help="where the frontend listens (unix:///path for a unix socket)")
     parser.add_argument("--stream-workers", type=int, default=1,

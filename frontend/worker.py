@@ -114,6 +114,8 @@ class WorkerServicer(WatchServicer):
         self.link = link
 
     async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+        peer = context.peer()
+        log.info("watch from %s for %s since revision %d", peer, name or "<cluster>", since)
         try:
             view, cursor, first = await self.link.watch(name, since)
         except MainProcessGone:
@@ -126,6 +128,7 @@ class WorkerServicer(WatchServicer):
             await write_stream(context, view, cursor, first, resync)
         finally:
             self.link.unwatch(view)
+            log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
     async def GetNodeState(self, request: bytes,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> bytes:
