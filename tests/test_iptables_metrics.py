@@ -13,6 +13,7 @@ from svcproxy.agent.fake_source import FakeSource
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.iptables import backend as backend_module
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
+from svcproxy.backends.iptables.restore import SavedTable
 from svcproxy.backends.iptables.tool import IptablesError
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
@@ -35,8 +36,8 @@ class FakeIptables:
             raise IptablesError("iptables-nft-restore failed: line 2 failed")
         FakeIptables.restored.append(text)
 
-    def save(self, table: str | None = None) -> str:
-        return ""
+    def save_tables(self) -> dict[str, SavedTable]:
+        return {}
 
     def chain_exists(self, table: str, chain: str) -> bool:
         return True

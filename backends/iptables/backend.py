@@ -199,7 +199,7 @@ class IptablesBackend(Backend):
 
     def _full_plan(self, fam: _Family, state: NodeState) -> Plan:
         """Everything, plus stale-chain deletion, jump rules and canaries."""
-        saved = parse_save(fam.tool.save())
+        saved = fam.tool.save_tables()
         nat_saved = saved.get(NAT)
         plan = fam.planner.plan(state.services, None,
                                 nat_saved.chains if nat_saved else frozenset())

@@ -7,6 +7,7 @@ and raw lines (jump rules into built-in chains). It is applied with
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -104,19 +105,19 @@ class SavedTable:
     rules: tuple[str, ...]
 
 
-def parse_save(text: str) -> dict[str, SavedTable]:
-    """Tables of iptables-save output by name."""
+def parse_save(text: str | Iterable[str]) -> dict[str, SavedTable]:
+    """Tables of iptables-save output (a string, or its lines as they stream) by name."""
     tables: dict[str, SavedTable] = {}
     name = ""
     chains: set[str] = set()
     rules: list[str] = []
-    for line in text.splitlines():
+    for line in io.StringIO(text) if isinstance(text, str) else text:
         if line.startswith("*"):
             name, chains, rules = line[1:].strip(), set(), []
         elif line.startswith(":") and name:
             chains.add(line[1:].split(" ", 1)[0])
         elif line.startswith(_BUILTIN_RULE) and name:
-            rules.append(line)
+            rules.append(line.rstrip("\n"))
         elif line.strip() == "COMMIT" and name:
             tables[name] = SavedTable(frozenset(chains), tuple(rules))
             name = ""
