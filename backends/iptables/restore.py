@@ -18,9 +18,10 @@ TABLE_ORDER = ("filter", "nat", "mangle")
 # (nft-cache.c, cache_chain_list_insert): quadratic in the chains named, 85% of
 # an 8.6 s restore at 1,000 services and hours at 10,000. One chain-less command
 # first makes it fetch all the table's chains in one dump and skip the list.
-# ``-Z`` is the only chain-less command that changes no rule: with the chain
-# cache only (no ``-D``/``-C``/``-R`` in the table) it zeroes just the built-in
-# chains' policy counters.
+# The chain-less ``-F``/``-X`` would flush or delete everyone's chains and
+# ``-L``/``-S`` would fetch and print every rule; ``-Z`` changes no rule: with
+# the chain cache only (no ``-D``/``-C``/``-R`` in the table) it zeroes just
+# the built-in chains' policy counters.
 ALL_CHAINS_LINE = "-Z"
 # Above this many chains named in one table, the one dump is the cheaper fetch.
 ALL_CHAINS_ABOVE = 500
