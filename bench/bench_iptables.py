@@ -401,7 +401,8 @@ def report_e2e(args: argparse.Namespace, tmp: Path) -> None:
     print(f"\n## manifest edit -> rule in the kernel ({args.edit_services} services x "
           f"{args.endpoints} endpoints, iptables {args.edit_mode}, --min-sync-period 0, "
           f"{len(lat)} edits; the manifest source polls files every 0.2 s)")
-    print(f"p50 {ms(statistics.median(lat))}, p99 {ms(pct(lat, 0.99))}, max {ms(max(lat))}")
+    print(f"p50 {ms(statistics.median(lat))}, p99 {ms(pct(lat, 0.99))}, max {ms(max(lat))} "
+          f"(edit #{lat.index(max(lat)) + 1})")
     syncs = [float(line.rsplit(" in ", 1)[1].rstrip("s")) for line in
              (tmp / "backend.log").read_text().splitlines() if "Synced partially" in line]
     if syncs:
