@@ -448,7 +448,7 @@ def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
     restore = tool.Iptables.restore
     monkeypatch.setattr(tool.Iptables, "restore",
                         lambda self, text: (texts.append(text), restore(self, text))[-1])
-    monkeypatch.setattr(backend_module, "ALL_CHAINS_ABOVE", 0)
+    monkeypatch.setattr(backend_module, "ALL_CHAINS_MIN", 0)
     be = backend(lab)
     be.sync(node_state(*services), full())
     assert _rules_only(lab.iptables_save(4)) == usual

@@ -20,8 +20,9 @@ from svcproxy.backends.iptables.metrics import IptablesMetrics
 from svcproxy.backends.iptables.planner import Plan, Planner
 from svcproxy.backends.iptables.render import FamilyConfig
 from svcproxy.backends.iptables.restore import (
-    ALL_CHAINS_ABOVE,
+    ALL_CHAINS_MIN,
     TableChanges,
+    all_chains_thresholds,
     parse_save,
     restore_text,
 )
@@ -178,10 +179,11 @@ class IptablesBackend(Backend):
                why_full: str) -> tuple[Plan, str, str]:
         """Plan and restore; a failed partial restore is retried at once as a full one."""
         if why_full:
-            plan = self._full_plan(fam, state)
+            plan, existing = self._full_plan(fam, state)
         else:
+            existing = dict(fam.planner.chains)
             plan = fam.planner.plan(state.services, changes.services)
-        text = restore_text(plan.tables, self._all_chains_above())
+        text = restore_text(plan.tables, self._all_chains_above(plan, existing))
         try:
             if text:
                 fam.tool.restore(text)
@@ -193,12 +195,16 @@ class IptablesBackend(Backend):
             return self._apply(family, fam, state, changes, "partial sync failed")
         return plan, text, why_full
 
-    def _all_chains_above(self) -> int | None:
-        """iptables-nft fetches the chains of a big transaction in one dump (see restore)."""
-        return ALL_CHAINS_ABOVE if self.mode == "nft" else None
+    def _all_chains_above(self, plan: Plan, existing: dict[str, int]) -> dict[str, int] | None:
+        """iptables-nft: when a table's transaction names enough chains, relative to the
+        chains already there, to be cheaper with one dump of them (see restore)."""
+        if self.mode != "nft":
+            return None
+        return all_chains_thresholds(plan.tables, existing, ALL_CHAINS_MIN)
 
-    def _full_plan(self, fam: _Family, state: NodeState) -> Plan:
-        """Everything, plus stale-chain deletion, jump rules and canaries."""
+    def _full_plan(self, fam: _Family, state: NodeState) -> tuple[Plan, dict[str, int]]:
+        """Everything, plus stale-chain deletion, jump rules and canaries; and the number
+        of chains each table holds now."""
         saved = fam.tool.save_tables()
         nat_saved = saved.get(NAT)
         plan = fam.planner.plan(state.services, None,
@@ -208,7 +214,7 @@ class IptablesBackend(Backend):
             plan.tables[table].lines.extend(insert_lines(jumps, table, saved.get(table)))
         for table in CANARY_TABLES:
             plan.tables.setdefault(table, TableChanges()).write[names.CANARY] = ""
-        return plan
+        return plan, {table: len(tables.chains) for table, tables in saved.items()}
 
     def cleanup(self) -> None:
         """Remove our jump rules and chains, in both iptables modes and both families."""
@@ -223,7 +229,7 @@ class IptablesBackend(Backend):
                     continue
                 try:
                     texts = cleanup_texts(parse_save(saved),
-                                          ALL_CHAINS_ABOVE if mode == "nft" else None)
+                                          ALL_CHAINS_MIN if mode == "nft" else None)
                     for text in texts:
                         tool.restore(text)
                     if texts:

@@ -6,7 +6,12 @@ from collections.abc import Mapping
 
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.jumps import delete_lines
-from svcproxy.backends.iptables.restore import SavedTable, TableChanges, restore_text
+from svcproxy.backends.iptables.restore import (
+    SavedTable,
+    TableChanges,
+    all_chains_thresholds,
+    restore_text,
+)
 from svcproxy.backends.iptables.toplevel import FILTER, FILTER_CHAINS, MANGLE, NAT, NAT_CHAINS
 
 KUBELET_CANARY = "KUBE-KUBELET-CANARY"
@@ -42,17 +47,18 @@ def cleanup_text(saved: Mapping[str, SavedTable]) -> str:
     return restore_text(tables)
 
 
-def cleanup_texts(saved: Mapping[str, SavedTable], all_chains_above: int | None = None,
+def cleanup_texts(saved: Mapping[str, SavedTable], all_chains_min: int | None = None,
                   ) -> list[str]:
     """The cleanup as restore inputs to apply in order ([] if nothing is left).
 
-    iptables-nft with many chains (``all_chains_above``, see restore): the jump
-    deletions first, then the chains, so the big transaction needs no rule cache.
+    iptables-nft (``all_chains_min`` given, see restore): the jump deletions
+    first, then the chains, so a big chain transaction can skip the rule cache.
     """
-    if all_chains_above is None:
+    if all_chains_min is None:
         return [text] if (text := cleanup_text(saved)) else []
     owned = owned_chains(saved)
     jumps = {t: TableChanges(lines=delete_lines(c, saved[t])) for t, c in owned.items()}
     chains = {t: TableChanges(delete=sorted(c)) for t, c in owned.items()}
-    return [text for text in (restore_text(jumps), restore_text(chains, all_chains_above))
-            if text]
+    above = all_chains_thresholds(owned, {t: len(saved[t].chains) for t in owned},
+                                  all_chains_min)
+    return [text for text in (restore_text(jumps), restore_text(chains, above)) if text]

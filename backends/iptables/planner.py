@@ -42,6 +42,7 @@ class Plan:
     full: bool
     rendered: int = 0
     rules: dict[str, int] = field(default_factory=dict)
+    chains: dict[str, int] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return all(t.empty() for t in self.tables.values())
@@ -57,6 +58,7 @@ class Planner:
         self.large = False
         self.endpoint_total = 0
         self.rules: dict[str, int] = {}
+        self.chains: dict[str, int] = {}
         self.synced = False
 
     def reconfigure(self, cfg: FamilyConfig) -> bool:
@@ -72,6 +74,7 @@ class Planner:
         self.fragments = {}
         self.top = {}
         self.rules = {}
+        self.chains = {}
         self.synced = False
 
     def plan(self, services: Mapping[ServicePortKey, ServicePortState],
@@ -95,17 +98,19 @@ class Planner:
             top = top_level(self.cfg, live)
             tables = self._full_tables(fragments, top, existing_nat_chains or frozenset())
             rules = {t: sum(map(_lines, c.write.values())) for t, c in tables.items()}
+            chains = {t: len(c.write) for t, c in tables.items()}
         else:
             top = top_level(self.cfg, live, self.top, self._dirty_fields(fragments, changed))
             tables = self._partial_tables(fragments, top, changed)
-            rules = self._rules_after(tables, changed, fragments)
+            rules, chains = self._counts_after(tables, changed)
         return Plan(tables=tables, fragments=fragments, top=top, large=large,
-                    endpoint_total=endpoint_total, full=full, rendered=rendered, rules=rules)
+                    endpoint_total=endpoint_total, full=full, rendered=rendered, rules=rules,
+                    chains=chains)
 
-    def _rules_after(self, tables: dict[str, TableChanges], changed: list[ServicePortKey],
-                     fragments: Fragments) -> dict[str, int]:
-        """Rules in our chains per table once a partial plan is applied."""
-        rules = dict(self.rules)
+    def _counts_after(self, tables: dict[str, TableChanges], changed: list[ServicePortKey],
+                      ) -> tuple[dict[str, int], dict[str, int]]:
+        """Rules and chains of ours per table once a partial plan is applied."""
+        rules, chains = dict(self.rules), dict(self.chains)
         for table, changes in tables.items():
             old = dict(self.top.get(table, {}))
             if table == NAT:
@@ -115,7 +120,9 @@ class Planner:
             delta = sum(map(_lines, changes.write.values()))
             delta -= sum(_lines(old.get(c, "")) for c in [*changes.write, *changes.delete])
             rules[table] = rules.get(table, 0) + delta
-        return rules
+            added = sum(1 for c in changes.write if c not in old)
+            chains[table] = chains.get(table, 0) + added - len(changes.delete)
+        return rules, chains
 
     def _render(self, entries: list[Entry], full: bool, large: bool,
                 ) -> tuple[Fragments, list[ServicePortKey], int]:
@@ -173,6 +180,7 @@ class Planner:
         self.large = plan.large
         self.endpoint_total = plan.endpoint_total
         self.rules = plan.rules
+        self.chains = plan.chains
         self.synced = True
 
     def _endpoint_total_after(self, entries: list[Entry]) -> int:
