@@ -29,6 +29,7 @@ ALL_CHAINS_LINE = "-Z"
 ALL_CHAINS_MIN = 500
 ALL_CHAINS_SHARE = 8
 
+
 @dataclass(slots=True)
 class TableChanges:
     """What one transaction does to one table."""
