@@ -431,13 +431,16 @@ def test_restarted_backend_replaces_stale_chains_without_duplicating_jumps(lab: 
 
 def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ``-Z``-first restore (big nft transactions) programs exactly the usual rules,
+    """The ``-S``-first restore (big nft transactions) programs exactly the usual rules,
     on a fresh table and over existing chains, and its two-step cleanup leaves foreign
     rules alone."""
     from svcproxy.backends.iptables import backend as backend_module
     from svcproxy.backends.iptables import tool
 
     _foreign_rules(lab)
+    counted = "[7:700] -A MY-NAT -s 9.9.9.9/32 -j RETURN"  # -S leaves rule counters
+    ns_run(lab.node, "iptables-nft", "-t", "nat", "-A", "MY-NAT", "-s", "9.9.9.9", "-j",
+           "RETURN", "-c", "7", "700")
     before4 = lab.iptables_save(4)
     services = (service("web", "172.30.0.10", ("pod-a", "pod-b"), node_port=30080),
                 service("api", "172.30.0.11", ("pod-b",)))
@@ -457,4 +460,5 @@ def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
     assert pod_names(lab.connect(lab.client, "172.30.0.10", 80, count=20)) == {"pod-a", "pod-b"}
     backend(lab).cleanup()
     assert _rules_only(lab.iptables_save(4)) == _rules_only(before4)
-    assert sum("*nat\n-Z\n" in text for text in texts) >= 3  # 2 full syncs, the cleanup
+    assert sum("*nat\n-S\n" in text for text in texts) >= 3  # 2 full syncs, the cleanup
+    assert counted in lab.iptables_save(4, counters=True).splitlines()

@@ -173,25 +173,39 @@ def test_restore_errors_show_the_failing_line() -> None:
 
 
 def test_big_nft_transactions_start_with_a_chainless_line() -> None:
-    from svcproxy.backends.iptables.restore import ALL_CHAINS_LINE, TableChanges
+    from svcproxy.backends.iptables.restore import (
+        LIST_LINE,
+        ZERO_LINE,
+        AllChains,
+        TableChanges,
+        all_chains_options,
+    )
 
     many = TableChanges(write={f"KUBE-SEP-{n}": f"-A KUBE-SEP-{n} -j RETURN\n" for n in range(3)},
                         lines=["-I PREROUTING 1 -j KUBE-SERVICES"])
-    assert restore_text({"nat": many}, {"nat": 2}).startswith(
-        f"*nat\n{ALL_CHAINS_LINE}\n:KUBE-SEP-0 ")
-    assert ALL_CHAINS_LINE not in restore_text({"nat": many}, {"nat": 3})  # not above it
-    assert ALL_CHAINS_LINE not in restore_text({"nat": many})  # legacy mode
+    assert restore_text({"nat": many}, {"nat": AllChains(2)}).startswith(
+        f"*nat\n{LIST_LINE}\n:KUBE-SEP-0 ")
+    assert f"\n{LIST_LINE}\n" not in restore_text({"nat": many}, {"nat": AllChains(3)})
+    assert f"\n{LIST_LINE}\n" not in restore_text({"nat": many})  # legacy mode
+    # -S, unless an -I line goes into a built-in chain not there yet: then -Z
+    present = {"nat": frozenset({"PREROUTING"})}
+    assert all_chains_options({"nat": many}, {}, present)["nat"].line == LIST_LINE
+    assert all_chains_options({"nat": many}, {}, {"nat": frozenset()})["nat"].line == ZERO_LINE
+    zero = {"nat": AllChains(2, ZERO_LINE)}
+    assert restore_text({"nat": many}, zero).startswith(f"*nat\n{ZERO_LINE}\n")
     many.lines.append("-D PREROUTING -j KUBE-SERVICES")  # needs the rule cache: -Z would
-    assert ALL_CHAINS_LINE not in restore_text({"nat": many}, {"nat": 2})  # rewrite all
+    assert f"\n{ZERO_LINE}\n" not in restore_text({"nat": many}, zero)  # zero all rules
 
 
 def test_the_one_dump_is_chosen_against_the_size_of_the_table() -> None:
-    from svcproxy.backends.iptables.restore import all_chains_thresholds
+    from svcproxy.backends.iptables.restore import TableChanges, all_chains_options
 
+    tables = {"nat": TableChanges(), "filter": TableChanges()}
     # 4,000 chains into a 110,000-chain table: the list (0.2 s) beats the dump (2.5 s)
-    assert all_chains_thresholds(["nat"], {"nat": 110_000})["nat"] > 4_000
+    assert all_chains_options(tables, {"nat": 110_000})["nat"].above > 4_000
     # a first sync: nothing to dump, so the dump above the minimum
-    assert all_chains_thresholds(["nat", "filter"], {}) == {"nat": 500, "filter": 500}
+    assert {t: o.above for t, o in all_chains_options(tables, {}).items()} == {
+        "nat": 500, "filter": 500}
 
 
 def test_nft_cleanup_of_many_chains_deletes_jumps_first() -> None:
@@ -201,4 +215,4 @@ def test_nft_cleanup_of_many_chains_deletes_jumps_first() -> None:
     assert cleanup_texts(saved) == [cleanup_text(saved)]
     jumps, chains = cleanup_texts(saved, 0)  # nft mode, any table size
     assert "-D " in jumps and "-X " not in jumps
-    assert "-D " not in chains and "\n-Z\n" in chains and "-X KUBE-SERVICES" in chains
+    assert "-D " not in chains and "\n-S\n" in chains and "-X KUBE-SERVICES" in chains

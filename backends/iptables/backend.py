@@ -21,8 +21,9 @@ from svcproxy.backends.iptables.planner import Plan, Planner
 from svcproxy.backends.iptables.render import FamilyConfig
 from svcproxy.backends.iptables.restore import (
     ALL_CHAINS_MIN,
+    AllChains,
     TableChanges,
-    all_chains_thresholds,
+    all_chains_options,
     parse_save,
     restore_text,
 )
@@ -178,12 +179,14 @@ class IptablesBackend(Backend):
     def _apply(self, family: int, fam: _Family, state: NodeState, changes: Changes,
                why_full: str) -> tuple[Plan, str, str]:
         """Plan and restore; a failed partial restore is retried at once as a full one."""
+        present: dict[str, frozenset[str]] | None = None
         if why_full:
-            plan, existing = self._full_plan(fam, state)
+            plan, present = self._full_plan(fam, state)
+            existing = {table: len(chains) for table, chains in present.items()}
         else:
             existing = dict(fam.planner.chains)
             plan = fam.planner.plan(state.services, changes.services)
-        text = restore_text(plan.tables, self._all_chains_above(plan, existing))
+        text = restore_text(plan.tables, self._all_chains(plan, existing, present))
         try:
             if text:
                 fam.tool.restore(text)
@@ -195,16 +198,18 @@ class IptablesBackend(Backend):
             return self._apply(family, fam, state, changes, "partial sync failed")
         return plan, text, why_full
 
-    def _all_chains_above(self, plan: Plan, existing: dict[str, int]) -> dict[str, int] | None:
+    def _all_chains(self, plan: Plan, existing: dict[str, int],
+                    present: dict[str, frozenset[str]] | None) -> dict[str, AllChains] | None:
         """iptables-nft: when a table's transaction names enough chains, relative to the
         chains already there, to be cheaper with one dump of them (see restore)."""
         if self.mode != "nft":
             return None
-        return all_chains_thresholds(plan.tables, existing, ALL_CHAINS_MIN)
+        return all_chains_options(plan.tables, existing, present, ALL_CHAINS_MIN)
 
-    def _full_plan(self, fam: _Family, state: NodeState) -> tuple[Plan, dict[str, int]]:
-        """Everything, plus stale-chain deletion, jump rules and canaries; and the number
-        of chains each table holds now."""
+    def _full_plan(self, fam: _Family, state: NodeState,
+                   ) -> tuple[Plan, dict[str, frozenset[str]]]:
+        """Everything, plus stale-chain deletion, jump rules and canaries; and the chains
+        each table holds now."""
         saved = fam.tool.save_tables()
         nat_saved = saved.get(NAT)
         plan = fam.planner.plan(state.services, None,
@@ -214,7 +219,7 @@ class IptablesBackend(Backend):
             plan.tables[table].lines.extend(insert_lines(jumps, table, saved.get(table)))
         for table in CANARY_TABLES:
             plan.tables.setdefault(table, TableChanges()).write[names.CANARY] = ""
-        return plan, {table: len(tables.chains) for table, tables in saved.items()}
+        return plan, {table: tables.chains for table, tables in saved.items()}
 
     def cleanup(self) -> None:
         """Remove our jump rules and chains, in both iptables modes and both families."""

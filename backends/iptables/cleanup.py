@@ -9,7 +9,7 @@ from svcproxy.backends.iptables.jumps import delete_lines
 from svcproxy.backends.iptables.restore import (
     SavedTable,
     TableChanges,
-    all_chains_thresholds,
+    all_chains_options,
     restore_text,
 )
 from svcproxy.backends.iptables.toplevel import FILTER, FILTER_CHAINS, MANGLE, NAT, NAT_CHAINS
@@ -59,6 +59,6 @@ def cleanup_texts(saved: Mapping[str, SavedTable], all_chains_min: int | None = 
     owned = owned_chains(saved)
     jumps = {t: TableChanges(lines=delete_lines(c, saved[t])) for t, c in owned.items()}
     chains = {t: TableChanges(delete=sorted(c)) for t, c in owned.items()}
-    above = all_chains_thresholds(owned, {t: len(saved[t].chains) for t in owned},
-                                  all_chains_min)
-    return [text for text in (restore_text(jumps), restore_text(chains, above)) if text]
+    options = all_chains_options(chains, {t: len(saved[t].chains) for t in owned},
+                                 minimum=all_chains_min)
+    return [text for text in (restore_text(jumps), restore_text(chains, options)) if text]

@@ -18,11 +18,15 @@ TABLE_ORDER = ("filter", "nat", "mangle")
 # (nft-cache.c, cache_chain_list_insert): quadratic in the chains named, 85% of
 # an 8.6 s restore at 1,000 services and hours at 10,000. One chain-less command
 # first makes it fetch all the table's chains in one dump and skip the list.
-# The chain-less ``-F``/``-X`` would flush or delete everyone's chains and
-# ``-L``/``-S`` would fetch and print every rule; ``-Z`` changes no rule: with
-# the chain cache only (no ``-D``/``-C``/``-R`` in the table) it zeroes just
-# the built-in chains' policy counters.
-ALL_CHAINS_LINE = "-Z"
+# Chain-less -F/-X would flush or delete everyone's chains. -S (list) changes
+# nothing: it also fetches every rule (+2 s over 110,000 chains) and prints the
+# table (the output is discarded), and with that rule cache, iptables-nft 1.8.9
+# fails ``-I CHAIN 1`` into a built-in chain that does not exist yet. -Z (zero)
+# needs no rule cache but zeroes every counter of the table, foreign rules' too.
+# So -S, and -Z only where -S would fail (a table still without those built-in
+# chains, so with little to zero).
+LIST_LINE = "-S"
+ZERO_LINE = "-Z"
 # The dump costs with the chains already in the table (2.5 s for 110,000 chains,
 # 10,000 services), the list with the square of the chains named (0.2 s for
 # 4,000): the list wins below about an eighth of the table, and always below 500.
@@ -54,12 +58,20 @@ def diff_chains(old: Mapping[str, str], new: Mapping[str, str], chains: Iterable
             into.write[chain] = text
 
 
+@dataclass(frozen=True, slots=True)
+class AllChains:
+    """When and how a table's transaction makes iptables-nft fetch all its chains."""
+
+    above: int
+    line: str = LIST_LINE
+
+
 def restore_text(tables: Mapping[str, TableChanges],
-                 all_chains_above: Mapping[str, int] | None = None) -> str:
+                 all_chains: Mapping[str, AllChains] | None = None) -> str:
     """The iptables-restore input: chain lines first, then rules, raw lines, deletions.
 
-    ``all_chains_above`` (iptables-nft only), per table: a table naming more chains
-    than that starts with ``ALL_CHAINS_LINE``, when nothing in it needs the rule cache.
+    ``all_chains`` (iptables-nft only), per table: a table naming more chains than
+    ``above`` starts with its ``line`` (``ZERO_LINE`` only with no rule-cache line).
     """
     parts: list[str] = []
     for table in sorted(tables, key=_table_rank):
@@ -67,9 +79,9 @@ def restore_text(tables: Mapping[str, TableChanges],
         if changes.empty():
             continue
         parts.append(f"*{table}\n")
-        above = all_chains_above.get(table) if all_chains_above is not None else None
-        if above is not None and _fetch_all_chains(changes, above):
-            parts.append(ALL_CHAINS_LINE + "\n")
+        option = all_chains.get(table) if all_chains is not None else None
+        if option is not None and _fetch_all_chains(changes, option):
+            parts.append(option.line + "\n")
         parts.extend(f":{chain} - [0:0]\n" for chain in changes.write)
         parts.extend(f":{chain} - [0:0]\n" for chain in changes.delete)
         parts.extend(changes.write.values())
@@ -79,18 +91,27 @@ def restore_text(tables: Mapping[str, TableChanges],
     return "".join(parts)
 
 
-def all_chains_thresholds(tables: Iterable[str], existing: Mapping[str, int],
-                          minimum: int = ALL_CHAINS_MIN) -> dict[str, int]:
-    """Per table, the chains a transaction must name for iptables-nft's one dump of the
-    table's ``existing`` chains to be cheaper than its sorted list."""
-    return {t: max(minimum, existing.get(t, 0) // ALL_CHAINS_SHARE) for t in tables}
+def all_chains_options(tables: Mapping[str, TableChanges], existing: Mapping[str, int],
+                       present: Mapping[str, frozenset[str]] | None = None,
+                       minimum: int = ALL_CHAINS_MIN) -> dict[str, AllChains]:
+    """Per table: how many chains a transaction must name for iptables-nft's one dump of
+    the ``existing`` chains to be cheaper than its sorted list, and the line for it
+    (``ZERO_LINE`` when an ``-I`` line inserts into a chain not ``present``)."""
+    options = {}
+    for table, changes in tables.items():
+        inserted = {line.split()[1] for line in changes.lines if line.startswith("-I ")}
+        known = present.get(table, frozenset()) if present is not None else None
+        line = LIST_LINE if known is None or inserted <= known else ZERO_LINE
+        above = max(minimum, existing.get(table, 0) // ALL_CHAINS_SHARE)
+        options[table] = AllChains(above, line)
+    return options
 
 
-def _fetch_all_chains(changes: TableChanges, above: int) -> bool:
-    """Many chains named, and only lines iptables-nft serves from its chain cache."""
-    if len(changes.write) + len(changes.delete) <= above:
+def _fetch_all_chains(changes: TableChanges, option: AllChains) -> bool:
+    """Many chains named, and for ``-Z`` only lines served from the chain cache."""
+    if len(changes.write) + len(changes.delete) <= option.above:
         return False
-    return all(_chain_cache_only(line) for line in changes.lines)
+    return option.line != ZERO_LINE or all(_chain_cache_only(line) for line in changes.lines)
 
 
 def _chain_cache_only(line: str) -> bool:

@@ -49,9 +49,12 @@ class Iptables:
         return proc
 
     def restore(self, text: str) -> None:
-        """Apply one iptables-restore --noflush transaction."""
-        proc = self._run([_program(self.family, self.mode, "-restore"), "--noflush",
-                          "--wait", WAIT_SECONDS], stdin=text, check=False)
+        """Apply one iptables-restore --noflush transaction (its output, such as what a
+        ``-S`` line lists, is discarded)."""
+        args = [*self.prefix, _program(self.family, self.mode, "-restore"), "--noflush",
+                "--wait", WAIT_SECONDS]
+        proc = subprocess.run(args, input=text, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, check=False)
         if proc.returncode != 0:
             raise IptablesError(
                 f"{_program(self.family, self.mode, '-restore')} failed: "
