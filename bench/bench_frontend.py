@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import multiprocessing as mp
 import os
 import resource
@@ -165,7 +166,7 @@ async def run(args: argparse.Namespace) -> None:
     engine.loop = asyncio.get_running_loop()
     server, port = await start_server(engine, args.listen)
     target = args.listen if args.listen.startswith("unix:") else f"127.0.0.1:{port}"
-    workers = StreamWorkers(engine, args.stream_workers, target, None)
+    workers = StreamWorkers(engine, args.stream_workers, target, None, logging.WARNING)
     workers.start()
     t0 = time.perf_counter()
     engine.submit(make_cluster(args.services, args.endpoints, args.nodes))
