@@ -191,6 +191,19 @@ class Engine:
                 view.node = node_info(self.nodes[name])
         return view
 
+    def watch(self, name: str) -> NodeView:
+        """The view of ``name``, counted as watched by one more stream."""
+        view = self.view(name)
+        view.watchers += 1
+        metrics.CLIENTS.inc()
+        return view
+
+    def unwatch(self, view: NodeView) -> None:
+        """One stream of ``view`` ended."""
+        view.watchers -= 1
+        metrics.CLIENTS.dec()
+        self.release(view)
+
     def release(self, view: NodeView) -> None:
         """Forget a view nobody watches and no Node backs."""
         if not view.watchers and view.name and view.name not in self.nodes:

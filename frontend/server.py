@@ -20,7 +20,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from svcproxy.convert import node_to_pb, state_to_pb
-from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine, known_nodes
 from svcproxy.frontend.stream import WatchServicer, write_stream
 from svcproxy.v1 import nodestate_pb2 as pb
@@ -43,9 +42,7 @@ class NodeStateServicer(WatchServicer):
     async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
         engine = self.engine
         await engine.synced.wait()
-        view = engine.view(name)
-        view.watchers += 1
-        metrics.CLIENTS.inc()
+        view = engine.watch(name)
         peer = context.peer()
         log.info("watch from %s for %s since revision %d", peer, name or "<cluster>", since)
 
@@ -56,9 +53,7 @@ class NodeStateServicer(WatchServicer):
             cursor, first = engine.catch_up(view, since)
             await write_stream(context, view, cursor, first, resync)
         finally:
-            view.watchers -= 1
-            metrics.CLIENTS.dec()
-            engine.release(view)
+            engine.unwatch(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802

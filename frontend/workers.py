@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.process import BaseProcess
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.server import NodeStateServicer, TLSFiles
@@ -144,9 +143,7 @@ class StreamWorkers:
     async def _watch(self, worker: _Worker, name: str, since: int) -> tuple[int, list[bytes]]:
         """A new stream on ``worker``: subscribe it to the view, say where to start."""
         await self.engine.synced.wait()
-        view = self.engine.view(name)
-        view.watchers += 1
-        metrics.CLIENTS.inc()
+        view = self.engine.watch(name)
         worker.watching[name] += 1
         return self.engine.catch_up(view, since)
 
@@ -163,11 +160,9 @@ class StreamWorkers:
         self._release(name)
 
     def _release(self, name: str) -> None:
-        metrics.CLIENTS.dec()
         view = self.engine.views.get(name)
         if view is not None:
-            view.watchers -= 1
-            self.engine.release(view)
+            self.engine.unwatch(view)
 
     def _on_publish(self, revision: int, changed: dict[str, list[WireOp]]) -> None:
         for worker in self._workers.values():
