@@ -14,13 +14,14 @@ that applies ops lazily. Prints:
 - one node's initial snapshot: time to the last byte at a client, and its size;
 - latency from an EndpointSlice change to each client having it (p50, p99), and to
   every client having it (p50, p99 over changes);
-- frontend CPU time per change; frontend peak RSS.
+- frontend CPU time per change; full garbage collections meanwhile; frontend peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -156,6 +157,24 @@ def _rss_mb(pid: int | None) -> float:
     return 0.0
 
 
+class FullCollections:
+    """A gc callback: how many full collections ran, and for how long."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._start
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -216,6 +235,8 @@ async def run(args: argparse.Namespace) -> None:
           f"{args.client_procs} client processes", flush=True)
 
     sent: dict[int, float] = {}
+    pauses = FullCollections()
+    gc.callbacks.append(pauses)
     cpu0 = time.process_time()
     worker_cpu0 = sum(_cpu_seconds(pid) for pid in workers.pids)
     threads0 = _thread_cpu()
@@ -227,6 +248,7 @@ async def run(args: argparse.Namespace) -> None:
         sent[engine.revision] = sent_at
         await asyncio.sleep(args.interval)
     cpu = time.process_time() - cpu0
+    gc.callbacks.remove(pauses)
     worker_cpu = sum(_cpu_seconds(pid) for pid in workers.pids) - worker_cpu0
     threads = _thread_cpu()
     threads.subtract(threads0)
@@ -252,6 +274,8 @@ async def run(args: argparse.Namespace) -> None:
           f"{args.stream_workers - 1} stream workers")
     print("  main process by thread (ms per change): " + ", ".join(
         f"{name} {1000 * v / args.changes:.1f}" for name, v in threads.most_common() if v > 0))
+    print(f"full garbage collections in the main process during the changes: {pauses.count}"
+          f" ({1000 * pauses.seconds:.0f} ms in all)")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_rss = sum(_rss_mb(pid) for pid in workers.pids)
     print(f"frontend peak RSS: {rss:.0f} MB main process, stream workers now {worker_rss:.0f} "

@@ -10,7 +10,6 @@ changed. Runs on the asyncio loop; sources in other threads use
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 from svcproxy.frontend import metrics
 from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
 from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
+from svcproxy.frontend.gctuning import settle_long_lived_state
 from svcproxy.frontend.objects import (
     EndpointSlice,
     Node,
@@ -105,10 +105,7 @@ class Engine:
         if not self.synced.is_set() and self._listed >= set(KINDS):
             log.info("frontend synced: %d services, %d endpoint slices, %d nodes",
                      len(self.services), len(self.slices), len(self.nodes))
-            # The initial state is long-lived: keep it out of the cyclic collector, whose
-            # full passes over millions of objects would stall fan-out for 0.5 s.
-            gc.collect()
-            gc.freeze()
+            settle_long_lived_state()
             self.synced.set()
 
     def _parse(self, kind: Kind, obj: dict[str, Any]) -> Service | EndpointSlice | Node | None:

@@ -2,6 +2,8 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from svcproxy.frontend.loophistogram import LoopHistogram
+
 WATCH_EVENTS = Counter("svcproxy_frontend_source_events_total",
                        "Events received from the sources, by type (upsert, delete, replace).",
                        ["type"])
@@ -10,10 +12,11 @@ INVALID_OBJECTS = Counter("svcproxy_frontend_invalid_objects_total",
 REVISION = Gauge("svcproxy_frontend_revision", "The latest revision of the node views.")
 CLIENTS = Gauge("svcproxy_frontend_watch_clients",
                 "Connected Watch and WatchCluster streams, stream workers' included.")
-CLIENT_LAG = Histogram("svcproxy_frontend_client_lag_batches",
-                       "How many of its node's batches a client was behind when it was sent "
-                       "them (0: it was up to date; more are coalesced into one message).",
-                       buckets=(0, 1, 2, 5, 10, 50, 100, 1000, 10000))
+CLIENT_LAG = LoopHistogram("svcproxy_frontend_client_lag_batches",
+                           "How many of its node's batches a client was behind when it was "
+                           "sent them (0: it was up to date; more are coalesced into one "
+                           "message), stream workers' clients included.",
+                           buckets=(0, 1, 2, 5, 10, 50, 100, 1000, 10000))
 SNAPSHOT_BYTES = Histogram("svcproxy_frontend_snapshot_bytes", "Size of snapshots sent.",
                            buckets=(1e3, 1e4, 1e5, 1e6, 1e7, 1e8))
 BATCH_OPS = Histogram("svcproxy_frontend_batch_ops", "Ops per published node batch.",

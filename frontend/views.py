@@ -63,7 +63,7 @@ class NodeView:
         """Coalesced ops after revision ``since``; None when the history no longer has them."""
         if not self.can_resume(since):
             return None
-        return coalesce(ops for rev, ops in self.history if rev > since)
+        return coalesce(reversed(self._batches_after(since)))
 
     def messages_since(self, since: int) -> list[bytes] | None:
         """The encoded batch from ``since`` to now, shared by every client at that cursor."""
@@ -77,14 +77,19 @@ class NodeView:
         self._encoded = (since, self.revision, msgs)
         return msgs
 
-    def batches_after(self, since: int) -> int:
-        """How many batches of the history came after revision ``since``."""
-        count = 0
-        for rev, _ in reversed(self.history):
+    def _batches_after(self, since: int) -> list[list[WireOp]]:
+        """The batches after revision ``since``, newest first (read from the end: most
+        clients are one batch behind, however long the history)."""
+        out = []
+        for rev, ops in reversed(self.history):
             if rev <= since:
                 break
-            count += 1
-        return count
+            out.append(ops)
+        return out
+
+    def batches_after(self, since: int) -> int:
+        """How many batches of the history came after revision ``since``."""
+        return len(self._batches_after(since))
 
     async def wait_change(self, since: int) -> None:
         """Return once the view is past revision ``since``."""

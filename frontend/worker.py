@@ -17,12 +17,15 @@ from multiprocessing.connection import Connection
 
 import grpc
 
+from svcproxy.frontend import metrics
+from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
 from svcproxy.frontend.stream import WatchServicer, write_stream
 from svcproxy.frontend.views import NodeView
 
 log = logging.getLogger(__name__)
+METRICS_INTERVAL = 1.0  # seconds between a worker's metrics reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +152,19 @@ async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, link.closed.set)
+    shipping = asyncio.ensure_future(_ship_metrics(link))
     await link.closed.wait()
+    shipping.cancel()
     await server.stop(grace=1)
+
+
+async def _ship_metrics(link: ParentLink) -> None:
+    """Send this worker's observations to the main process, which serves /metrics."""
+    while not link.closed.is_set():
+        await asyncio.sleep(METRICS_INTERVAL)
+        lag = metrics.CLIENT_LAG.take()
+        if lag is not None and not link.closed.is_set():
+            link.pipe.send(("metrics", lag))
 
 
 def worker_main(index: int, config: WorkerConfig, conn: Connection) -> None:
@@ -158,4 +172,5 @@ def worker_main(index: int, config: WorkerConfig, conn: Connection) -> None:
     logging.basicConfig(level=config.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: "
                         "%(message)s")
+    tune_for_streaming()
     asyncio.run(_serve(index, config, conn))

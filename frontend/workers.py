@@ -9,7 +9,8 @@ A worker holds nothing but the views its own clients watch. A new stream asks th
 process where to start (``Engine.catch_up``: the batches it missed, or a snapshot) and
 subscribes its worker to that view; from then on every batch of the view is sent to the
 worker (already-serialised ops, pickled once per worker and revision), in the same
-pipe and so in the same order as the answers. Unary calls are forwarded here.
+pipe and so in the same order as the answers. Unary calls are forwarded here, and
+each worker reports its metrics here every second, so /metrics covers every process.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.process import BaseProcess
 
+from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.server import NodeStateServicer, TLSFiles
@@ -122,6 +124,9 @@ class StreamWorkers:
             return
         if kind == "unwatch":
             self._unwatch(worker, str(message[1]))
+            return
+        if kind == "metrics":
+            metrics.CLIENT_LAG.add(message[1])  # type: ignore[arg-type]
             return
         task = asyncio.ensure_future(self._answer(worker, message))
         self._tasks.add(task)

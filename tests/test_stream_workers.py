@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from svcproxy.frontend.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
@@ -94,6 +95,31 @@ def test_clients_on_every_process_get_the_same_snapshot_and_changes(
         assert len({b"".join(ev.SerializeToString() for ev in b) for b in batches}) == 1, (
             "every process must send the very same batch")
         assert not any(ev.reset for b in batches for ev in b)
+    finally:
+        close(channels, calls)
+
+
+def lag_count() -> float:
+    """Batches sent to clients, as the main process's /metrics counts them."""
+    value = REGISTRY.get_sample_value("svcproxy_frontend_client_lag_batches_count")
+    return value or 0.0
+
+
+def test_metrics_count_every_process_clients(frontend: RunningFrontend) -> None:
+    target = f"127.0.0.1:{frontend.frontend.port}"
+    workers = frontend.frontend.workers
+    assert workers is not None
+    wait_for(lambda: len(workers.pids) == 1, timeout=30)
+    channels, calls = watch_all(target, CONNECTIONS)
+    try:
+        for c in calls:
+            read_batch(c)
+        assert set(workers.pids) & serving_pids(frontend.frontend.port), "no client on the worker"
+        before = lag_count()
+        frontend.submit([Upsert("EndpointSlice", web_slice(2))])
+        for c in calls:
+            read_batch(c)
+        wait_for(lambda: lag_count() == before + CONNECTIONS, timeout=10)
     finally:
         close(channels, calls)
 
