@@ -250,6 +250,8 @@ def test_no_endpoints_reject_and_unallocated_drop(lab: ScenarioLab) -> None:
     lab.apply("empty.yaml", [svc])
     node = lab.spec.node("node1")
     lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.9.1", 80, "refused"))
+    retries = lab.probe("client", "tcp", "10.96.9.1", 80, 10)
+    assert retries.errors == {"refused": 10}, f"every retry is refused: {retries.errors}"
     fails(lab, "node1", "tcp", "10.96.9.1", 80, "refused")
     fails(lab, "client", "udp", "10.96.9.1", 80, "refused")  # a port the service lacks
     fails(lab, "ext-ok", "tcp", node.ipv4, 30083, "refused")
