@@ -1,7 +1,7 @@
 """Frontend benchmark: a synthetic cluster, many watching clients, one change at a time.
 
     .venv/bin/python bench/bench_frontend.py [--services 10000] [--endpoints 10]
-        [--nodes 100] [--clients 1000] [--changes 100] [--client-procs 4]
+        [--nodes 100] [--clients 1000] [--changes 100] [--client-procs 2]
         [--stream-workers 1]
 
 The frontend (engine + grpc.aio server, plus ``--stream-workers`` - 1 worker processes)
@@ -309,7 +309,9 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--clients", type=int, default=1000)
-    parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--client-procs", type=int, default=2,
+                        help="processes the clients are spread over (default: one per "
+                        "core of this 2-core machine; the README also gives 4)")
     parser.add_argument("--changes", type=int, default=100)
     parser.add_argument("--client-sched", choices=("normal", "idle"), default="normal",
                         help="idle: client processes run SCHED_IDLE, standing in for nodes "
