@@ -214,7 +214,12 @@ def test_internal_traffic_policy_local(lab: ScenarioLab) -> None:
     lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.7.1", 80, {"pod-a", "pod-b"}))
     docs[1] = m.endpoint_slice("itp", eps(lab, "pod-c", "pod-d"), [m.slice_port("http", 8080)])
     lab.apply("itp.yaml", docs)
-    lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.7.1", 80, "timeout"))
+    # No local endpoint: the node forwards nothing. The iptables and nftables modes drop,
+    # as kube-proxy's do; in IPVS the virtual server without a real server answers ICMP
+    # port unreachable, as in kube-proxy's IPVS mode.
+    blocked = "refused" if lab.backend.name == "ipvs" else "timeout"
+    lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.7.1", 80, blocked))
+    assert lab.probe("client", "tcp", "10.96.7.1", 80, 5).errors == {blocked: 5}
 
 
 def test_terminating_endpoints_fallback(lab: ScenarioLab) -> None:
