@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from svcproxy.frontend.events import Upsert
+from svcproxy.frontend.workers import StreamWorkers
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
@@ -58,6 +59,14 @@ def frontend(tmp_path: Path) -> Iterator[RunningFrontend]:
         fe.stop()
 
 
+def started_workers(frontend: RunningFrontend) -> StreamWorkers:
+    """The frontend's stream workers, once the one worker process is up."""
+    workers = frontend.frontend.workers
+    assert workers is not None
+    wait_for(lambda: len(workers.pids) == 1 and workers.pids[0] is not None, timeout=30)
+    return workers
+
+
 def watch_all(target: str, count: int, since: int = 0
               ) -> tuple[list[grpc.Channel], list[Iterator[pb.WatchEvent]]]:
     channels = [own_connection(target) for _ in range(count)]
@@ -76,9 +85,7 @@ def close(channels: list[grpc.Channel], calls: list[Iterator[pb.WatchEvent]]) ->
 def test_clients_on_every_process_get_the_same_snapshot_and_changes(
         frontend: RunningFrontend) -> None:
     target = f"127.0.0.1:{frontend.frontend.port}"
-    workers = frontend.frontend.workers
-    assert workers is not None
-    wait_for(lambda: len(workers.pids) == 1, timeout=30)
+    workers = started_workers(frontend)
     channels, calls = watch_all(target, CONNECTIONS)
     try:
         snapshots = [read_batch(c) for c in calls]
@@ -107,9 +114,7 @@ def lag_count() -> float:
 
 def test_metrics_count_every_process_clients(frontend: RunningFrontend) -> None:
     target = f"127.0.0.1:{frontend.frontend.port}"
-    workers = frontend.frontend.workers
-    assert workers is not None
-    wait_for(lambda: len(workers.pids) == 1, timeout=30)
+    workers = started_workers(frontend)
     channels, calls = watch_all(target, CONNECTIONS)
     try:
         for c in calls:
@@ -126,7 +131,7 @@ def test_metrics_count_every_process_clients(frontend: RunningFrontend) -> None:
 
 def test_resume_and_unary_calls_on_any_process(frontend: RunningFrontend) -> None:
     target = f"127.0.0.1:{frontend.frontend.port}"
-    wait_for(lambda: frontend.frontend.workers.pids, timeout=30)  # type: ignore[union-attr]
+    started_workers(frontend)
     first = own_connection(target)
     call = pb_grpc.NodeStateServiceStub(first).Watch(pb.WatchRequest(node_name="node-a"))
     rev = read_batch(call)[-1].revision
@@ -155,9 +160,7 @@ def test_resume_and_unary_calls_on_any_process(frontend: RunningFrontend) -> Non
 
 def test_a_dead_worker_is_restarted_and_its_clients_resume(frontend: RunningFrontend) -> None:
     target = f"127.0.0.1:{frontend.frontend.port}"
-    workers = frontend.frontend.workers
-    assert workers is not None
-    wait_for(lambda: len(workers.pids) == 1, timeout=30)
+    workers = started_workers(frontend)
     clients = [NodeStateClient(target, "node-a", max_backoff=0.3) for _ in range(16)]
     for c in clients:
         c.start()
@@ -195,7 +198,7 @@ def test_stream_workers_need_a_tcp_address(tmp_path: Path) -> None:
 
 def test_cluster_watch_on_any_process(frontend: RunningFrontend) -> None:
     target = f"127.0.0.1:{frontend.frontend.port}"
-    wait_for(lambda: frontend.frontend.workers.pids, timeout=30)  # type: ignore[union-attr]
+    started_workers(frontend)
     channels = [own_connection(target) for _ in range(CONNECTIONS)]
     calls = [pb_grpc.NodeStateServiceStub(ch).WatchCluster(pb.ClusterWatchRequest())
              for ch in channels]
