@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BACKENDS = ("dump", "nft", "iptables", "ipvs")
+BACKENDS = ("dump", "nft", "iptables", "ipvs", "ebpf")
 BACKEND_HELP = {
     "dump": "print the node's state and each change as JSON lines (the reference backend)",
     "nft": "program nftables (one table per address family owned by svcproxy)",
     "iptables": "program iptables as kube-proxy's iptables mode does",
     "ipvs": "program IPVS virtual servers, ipsets and a fixed set of iptables rules",
+    "ebpf": "balance at connect()/sendmsg() with cgroup BPF programs (socket level)",
 }
 
 

@@ -11,6 +11,10 @@ A backend is one class::
                 ...
 """
 
+from svcproxy.agent.addresses import node_port_ips
+from svcproxy.agent.config import NodeConfig
+from svcproxy.model import Endpoint, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 
-__all__ = ["Backend", "Changes", "NodeState"]
+__all__ = ["Backend", "Changes", "Endpoint", "NodeConfig", "NodeState", "ServicePortKey",
+           "ServicePortState", "node_port_ips"]

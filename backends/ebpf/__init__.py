@@ -1,0 +1,1 @@
+"""The ebpf backend: socket-level load balancing with cgroup BPF programs."""

@@ -1,0 +1,142 @@
+"""The ebpf backend: the node's services as BPF map entries read by cgroup socket programs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, node_port_ips
+
+from .layout import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
+from .loader import Layout, Programs, remove_pins
+from .plan import Plan
+from .tables import Tables, WriteReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    """What the last sync did (for logs and benchmarks)."""
+
+    full: bool
+    services: int
+    writes: WriteReport
+    plan_seconds: float
+    apply_seconds: float
+
+
+class EbpfBackend(Backend):
+    """Loads and attaches the programs on the first sync, then keeps the maps in step."""
+
+    name = "ebpf"
+
+    def __init__(self, config: NodeConfig, layout: Layout) -> None:
+        self.config = config
+        self.layout = layout
+        self.programs: Programs | None = None
+        self.tables: Tables | None = None
+        self.plan = Plan()
+        self.node_ips: tuple[str, ...] | None = None
+        self.last: SyncReport | None = None
+        self.last_sync_full: bool | None = None
+        self.failures: dict[str, int] = dict.fromkeys(MAPS, 0)
+        self._failure_counter: object = None
+
+    def start(self) -> EbpfBackend:
+        """Load the programs (adopting pinned maps and links) and attach them."""
+        if self.programs is None:
+            programs = Programs(self.layout).load()
+            self.programs = programs
+            self.tables = Tables(programs.maps[MAP_SERVICES], programs.maps[MAP_ENDPOINTS],
+                                 on_failure=self._count_failure)
+            log.info("ebpf programs attached to %s, maps pinned in %s", self.layout.cgroup,
+                     self.layout.pin_dir)
+        return self
+
+    def _count_failure(self, map_name: str) -> None:
+        self.failures[map_name] += 1
+        counter = self._failure_counter
+        if counter is not None:
+            counter.labels(map=map_name).inc()  # type: ignore[attr-defined]
+
+    def _node_ips(self) -> tuple[str, ...]:
+        selected = node_port_ips(self.config.node_port_addresses, self.config.node_ips)
+        return tuple(selected or self.config.node_ips)
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        tables = self.start().tables
+        assert tables is not None
+        start = time.perf_counter()
+        node_ips = self._node_ips()
+        full = changes.full or tables.applied is None or node_ips != self.node_ips
+        if full:
+            self.plan = Plan()
+            self.plan.update(state.services, state.services.keys(), node_ips)
+            desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}
+            planned = time.perf_counter()
+            writes = tables.full(desired)
+        else:
+            touched = self.plan.update(state.services, changes.services, node_ips)
+            diff = {fe.pack(): self.plan.entries.get(fe) for fe in touched}
+            planned = time.perf_counter()
+            writes = tables.apply(diff)
+        self.node_ips = node_ips
+        self.last_sync_full = full
+        self.last = SyncReport(full, len(state.services), writes, planned - start,
+                               time.perf_counter() - planned)
+
+    def cleanup(self) -> None:
+        """Detach every program and remove every pin under the pin directory."""
+        self.close()
+        removed = remove_pins(self.layout.pin_dir)
+        log.info("Removed %d ebpf pins from %s", len(removed), self.layout.pin_dir)
+
+    def close(self) -> None:
+        """Drop this process's handles; what is pinned keeps working."""
+        if self.programs is not None:
+            self.programs.close()
+        self.programs = None
+        self.tables = None
+
+    def register_metrics(self, registry: object) -> None:
+        from prometheus_client import Counter
+        from prometheus_client.registry import Collector
+
+        self._failure_counter = Counter(
+            "svcproxy_ebpf_map_update_failures_total",
+            "Failed writes (or reads) of an ebpf map; each fails the sync, which is retried "
+            "as a full sync", ["map"], registry=registry)  # type: ignore[arg-type]
+        for name in MAPS:
+            self._failure_counter.labels(map=name)  # type: ignore[attr-defined]
+        backend = self
+
+        class MapSizes(Collector):
+            def collect(self) -> Iterator[object]:
+                yield from backend.collect_map_metrics()
+
+        registry.register(MapSizes())  # type: ignore[attr-defined]
+
+    def collect_map_metrics(self) -> Iterator[object]:
+        """svcproxy_ebpf_map_entries and svcproxy_ebpf_map_max_entries, read at scrape."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        entries = GaugeMetricFamily("svcproxy_ebpf_map_entries",
+                                    "Entries in each ebpf map", labels=["map"])
+        capacity = GaugeMetricFamily("svcproxy_ebpf_map_max_entries",
+                                     "Capacity of each ebpf map", labels=["map"])
+        programs, tables = self.programs, self.tables
+        if programs is not None and tables is not None and tables.applied is not None:
+            counts = {MAP_SERVICES: len(tables.applied), MAP_ENDPOINTS: tables.slot_count}
+            for name in (MAP_AFFINITY, MAP_REVNAT):
+                try:
+                    counts[name] = len(programs.maps[name])
+                except OSError:
+                    continue
+            for name, count in counts.items():
+                entries.add_metric([name], count)
+                capacity.add_metric([name], programs.capacity(name))
+        yield entries
+        yield capacity

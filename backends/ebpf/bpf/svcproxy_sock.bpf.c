@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * svcproxy socket-level load balancing: cgroup sock_addr programs that pick a
+ * service endpoint once, when an application calls connect() or sendmsg(), so
+ * established connections pay no per-packet translation.
+ *
+ * The maps are written by the Python backend (backends/ebpf); their layouts are
+ * mirrored in backends/ebpf/layout.py and must change together.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ECONNREFUSED 111
+
+#define F_AFFINITY 1 /* sessionAffinity ClientIP: the same client gets the same endpoint */
+#define F_REFUSE 2   /* no usable endpoint: connect()/sendmsg() fail with ECONNREFUSED */
+
+#define MAX_AFFINITY_SCAN 4096
+
+struct svc_key {
+	__u32 addr[4]; /* IPv4 in addr[0], the rest zero */
+	__u16 port;    /* network byte order */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family;   /* 4 or 6 */
+};
+
+struct svc_val {
+	__u32 set_id;  /* endpoints live under (set_id, slot); a change writes a new set */
+	__u16 count;   /* endpoints in the set */
+	__u16 flags;   /* F_* */
+	__u32 affinity_timeout; /* seconds */
+	__u32 reserved;
+};
+
+struct ep_key {
+	__u32 set_id;
+	__u32 slot;
+};
+
+struct ep_val {
+	__u32 addr[4];
+	__u16 port; /* network byte order */
+	__u8 family;
+	__u8 reserved;
+};
+
+struct aff_key {
+	__u64 netns_cookie; /* the client: one pod is one network namespace */
+	struct svc_key svc;
+	__u32 reserved;
+};
+
+struct aff_val {
+	__u64 last_ns;
+	struct ep_val ep;
+	__u32 reserved;
+};
+
+struct rev_key {
+	__u64 cookie; /* the socket */
+	struct ep_val ep;
+	__u32 reserved;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+} sp_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct ep_key);
+	__type(value, struct ep_val);
+} sp_endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct aff_key);
+	__type(value, struct aff_val);
+} sp_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct rev_key);
+	__type(value, struct ep_val);
+} sp_revnat SEC(".maps");
+
+/* A datagram or connection to translate: the service it hit and where it goes. */
+struct xlate {
+	struct svc_key svc;
+	struct ep_val ep;
+};
+
+struct scan_ctx {
+	__u32 set_id;
+	struct ep_val *want;
+	int found;
+};
+
+static __always_inline int same_ep(const struct ep_val *a, const struct ep_val *b)
+{
+	return a->port == b->port && a->family == b->family && a->addr[0] == b->addr[0] &&
+	       a->addr[1] == b->addr[1] && a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3];
+}
+
+static long scan_one(__u32 slot, void *data)
+{
+	struct scan_ctx *sc = data;
+	struct ep_key k = { .set_id = sc->set_id, .slot = slot };
+	struct ep_val *ep = bpf_map_lookup_elem(&sp_endpoints, &k);
+
+	if (ep && same_ep(ep, sc->want)) {
+		sc->found = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* Is the endpoint remembered for a client still one of the service's endpoints? */
+static __always_inline int still_endpoint(const struct svc_val *sv, struct ep_val *ep)
+{
+	struct scan_ctx sc = { .set_id = sv->set_id, .want = ep, .found = 0 };
+	__u32 n = sv->count;
+
+	if (n > MAX_AFFINITY_SCAN)
+		n = MAX_AFFINITY_SCAN;
+	bpf_loop(n, scan_one, &sc, 0);
+	return sc.found;
+}
+
+/* One random endpoint of the current set. The set a service points at is written
+ * before the service entry switches to it and deleted only after, so a miss means
+ * the entry switched meanwhile: read it again. */
+static __always_inline int pick(struct xlate *x, struct svc_val *sv)
+{
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct ep_key k;
+		struct ep_val *ep;
+
+		if (attempt) {
+			struct svc_val *again = bpf_map_lookup_elem(&sp_services, &x->svc);
+
+			if (!again)
+				return -1;
+			*sv = *again;
+		}
+		if (!sv->count)
+			return -1;
+		k.set_id = sv->set_id;
+		k.slot = bpf_get_prandom_u32() % sv->count;
+		ep = bpf_map_lookup_elem(&sp_endpoints, &k);
+		if (ep) {
+			x->ep = *ep;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* 1: translated (x->ep set), 0: not a service, -1: refuse. */
+static __always_inline int lookup(void *ctx, struct xlate *x)
+{
+	struct svc_val *found = bpf_map_lookup_elem(&sp_services, &x->svc);
+	struct svc_val sv;
+	struct aff_key ak = {};
+	struct aff_val *av;
+	__u64 now;
+
+	if (!found)
+		return 0;
+	sv = *found;
+	if (sv.flags & F_REFUSE)
+		return -1;
+	if (!sv.count)
+		return 0; /* nothing here to choose from: leave it to the packet path */
+	if (!(sv.flags & F_AFFINITY))
+		return pick(x, &sv) ? 0 : 1;
+
+	ak.netns_cookie = bpf_get_netns_cookie(ctx);
+	ak.svc = x->svc;
+	now = bpf_ktime_get_ns();
+	av = bpf_map_lookup_elem(&sp_affinity, &ak);
+	if (av && now - av->last_ns <= (__u64)sv.affinity_timeout * 1000000000ULL &&
+	    still_endpoint(&sv, &av->ep)) {
+		x->ep = av->ep;
+		av->last_ns = now;
+		return 1;
+	}
+	if (pick(x, &sv))
+		return 0;
+	{
+		struct aff_val nv = { .last_ns = now, .ep = x->ep };
+
+		bpf_map_update_elem(&sp_affinity, &ak, &nv, BPF_ANY);
+	}
+	return 1;
+}
+
+static __always_inline void remember(void *ctx, const struct xlate *x)
+{
+	struct rev_key rk = {};
+	struct ep_val vip = {};
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.ep = x->ep;
+	__builtin_memcpy(vip.addr, x->svc.addr, sizeof(vip.addr));
+	vip.port = x->svc.port;
+	vip.family = x->svc.family;
+	bpf_map_update_elem(&sp_revnat, &rk, &vip, BPF_ANY);
+}
+
+static __always_inline int ours(__u32 protocol)
+{
+	return protocol == IPPROTO_TCP || protocol == IPPROTO_UDP;
+}
+
+static __always_inline int refuse(void)
+{
+	bpf_set_retval(-ECONNREFUSED);
+	return 0;
+}
+
+static __always_inline int forward4(struct bpf_sock_addr *ctx, int keep_reverse)
+{
+	struct xlate x = {};
+	int verdict;
+
+	if (!ours(ctx->protocol))
+		return 1;
+	x.svc.addr[0] = ctx->user_ip4;
+	x.svc.port = (__u16)ctx->user_port;
+	x.svc.proto = ctx->protocol;
+	x.svc.family = 4;
+	verdict = lookup(ctx, &x);
+	if (verdict < 0)
+		return refuse();
+	if (verdict == 0 || x.ep.family != 4)
+		return 1;
+	ctx->user_ip4 = x.ep.addr[0];
+	ctx->user_port = x.ep.port;
+	if (keep_reverse)
+		remember(ctx, &x);
+	return 1;
+}
+
+static __always_inline int forward6(struct bpf_sock_addr *ctx, int keep_reverse)
+{
+	struct xlate x = {};
+	int verdict;
+
+	if (!ours(ctx->protocol))
+		return 1;
+	x.svc.addr[0] = ctx->user_ip6[0];
+	x.svc.addr[1] = ctx->user_ip6[1];
+	x.svc.addr[2] = ctx->user_ip6[2];
+	x.svc.addr[3] = ctx->user_ip6[3];
+	x.svc.port = (__u16)ctx->user_port;
+	x.svc.proto = ctx->protocol;
+	x.svc.family = 6;
+	verdict = lookup(ctx, &x);
+	if (verdict < 0)
+		return refuse();
+	if (verdict == 0 || x.ep.family != 6)
+		return 1;
+	ctx->user_ip6[0] = x.ep.addr[0];
+	ctx->user_ip6[1] = x.ep.addr[1];
+	ctx->user_ip6[2] = x.ep.addr[2];
+	ctx->user_ip6[3] = x.ep.addr[3];
+	ctx->user_port = x.ep.port;
+	if (keep_reverse)
+		remember(ctx, &x);
+	return 1;
+}
+
+/* The peer an application sees (getpeername, recvfrom) is the service, not the endpoint. */
+static __always_inline int reverse4(struct bpf_sock_addr *ctx)
+{
+	struct rev_key rk = {};
+	struct ep_val *vip;
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.ep.addr[0] = ctx->user_ip4;
+	rk.ep.port = (__u16)ctx->user_port;
+	rk.ep.family = 4;
+	vip = bpf_map_lookup_elem(&sp_revnat, &rk);
+	if (vip) {
+		ctx->user_ip4 = vip->addr[0];
+		ctx->user_port = vip->port;
+	}
+	return 1;
+}
+
+static __always_inline int reverse6(struct bpf_sock_addr *ctx)
+{
+	struct rev_key rk = {};
+	struct ep_val *vip;
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.ep.addr[0] = ctx->user_ip6[0];
+	rk.ep.addr[1] = ctx->user_ip6[1];
+	rk.ep.addr[2] = ctx->user_ip6[2];
+	rk.ep.addr[3] = ctx->user_ip6[3];
+	rk.ep.port = (__u16)ctx->user_port;
+	rk.ep.family = 6;
+	vip = bpf_map_lookup_elem(&sp_revnat, &rk);
+	if (vip) {
+		ctx->user_ip6[0] = vip->addr[0];
+		ctx->user_ip6[1] = vip->addr[1];
+		ctx->user_ip6[2] = vip->addr[2];
+		ctx->user_ip6[3] = vip->addr[3];
+		ctx->user_port = vip->port;
+	}
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int sp_connect4(struct bpf_sock_addr *ctx)
+{
+	return forward4(ctx, 1);
+}
+
+SEC("cgroup/connect6")
+int sp_connect6(struct bpf_sock_addr *ctx)
+{
+	return forward6(ctx, 1);
+}
+
+SEC("cgroup/sendmsg4")
+int sp_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return forward4(ctx, 1);
+}
+
+SEC("cgroup/sendmsg6")
+int sp_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return forward6(ctx, 1);
+}
+
+SEC("cgroup/recvmsg4")
+int sp_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return reverse4(ctx);
+}
+
+SEC("cgroup/recvmsg6")
+int sp_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return reverse6(ctx);
+}
+
+SEC("cgroup/getpeername4")
+int sp_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return reverse4(ctx);
+}
+
+SEC("cgroup/getpeername6")
+int sp_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return reverse6(ctx);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

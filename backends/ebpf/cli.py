@@ -1,0 +1,71 @@
+"""Command-line plugin of the ebpf backend (``svcproxy backend ebpf``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from svcproxy.sdk import Backend, NodeConfig
+
+from .backend import EbpfBackend
+from .loader import OBJECT, Layout, LoadError
+
+PIN_DIR = Path("/sys/fs/bpf/svcproxy")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ebpf-cgroup", type=Path, default=CGROUP, metavar="DIR",
+        help="cgroup v2 directory whose processes (and their children's) get socket-level "
+        "load balancing; the host's root cgroup on a node (default %(default)s)")
+    parser.add_argument(
+        "--ebpf-pin-dir", type=Path, default=PIN_DIR, metavar="DIR",
+        help="directory on a bpf filesystem where the maps and links are pinned: a restarted "
+        "backend adopts them, --cleanup removes them (default %(default)s)")
+    parser.add_argument(
+        "--ebpf-object", type=Path, default=OBJECT, metavar="FILE",
+        help="the compiled programs (default: the packaged object)")
+    parser.add_argument(
+        "--ebpf-max-services", type=_positive, default=65536, metavar="N",
+        help="capacity of the services map: addresses x ports x protocols (default "
+        "%(default)s; changing it on a node needs --cleanup first)")
+    parser.add_argument(
+        "--ebpf-max-endpoints", type=_positive, default=262144, metavar="N",
+        help="capacity of the endpoints map; a changing service briefly holds its old and "
+        "new endpoints (default %(default)s)")
+    parser.add_argument(
+        "--dump", action="store_true",
+        help="print the pinned maps as services and their endpoints, then exit")
+
+
+def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
+    layout = Layout(pin_dir=args.ebpf_pin_dir, cgroup=args.ebpf_cgroup,
+                    object_path=args.ebpf_object, max_services=args.ebpf_max_services,
+                    max_endpoints=args.ebpf_max_endpoints)
+    if args.dump:
+        from .dump import dump_lines
+
+        try:
+            for line in dump_lines(layout.pin_dir):
+                print(line)
+        except LoadError as err:
+            print(f"svcproxy: error: {err}", file=sys.stderr)
+            raise SystemExit(1) from None
+        raise SystemExit(0)
+    backend = EbpfBackend(config, layout)
+    if not args.cleanup:
+        try:
+            backend.start()
+        except LoadError as err:
+            print(f"svcproxy: error: {err}", file=sys.stderr)
+            raise SystemExit(1) from None
+    return backend

@@ -1,0 +1,103 @@
+"""The maps' key and value layouts, mirrored from bpf/svcproxy_sock.bpf.c (pure)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+
+# struct svc_key {u32 addr[4]; u16 port (network order); u8 proto; u8 family}
+SVC_KEY = struct.Struct("=16s2sBB")
+# struct svc_val {u32 set_id; u16 count; u16 flags; u32 affinity_timeout; u32 reserved}
+SVC_VAL = struct.Struct("=IHHII")
+# struct ep_key {u32 set_id; u32 slot}
+EP_KEY = struct.Struct("=II")
+# struct ep_val {u32 addr[4]; u16 port (network order); u8 family; u8 reserved}
+EP_VAL = struct.Struct("=16s2sBB")
+
+F_AFFINITY = 1
+F_REFUSE = 2
+PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP}
+PROTOCOL_NAMES = {v: k.lower() for k, v in PROTOCOLS.items()}
+
+MAP_SERVICES = "sp_services"
+MAP_ENDPOINTS = "sp_endpoints"
+MAP_AFFINITY = "sp_affinity"
+MAP_REVNAT = "sp_revnat"
+MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_AFFINITY, MAP_REVNAT)
+
+
+def _addr(ip: str) -> tuple[bytes, int]:
+    parsed = ipaddress.ip_address(ip)
+    return parsed.packed.ljust(16, b"\0"), parsed.version
+
+
+def _ip(raw: bytes, family: int) -> str:
+    return str(ipaddress.ip_address(raw[:4] if family == 4 else raw))
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Frontend:
+    """An address, port and protocol a socket may connect or send to."""
+
+    ip: str
+    port: int
+    proto: str  # "TCP" or "UDP"
+
+    def pack(self) -> bytes:
+        raw, family = _addr(self.ip)
+        return SVC_KEY.pack(raw, self.port.to_bytes(2, "big"), PROTOCOLS[self.proto], family)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Frontend:
+        raw, port, proto, family = SVC_KEY.unpack(data)
+        return cls(_ip(raw, family), int.from_bytes(port, "big"),
+                   PROTOCOL_NAMES.get(proto, str(proto)).upper())
+
+    def __str__(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{host}:{self.port}/{self.proto.lower()}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Target:
+    """An endpoint address and port."""
+
+    ip: str
+    port: int
+
+    def pack(self) -> bytes:
+        raw, family = _addr(self.ip)
+        return EP_VAL.pack(raw, self.port.to_bytes(2, "big"), family, 0)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Target:
+        raw, port, family, _ = EP_VAL.unpack(data)
+        return cls(_ip(raw, family), int.from_bytes(port, "big"))
+
+    def __str__(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceValue:
+    """A service entry: which endpoint set it uses and how."""
+
+    set_id: int
+    count: int
+    flags: int
+    affinity_timeout: int
+
+    def pack(self) -> bytes:
+        return SVC_VAL.pack(self.set_id, self.count, self.flags, self.affinity_timeout, 0)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> ServiceValue:
+        set_id, count, flags, timeout, _ = SVC_VAL.unpack(data)
+        return cls(set_id, count, flags, timeout)
+
+
+def ep_key(set_id: int, slot: int) -> bytes:
+    return EP_KEY.pack(set_id, slot)

@@ -1,0 +1,132 @@
+"""What the maps must hold for the node's state: the frontend's decision as map entries (pure).
+
+Every address a socket on this node may connect or send to becomes one services-map
+entry: ClusterIPs with the endpoints the frontend marked ``internal``; NodePorts on
+the node's addresses, externalIPs and load-balancer VIPs with the ``external`` ones
+(with externalTrafficPolicy Local, connections made on the node are short-circuited
+to the internal set, as kube-proxy does for local traffic). Nothing here decides
+which endpoint is usable: the flags on the endpoints do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
+
+from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend, Target
+
+log = logging.getLogger(__name__)
+
+DEFAULT_AFFINITY_TIMEOUT = 10800  # kube-proxy's default sessionAffinityConfig timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One services-map entry: endpoints to choose from, or refuse, or pass (count 0)."""
+
+    targets: tuple[Target, ...] = ()
+    flags: int = 0
+    affinity_timeout: int = 0
+
+    @property
+    def refuses(self) -> bool:
+        return bool(self.flags & F_REFUSE)
+
+
+def _targets(endpoints: Iterable[Endpoint]) -> tuple[Target, ...]:
+    return tuple(sorted(Target(e.ip, e.port) for e in endpoints))
+
+
+def _entry(targets: tuple[Target, ...], has_endpoints: bool, affinity: int) -> Entry:
+    if not targets:
+        # No endpoint anywhere: refuse (kube-proxy's REJECT). Endpoints exist but none
+        # for this traffic (a Local policy without local endpoints): leave the socket
+        # alone, the packet path drops it as kube-proxy does.
+        return Entry(flags=0 if has_endpoints else F_REFUSE)
+    if affinity:
+        return Entry(targets, F_AFFINITY, affinity)
+    return Entry(targets)
+
+
+def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Frontend, Entry]:
+    """The entries of one service port in both families (SCTP: none, left to the packets)."""
+    svc = state.service
+    proto = svc.key.protocol.value
+    if proto not in PROTOCOLS:
+        return {}
+    affinity = (svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT) if svc.affinity else 0
+    result: dict[Frontend, Entry] = {}
+    node_ips = tuple(node_ips)
+    for family in (4, 6):
+        part = state.family(family)
+        if part is None:
+            continue
+        eps = list(part.endpoints.values())
+        has = svc.has_endpoints and bool(eps)
+        internal = _targets(e for e in eps if e.internal)
+        external = _targets(e for e in eps if e.external)
+        if svc.external_policy_local and not svc.internal_policy_local:
+            external = internal  # local connections short-circuit to the cluster set
+        for cip in part.service.cluster_ips:
+            result[Frontend(cip, svc.port, proto)] = _entry(internal, has, affinity)
+        outside = _entry(external, has, affinity)
+        ext = list(part.service.external_ips)
+        if not part.service.load_balancer_source_ranges:
+            # With source ranges the client's address decides, which a socket does not
+            # have yet at connect(): those VIPs stay with the packet path.
+            ext += part.service.vip_ingress_ips()
+        for addr in ext:
+            result.setdefault(Frontend(addr, svc.port, proto), outside)
+        if svc.node_port:
+            for ip in node_ips:
+                if (":" in ip) == (family == 6):
+                    result.setdefault(Frontend(ip, svc.node_port, proto), outside)
+    return result
+
+
+class Plan:
+    """The wanted entries, kept per service port so a change recomputes only its own.
+
+    Two service ports claiming the same address, port and protocol (for example an
+    externalIP equal to another service's ClusterIP) are resolved by key order, and
+    the conflict is logged.
+    """
+
+    def __init__(self) -> None:
+        self.by_service: dict[ServicePortKey, dict[Frontend, Entry]] = {}
+        self.claims: dict[Frontend, set[ServicePortKey]] = {}
+        self.entries: dict[Frontend, Entry] = {}
+
+    def update(self, services: Mapping[ServicePortKey, ServicePortState],
+               keys: Iterable[ServicePortKey], node_ips: Iterable[str]) -> set[Frontend]:
+        """Recompute ``keys``; returns the frontends whose entry may have changed."""
+        node_ips = tuple(node_ips)
+        touched: set[Frontend] = set()
+        for key in keys:
+            for fe in self.by_service.pop(key, {}):
+                touched.add(fe)
+                self.claims[fe].discard(key)
+            record = services.get(key)
+            if record is None:
+                continue
+            entries = service_entries(record, node_ips)
+            if entries:
+                self.by_service[key] = entries
+            for fe in entries:
+                touched.add(fe)
+                self.claims.setdefault(fe, set()).add(key)
+        for fe in touched:
+            claimants = self.claims.get(fe)
+            if not claimants:
+                self.claims.pop(fe, None)
+                self.entries.pop(fe, None)
+                continue
+            winner = min(claimants)
+            if len(claimants) > 1:
+                log.warning("%s is claimed by %s; %s serves it", fe,
+                            ", ".join(map(str, sorted(claimants))), winner)
+            self.entries[fe] = self.by_service[winner][fe]
+        return touched

@@ -1,0 +1,160 @@
+"""Write services and endpoint sets so that no lookup ever sees a half-updated service.
+
+A service whose endpoints change gets a new endpoint set: its slots are written
+under a fresh set id first, then the service entry switches to it in one map
+update, then the old set's slots are deleted. A program that read the old entry
+and misses an old slot reads the entry again (see ``pick`` in the C source). A
+full sync reads what the kernel holds and writes only the differences, so a
+service that stays is never missing, and a restarted backend adopts the maps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .layout import ServiceValue, ep_key
+from .libbpf import BpfError, Map
+from .plan import Entry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A service entry as the kernel holds it; ``slots`` None when its set is incomplete."""
+
+    value: ServiceValue
+    slots: tuple[bytes, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReport:
+    """What one apply wrote (for logs, metrics and benchmarks)."""
+
+    services_written: int = 0
+    services_deleted: int = 0
+    slots_written: int = 0
+    slots_deleted: int = 0
+
+
+def read_kernel(services: Map, endpoints: Map) -> tuple[dict[bytes, Applied], set[int]]:
+    """The services map with each entry's endpoint set, and the set ids nobody points at."""
+    sets: dict[int, dict[int, bytes]] = {}
+    for key, value in endpoints.items():
+        set_id, slot = int.from_bytes(key[:4], "little"), int.from_bytes(key[4:], "little")
+        sets.setdefault(set_id, {})[slot] = value
+    applied: dict[bytes, Applied] = {}
+    for key, raw in services.items():
+        value = ServiceValue.unpack(raw)
+        members = sets.get(value.set_id, {}) if value.count else {}
+        slots = tuple(members.get(i) for i in range(value.count))
+        complete = all(s is not None for s in slots)
+        applied[key] = Applied(value, slots if complete else None)  # type: ignore[arg-type]
+    used = {a.value.set_id for a in applied.values()}
+    return applied, set(sets) - used
+
+
+class Tables:
+    """The services and endpoints maps and what this process knows they hold."""
+
+    def __init__(self, services: Map, endpoints: Map,
+                 on_failure: Callable[[str], None] = lambda _map: None) -> None:
+        self.services = services
+        self.endpoints = endpoints
+        self.on_failure = on_failure
+        self.applied: dict[bytes, Applied] | None = None  # None: unknown, read the kernel
+        self.next_set = 1
+        self.slot_count = 0
+
+    def full(self, desired: Mapping[bytes, Entry]) -> WriteReport:
+        """Make the maps hold exactly ``desired``: read them, write the differences."""
+        applied, orphans = self._guard(self.endpoints.name, read_kernel,
+                                       self.services, self.endpoints)
+        self.applied = applied
+        self.slot_count = sum(a.value.count for a in applied.values())
+        used = {a.value.set_id for a in applied.values()} | orphans
+        self.next_set = max(used, default=0) + 1
+        changes: dict[bytes, Entry | None] = {k: None for k in applied if k not in desired}
+        changes.update(desired)
+        report = self.apply(changes)
+        if orphans:
+            self._delete_sets(orphans)
+            log.info("Removed %d endpoint sets no service used", len(orphans))
+        return report
+
+    def _delete_sets(self, set_ids: Iterable[int]) -> None:
+        wanted = set(set_ids)
+        keys = [k for k, _ in self.endpoints.items()
+                if int.from_bytes(k[:4], "little") in wanted]
+        self._guard(self.endpoints.name, self.endpoints.delete_many, keys)
+
+    def _new_set(self) -> int:
+        set_id = self.next_set
+        self.next_set = set_id + 1 if set_id < 0xFFFFFFFF else 1
+        return set_id
+
+    def apply(self, changes: Mapping[bytes, Entry | None]) -> WriteReport:
+        """Write the entries of ``changes`` (None: delete) in the safe order."""
+        if self.applied is None:
+            raise RuntimeError("the maps' contents are unknown: run a full sync")
+        applied = self.applied
+        slot_keys: list[bytes] = []
+        slot_values: list[bytes] = []
+        svc_keys: list[bytes] = []
+        svc_values: list[bytes] = []
+        svc_gone: list[bytes] = []
+        retired: list[bytes] = []
+        after: dict[bytes, Applied | None] = {}
+        for key, want in changes.items():
+            have = applied.get(key)
+            if want is None:
+                if have is not None:
+                    svc_gone.append(key)
+                    retired += _slot_keys(have.value)
+                    after[key] = None
+                continue
+            slots = tuple(t.pack() for t in want.targets)
+            if have is not None and have.slots == slots:
+                value = ServiceValue(have.value.set_id, len(slots), want.flags,
+                                     want.affinity_timeout)
+                if value == have.value:
+                    continue
+            else:
+                value = ServiceValue(self._new_set() if slots else 0, len(slots), want.flags,
+                                     want.affinity_timeout)
+                slot_keys += [ep_key(value.set_id, i) for i in range(len(slots))]
+                slot_values += slots
+                if have is not None:
+                    retired += _slot_keys(have.value)
+            svc_keys.append(key)
+            svc_values.append(value.pack())
+            after[key] = Applied(value, slots)
+        try:
+            self._guard(self.endpoints.name, self.endpoints.update_many, slot_keys, slot_values)
+            self._guard(self.services.name, self.services.update_many, svc_keys, svc_values)
+            self._guard(self.services.name, self.services.delete_many, svc_gone)
+            self._guard(self.endpoints.name, self.endpoints.delete_many, retired)
+        except BpfError:
+            self.applied = None
+            raise
+        for key, entry in after.items():
+            old = applied.pop(key, None)
+            self.slot_count -= old.value.count if old else 0
+            if entry is not None:
+                applied[key] = entry
+                self.slot_count += entry.value.count
+        return WriteReport(len(svc_keys), len(svc_gone), len(slot_keys), len(retired))
+
+    def _guard(self, name: str, fn: Callable[..., object], *args: object):  # type: ignore[no-untyped-def]
+        """Run one map operation; count a failure against map ``name``."""
+        try:
+            return fn(*args)
+        except BpfError:
+            self.on_failure(name)
+            raise
+
+
+def _slot_keys(value: ServiceValue) -> list[bytes]:
+    return [ep_key(value.set_id, i) for i in range(value.count)]
