@@ -19,8 +19,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from svcproxy.sdk import Changes, NodeConfig, NodeState
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 EPS4 = [f"10.244.0.{i}" for i in range(1, 5)]
 EPS6 = [f"fd00:244::{i}" for i in range(1, 5)]
+NODE_IP = "192.168.77.10"
 PORT = 8080
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -213,6 +216,9 @@ class Client:
         self.proc.wait(5)
 
 
+CONFIG = NodeConfig(node_name="node1", node_ips=(NODE_IP,))
+
+
 class World:
     """A namespace, a cgroup, a bpffs mount, echo servers, a client and the backend."""
 
@@ -236,11 +242,12 @@ class World:
             subprocess.run([*ip, "addr", "add", f"{addr}/32", "dev", "lo"], check=True)
         for addr in EPS6:
             subprocess.run([*ip, "addr", "add", f"{addr}/128", "dev", "lo", "nodad"], check=True)
+        subprocess.run([*ip, "addr", "add", f"{NODE_IP}/32", "dev", "lo"], check=True)
         self.cgroup.mkdir()
         subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
         self.echo = Echo(self.ns, EPS4 + EPS6).start()
         self.client = Client(self.ns, self.cgroup)
-        self.backend = EbpfBackend(NodeConfig(node_name="node1"), self.layout).start()
+        self.backend = EbpfBackend(CONFIG, self.layout).start()
         return self
 
     def stop(self) -> None:
@@ -287,12 +294,17 @@ class World:
 
 
 def service(name: str, cips: tuple[str, ...], eps: list[str], proto: str = "TCP",
+            internal: list[str] | None = None, external: list[str] | None = None,
             **extra: Any) -> ServicePortState:
+    """A service port 80 -> 8080 on ``eps``; ``internal``/``external`` narrow the frontend's
+    flags (default: every endpoint carries both)."""
     key = ServicePortKey("default", name, "http", Protocol(proto))
     extra.setdefault("has_endpoints", bool(eps))
     svc = ServicePort(key, cluster_ips=cips, port=80, **extra)
-    return ServicePortState(svc, {ip: Endpoint(ip, PORT, internal=True, external=True)
-                                  for ip in eps})
+    inside = set(eps if internal is None else internal)
+    outside = set(eps if external is None else external)
+    return ServicePortState(svc, {ip: Endpoint(ip, PORT, internal=ip in inside,
+                                               external=ip in outside) for ip in eps})
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +329,124 @@ def test_tcp_cluster_ip_reaches_the_chosen_endpoints(world: World, client: Clien
     assert set(seen) == set(EPS4[:3]), seen
     first = client.connect("tcp", "10.96.0.1")[0]
     assert first["peer"] == "10.96.0.1", "getpeername() shows the service address"
+
+
+@pytest.mark.parametrize("cip,eps", [("10.96.0.2", EPS4), ("fd00:96::2", EPS6)], ids=["v4", "v6"])
+def test_udp_connected_and_unconnected_both_families(world: World, client: Client, cip: str,
+                                                     eps: list[str]) -> None:
+    world.set(service(f"dns{len(cip)}", (cip,), eps[1:], proto="UDP"))
+    connected = client.connect("udp", cip, count=40)
+    assert {r.get("name") for r in connected} == set(eps[1:]), connected
+    assert {r["peer"] for r in connected} == {cip}
+    unconnected = client.call(op="sendto", host=cip, port=80, count=40)
+    assert {r.get("name") for r in unconnected} == set(eps[1:]), unconnected
+    # Replies seem to come from the service (recvmsg's reverse translation).
+    assert {tuple(r["from"]) for r in unconnected} == {(cip, 80)}
+    tcp = client.names("tcp", cip)
+    assert set(tcp) == {"unreachable"}, "a UDP service leaves TCP to the same port alone"
+
+
+def test_tcp_ipv6_cluster_ip(world: World, client: Client) -> None:
+    world.set(service("web6", ("fd00:96::1",), EPS6[:2]))
+    assert set(client.names("tcp", "fd00:96::1", count=30)) == set(EPS6[:2])
+    assert client.connect("tcp", "fd00:96::1")[0]["peer"] == "fd00:96::1"
+
+
+def test_internal_flag_decides_and_no_endpoints_refuse(world: World, client: Client) -> None:
+    # Only the endpoints the frontend marked internal serve ClusterIP traffic.
+    world.set(service("itp", ("10.96.0.3",), EPS4, internal=EPS4[2:]))
+    assert set(client.names("tcp", "10.96.0.3", count=30)) == set(EPS4[2:])
+    # Endpoints exist but none for this traffic (internalTrafficPolicy Local with no local
+    # endpoint): the socket is left alone for the packet path (nothing routes it here).
+    world.set(service("itp", ("10.96.0.3",), EPS4, internal=[]))
+    assert set(client.names("tcp", "10.96.0.3", count=3)) == {"unreachable"}
+    # No usable endpoint anywhere: connect() is refused at once, TCP and UDP.
+    world.set(service("empty", ("10.96.0.4", "fd00:96::4"), []))
+    world.set(service("empty-udp", ("10.96.0.4", "fd00:96::4"), [], proto="UDP"))
+    for host in ("10.96.0.4", "fd00:96::4"):
+        assert client.names("tcp", host, count=5) == Counter({"refused": 5})
+        assert client.names("udp", host, count=2) == Counter({"refused": 2})
+        sent = client.call(op="sendto", host=host, port=80, count=2)
+        assert [r.get("error") for r in sent] == ["refused", "refused"]
+    world.set(service("empty", ("10.96.0.4", "fd00:96::4"), [EPS4[0], EPS6[0]]))
+    assert set(client.names("tcp", "10.96.0.4", count=5)) == {EPS4[0]}
+    assert set(client.names("tcp", "fd00:96::4", count=5)) == {EPS6[0]}
+    world.delete(ServicePortKey("default", "empty", "http", Protocol.TCP))
+    assert set(client.names("tcp", "10.96.0.4", count=2)) == {"unreachable"}
+
+
+def test_node_port_external_ip_and_load_balancer_from_this_node(world: World,
+                                                                client: Client) -> None:
+    world.set(service("np", ("10.96.0.5",), EPS4, internal=EPS4[:2], external=EPS4[2:],
+                      node_port=30080, external_ips=("192.168.60.20",)))
+    assert set(client.names("tcp", NODE_IP, 30080, count=30)) == set(EPS4[2:])
+    assert set(client.names("tcp", "192.168.60.20", count=30)) == set(EPS4[2:])
+    assert set(client.names("tcp", "10.96.0.5", count=30)) == set(EPS4[:2])
+
+
+def test_session_affinity_client_ip(world: World, client: Client) -> None:
+    from svcproxy.model import SessionAffinity
+
+    sticky = service("sticky", ("10.96.0.6",), EPS4, session_affinity=SessionAffinity.CLIENT_IP,
+                     session_affinity_timeout=1)
+    world.set(sticky)
+    first = client.names("tcp", "10.96.0.6", count=20)
+    assert len(first) == 1, f"one client, one endpoint: {first}"
+    chosen = next(iter(first))
+    # Another endpoint set that still holds the chosen one keeps the client there.
+    others = [e for e in EPS4 if e != chosen]
+    world.set(replace(sticky, endpoints={ip: e for ip, e in sticky.endpoints.items()
+                                         if ip != others[0]}))
+    assert set(client.names("tcp", "10.96.0.6", count=10)) == {chosen}
+    # The chosen endpoint goes away: the client moves, and sticks again.
+    world.set(replace(sticky, endpoints={ip: e for ip, e in sticky.endpoints.items()
+                                         if ip != chosen}))
+    moved = client.names("tcp", "10.96.0.6", count=10)
+    assert len(moved) == 1 and chosen not in moved, moved
+    # After the timeout without traffic a new choice is made: over a few rounds it differs.
+    picks = set(moved)
+    deadline = time.monotonic() + 20
+    while len(picks) < 2 and time.monotonic() < deadline:
+        time.sleep(1.2)
+        picks |= set(client.names("tcp", "10.96.0.6", count=1))
+    assert len(picks) >= 2, "after the affinity timeout another endpoint gets chosen"
+
+
+def test_change_while_connections_are_open(world: World, client: Client) -> None:
+    world.set(service("live", ("10.96.0.7",), EPS4[:1]))
+    assert client.call(op="hold", id="a", host="10.96.0.7", port=80)["name"] == EPS4[0]
+    world.set(service("live", ("10.96.0.7",), EPS4[1:2]))
+    assert set(client.names("tcp", "10.96.0.7", count=10)) == {EPS4[1]}, "new ones: new set"
+    assert client.call(op="ping", id="a")["name"] == EPS4[0], "the open one is untouched"
+
+
+def _hammer(client: Client, host: str, count: int, out: list[Any]) -> None:
+    out.extend(client.connect("tcp", host, count=count))
+
+
+def test_no_lookup_sees_a_half_updated_service(world: World, client: Client) -> None:
+    """Connections made while the endpoint set flips back and forth, and while full syncs
+    (also by a fresh backend that adopts the maps) run, all reach a current endpoint."""
+    a, b = service("flip", ("10.96.0.8",), EPS4[:2]), service("flip", ("10.96.0.8",), EPS4[2:])
+    world.set(a)
+    results: list[Any] = []
+    worker = threading.Thread(target=_hammer, args=(client, "10.96.0.8", 400, results))
+    worker.start()
+    flips = 0
+    while worker.is_alive():
+        world.set(b if flips % 2 == 0 else a)
+        world.full_sync()
+        flips += 1
+    worker.join()
+    assert flips > 5
+    names = Counter(r.get("name") or r["error"] for r in results)
+    assert set(names) <= set(EPS4), names
+    # A fresh backend (a restart) adopts the maps: its full sync rewrites nothing.
+    fresh = EbpfBackend(CONFIG, world.layout).start()
+    try:
+        fresh.sync(NodeState("node1", 1, None, dict(world.services)),
+                   Changes(frozenset(world.services), full=True, reason="initial"))
+        assert fresh.last is not None and fresh.last.writes.services_written == 0
+        assert fresh.last.writes.slots_written == 0
+    finally:
+        fresh.close()
