@@ -1,5 +1,6 @@
 """Generates the protobuf code from proto/ whenever the package is built."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,19 @@ def generate_protos() -> None:
     )
 
 
+def compile_bpf() -> None:
+    """Build the ebpf backend's programs when clang is there (else the backend says so)."""
+    if shutil.which("clang") is None:
+        print("setup: clang not found; the ebpf backend's programs are not built")
+        return
+    build = ROOT / "backends" / "ebpf" / "build.py"
+    subprocess.run([sys.executable, str(build)], cwd=ROOT, check=True)
+
+
 class BuildWithProtos(build_py):
     def run(self) -> None:
         generate_protos()
+        compile_bpf()
         super().run()
 
 

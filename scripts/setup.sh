@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(nftables iptables ipset conntrack iproute2 procps kmod)
+# The ebpf backend: clang builds its programs, libbpf loads them, bpftool inspects them.
+APT_PACKAGES+=(clang libbpf-dev libbpf1 bpftool)
 if [[ "${SVCPROXY_WITH_QEMU:-1}" == 1 ]]; then
   APT_PACKAGES+=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
 fi
@@ -34,3 +36,6 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" || ! -d svcproxy/v1 ]]; then
   .venv/bin/pip install -q --no-build-isolation -e ".[test]"
   echo "$want" > "$stamp"
 fi
+
+# The ebpf backend's programs (recompiled only when a source changed).
+.venv/bin/python -m svcproxy.backends.ebpf.build >/dev/null
