@@ -23,10 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.agent.config import NodeConfig  # noqa: E402
-from svcproxy.lab.netns import enter  # noqa: E402
 from svcproxy.model import Endpoint, ServicePortState  # noqa: E402
 from svcproxy.sdk.backend import Backend, Changes, NodeState  # noqa: E402
 from tests.ipvs.states import endpoint, node_state, port_state  # noqa: E402
+from tests.lab.netns import enter  # noqa: E402
 
 CONFIG = NodeConfig(node_name="node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.1.0.1",))
 

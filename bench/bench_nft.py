@@ -32,11 +32,11 @@ from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.backends.nft.table_state import build_table, full_text  # noqa: E402
-from svcproxy.lab import manifests as m  # noqa: E402
-from svcproxy.lab.plan import NodeSpec, PodSpec  # noqa: E402
-from svcproxy.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
 from svcproxy.model import ServicePortKey  # noqa: E402
 from svcproxy.sdk import Changes, NodeState  # noqa: E402
+from tests.lab import manifests as m  # noqa: E402
+from tests.lab.plan import NodeSpec, PodSpec  # noqa: E402
+from tests.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
 from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import pytest
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.fake_source import FakeSource
 from svcproxy.agent.httpserve import BackgroundHTTPServer, Response, parse_bind_address
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.model import (
@@ -27,6 +26,7 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.testing import FakeSource
 
 GO_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? \+0000 UTC$")
 KEY = ServicePortKey("default", "web", "http", Protocol.TCP)

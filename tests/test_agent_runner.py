@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from svcproxy.agent.fake_source import FakeSource
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.runner import SyncRunner
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.testing import FakeSource
 
 
 def key(i: int) -> ServicePortKey:

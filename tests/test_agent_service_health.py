@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.fake_source import FakeSource
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.agent.service_health import ServiceHealthServer, health_check_body
@@ -27,6 +26,7 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.testing import FakeSource
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.fake_source import FakeSource
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.iptables import backend as backend_module
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
@@ -17,6 +16,7 @@ from svcproxy.backends.iptables.restore import SavedTable
 from svcproxy.backends.iptables.tool import IptablesError
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.sdk.testing import FakeSource
 
 KEY = ServicePortKey("default", "web", "http", Protocol.TCP)
 

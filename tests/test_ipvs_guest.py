@@ -20,10 +20,10 @@ from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
 from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
-from svcproxy.lab.netns import ns_exec
 from svcproxy.model import ServiceType, SessionAffinity
 from tests.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
 from tests.ipvs.states import changed, endpoint, full, node_state, port_state
+from tests.lab.netns import ns_exec
 
 pytestmark = [pytest.mark.ipvs, pytest.mark.netns]
 IN_GUEST = os.environ.get("SVCPROXY_IPVS_GUEST") == "1"

@@ -12,7 +12,7 @@ import pytest
 
 from svcproxy.backends.ipvs import rtnl
 from svcproxy.backends.ipvs.netlink import NETLINK_ROUTE, NetlinkBatch, Request
-from svcproxy.lab.netns import call_in
+from tests.lab.netns import call_in
 
 pytestmark = pytest.mark.netns
 

@@ -16,7 +16,7 @@ from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
-from svcproxy.lab.netns import call_in
+from tests.lab.netns import call_in
 
 pytestmark = pytest.mark.netns
 

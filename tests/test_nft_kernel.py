@@ -16,9 +16,9 @@ from svcproxy.backends.nft import names
 from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.backends.nft.libnft import LibNftRunner
-from svcproxy.lab.netns import call_in
 from svcproxy.model import Protocol, SessionAffinity
 from svcproxy.sdk import Changes, NodeState
+from tests.lab.netns import call_in
 from tests.netns.harness import missing_requirements
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
 

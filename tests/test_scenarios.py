@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from svcproxy.lab import manifests as m
-from svcproxy.lab.client import Summary
+from tests.lab import manifests as m
+from tests.lab.client import Summary
 from tests.netns.backends import BACKENDS, BackendCase
 from tests.netns.harness import ScenarioLab, missing_requirements
 

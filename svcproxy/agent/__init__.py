@@ -4,6 +4,6 @@
 ``runner`` (when to call Backend.sync), ``health`` + ``healthz`` (/healthz, /livez),
 ``metrics`` + ``metrics_server`` (kubeproxy_* on /metrics), ``service_health``
 (health-check node ports), ``conntrack`` (pure: what to delete) + ``conntrack_cli``.
-``addresses`` discovers the node's IPs; ``fake_source`` lets backend authors test
-their backend under the real runner without a frontend.
+``addresses`` discovers the node's IPs; ``svcproxy.sdk.testing.FakeSource`` lets
+backend authors test their backend under the real runner without a frontend.
 """

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from svcproxy.lab.netns import enter, ip, run, sysctl
+from tests.lab.netns import enter, ip, run, sysctl
 
 T = TypeVar("T")
 POD_PORT = 8080

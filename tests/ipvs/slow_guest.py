@@ -40,7 +40,7 @@ def _stretch(function: Callable[..., Any], name: str) -> None:
 
 
 def pytest_configure() -> None:
-    from svcproxy.lab import processes
+    from tests.lab import processes
     from tests.netns import harness
 
     _stretch(processes.wait_for_path, "timeout")

@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from svcproxy.lab import manifests
-from svcproxy.lab.client import Summary, probe, summarize
-from svcproxy.lab.echo import EchoServer
-from svcproxy.lab.plan import SERVER_PORTS, LabSpec, standard_spec
-from svcproxy.lab.processes import Process, backend_argv, frontend, wait_for_path
-from svcproxy.lab.topology import Lab
+from tests.lab import manifests
+from tests.lab.client import Summary, probe, summarize
+from tests.lab.echo import EchoServer
+from tests.lab.plan import SERVER_PORTS, LabSpec, standard_spec
+from tests.lab.processes import Process, backend_argv, frontend, wait_for_path
+from tests.lab.topology import Lab
 
 from .backends import BackendCase
 
