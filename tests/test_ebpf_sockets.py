@@ -222,7 +222,8 @@ CONFIG = NodeConfig(node_name="node1", node_ips=(NODE_IP,))
 class World:
     """A namespace, a cgroup, a bpffs mount, echo servers, a client and the backend."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_process: bool = True) -> None:
+        self.in_process = in_process
         tag = f"{os.getpid() % 10000}{secrets.token_hex(2)}"
         self.ns = f"spebpf{tag}"
         self.cgroup = CGROUP2 / f"svcproxy-test-{tag}"
@@ -247,7 +248,8 @@ class World:
         subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
         self.echo = Echo(self.ns, EPS4 + EPS6).start()
         self.client = Client(self.ns, self.cgroup)
-        self.backend = EbpfBackend(CONFIG, self.layout).start()
+        if self.in_process:
+            self.backend = EbpfBackend(CONFIG, self.layout).start()
         return self
 
     def stop(self) -> None:
@@ -265,6 +267,8 @@ class World:
     def _stop_backend(self) -> None:
         if self.backend is not None:
             self.backend.cleanup()
+        elif self.layout.pin_dir.exists():
+            EbpfBackend(CONFIG, self.layout).cleanup()
 
     def _stop_client(self) -> None:
         if self.client is not None:

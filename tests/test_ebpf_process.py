@@ -1,0 +1,186 @@
+"""``svcproxy backend ebpf`` as a process, fed by the real frontend: kill -9 during
+traffic loses no connection, a restarted backend adopts the kernel's maps, --dump
+prints them, /metrics shows their sizes, --cleanup removes every link and pin."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_ebpf_sockets import EPS4, NODE_IP, PORT, Client, World, enter, pytestmark
+
+__all__ = ["pytestmark"]
+
+SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
+
+
+def _manifests(directory: Path, endpoints: list[str]) -> None:
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": "node1", "labels": {"kubernetes.io/hostname": "node1"}},
+         "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "t"},
+         "spec": {"type": "ClusterIP", "clusterIP": "10.96.1.1", "clusterIPs": ["10.96.1.1"],
+                  "ipFamilies": ["IPv4"],
+                  "ports": [{"name": "http", "port": 80, "targetPort": PORT,
+                             "protocol": "TCP"}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "web-1", "namespace": "t",
+                      "labels": {"kubernetes.io/service-name": "web"}},
+         "addressType": "IPv4", "ports": [{"name": "http", "port": PORT, "protocol": "TCP"}],
+         "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "nodeName": "node1"}
+                       for ip in endpoints]},
+    ]
+    tmp = directory / ".web.tmp"
+    tmp.write_text(yaml.safe_dump_all(docs))
+    os.replace(tmp, directory / "web.yaml")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BackendProcess:
+    def __init__(self, world: World, api: str, log: Path) -> None:
+        self.world, self.api, self.log = world, api, log
+        self.metrics_port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self, *extra: str) -> list[str]:
+        w = self.world
+        # nsenter, not ip netns exec: that one remounts /sys, hiding the test's cgroup.
+        return ["nsenter", f"--net=/var/run/netns/{w.ns}", *SVCPROXY, "backend", "ebpf",
+                "--api", self.api,
+                "--node-name", "node1", "--node-ip", NODE_IP, "--min-sync-period", "0",
+                "--healthz-bind-address", "",
+                "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
+                "--ebpf-cgroup", str(w.cgroup), "--ebpf-pin-dir", str(w.layout.pin_dir),
+                *extra]
+
+    def start(self) -> BackendProcess:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=out)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(10)
+
+    def run(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*extra), capture_output=True, text=True, timeout=60)
+
+    def metrics(self) -> str:
+        box: dict[str, str] = {}
+
+        def scrape() -> None:
+            enter(self.world.ns)
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                box["text"] = r.read().decode()
+
+        t = threading.Thread(target=scrape)
+        t.start()
+        t.join()
+        return box["text"]
+
+
+def eventually(check: Callable[[], Any], timeout: float = 20.0, why: Callable[[], str] = str,
+               ) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError as err:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{err}\n{why()}") from None
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    w = World(in_process=False)
+    try:
+        w.start()
+        yield w
+    finally:
+        w.stop()
+
+
+def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
+                                           frontend_factory: Callable[..., Any]) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    _manifests(manifests, EPS4[:2])
+    fe = frontend_factory(manifests)
+    backend = BackendProcess(world, fe.opts.listen, tmp_path / "backend.log")
+    hammer = Client(world.ns, world.cgroup)
+    client = world.client
+    assert client is not None
+    logs = lambda: backend.log.read_text()  # noqa: E731
+    try:
+        backend.start()
+
+        def serves(expected: set[str]) -> None:
+            seen = client.names("tcp", "10.96.1.1", count=20)
+            assert set(seen) == expected, seen
+
+        eventually(lambda: serves(set(EPS4[:2])), why=logs)
+        held = [client.call(op="hold", id=str(i), host="10.96.1.1", port=80)["name"]
+                for i in range(4)]
+        results: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: results.extend(hammer.connect("tcp", "10.96.1.1", count=300)))
+        worker.start()
+        time.sleep(0.05)
+        backend.kill()  # kill -9 in the middle of the traffic
+        worker.join()
+        assert {r.get("name") or r["error"] for r in results} <= set(EPS4[:2]), results
+        assert [client.call(op="ping", id=str(i))["name"] for i in range(4)] == held
+
+        dump = backend.run("--dump")
+        assert dump.returncode == 0, dump.stderr
+        assert "10.96.1.1:80/tcp -> 10.244.0.1:8080 10.244.0.2:8080" in dump.stdout, dump.stdout
+
+        backend.start()  # adopts the pinned maps and links
+        _manifests(manifests, EPS4[2:])
+        eventually(lambda: serves(set(EPS4[2:])), why=logs)
+        assert [client.call(op="ping", id=str(i))["name"] for i in range(4)] == held
+
+        text = eventually(lambda: _has(backend.metrics(), 'svcproxy_ebpf_map_entries'
+                                       '{map="sp_services"} 1.0'), why=logs)
+        assert 'svcproxy_ebpf_map_entries{map="sp_endpoints"} 2.0' in text
+        assert 'svcproxy_ebpf_map_update_failures_total{map="sp_services"} 0.0' in text
+
+        backend.kill(signal.SIGTERM)
+        done = backend.run("--cleanup")
+        assert done.returncode == 0, done.stderr
+        assert not world.layout.pin_dir.exists(), "every pin is gone"
+        if shutil.which("bpftool"):
+            shown = subprocess.run(["bpftool", "cgroup", "show", str(world.cgroup)],
+                                   capture_output=True, text=True, check=True).stdout
+            assert "sp_" not in shown and not shown.strip(), shown
+        assert set(client.names("tcp", "10.96.1.1", count=3)) == {"unreachable"}
+    finally:
+        backend.kill()
+        hammer.stop()
+
+
+def _has(text: str, line: str) -> str:
+    assert line in text, text
+    return text
