@@ -88,6 +88,12 @@ class ApiserverSource:
         """The last resourceVersion seen per kind (None while it must be listed)."""
         return {r.resource.kind: r.resource_version for r in self._reflectors}
 
+    @property
+    def failing_since(self) -> float | None:
+        """Since when (monotonic) a kind has been failing to reach the apiserver, if any."""
+        times = [r.failing_since for r in self._reflectors if r.failing_since is not None]
+        return min(times) if times else None
+
     def start(self) -> None:
         """Start one daemon thread per kind."""
         for reflector in self._reflectors:

@@ -66,6 +66,8 @@ class KindReflector:
         self._backoff = Backoff(options.backoff)
         self._stopped = threading.Event()
         self._watch = kubernetes.watch.Watch()
+        # When the apiserver stopped answering (None while it answers).
+        self.failing_since: float | None = None
 
     def stop(self) -> None:
         """Ask the loop to end and cut the open watch, if any."""
@@ -114,6 +116,7 @@ class KindReflector:
         self._emit(Replace(self.resource.kind, items))
         self.resource_version = str(meta.get("resourceVersion") or "")
         self._backoff.reset()
+        self.failing_since = None
         log.info(
             "listed %d %s from %s at resourceVersion %s (%d page%s)",
             len(items), self.resource.plural, self._server, self.resource_version,
@@ -155,6 +158,7 @@ class KindReflector:
                 if isinstance(event, dict):
                     self._apply(event["type"], event["raw_object"])
                     events += 1
+                    self.failing_since = None
         return events > 0 or time.monotonic() - started >= opts.min_healthy_watch
 
     def _raw_call(self, **kwargs: Any) -> Any:
@@ -187,6 +191,8 @@ class KindReflector:
             self._retry_later("list", "continue token expired")
 
     def _retry_later(self, what: str, failure: str) -> None:
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
         delay = self._backoff.next_delay()
         log.warning(
             "apiserver %s: cannot %s %s: %s; retrying in %.1fs",

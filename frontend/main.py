@@ -11,8 +11,11 @@ from pathlib import Path
 import grpc
 from prometheus_client import start_http_server
 
+from svcproxy.frontend.auth import AuthConfig, check_listen
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.manifests import ManifestSource
+from svcproxy.frontend.readiness import Readiness
 from svcproxy.frontend.server import TLSFiles, start_server
 from svcproxy.frontend.upstream import UpstreamSource
 from svcproxy.frontend.workers import StreamWorkers, tcp_address
@@ -33,6 +36,10 @@ class FrontendOptions:
     stream_workers: int = 1
     upstream: str | None = None
     upstream_credentials: grpc.ChannelCredentials | None = None
+    # Who may call (None: nobody is authenticated, so only a local --listen is accepted).
+    auth: AuthConfig | None = None
+    healthz_bind_address: str = ""
+    apiserver_lost_after: float = 60.0
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
@@ -70,20 +77,29 @@ class Frontend:
         self._server: object = None
         self._source: object = None
         self.workers: StreamWorkers | None = None
+        self.readiness = Readiness(self.engine, opts.apiserver_lost_after)
+        certs = opts.tls is not None and opts.tls.client_ca is not None
+        auth = opts.auth or AuthConfig(certs, allow_anonymous=check_listen(
+            opts.listen, opts.tls is not None, certs, False, False))
+        self.guard = CallGuard(auth)
 
     async def start(self) -> None:
         self.engine.loop = asyncio.get_running_loop()
+        await self.readiness.start(self.opts.healthz_bind_address)
         self._server, self.port = await start_server(self.engine, self.opts.listen,
-                                                      self.opts.tls)
+                                                      self.opts.tls, self.guard,
+                                                      self.readiness.health)
         if self.opts.stream_workers > 1:
             self.workers = StreamWorkers(self.engine, self.opts.stream_workers,
                                          tcp_address(self.opts.listen, self.port),
-                                         self.opts.tls, logging.getLogger().level)
+                                         self.opts.tls, logging.getLogger().level,
+                                         self.guard)
             self.workers.start()
         start_metrics(self.opts.metrics_bind_address)
-        self._source = _start_source(self.opts, self.engine)
+        self._source = self.readiness.source = _start_source(self.opts, self.engine)
 
     async def stop(self) -> None:
+        self.readiness.stop()
         await asyncio.get_running_loop().run_in_executor(
             None, self._source.stop)  # type: ignore[attr-defined]
         if self.workers is not None:
@@ -95,8 +111,8 @@ async def run_frontend(opts: FrontendOptions) -> int:
     """Serve until SIGINT/SIGTERM."""
     from svcproxy.frontend.apiserver import ApiserverConfigError
 
-    frontend = Frontend(opts)
     try:
+        frontend = Frontend(opts)
         await frontend.start()
     except (ApiserverConfigError, FileNotFoundError, OSError, ValueError) as err:
         log.error("cannot start the frontend: %s", err)

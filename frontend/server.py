@@ -21,7 +21,9 @@ from grpc_reflection.v1alpha import reflection
 
 from svcproxy.convert import node_to_pb, state_to_pb
 from svcproxy.frontend.engine import Engine, known_nodes
+from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.stream import WatchServicer, write_stream
+from svcproxy.frontend.tls import dynamic_server_credentials
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -120,22 +122,27 @@ def api_handler(servicer: Servicer, raw_unary: bool = False) -> grpc.GenericRpcH
 
 
 def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
-    """TLS, or mutual TLS when a client CA is given."""
-    ca = tls.client_ca.read_bytes() if tls.client_ca else None
-    return grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())],
-                                       root_certificates=ca, require_client_auth=ca is not None)
+    """TLS, or mutual TLS when a client CA is given; the files are re-read when they
+    change (new connections use the new ones; existing streams continue)."""
+    return dynamic_server_credentials(tls.cert, tls.key, tls.client_ca)
 
 
 async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
-                    tls: TLSFiles | None = None) -> tuple[grpc.aio.Server, int]:
+                    tls: TLSFiles | None = None, guard: CallGuard | None = None,
+                    health_servicer: health_aio.HealthServicer | None = None,
+                    ) -> tuple[grpc.aio.Server, int]:
     """Start a gRPC server with ``handler``, health and reflection on ``listen``
     (HOST:PORT or unix:///path); returns the server and its port. Several processes can
-    serve the same TCP port (SO_REUSEPORT): the kernel spreads connections over them."""
+    serve the same TCP port (SO_REUSEPORT): the kernel spreads connections over them.
+    ``guard`` authenticates and authorises calls; with ``health_servicer`` the caller
+    sets the health status (else it is SERVING once started)."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 << 20),
                                       ("grpc.keepalive_time_ms", 30000),
-                                      ("grpc.so_reuseport", 1)])
+                                      ("grpc.so_reuseport", 1)],
+                             interceptors=guard.interceptors() if guard else None)
     server.add_generic_rpc_handlers((handler,))
-    health_servicer = health_aio.HealthServicer()
+    serving = health_servicer is None
+    health_servicer = health_servicer or health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -146,14 +153,17 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
     if not port and not listen.startswith("unix"):
         raise OSError(f"cannot listen on {listen}")
     await server.start()
-    for name in ("", SERVICE):
+    for name in ("", SERVICE) if serving else ():
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port
 
 
-async def start_server(engine: Engine, listen: str,
-                       tls: TLSFiles | None = None) -> tuple[grpc.aio.Server, int]:
+async def start_server(engine: Engine, listen: str, tls: TLSFiles | None = None,
+                       guard: CallGuard | None = None,
+                       health_servicer: health_aio.HealthServicer | None = None,
+                       ) -> tuple[grpc.aio.Server, int]:
     """Serve the engine's API on ``listen``; returns the server and its port."""
-    server, port = await serve_api(api_handler(NodeStateServicer(engine)), listen, tls)
+    server, port = await serve_api(api_handler(NodeStateServicer(engine)), listen, tls,
+                                   guard, health_servicer)
     log.info("serving the svcproxy API on %s%s", listen, " (TLS)" if tls else "")
     return server, port

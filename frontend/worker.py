@@ -19,6 +19,7 @@ import grpc
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.gctuning import tune_for_streaming
+from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
 from svcproxy.frontend.stream import WatchServicer, write_stream
@@ -34,6 +35,7 @@ class WorkerConfig:
     tls: TLSFiles | None
     history: int
     log_level: int
+    guard: CallGuard | None = None
 
 
 class MainProcessGone(Exception):
@@ -146,7 +148,7 @@ async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
     link = ParentLink(conn, config.history)
     link.start()
     server, _ = await serve_api(api_handler(WorkerServicer(link), raw_unary=True),
-                                config.listen, config.tls)
+                                config.listen, config.tls, config.guard)
     log.info("stream worker %d serving %s", index, config.listen)
     link.pipe.send(("ready",))
     loop = asyncio.get_running_loop()

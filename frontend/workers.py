@@ -25,6 +25,7 @@ from multiprocessing.process import BaseProcess
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.server import NodeStateServicer, TLSFiles
 from svcproxy.frontend.wire import WireOp
@@ -57,10 +58,10 @@ class StreamWorkers:
     """Starts, feeds, answers and (when one dies) restarts the stream workers."""
 
     def __init__(self, engine: Engine, count: int, address: str, tls: TLSFiles | None,
-                 log_level: int = logging.INFO) -> None:
+                 log_level: int = logging.INFO, guard: CallGuard | None = None) -> None:
         self.engine = engine
         self.count = count
-        self.config = WorkerConfig(address, tls, engine.history_limit, log_level)
+        self.config = WorkerConfig(address, tls, engine.history_limit, log_level, guard)
         self._servicer = NodeStateServicer(engine)
         self._workers: dict[int, _Worker] = {}
         self._stopping = False

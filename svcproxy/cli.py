@@ -9,6 +9,10 @@ import logging
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from svcproxy.frontend.auth import AuthConfig
 
 BACKENDS = ("dump", "nft", "iptables", "ipvs", "ebpf")
 BACKEND_HELP = {
@@ -62,8 +66,41 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve TLS with this cert")
     p.add_argument("--tls-key", type=Path, metavar="FILE", help="private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, metavar="FILE",
-                   help="require client certificates signed by this CA (mutual TLS)")
+                   help="require client certificates signed by this CA (mutual TLS): "
+                   "CN=system:node:NAME with O=system:nodes is node NAME, which may read "
+                   "only its own state; any other certificate is the identity CN (groups: "
+                   "O). Certificate, key and CA files are re-read when they change")
+    _frontend_auth_arguments(p)
     p.set_defaults(func=_run_frontend)
+
+
+def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("authentication, authorization and readiness")
+    g.add_argument("--token-audience", metavar="AUD",
+                   help="accept ServiceAccount tokens (authorization: Bearer) issued for this "
+                   "audience, checked with the apiserver's TokenReview; a pod's token is "
+                   "bound to the node of its pod (needs --tls-cert off loopback)")
+    g.add_argument("--authentication-kubeconfig", metavar="PATH",
+                   help="kubeconfig for TokenReview and reading pods (default: --kubeconfig, "
+                   "else the in-cluster ServiceAccount)")
+    g.add_argument("--token-cache-ttl", type=float, default=10.0, metavar="SECONDS",
+                   help="how long a token's review is trusted (refusals: at most 1 s) "
+                   "(default %(default)s)")
+    g.add_argument("--cluster-readers", default="", metavar="NAMES",
+                   help="comma-separated users or groups that may read every node, ListNodes "
+                   "and WatchCluster (tools, and frontends chained with --upstream); a node "
+                   "identity reads only its own node, anything else nothing")
+    g.add_argument("--insecure-allow-anonymous", action="store_true",
+                   help="serve everything to unauthenticated callers on a non-loopback "
+                   "--listen (without it the frontend refuses to start there unless "
+                   "--tls-client-ca or --token-audience authenticates callers)")
+    g.add_argument("--healthz-bind-address", default="", metavar="HOST:PORT",
+                   help="serve /readyz (503 until every source has listed everything) and "
+                   "/livez over HTTP for probes; empty disables (default)")
+    g.add_argument("--apiserver-lost-after", type=float, default=60.0, metavar="SECONDS",
+                   help="report the apiserver lost (health name 'apiserver', /readyz body, "
+                   "metrics) after failing to reach it this long; the last known state is "
+                   "still served (default %(default)s)")
 
 
 def _load_backend(name: str) -> ModuleType | str:
@@ -106,12 +143,33 @@ def _run_frontend(args: argparse.Namespace) -> int:
                                            args.upstream_key)
     if args.stream_workers < 1:
         raise SystemExit("svcproxy: --stream-workers must be 1 or more")
+    auth = _frontend_auth(args, tls)
     opts = FrontendOptions(listen=args.listen, manifests=args.manifests,
                            kubeconfig=args.kubeconfig, service_proxy_name=args.service_proxy_name,
                            metrics_bind_address=args.metrics_bind_address, tls=tls,
                            history=args.history, stream_workers=args.stream_workers,
-                           upstream=args.upstream, upstream_credentials=upstream_credentials)
+                           upstream=args.upstream, upstream_credentials=upstream_credentials,
+                           auth=auth, healthz_bind_address=args.healthz_bind_address,
+                           apiserver_lost_after=args.apiserver_lost_after)
     return asyncio.run(run_frontend(opts))
+
+
+def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:
+    from svcproxy.frontend.auth import AuthConfig, check_listen
+
+    client_certs = bool(args.tls_client_ca)
+    if client_certs and not tls:
+        raise SystemExit("svcproxy: --tls-client-ca needs --tls-cert and --tls-key")
+    try:
+        anonymous = check_listen(args.listen, tls is not None, client_certs,
+                                 bool(args.token_audience), args.insecure_allow_anonymous)
+    except ValueError as err:
+        raise SystemExit(f"svcproxy: refusing to start: {err}") from err
+    readers = frozenset(filter(None, (n.strip() for n in args.cluster_readers.split(","))))
+    return AuthConfig(client_certs=client_certs, token_audience=args.token_audience or None,
+                      token_kubeconfig=args.authentication_kubeconfig or args.kubeconfig,
+                      token_cache_ttl=args.token_cache_ttl, cluster_readers=readers,
+                      allow_anonymous=anonymous)
 
 
 def _run_backend(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from svcproxy.frontend.auth import AuthConfig
 from svcproxy.frontend.server import TLSFiles
 from svcproxy.sdk.client import NodeStateClient
 from tests.conftest import wait_for
@@ -34,6 +35,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext",
                 "-out", f"{name}.crt", cwd=d)
     return d
+
+
+# The client certificate's CN=client reads every node as a cluster reader.
+READER = AuthConfig(client_certs=True, cluster_readers=frozenset({"client"}))
 
 
 def creds(pki: Path, client_cert: bool) -> grpc.ChannelCredentials:
@@ -66,7 +71,8 @@ def test_tls(frontend_factory, tmp_path: Path, pki: Path) -> None:  # type: igno
 def test_mutual_tls_requires_a_client_certificate(frontend_factory, tmp_path: Path,
                                                   pki: Path) -> None:  # type: ignore[no-untyped-def]
     fe = frontend_factory(copy_examples(tmp_path), listen="localhost:0",
-                          tls=TLSFiles(pki / "server.crt", pki / "server.key", pki / "ca.crt"))
+                          tls=TLSFiles(pki / "server.crt", pki / "server.key", pki / "ca.crt"),
+                          auth=READER)
     target = f"localhost:{fe.frontend.port}"
     assert synced(target, creds(pki, client_cert=True))
     assert not synced(target, creds(pki, client_cert=False))
@@ -77,7 +83,8 @@ def test_chained_frontend_over_mutual_tls(frontend_factory, tmp_path: Path,
     from svcproxy.sdk.client import tls_credentials
 
     up = frontend_factory(copy_examples(tmp_path), listen="localhost:0",
-                          tls=TLSFiles(pki / "server.crt", pki / "server.key", pki / "ca.crt"))
+                          tls=TLSFiles(pki / "server.crt", pki / "server.key", pki / "ca.crt"),
+                          auth=READER)
     down = frontend_factory(None, upstream=f"localhost:{up.frontend.port}",
                             upstream_credentials=tls_credentials(
                                 pki / "ca.crt", pki / "client.crt", pki / "client.key"))

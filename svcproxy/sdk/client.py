@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -30,6 +30,8 @@ from svcproxy.convert import (
 )
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.sdk.credentials import TLSFiles, TokenFile
+from svcproxy.sdk.targets import Targets
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 
@@ -73,15 +75,32 @@ def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None
     return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
+EPOCH_KEY = "svcproxy-epoch"
+
+
+def server_epoch(call: grpc.Call) -> str | None:
+    """The epoch a frontend announced in a stream's initial metadata."""
+    for key, value in call.initial_metadata() or ():
+        if key == EPOCH_KEY:
+            return str(value)
+    return None
+
+
 class NodeStateClient:
     """Keeps a node's state in sync with the frontend; see the module docstring."""
 
-    def __init__(self, target: str, node_name: str, *,
-                 credentials: grpc.ChannelCredentials | None = None,
-                 cluster: bool = False, max_backoff: float = 5.0) -> None:
-        self.target = target
+    def __init__(self, target: str | Sequence[str], node_name: str, *,
+                 credentials: grpc.ChannelCredentials | TLSFiles | None = None,
+                 cluster: bool = False, max_backoff: float = 5.0,
+                 token: TokenFile | None = None) -> None:
+        # Several addresses (a list or "a,b"): another replica when a stream breaks.
+        self.targets = Targets(target)
         self.node_name = node_name
+        # Fixed credentials, or TLSFiles re-read on reconnect when the files change.
         self.credentials = credentials
+        self.token = token
+        # The epoch of the replica our revision came from (see frontend/epoch.py).
+        self.epoch: str | None = None
         self.cluster = cluster
         self.max_backoff = max_backoff
         self.revision = 0
@@ -103,7 +122,18 @@ class NodeStateClient:
 
     # ---- public API ----------------------------------------------------
     def start(self) -> None:
+        """Start watching in a background thread (once; ``started`` tells)."""
         self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` was called (a client that was never started never syncs)."""
+        return self._thread.ident is not None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether ``stop`` was called."""
+        return self._stop.is_set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -163,43 +193,72 @@ class NodeStateClient:
                 if taken is not None:
                     yield taken
 
+    @property
+    def target(self) -> str:
+        """The frontend address in use (or tried next)."""
+        return self.targets.current
+
     # ---- the watch loop -------------------------------------------------
     def _run(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
+            failed = self.target
             try:
                 self._watch_once()
                 backoff = 0.1
-            except grpc.RpcError as err:
+            except (grpc.RpcError, OSError, ValueError) as err:
                 if self._stop.is_set():
                     break
-                code = err.code() if hasattr(err, "code") else None
-                log.warning("watch of %s at %s failed (%s); reconnecting in %.1fs, resuming "
-                            "from revision %d", self.node_name or "<cluster>", self.target,
-                            code, backoff, self.revision)
+                code = err.code() if isinstance(err, grpc.RpcError) else err
+                log.warning("watch of %s at %s failed (%s); resuming from revision %d",
+                            self.node_name or "<cluster>", failed, code, self.revision)
             finally:
+                if self.connected:
+                    self.targets.succeeded()
+                    backoff = 0.1
                 self.connected = False
+            if not self.targets.failed():
+                continue  # another replica at once
             self._stop.wait(backoff)
             backoff = min(self.max_backoff, backoff * 2)
 
+    def _channel(self) -> grpc.Channel:
+        credentials = self.credentials
+        if isinstance(credentials, TLSFiles):
+            credentials = credentials.credentials()
+        return open_channel(self.target, credentials)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        out = self.token.metadata() if self.token is not None else ()
+        if self.epoch is not None and self.revision:
+            out += ((EPOCH_KEY, self.epoch),)
+        return out
+
     def _watch_once(self) -> None:
-        with open_channel(self.target, self.credentials) as channel:
+        with self._channel() as channel:
             stub = pb_grpc.NodeStateServiceStub(channel)
+            metadata = self._metadata()
             if self.cluster:
-                call = stub.WatchCluster(pb.ClusterWatchRequest(since_revision=self.revision))
+                call = stub.WatchCluster(pb.ClusterWatchRequest(since_revision=self.revision),
+                                         metadata=metadata)
             else:
                 call = stub.Watch(pb.WatchRequest(node_name=self.node_name,
-                                                  since_revision=self.revision))
+                                                  since_revision=self.revision),
+                                  metadata=metadata)
             self._call = call
             pending: list[pb.WatchEvent] = []
+            epoch = None
             for event in call:
                 if not self.connected:
                     self.connected = True
+                    epoch = server_epoch(call)
                     log.info("watching %s at %s", self.node_name or "<cluster>", self.target)
                 pending.append(event)
                 if not event.more:
                     self._apply(pending)
                     pending = []
+                    # Our revision is now this replica's: resume with its epoch.
+                    self.epoch = epoch
 
     def _apply(self, events: list[pb.WatchEvent]) -> None:
         """Apply one complete batch under the lock: the state is consistent after it."""
