@@ -1,4 +1,4 @@
-"""The SDK for backend authors: connect, keep the node's state, learn what changed.
+"""The SDK for backend authors: the one import a backend needs.
 
 A backend is one class::
 
@@ -9,12 +9,119 @@ A backend is one class::
             for key in changes.services:
                 record = state.services.get(key)   # None: deleted
                 ...
+
+What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md):
+
+* the interface: ``Backend``, ``NodeState``, ``Changes``; ``StagedBackend``, ``Applied``
+  and ``Delta`` for render -> diff -> apply with the applied state tracked for you;
+* the state's types: ``ServicePortKey``, ``ServicePort``, ``ServicePortState``,
+  ``Endpoint``, ``NodeInfo``, the enums, and helpers on addresses;
+* the node context: ``NodeConfig`` (kube-proxy's node flags, resolved), ``node_port_ips``;
+* the client: ``NodeStateClient`` (watch one node's state), ``tls_credentials``;
+* running: ``run.run`` (the smallest loop), ``run_agent`` and ``add_agent_arguments`` (the
+  node agent: rate limiting, retries, /healthz, /metrics, health-check node ports),
+  ``BackendPlugin`` and ``ENTRY_POINT_GROUP`` (how ``svcproxy backend NAME`` finds it);
+* ``svcproxy.sdk.testing``: a real frontend in-process, fed Kubernetes objects.
+
+``API_VERSION`` is (major, minor): a name of ``__all__`` is removed or changes meaning
+only with a new major version; additions raise the minor version.
 """
 
-from svcproxy.agent.addresses import node_port_ips
-from svcproxy.agent.config import NodeConfig
-from svcproxy.model import Endpoint, ServicePortKey, ServicePortState
-from svcproxy.sdk.backend import Backend, Changes, NodeState
+from __future__ import annotations
 
-__all__ = ["Backend", "Changes", "Endpoint", "NodeConfig", "NodeState", "ServicePortKey",
-           "ServicePortState", "node_port_ips"]
+from typing import TYPE_CHECKING, Any
+
+from svcproxy.agent.addresses import node_port_ips, primary_node_ips
+from svcproxy.agent.config import NodeConfig
+from svcproxy.agent.durations import parse_duration
+from svcproxy.convert import node_to_pb, state_to_pb
+from svcproxy.model import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    Endpoint,
+    LoadBalancerIngress,
+    NodeInfo,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+    SessionAffinity,
+    TrafficPolicy,
+    ip_family,
+    normalize_cidr,
+    normalize_ip,
+    of_family,
+)
+from svcproxy.sdk import run  # the module: run.run(backend, client)
+from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.client import NodeStateClient, tls_credentials
+from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, BackendPlugin
+from svcproxy.sdk.stages import Applied, Delta, StagedBackend
+
+if TYPE_CHECKING:
+    from svcproxy.agent.cli import add_agent_arguments, cidr_list, config_from_args, run_agent
+
+API_VERSION = (1, 0)
+
+# The node agent imports this package's modules, so its names load on first use.
+_AGENT_NAMES = {
+    "add_agent_arguments": "svcproxy.agent.cli",
+    "cidr_list": "svcproxy.agent.cli",
+    "config_from_args": "svcproxy.agent.cli",
+    "run_agent": "svcproxy.agent.cli",
+}
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_AFFINITY_TIMEOUT",
+    "ENTRY_POINT_GROUP",
+    "Applied",
+    "Backend",
+    "BackendPlugin",
+    "Changes",
+    "Delta",
+    "Endpoint",
+    "LoadBalancerIngress",
+    "NodeConfig",
+    "NodeInfo",
+    "NodeState",
+    "NodeStateClient",
+    "Protocol",
+    "ServicePort",
+    "ServicePortKey",
+    "ServicePortState",
+    "ServiceType",
+    "SessionAffinity",
+    "StagedBackend",
+    "TrafficPolicy",
+    "add_agent_arguments",
+    "cidr_list",
+    "config_from_args",
+    "ip_family",
+    "node_port_ips",
+    "node_to_pb",
+    "normalize_cidr",
+    "normalize_ip",
+    "of_family",
+    "parse_duration",
+    "primary_node_ips",
+    "run",
+    "run_agent",
+    "state_to_pb",
+    "tls_credentials",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _AGENT_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,165 @@
+"""Render -> diff -> apply, with the applied state tracked once for every backend.
+
+A backend renders what the dataplane must hold (pure: state in, values out), diffs
+it against what it applied before, and applies only the difference. ``Applied``
+remembers what the last successful apply left, so a periodic resync costs a diff,
+not a rewrite; after a failed apply it forgets, and the next sync rebuilds::
+
+    class FileBackend(StagedBackend[str]):
+        def render(self, state, record):
+            return f"{record.service.cluster_ips} -> {sorted(record.endpoints)}"
+
+        def apply(self, delta):
+            ...  # write delta.set, remove delta.removed; delta.rebuild: replace all
+
+Values must compare by value (frozen dataclasses, tuples, strings): an item whose
+rendering did not change is not applied again.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from svcproxy.model import ServicePortKey, ServicePortState
+from svcproxy.sdk.backend import Backend, Changes, NodeState
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+__all__ = ["Applied", "Delta", "StagedBackend"]
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Delta(Generic[K, V]):
+    """What one apply must change.
+
+    ``rebuild``: what the dataplane holds is unknown (first sync, or the previous apply
+    failed); apply must make it hold exactly ``set`` and remove anything else it owns.
+    Otherwise ``set`` holds the new and changed items (``previous`` their applied
+    values, for the changed ones) and ``removed`` what to take away (with its applied
+    value).
+    """
+
+    rebuild: bool
+    set: Mapping[K, V] = field(default_factory=dict)
+    removed: Mapping[K, V] = field(default_factory=dict)
+    previous: Mapping[K, V] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.rebuild or bool(self.set) or bool(self.removed)
+
+
+class Applied(Mapping[K, V]):
+    """What the last successful apply left in the dataplane, item by item (read only
+    as a mapping; changed only by ``commit`` and ``invalidate``)."""
+
+    def __init__(self) -> None:
+        self._items: dict[K, V] = {}
+        self._known = False
+
+    @property
+    def known(self) -> bool:
+        """False before the first commit and after ``invalidate``."""
+        return self._known
+
+    def __getitem__(self, key: K) -> V:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def diff(self, desired: Mapping[K, V | None], *, full: bool) -> Delta[K, V]:
+        """The delta from what is applied to ``desired``.
+
+        ``full``: ``desired`` is everything wanted (an applied key it lacks is removed);
+        otherwise it covers only the keys that may have changed, None meaning "gone".
+        """
+        if not self._known:
+            return Delta(True, {k: v for k, v in desired.items() if v is not None})
+        items = self._items
+        changed: dict[K, V] = {}
+        removed: dict[K, V] = {}
+        previous: dict[K, V] = {}
+        for key, value in desired.items():
+            old = items.get(key, _MISSING)
+            if value is None:
+                if old is not _MISSING:
+                    removed[key] = old  # type: ignore[assignment]
+            elif old != value:
+                changed[key] = value
+                if old is not _MISSING:
+                    previous[key] = old  # type: ignore[assignment]
+        if full:
+            removed.update((k, v) for k, v in items.items() if k not in desired)
+        return Delta(False, changed, removed, previous)
+
+    def commit(self, delta: Delta[K, V]) -> None:
+        """Record that ``delta`` was applied."""
+        if delta.rebuild:
+            self._items = dict(delta.set)
+        else:
+            for key in delta.removed:
+                self._items.pop(key, None)
+            self._items.update(delta.set)
+        self._known = True
+
+    def invalidate(self) -> None:
+        """Forget: the dataplane may hold anything (an apply failed half-way)."""
+        self._items = {}
+        self._known = False
+
+
+class StagedBackend(Backend, Generic[V]):
+    """A backend whose ``sync`` is render -> diff -> apply, one value per service port.
+
+    Subclasses write ``render`` (pure) and ``apply``; ``sync`` does the rest: a full
+    render on a full sync or a node change, a partial one otherwise, the diff against
+    ``self.applied``, and the bookkeeping after success or failure. Set
+    ``rebuild_on_resync`` to rewrite everything on periodic resyncs instead of
+    diffing (to repair changes made behind the backend's back).
+    """
+
+    rebuild_on_resync: bool = False
+
+    def __init__(self) -> None:
+        self.applied: Applied[ServicePortKey, V] = Applied()
+
+    @abstractmethod
+    def render(self, state: NodeState, record: ServicePortState) -> V | None:
+        """What the dataplane must hold for one service port (None: nothing)."""
+
+    @abstractmethod
+    def apply(self, delta: Delta[ServicePortKey, V]) -> None:
+        """Change the dataplane by ``delta``; raise if it was not (fully) applied."""
+
+    def diff(self, state: NodeState, changes: Changes) -> Delta[ServicePortKey, V]:
+        """Render what may have changed and compare it with what is applied."""
+        if changes.reason == "periodic" and self.rebuild_on_resync:
+            self.applied.invalidate()
+        full = changes.full or changes.node_changed or not self.applied.known
+        keys: Iterable[ServicePortKey] = state.services if full else changes.services
+        desired = {key: self._render(state, key) for key in keys}
+        return self.applied.diff(desired, full=full)
+
+    def _render(self, state: NodeState, key: ServicePortKey) -> V | None:
+        record = state.services.get(key)
+        return None if record is None else self.render(state, record)
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        delta = self.diff(state, changes)
+        if not delta:
+            return
+        try:
+            self.apply(delta)
+        except BaseException:
+            self.applied.invalidate()
+            raise
+        self.applied.commit(delta)
