@@ -1,0 +1,198 @@
+"""The ebpf backend's pure parts: the frontend's decision as map entries, the map layouts,
+and the write order that keeps every service whole (against an in-memory map)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from svcproxy.backends.ebpf import loader
+from svcproxy.backends.ebpf.layout import F_AFFINITY, F_REFUSE, Frontend, ServiceValue, Target
+from svcproxy.backends.ebpf.plan import DEFAULT_AFFINITY_TIMEOUT, Entry, Plan, service_entries
+from svcproxy.backends.ebpf.tables import Tables, read_kernel
+from svcproxy.model import (
+    Endpoint,
+    LoadBalancerIngress,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+    SessionAffinity,
+    TrafficPolicy,
+)
+
+
+def record(name: str = "web", cips: tuple[str, ...] = ("10.96.0.1",), eps: tuple = (),
+           proto: Protocol = Protocol.TCP, **svc: object) -> ServicePortState:
+    svc.setdefault("has_endpoints", bool(eps))
+    key = ServicePortKey("ns", name, "http", proto)
+    port = ServicePort(key, cluster_ips=cips, port=80, **svc)  # type: ignore[arg-type]
+    return ServicePortState(port, {e.ip: e for e in eps})
+
+
+def ep(ip: str, internal: bool = True, external: bool = True) -> Endpoint:
+    return Endpoint(ip, 8080, internal=internal, external=external)
+
+
+def targets(*ips: str) -> tuple[Target, ...]:
+    return tuple(Target(ip, 8080) for ip in ips)
+
+
+def test_cluster_ip_uses_the_internal_endpoints_of_its_family() -> None:
+    r = record(cips=("10.96.0.1", "fd00::1"), eps=(ep("10.0.0.2"), ep("10.0.0.1", internal=False),
+                                                   ep("fd00:1::1")))
+    entries = service_entries(r, ())
+    assert entries == {
+        Frontend("10.96.0.1", 80, "TCP"): Entry(targets("10.0.0.2")),
+        Frontend("fd00::1", 80, "TCP"): Entry(targets("fd00:1::1")),
+    }
+
+
+def test_refuse_only_without_any_endpoint_else_leave_to_the_packet_path() -> None:
+    assert service_entries(record(), ())[Frontend("10.96.0.1", 80, "TCP")].flags == F_REFUSE
+    local_only = record(eps=(ep("10.0.0.1", internal=False),), has_endpoints=True,
+                        internal_traffic_policy=TrafficPolicy.LOCAL)
+    entry = service_entries(local_only, ())[Frontend("10.96.0.1", 80, "TCP")]
+    assert entry == Entry() and not entry.refuses
+
+
+def test_external_addresses_node_ports_and_their_limits() -> None:
+    r = record(eps=(ep("10.0.0.1", external=False), ep("10.0.0.2", internal=False)),
+               type=ServiceType.LOAD_BALANCER, node_port=30080,
+               external_ips=("192.168.0.9",),
+               load_balancer_ingress=(LoadBalancerIngress("192.168.1.1"),
+                                      LoadBalancerIngress("192.168.1.2", "Proxy")))
+    entries = service_entries(r, ("192.168.50.2", "fd00:50::2"))
+    outside = Entry(targets("10.0.0.2"))
+    assert entries[Frontend("192.168.0.9", 80, "TCP")] == outside
+    assert entries[Frontend("192.168.1.1", 80, "TCP")] == outside
+    assert entries[Frontend("192.168.50.2", 30080, "TCP")] == outside
+    assert Frontend("192.168.1.2", 80, "TCP") not in entries, "ipMode Proxy is not ours"
+    assert Frontend("fd00:50::2", 30080, "TCP") not in entries, "no IPv6 cluster IP"
+    ranged = replace(r.service, load_balancer_source_ranges=("10.0.0.0/8",))
+    assert Frontend("192.168.1.1", 80, "TCP") not in service_entries(replace(r, service=ranged),
+                                                                      ())
+    local = replace(r.service, external_traffic_policy=TrafficPolicy.LOCAL)
+    short = service_entries(replace(r, service=local), ("192.168.50.2",))
+    assert short[Frontend("192.168.50.2", 30080, "TCP")] == Entry(targets("10.0.0.1")), \
+        "connections made on the node short-circuit to the internal set"
+
+
+def test_affinity_udp_and_sctp() -> None:
+    sticky = record(eps=(ep("10.0.0.1"),), proto=Protocol.UDP,
+                    session_affinity=SessionAffinity.CLIENT_IP)
+    (entry,) = service_entries(sticky, ()).values()
+    assert entry.flags == F_AFFINITY and entry.affinity_timeout == DEFAULT_AFFINITY_TIMEOUT
+    assert service_entries(record(eps=(ep("10.0.0.1"),), proto=Protocol.SCTP), ()) == {}
+
+
+def test_plan_resolves_claims_by_key_and_hands_over_on_delete() -> None:
+    a = record("a", cips=("10.96.0.1",), eps=(ep("10.0.0.1"),))
+    b = record("b", eps=(ep("10.0.0.2"),), cips=("10.96.0.2",), external_ips=("10.96.0.1",))
+    plan = Plan()
+    services = {a.key: a, b.key: b}
+    plan.update(services, services, ())
+    fe = Frontend("10.96.0.1", 80, "TCP")
+    assert plan.entries[fe] == Entry(targets("10.0.0.1"))
+    del services[a.key]
+    assert fe in plan.update(services, [a.key], ())
+    assert plan.entries[fe] == Entry(targets("10.0.0.2")), "the other claimant takes over"
+    del services[b.key]
+    plan.update(services, [b.key], ())
+    assert plan.entries == {}
+
+
+@given(st.ip_addresses(), st.integers(0, 65535), st.sampled_from(["TCP", "UDP"]))
+def test_layout_round_trips(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int,
+                            proto: str) -> None:
+    fe = Frontend(str(ip), port, proto)
+    assert Frontend.unpack(fe.pack()) == fe and len(fe.pack()) == 20
+    t = Target(str(ip), port)
+    assert Target.unpack(t.pack()) == t
+    v = ServiceValue(7, 3, F_AFFINITY, 10)
+    assert ServiceValue.unpack(v.pack()) == v
+
+
+class FakeMap:
+    """An in-memory map recording the order of writes."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes, bytes | None]]) -> None:
+        self.name, self.data, self.log = name, {}, log
+
+    def update_many(self, keys: list[bytes], values: list[bytes]) -> None:
+        for k, v in zip(keys, values, strict=True):
+            self.data[k] = v
+            self.log.append((self.name, k, v))
+
+    def delete_many(self, keys: list[bytes]) -> None:
+        for k in keys:
+            self.data.pop(k, None)
+            self.log.append((self.name, k, None))
+
+    def items(self):  # type: ignore[no-untyped-def]
+        return list(self.data.items())
+
+
+def lookups_always_whole(log: list[tuple[str, bytes, bytes | None]]) -> None:
+    """Replay the writes: after each one, every service's endpoint set is complete."""
+    maps: dict[str, dict[bytes, bytes]] = {"sp_services": {}, "sp_endpoints": {}}
+    for name, key, value in log:
+        if value is None:
+            maps[name].pop(key, None)
+        else:
+            maps[name][key] = value
+        for raw in maps["sp_services"].values():
+            v = ServiceValue.unpack(raw)
+            for slot in range(v.count):
+                k = v.set_id.to_bytes(4, "little") + slot.to_bytes(4, "little")
+                assert k in maps["sp_endpoints"], f"set {v.set_id} lacks slot {slot}"
+
+
+ips = st.sampled_from([f"10.0.0.{i}" for i in range(1, 7)])
+frontends = st.sampled_from([Frontend(f"10.96.0.{i}", 80, "TCP") for i in range(1, 5)])
+entries = st.builds(lambda t, f: Entry(tuple(sorted({Target(i, 8080) for i in t})), f),
+                    st.lists(ips, max_size=4), st.sampled_from([0, F_AFFINITY]))
+states = st.dictionaries(frontends, entries, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(states, st.booleans()), min_size=1, max_size=6))
+def test_maps_hold_exactly_the_desired_state_and_no_service_is_ever_half(
+        history: list[tuple[dict[Frontend, Entry], bool]]) -> None:
+    log: list[tuple[str, bytes, bytes | None]] = []
+    services, endpoints = FakeMap("sp_services", log), FakeMap("sp_endpoints", log)
+    tables = Tables(services, endpoints)  # type: ignore[arg-type]
+    before: dict[Frontend, Entry] = {}
+    for desired, full in history:
+        packed = {fe.pack(): e for fe, e in desired.items()}
+        if full or tables.applied is None:
+            tables.full(packed)
+        else:
+            changed = {fe.pack(): desired.get(fe) for fe in set(before) | set(desired)}
+            tables.apply(changed)
+        applied, orphans = read_kernel(services, endpoints)  # type: ignore[arg-type]
+        assert not orphans
+        held = {Frontend.unpack(k): Entry(tuple(Target.unpack(s) for s in a.slots or ()),
+                                          a.value.flags) for k, a in applied.items()}
+        assert held == desired
+        before = desired
+    lookups_always_whole(log)
+
+
+def test_kernel_without_a_hook_is_named(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    class Lib:
+        def libbpf_probe_bpf_prog_type(self, *_: object) -> int:
+            return 1
+
+        def libbpf_probe_bpf_helper(self, _type: int, func: int, _opts: object) -> int:
+            return 0 if func == loader.HELPERS["bpf_set_retval"][0] else 1
+
+    monkeypatch.setattr(loader.libbpf, "lib", lambda: Lib())
+    missing = loader.missing_kernel_features()
+    assert missing == ["helper bpf_set_retval in cgroup sock_addr programs (Linux 6.0)"]
+    message = str(loader._kernel_error("cannot load the ebpf programs", missing))
+    assert "bpf_set_retval" in message and "nft backend" in message
