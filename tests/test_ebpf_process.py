@@ -141,6 +141,10 @@ def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
             assert set(seen) == expected, seen
 
         eventually(lambda: serves(set(EPS4[:2])), why=logs)
+        # The nft backend runs in the same agent for the packet path (the default).
+        tables = subprocess.run(["ip", "netns", "exec", world.ns, "nft", "list", "tables"],
+                                capture_output=True, text=True).stdout
+        assert "ip svcproxy" in tables, tables
         held = [client.call(op="hold", id=str(i), host="10.96.1.1", port=80)["name"]
                 for i in range(4)]
         results: list[Any] = []
@@ -176,6 +180,9 @@ def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
                                    capture_output=True, text=True, check=True).stdout
             assert "sp_" not in shown and not shown.strip(), shown
         assert set(client.names("tcp", "10.96.1.1", count=3)) == {"unreachable"}
+        tables = subprocess.run(["ip", "netns", "exec", world.ns, "nft", "list", "tables"],
+                                capture_output=True, text=True).stdout
+        assert "svcproxy" not in tables, "--cleanup removed the nft tables too"
     finally:
         backend.kill()
         hammer.stop()

@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 
 from svcproxy.sdk import Backend, NodeConfig
+from svcproxy.sdk.plugins import BackendPlugin, installed_backends
 
 from .backend import EbpfBackend
+from .compose import Composed
 from .loader import OBJECT, Layout, LoadError
+
+HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
 
 PIN_DIR = Path("/sys/fs/bpf/svcproxy")
 CGROUP = Path("/sys/fs/cgroup")
@@ -22,7 +26,23 @@ def _positive(text: str) -> int:
     return value
 
 
+HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
+PACKET_PATHS = ("nft", "none")
+
+
+def _packet_backend(name: str) -> BackendPlugin | None:
+    """The plugin serving packets next to the socket programs, found as any backend is."""
+    found = installed_backends().get(name)
+    return found.load() if found is not None else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ebpf-packet-path", choices=PACKET_PATHS, default="nft",
+        help="backend run in the same agent for what no socket hook sees: connections from "
+        "other nodes and outside (NodePort, externalIPs, load balancers), SCTP, processes "
+        "outside --ebpf-cgroup. 'nft' makes one DaemonSet serve every path (its --nft-* "
+        "flags apply); 'none' programs the socket hooks only (default %(default)s)")
     parser.add_argument(
         "--ebpf-cgroup", type=Path, default=CGROUP, metavar="DIR",
         help="cgroup v2 directory whose processes (and their children's) get socket-level "
@@ -45,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dump", action="store_true",
         help="print the pinned maps as services and their endpoints, then exit")
+    nft = _packet_backend("nft")
+    if nft is not None:
+        nft.add_arguments(parser)
 
 
 def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
@@ -68,4 +91,11 @@ def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
         except LoadError as err:
             print(f"svcproxy: error: {err}", file=sys.stderr)
             raise SystemExit(1) from None
-    return backend
+    if args.ebpf_packet_path == "none":
+        return backend
+    plugin = _packet_backend(args.ebpf_packet_path)
+    if plugin is None:
+        print(f"svcproxy: error: --ebpf-packet-path {args.ebpf_packet_path}: no such backend "
+              "is installed; use --ebpf-packet-path none", file=sys.stderr)
+        raise SystemExit(2)
+    return Composed(backend, plugin.create(args, config))
