@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from svcproxy.frontend.auth import AuthConfig
+    from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
-BACKENDS = ("dump", "nft", "iptables", "ipvs", "ebpf")
-BACKEND_HELP = {
-    "dump": "print the node's state and each change as JSON lines (the reference backend)",
-    "nft": "program nftables (one table per address family owned by svcproxy)",
-    "iptables": "program iptables as kube-proxy's iptables mode does",
-    "ipvs": "program IPVS virtual servers, ipsets and a fixed set of iptables rules",
-    "ebpf": "balance at connect()/sendmsg() with cgroup BPF programs (socket level)",
-}
 
 
 def _frontend_parser(sub: argparse._SubParsersAction) -> None:
@@ -103,28 +94,48 @@ def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
                    "still served (default %(default)s)")
 
 
-def _load_backend(name: str) -> ModuleType | str:
+def _load_backend(installed: InstalledBackend) -> BackendPlugin | str:
+    """The plugin, or why it cannot be loaded (said when it is asked to run)."""
     try:
-        return importlib.import_module(f"svcproxy.backends.{name}.cli")
-    except ImportError as err:
-        return str(err)
+        return installed.load()
+    except Exception as err:  # noqa: BLE001 - a broken plugin must not break the others
+        return f"{type(err).__name__}: {err}"
 
 
 def _backend_parsers(sub: argparse._SubParsersAction) -> None:
     from svcproxy.agent.cli import add_agent_arguments
+    from svcproxy.sdk.plugins import installed_backends, plugin_help
 
-    p = sub.add_parser("backend", help="run a backend on this node",
+    p = sub.add_parser("backend", help="run a backend on this node (no NAME: list them)",
                        description="Run a backend: watch this node's state from the frontend "
-                       "and program the dataplane.")
-    names = p.add_subparsers(dest="backend", required=True, metavar="NAME")
-    for name in BACKENDS:
-        b = names.add_parser(name, help=BACKEND_HELP[name], description=BACKEND_HELP[name])
+                       "and program the dataplane. Backends are the entry points of group "
+                       "svcproxy.backends of the installed packages; without NAME, list them.")
+    p.set_defaults(func=_list_backends)
+    names = p.add_subparsers(dest="backend", metavar="NAME")
+    for name, installed in installed_backends().items():
+        plugin = _load_backend(installed)
+        text = plugin_help(plugin) if not isinstance(plugin, str) else f"unavailable: {plugin}"
+        b = names.add_parser(name, help=text, description=text)
         add_agent_arguments(b)
-        module = _load_backend(name)
-        if isinstance(module, ModuleType):
-            group = b.add_argument_group(f"{name} backend")
-            module.add_arguments(group)  # type: ignore[arg-type]
-        b.set_defaults(func=_run_backend, backend_module=module)
+        if not isinstance(plugin, str):
+            plugin.add_arguments(b.add_argument_group(f"{name} backend"))
+        b.set_defaults(func=_run_backend, backend_module=plugin)
+
+
+def _list_backends(_args: argparse.Namespace) -> int:
+    """``svcproxy backend``: every installed backend, its package and what it does."""
+    from svcproxy.sdk.plugins import installed_backends, plugin_help
+
+    found = installed_backends()
+    if not found:
+        print("svcproxy: no backend is installed (none registers an entry point of group "
+              "svcproxy.backends; reinstall svcproxy with pip)", file=sys.stderr)
+        return 1
+    for name, installed in found.items():
+        plugin = _load_backend(installed)
+        text = plugin_help(plugin) if not isinstance(plugin, str) else f"unavailable: {plugin}"
+        print(f"{name:<12} {installed.distribution:<24} {text}")
+    return 0
 
 
 def _run_frontend(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.dump.backend import DumpBackend
 from svcproxy.sdk import Backend
 
+HELP = "print the node's state and each change as JSON lines (the reference backend)"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The dump backend has no flags of its own."""

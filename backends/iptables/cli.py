@@ -9,6 +9,8 @@ from svcproxy.sdk import Backend
 
 from .backend import IptablesBackend, IptablesOptions
 
+HELP = "program iptables as kube-proxy's iptables mode does"
+
 
 def boolean(text: str) -> bool:
     """argparse type: true/false as Go's flag package accepts them."""

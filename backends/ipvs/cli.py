@@ -13,6 +13,8 @@ from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs.options import SCHEDULERS, IpvsOptions, OptionError
 from svcproxy.sdk.backend import Backend
 
+HELP = "program IPVS virtual servers, ipsets and a fixed set of iptables rules"
+
 log = logging.getLogger(__name__)
 
 

@@ -11,6 +11,8 @@ from .apply import NftRunner, Runner
 from .backend import NftBackend
 from .names import TABLE
 
+HELP = "program nftables (one table per address family owned by svcproxy)"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
