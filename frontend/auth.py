@@ -68,6 +68,7 @@ class AuthConfig:
     token_kubeconfig: str | None = None
     token_cache_ttl: float = 10.0
     cluster_readers: frozenset[str] = field(default_factory=frozenset)
+    # Only while nothing is configured (see check_listen).
     allow_anonymous: bool = True
 
     @property
@@ -135,7 +136,7 @@ class Authenticator:
         pem = auth_context.get("x509_pem_cert")
         if pem:
             return identity_from_cert(pem[0])
-        if self.config.allow_anonymous:
+        if self.config.allow_anonymous and not self.config.configured:
             return ANONYMOUS_IDENTITY
         if self.config.tokens:
             raise Unauthenticated("send a ServiceAccount token (authorization: Bearer ...)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -97,6 +98,10 @@ class TokenReviewer:
             log.error("TokenReview failed (HTTP %s %s): grant the frontend's account create "
                       "on tokenreviews (see deploy/frontend.yaml)", err.status, err.reason)
             raise Unauthenticated("the token could not be reviewed") from err
+        except Exception as err:  # noqa: BLE001 - unreachable apiserver, bad answer
+            auth_metrics.TOKEN_REVIEWS.labels("error").inc()
+            log.error("TokenReview failed: %s", err)
+            raise Unauthenticated("the token could not be reviewed") from err
         if not status or not status.authenticated or not status.user:
             auth_metrics.TOKEN_REVIEWS.labels("refused").inc()
             reason = (status.error if status and status.error else "not authenticated")
@@ -128,21 +133,36 @@ class TokenReviewer:
         namespace = username.removeprefix(SA_PREFIX).partition(":")[0]
         if not username.startswith(SA_PREFIX) or not namespace:
             raise Unauthenticated(f"a pod-bound token of {username!r}, not a ServiceAccount")
-        try:
-            pod = self._core.read_namespaced_pod(pod_name, namespace)
-        except ApiException as err:
-            if err.status == 404:
-                raise Unauthenticated(f"the token's pod {namespace}/{pod_name} no longer "
-                                      "exists") from err
-            raise Unauthenticated(f"cannot read the token's pod {namespace}/{pod_name} "
-                                  f"(HTTP {err.status}): grant the frontend get on pods") from err
+        pod = self._read_pod(namespace, pod_name)
         uid = _one(extra, "pod-uid")
-        if uid is not None and pod.metadata.uid != uid:
+        if uid is not None and (pod.get("metadata") or {}).get("uid") != uid:
             raise Unauthenticated(f"the token's pod {namespace}/{pod_name} (uid {uid}) no "
                                   "longer exists; another pod has its name")
-        if not pod.spec or not pod.spec.node_name:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not isinstance(node, str) or not node:
             raise Unauthenticated(f"the token's pod {namespace}/{pod_name} is on no node")
-        return str(pod.spec.node_name)
+        return node
+
+    def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as raw JSON (only two fields are read; no model validation)."""
+        try:
+            resp = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
+            try:
+                pod = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+        except ApiException as err:
+            if err.status == 404:
+                raise Unauthenticated(f"the token's pod {namespace}/{name} no longer "
+                                      "exists (pod not found)") from err
+            raise Unauthenticated(f"cannot read the token's pod {namespace}/{name} "
+                                  f"(HTTP {err.status}): grant the frontend get on pods") from err
+        except (OSError, ValueError) as err:
+            raise Unauthenticated(f"cannot read the token's pod {namespace}/{name}: "
+                                  f"{err}") from err
+        if not isinstance(pod, dict):
+            raise Unauthenticated(f"the token's pod {namespace}/{name} is not an object")
+        return pod
 
 
 def _one(extra: dict[str, list[str]], name: str) -> str | None:

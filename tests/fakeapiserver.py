@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.faketokens import TokenIssuer
+
 
 @dataclass(frozen=True)
 class _Resource:
@@ -54,8 +56,11 @@ RESOURCES: dict[str, _Resource] = {
         "EndpointSlice", "discovery.k8s.io/v1", "/apis/discovery.k8s.io/v1", "endpointslices", True
     ),
     "Node": _Resource("Node", "v1", "/api/v1", "nodes", False),
+    "Pod": _Resource("Pod", "v1", "/api/v1", "pods", True),
 }
 _BY_PATH = {(r.base, r.plural): r for r in RESOURCES.values()}
+_POD_PATH = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$")
+_TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 _PATH = re.compile(
     r"^(?P<base>/api/v1|/apis/discovery\.k8s\.io/v1)"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)$"
@@ -155,6 +160,11 @@ class FakeApiserver:
         self._snapshot_ids = itertools.count(1)
         self._connections: set[socket.socket] = set()
         self._watchers: set[_Watcher] = set()
+        # ServiceAccount tokens and their TokenReviews (tests/faketokens.py).
+        self.tokens = TokenIssuer(self._pod)
+        # Cleared: list requests wait until it is set again (a slow apiserver).
+        self.lists_open = threading.Event()
+        self.lists_open.set()
         self._port = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -273,6 +283,10 @@ class FakeApiserver:
         """Stop for good."""
         self.stop()
 
+    def _pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._cond:
+            return copy.deepcopy(self._state.objects["Pod"].get((namespace, name)))
+
     def _with_namespace(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         meta = dict(obj.get("metadata", {}))
         if RESOURCES[kind].namespaced:
@@ -302,6 +316,7 @@ class FakeApiserver:
         self, res: _Resource, namespace: str | None, params: dict[str, str]
     ) -> tuple[int, dict[str, Any]]:
         """Answer one list request: (HTTP status, body)."""
+        self.lists_open.wait()
         with self._cond:
             self.list_requests.append((res.kind, dict(params)))
             token = params.get("continue")
@@ -498,13 +513,27 @@ def _make_handler(api: FakeApiserver) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             """Stay quiet; pytest output is for assertions."""
 
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
+                self._json(401, _status(401, "Unauthorized", "Unauthorized"))
+            elif urlsplit(self.path).path == _TOKEN_REVIEWS:
+                self._json(201, api.tokens.review(body))
+            else:
+                self._json(405, _status(405, "MethodNotAllowed", "only tokenreviews"))
+
         def do_GET(self) -> None:
             url = urlsplit(self.path)
             params = {k: v[-1] for k, v in parse_qs(url.query).items()}
             match = _PATH.match(url.path)
             res = match and _BY_PATH.get((match["base"], match["plural"]))
+            pod = _POD_PATH.match(url.path)
             if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
                 self._json(401, _status(401, "Unauthorized", "Unauthorized"))
+            elif pod:
+                found = api._pod(pod["ns"], pod["name"])
+                self._json(*((200, found) if found else (404, _status(
+                    404, "NotFound", f'pods "{pod["name"]}" not found'))))
             elif not match or not res:
                 self._json(404, _status(404, "NotFound", f"the server could not find {url.path}"))
             elif params.get("watch") in ("true", "1"):
