@@ -100,6 +100,7 @@ def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
 
 
 def state_to_pb(state: ServicePortState) -> pb.ServicePortState:
+    """A service port's state as the API's message."""
     return pb.ServicePortState(service=service_to_pb(state.service),
                                endpoints=[endpoint_to_pb(e) for _, e in
                                           sorted(state.endpoints.items())])
@@ -111,6 +112,7 @@ def state_from_pb(msg: pb.ServicePortState) -> ServicePortState:
 
 
 def node_to_pb(node: NodeInfo) -> pb.NodeInfo:
+    """A node as the API's message."""
     return pb.NodeInfo(name=node.name, zone=node.zone, pod_cidrs=node.pod_cidrs,
                        addresses=node.addresses, labels=dict(node.labels),
                        terminating=node.terminating)

@@ -14,23 +14,31 @@ from enum import StrEnum
 
 
 class Protocol(StrEnum):
+    """A service port's protocol."""
+
     TCP = "TCP"
     UDP = "UDP"
     SCTP = "SCTP"
 
 
 class ServiceType(StrEnum):
+    """spec.type of a Service (ExternalName services are never proxied)."""
+
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"
     LOAD_BALANCER = "LoadBalancer"
 
 
 class TrafficPolicy(StrEnum):
+    """spec.internalTrafficPolicy / spec.externalTrafficPolicy."""
+
     CLUSTER = "Cluster"
     LOCAL = "Local"
 
 
 class SessionAffinity(StrEnum):
+    """spec.sessionAffinity."""
+
     NONE = "None"
     CLIENT_IP = "ClientIP"
 
@@ -59,6 +67,8 @@ class ServicePortKey:
 
 @dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
+    """One status.loadBalancer.ingress address; ipMode "Proxy" is not handled by nodes."""
+
     ip: str
     ip_mode: str = "VIP"
 
@@ -111,6 +121,14 @@ class ServicePort:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
+    """One endpoint of a service port as one node sees it.
+
+    ``internal`` and ``external`` are the frontend's decision: whether cluster-internal
+    traffic (ClusterIP) and external traffic (NodePort, ExternalIP, LoadBalancer) go to
+    this endpoint after traffic policies, topology and the terminating fallback. A
+    backend programs them as given and never re-decides from the conditions.
+    """
+
     ip: str
     port: int
     ready: bool = True
@@ -165,6 +183,8 @@ class ServicePortState:
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
+    """The node a backend runs on, from its Node object."""
+
     name: str
     zone: str = ""
     pod_cidrs: tuple[str, ...] = ()

@@ -11,9 +11,7 @@ from typing import IO, Any
 
 from google.protobuf.json_format import MessageToDict
 
-from svcproxy.convert import node_to_pb, state_to_pb
-from svcproxy.model import ServicePortState
-from svcproxy.sdk import Backend, Changes, NodeState
+from svcproxy.sdk import Backend, Changes, NodeState, ServicePortState, node_to_pb, state_to_pb
 
 
 def record_json(record: ServicePortState) -> dict[str, Any]:

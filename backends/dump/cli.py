@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.dump.backend import DumpBackend
-from svcproxy.sdk import Backend
+from svcproxy.sdk import Backend, NodeConfig
 
 HELP = "print the node's state and each change as JSON lines (the reference backend)"
 

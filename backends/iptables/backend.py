@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
@@ -29,6 +28,7 @@ from svcproxy.backends.iptables.restore import (
 )
 from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
+from svcproxy.sdk import NodeConfig
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 
 log = logging.getLogger(__name__)

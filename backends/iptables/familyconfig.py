@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables.render import FamilyConfig
-from svcproxy.model import NodeInfo, of_family
+from svcproxy.sdk import NodeConfig, NodeInfo, of_family
 
 
 def masquerade_mark(bit: int) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 
-from svcproxy.model import Endpoint, ServicePortKey
+from svcproxy.sdk import Endpoint, ServicePortKey
 
 SERVICES = "KUBE-SERVICES"
 EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"

@@ -23,7 +23,7 @@ from svcproxy.backends.iptables.render import (
 )
 from svcproxy.backends.iptables.restore import TableChanges
 from svcproxy.backends.iptables.toplevel import FIELDS, FILTER, NAT, top_level
-from svcproxy.model import ServicePortKey, ServicePortState
+from svcproxy.sdk import ServicePortKey, ServicePortState
 
 Fragment = tuple[ServicePortState, ServiceRules | None]
 Fragments = dict[ServicePortKey, Fragment]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.names import quote
-from svcproxy.model import Endpoint, ServicePortState, ip_family, of_family
+from svcproxy.sdk import Endpoint, ServicePortState, ip_family, of_family
 
 LARGE_CLUSTER_ENDPOINTS = 1000
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
 from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
@@ -38,7 +37,7 @@ from svcproxy.backends.ipvs.netlink import (
 )
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
-from svcproxy.model import NodeInfo, ServicePortKey, of_family
+from svcproxy.sdk import NodeConfig, NodeInfo, ServicePortKey, of_family
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 
 log = logging.getLogger(__name__)

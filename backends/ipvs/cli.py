@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs.options import SCHEDULERS, IpvsOptions, OptionError
+from svcproxy.sdk import NodeConfig
 from svcproxy.sdk.backend import Backend
 
 HELP = "program IPVS virtual servers, ipsets and a fixed set of iptables rules"
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def _seconds(text: str) -> int:
     """argparse type: a Go duration (900s, 15m, 0) as whole seconds."""
-    from svcproxy.agent.durations import parse_duration
+    from svcproxy.sdk import parse_duration
 
     try:
         value = parse_duration(text)
@@ -32,7 +32,7 @@ def _seconds(text: str) -> int:
 
 
 def _cidrs(text: str) -> tuple[str, ...]:
-    from svcproxy.agent.cli import cidr_list
+    from svcproxy.sdk import cidr_list
 
     return cidr_list(text)
 
@@ -91,8 +91,9 @@ def ipvs_available() -> str:
 
 
 def _iptables_fallback(args: argparse.Namespace, config: NodeConfig) -> Backend:
-    from svcproxy.backends.iptables import cli as iptables_cli
+    from svcproxy.sdk.plugins import installed_backends
 
+    iptables_cli = installed_backends()["iptables"].load()  # as any installed backend
     defaults = argparse.ArgumentParser(add_help=False)
     iptables_cli.add_arguments(defaults)
     merged = argparse.Namespace(**{**vars(defaults.parse_args([])), **vars(args)})

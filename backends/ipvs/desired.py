@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from svcproxy.backends.ipvs import ipsets as S
 from svcproxy.backends.ipvs.genl import ServiceId, ServiceSpec, fwmark_service
 from svcproxy.backends.ipvs.render import PortPlan, VirtualServer
-from svcproxy.model import ServicePortKey
+from svcproxy.sdk import ServicePortKey
 
 
 @dataclass(slots=True)

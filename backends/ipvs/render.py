@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from svcproxy.backends.ipvs import ipsets as S
 from svcproxy.backends.ipvs.genl import DestId, ServiceId, ServiceSpec
 from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, SCHEDULERS
-from svcproxy.model import (
+from svcproxy.sdk import (
     DEFAULT_AFFINITY_TIMEOUT,
     Endpoint,
     Protocol,

@@ -9,9 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.model import ServicePortKey
-from svcproxy.sdk import Backend, Changes, NodeState
+from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, ServicePortKey
 
 from .apply import NftRunner, Runner
 from .context import FamilyContext, family_context

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.sdk import Backend
+from svcproxy.sdk import Backend, NodeConfig
 
 from .apply import NftRunner, Runner
 from .backend import NftBackend

@@ -5,8 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.model import NodeInfo, of_family
+from svcproxy.sdk import NodeConfig, NodeInfo, of_family
 
 from .names import TABLE
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from svcproxy.model import ServicePortKey
+from svcproxy.sdk import ServicePortKey
 
 TABLE = "svcproxy"
 

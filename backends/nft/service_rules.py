@@ -25,7 +25,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from svcproxy.model import (
+from svcproxy.sdk import (
     DEFAULT_AFFINITY_TIMEOUT,
     Endpoint,
     ServicePort,

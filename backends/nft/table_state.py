@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from svcproxy.model import ServicePortKey
+from svcproxy.sdk import ServicePortKey
 
 from .context import FamilyContext
 from .names import lb_chain, lb_map

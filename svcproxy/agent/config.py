@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
+    """The node's configuration from the node-agent flags, resolved once, for every backend."""
+
     node_name: str
     # --cluster-cidr, comma separated in the flag; used for local-traffic detection.
     cluster_cidrs: tuple[str, ...] = ()
