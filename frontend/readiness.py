@@ -43,6 +43,11 @@ class Readiness:
         self._task: asyncio.Task[None] | None = None
 
     @property
+    def http_port(self) -> int:
+        """The port /readyz is served on (0: not served)."""
+        return self._http.port if self._http is not None else 0
+
+    @property
     def ready(self) -> bool:
         return self.engine.synced.is_set()
 
