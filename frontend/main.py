@@ -19,6 +19,7 @@ from svcproxy.frontend.readiness import Readiness
 from svcproxy.frontend.server import TLSFiles, start_server
 from svcproxy.frontend.upstream import UpstreamSource
 from svcproxy.frontend.workers import StreamWorkers, tcp_address
+from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ class FrontendOptions:
     history: int = 20000
     stream_workers: int = 1
     upstream: str | None = None
-    upstream_credentials: grpc.ChannelCredentials | None = None
+    upstream_credentials: grpc.ChannelCredentials | ClientTLS | None = None
+    upstream_token: TokenFile | None = None
     # Who may call (None: nobody is authenticated, so only a local --listen is accepted).
     auth: AuthConfig | None = None
     healthz_bind_address: str = ""
@@ -48,7 +50,7 @@ def _start_source(opts: FrontendOptions, engine: Engine) -> object:
         log.info("reading manifests from %s", opts.manifests)
     elif opts.upstream is not None:
         source = UpstreamSource(opts.upstream, engine.submit_threadsafe,
-                                opts.upstream_credentials)
+                                opts.upstream_credentials, opts.upstream_token)
         log.info("following the cluster watch of the frontend at %s", opts.upstream)
     else:
         from svcproxy.frontend.apiserver import ApiserverSource

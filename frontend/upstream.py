@@ -21,6 +21,7 @@ from svcproxy.frontend.upstream_objects import Obj, node_object, service_objects
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient
+from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Sequence[Event]], None]
@@ -31,11 +32,12 @@ class UpstreamSource:
     """Follows an upstream frontend; ``start()``, ``stop()`` like the other sources."""
 
     def __init__(self, target: str, sink: Sink,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | ClientTLS | None = None,
+                 token: TokenFile | None = None) -> None:
         self.target = target
         self.sink = sink
         self.client = NodeStateClient(target, "", credentials=credentials, cluster=True,
-                                      max_backoff=2.0)
+                                      max_backoff=2.0, token=token)
         self._ports: dict[ServiceName, set[ServicePortKey]] = {}
         self._slices: dict[ServiceName, set[str]] = {}
         self._stop = threading.Event()

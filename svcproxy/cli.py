@@ -54,6 +54,9 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
                    help="client certificate for an --upstream that requires mutual TLS")
     p.add_argument("--upstream-key", type=Path, metavar="FILE",
                    help="private key of --upstream-cert")
+    p.add_argument("--upstream-token-file", type=Path, metavar="FILE",
+                   help="ServiceAccount token sent to --upstream (re-read when rotated); the "
+                   "account must be in the upstream's --cluster-readers")
     p.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve TLS with this cert")
     p.add_argument("--tls-key", type=Path, metavar="FILE", help="private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, metavar="FILE",
@@ -141,7 +144,7 @@ def _list_backends(_args: argparse.Namespace) -> int:
 def _run_frontend(args: argparse.Namespace) -> int:
     from svcproxy.frontend.main import FrontendOptions, run_frontend
     from svcproxy.frontend.server import TLSFiles
-    from svcproxy.sdk.client import tls_credentials
+    from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
     tls = None
     if args.tls_cert or args.tls_key:
@@ -150,8 +153,9 @@ def _run_frontend(args: argparse.Namespace) -> int:
         tls = TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
     if bool(args.upstream_cert) != bool(args.upstream_key):
         raise SystemExit("svcproxy: --upstream-cert and --upstream-key go together")
-    upstream_credentials = tls_credentials(args.upstream_ca, args.upstream_cert,
-                                           args.upstream_key)
+    upstream_credentials = (ClientTLS(args.upstream_ca, args.upstream_cert, args.upstream_key)
+                            if args.upstream_ca or args.upstream_cert else None)
+    upstream_token = TokenFile(args.upstream_token_file) if args.upstream_token_file else None
     if args.stream_workers < 1:
         raise SystemExit("svcproxy: --stream-workers must be 1 or more")
     auth = _frontend_auth(args, tls)
@@ -160,6 +164,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            metrics_bind_address=args.metrics_bind_address, tls=tls,
                            history=args.history, stream_workers=args.stream_workers,
                            upstream=args.upstream, upstream_credentials=upstream_credentials,
+                           upstream_token=upstream_token,
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
                            apiserver_lost_after=args.apiserver_lost_after)
     return asyncio.run(run_frontend(opts))

@@ -12,7 +12,7 @@ from svcproxy.frontend.auth import AuthConfig
 from svcproxy.frontend.events import Upsert
 from svcproxy.frontend.server import TLSFiles
 from svcproxy.sdk.client import NodeStateClient
-from svcproxy.sdk.credentials import TLSFiles as ClientTLS
+from svcproxy.sdk.credentials import ClientTLS
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import wait_for

@@ -23,7 +23,7 @@ from svcproxy.model import normalize_cidr, normalize_ip
 from svcproxy.sdk.backend import Backend
 
 if TYPE_CHECKING:
-    import grpc
+    from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,9 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     api = parser.add_argument_group("frontend connection")
     api.add_argument(
         "--api", default="127.0.0.1:12090", metavar="ADDR",
-        help="the frontend's gRPC API: HOST:PORT or unix:///path (default %(default)s)",
+        help="the frontend's gRPC API: HOST:PORT or unix:///path; several replicas "
+        "comma-separated (a broken stream moves to the next at once), or dns:///NAME:PORT "
+        "for every address of a name (default %(default)s)",
     )
     api.add_argument(
         "--node-name", "--hostname-override", dest="node_name", default=None, metavar="NAME",
@@ -105,7 +107,11 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument("--api-cert", type=Path, metavar="FILE",
                      help="client certificate for mutual TLS (with --api-key)")
     api.add_argument("--api-key", type=Path, metavar="FILE",
-                     help="private key of --api-cert")
+                     help="private key of --api-cert (TLS files are re-read on reconnect "
+                     "when they change)")
+    api.add_argument("--api-token-file", type=Path, metavar="FILE",
+                     help="send this ServiceAccount token (a projected, audience-bound token) "
+                     "to the frontend; re-read when the kubelet rotates it")
 
     sync = parser.add_argument_group("syncing")
     sync.add_argument(
@@ -212,11 +218,22 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     )
 
 
-def api_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
-    """TLS credentials for the frontend connection, or None for plaintext."""
-    from svcproxy.sdk.client import tls_credentials
+def api_credentials(args: argparse.Namespace) -> ClientTLS | None:
+    """TLS credentials for the frontend connection (re-read when the files change), or
+    None for plaintext."""
+    from svcproxy.sdk.credentials import ClientTLS
 
-    return tls_credentials(args.api_ca, args.api_cert, args.api_key)
+    if not (args.api_ca or args.api_cert):
+        return None
+    return ClientTLS(args.api_ca, args.api_cert, args.api_key)
+
+
+def api_token(args: argparse.Namespace) -> TokenFile | None:
+    """The ServiceAccount token sent to the frontend, if any."""
+    from svcproxy.sdk.credentials import TokenFile
+
+    path = getattr(args, "api_token_file", None)
+    return TokenFile(path) if path else None
 
 
 def run_cleanup(backend: Backend) -> int:
@@ -252,7 +269,12 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
         return run_cleanup(backend)
     from svcproxy.sdk.client import NodeStateClient
 
-    client = NodeStateClient(args.api, config.node_name, credentials=api_credentials(args))
+    try:
+        client = NodeStateClient(args.api, config.node_name, credentials=api_credentials(args),
+                                 token=api_token(args))
+    except (OSError, ValueError) as err:
+        log.error("Cannot set up the frontend connection: %s", err)
+        return 1
     dataplane = programs_dataplane(backend)
     try:
         agent = NodeAgent(

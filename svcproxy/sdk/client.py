@@ -30,7 +30,7 @@ from svcproxy.convert import (
 )
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
-from svcproxy.sdk.credentials import TLSFiles, TokenFile
+from svcproxy.sdk.credentials import ClientTLS, TokenFile
 from svcproxy.sdk.targets import Targets
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
@@ -90,13 +90,13 @@ class NodeStateClient:
     """Keeps a node's state in sync with the frontend; see the module docstring."""
 
     def __init__(self, target: str | Sequence[str], node_name: str, *,
-                 credentials: grpc.ChannelCredentials | TLSFiles | None = None,
+                 credentials: grpc.ChannelCredentials | ClientTLS | None = None,
                  cluster: bool = False, max_backoff: float = 5.0,
                  token: TokenFile | None = None) -> None:
         # Several addresses (a list or "a,b"): another replica when a stream breaks.
         self.targets = Targets(target)
         self.node_name = node_name
-        # Fixed credentials, or TLSFiles re-read on reconnect when the files change.
+        # Fixed credentials, or ClientTLS re-read on reconnect when the files change.
         self.credentials = credentials
         self.token = token
         # The epoch of the replica our revision came from (see frontend/epoch.py).
@@ -224,7 +224,7 @@ class NodeStateClient:
 
     def _channel(self) -> grpc.Channel:
         credentials = self.credentials
-        if isinstance(credentials, TLSFiles):
+        if isinstance(credentials, ClientTLS):
             credentials = credentials.credentials()
         return open_channel(self.target, credentials)
 

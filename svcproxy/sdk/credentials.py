@@ -2,7 +2,7 @@
 
 Kubernetes rotates what it mounts (a Secret's certificates, the kubelet's projected
 ServiceAccount token) by replacing the files; a long-running client must pick the new
-ones up without a restart. ``TLSFiles`` gives channel credentials made from the files
+ones up without a restart. ``ClientTLS`` gives channel credentials made from the files
 as they are now (the SDK asks on every reconnect); ``TokenFile`` gives the call
 metadata (``authorization: Bearer ...``) with the token as it is now.
 """
@@ -31,7 +31,7 @@ def files_version(paths: Sequence[Path | None]) -> Version:
     return tuple(out)
 
 
-class TLSFiles:
+class ClientTLS:
     """Client TLS from PEM files: a CA to trust, and a certificate and key for mutual TLS.
 
     ``credentials()`` re-reads the files when they have changed since the last call.
