@@ -138,3 +138,34 @@ def test_extraction_finds_named_blocks_only() -> None:
     text = "```python svcproxy-files/a.py\nx = 1\n```\n```python\nnot = 'a file'\n```\n"
     assert {p: b for _, p, b in FENCE.findall(text)} == {"svcproxy-files/a.py": "x = 1\n"}
     assert os.path.exists(GUIDE)
+
+
+MYPY_CONFIG = """[mypy]
+strict = True
+follow_imports = silent
+[mypy-svcproxy.v1.*]
+ignore_errors = True
+[mypy-grpc.*,yaml.*]
+ignore_missing_imports = True
+"""
+
+
+def mypy(source: Path, *paths: str) -> subprocess.CompletedProcess[str]:
+    config = source / "mypy.ini"
+    config.write_text(MYPY_CONFIG)
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(config),
+                           "--no-incremental", *paths], cwd=source, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, MYPYPATH=str(ROOT)))
+
+
+def test_the_example_type_checks_strictly_against_the_sdk(venv: tuple[Path, Path]) -> None:
+    """The SDK is typed: a backend checks under mypy --strict, and a misuse is caught."""
+    _, source = venv
+    done = mypy(source, "svcproxy_files", "tests")
+    assert done.returncode == 0, done.stdout
+    (source / "misuse.py").write_text(
+        "from svcproxy.sdk import Delta, ServicePortKey\n"
+        "def count(delta: Delta[ServicePortKey, str]) -> int:\n"
+        "    return delta.set\n")
+    wrong = mypy(source, "misuse.py")
+    assert wrong.returncode == 1 and "misuse.py:3: error" in wrong.stdout, wrong.stdout
