@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import svcproxy.sdk
+import svcproxy.sdk.testing
 from svcproxy.sdk.plugins import installed_backends
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,3 +56,26 @@ def test_public_surface_is_documented_and_importable() -> None:
             generated = isinstance(value, type) and doc.startswith(f"{value.__name__}(")
             assert doc and not generated, f"svcproxy.sdk.{name} has no docstring"
     assert (ROOT / "svcproxy" / "sdk" / "py.typed").exists()
+
+
+# The names of API_VERSION 1.x. Removing or renaming one is a breaking change: it needs
+# API_VERSION (2, 0) and this set rewritten with it; adding one raises the minor version.
+STABLE_V1 = {
+    "API_VERSION", "DEFAULT_AFFINITY_TIMEOUT", "ENTRY_POINT_GROUP", "Applied", "Backend",
+    "BackendPlugin", "Changes", "Delta", "Endpoint", "LoadBalancerIngress", "NodeConfig",
+    "NodeInfo", "NodeState", "NodeStateClient", "Protocol", "ServicePort", "ServicePortKey",
+    "ServicePortState", "ServiceType", "SessionAffinity", "StagedBackend", "TrafficPolicy",
+    "add_agent_arguments", "cidr_list", "config_from_args", "ip_family", "node_port_ips",
+    "node_to_pb", "normalize_cidr", "normalize_ip", "of_family", "parse_duration",
+    "primary_node_ips", "run", "run_agent", "state_to_pb", "tls_credentials",
+}
+
+
+def test_names_are_stable_within_the_major_version() -> None:
+    major, minor = svcproxy.sdk.API_VERSION
+    assert major == 1, "a new major version: rewrite STABLE_V1 for it"
+    missing = STABLE_V1 - set(svcproxy.sdk.__all__)
+    assert not missing, f"removed without a new major API_VERSION: {sorted(missing)}"
+    added = set(svcproxy.sdk.__all__) - STABLE_V1
+    assert not added or minor > 0, f"added {sorted(added)}: raise API_VERSION's minor"
+    assert set(svcproxy.sdk.testing.__all__) >= {"FakeCluster", "FakeSource"}
