@@ -42,6 +42,13 @@ def lab(request: pytest.FixtureRequest) -> Iterator[ScenarioLab]:
         scenario.stop()
 
 
+@pytest.fixture(autouse=True)
+def _scenario_applies(request: pytest.FixtureRequest, lab: ScenarioLab) -> None:
+    reason = lab.backend.skip_reason(request.node.originalname)
+    if reason:
+        pytest.skip(f"not for {lab.backend.name}: {reason}")
+
+
 def eps(lab: ScenarioLab, *pods: str, family: int = 4, **conditions: Any) -> list[m.Doc]:
     return [m.endpoint(lab.spec.pod(p), family, **conditions) for p in pods]
 

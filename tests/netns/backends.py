@@ -15,14 +15,41 @@ class BackendCase:
 
     name: str
     extra_args: tuple[str, ...] = ()
+    # Balances at the socket: node1's processes (and probes from node1 and its pods) run
+    # in a cgroup the lab makes (tests/netns/socket_level.py).
+    socket_level: bool = False
+    # Scenario (test function name) -> why it does not apply to this backend.
+    not_applicable: tuple[tuple[str, str], ...] = ()
+    label: str = ""  # the test id, when one backend runs in two cases
 
     def __str__(self) -> str:
-        return self.name
+        return self.label or self.name
+
+    def skip_reason(self, scenario: str) -> str:
+        return dict(self.not_applicable).get(scenario, "")
 
 
+_SOCKET_NO_NAT = ("a connection made on the node goes straight to the endpoint chosen at "
+                  "connect(): no NAT, so nothing is masqueraded (as Cilium's socket LB)")
+_OUTSIDE = ("also checks connections from outside the node, which no socket hook sees: "
+            "they are the packet path's (the ebpf case runs nft next to the programs)")
 BACKENDS: tuple[BackendCase, ...] = (
     BackendCase("nft"),
     BackendCase("iptables"),
+    BackendCase("ebpf", socket_level=True, not_applicable=(
+        ("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
+        ("test_masquerade_all_flag", _SOCKET_NO_NAT),
+    )),
+    # The socket programs alone (no nft next to them): every row from node1 and its pods.
+    BackendCase("ebpf", ("--ebpf-packet-path", "none"), socket_level=True, label="ebpf-only",
+                not_applicable=(
+        ("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
+        ("test_masquerade_all_flag", _SOCKET_NO_NAT),
+        *((row, _OUTSIDE) for row in (
+            "test_node_port_on_selected_addresses", "test_load_balancer_source_ranges",
+            "test_external_ips", "test_external_traffic_policy_local",
+            "test_no_endpoints_reject_and_unallocated_drop")),
+    )),
 )
 if os.environ.get("SVCPROXY_IPVS_GUEST") == "1":
     BACKENDS += (BackendCase("ipvs"),)

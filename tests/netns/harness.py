@@ -23,6 +23,7 @@ from tests.lab.processes import Process, backend_argv, frontend, wait_for_path
 from tests.lab.topology import Lab
 
 from .backends import BackendCase
+from .socket_level import SocketLevel
 
 T = TypeVar("T")
 NODE = "node1"
@@ -54,6 +55,11 @@ class ScenarioLab:
         self.servers: list[EchoServer] = []
         self.frontend: Process | None = None
         self.agent: Process | None = None
+        self.sockets: SocketLevel | None = None
+        if backend.socket_level:
+            on_node = {self.lab.ns(NODE)} | {self.lab.ns(p.name) for p in self.spec.pods
+                                             if p.node.name == NODE}
+            self.sockets = SocketLevel(self.dir, self.lab.tag, on_node)
 
     @property
     def spec(self) -> LabSpec:
@@ -71,6 +77,8 @@ class ScenarioLab:
         ]
         self.frontend = frontend(self.manifests, self.socket, self.dir / "frontend.log").start()
         wait_for_path(self.socket, process=self.frontend)
+        if self.sockets is not None:
+            self.sockets.start()
         self.start_backend()
         return self
 
@@ -82,6 +90,8 @@ class ScenarioLab:
             self.lab.ns(NODE), self.backend.name, f"unix://{self.socket}", NODE,
             (*self.backend.extra_args, *extra),
         )
+        if self.sockets is not None:
+            argv = self.sockets.backend_argv(argv)
         self.agent = Process(argv, self.dir / "backend.log").start()
 
     def run_backend_cleanup(self) -> subprocess.CompletedProcess[bytes]:
@@ -92,6 +102,8 @@ class ScenarioLab:
             self.lab.ns(NODE), self.backend.name, f"unix://{self.socket}", NODE,
             (*self.backend.extra_args, "--cleanup"),
         )
+        if self.sockets is not None:
+            argv = self.sockets.backend_argv(argv)
         return subprocess.run(argv, capture_output=True, timeout=60)
 
     def stop(self) -> None:
@@ -100,6 +112,8 @@ class ScenarioLab:
                 proc.stop()
         for server in self.servers:
             server.stop()
+        if self.sockets is not None:
+            self.sockets.stop()
         self.lab.destroy()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -125,7 +139,10 @@ class ScenarioLab:
         timeout: float = 1.0,
     ) -> Summary:
         """``count`` attempts from ``client`` (a pod, a node or an external client)."""
-        return summarize(probe(self.lab.ns(client), proto, host, port, count, timeout))
+        ns = self.lab.ns(client)
+        if self.sockets is not None and self.sockets.handles(ns):
+            return summarize(self.sockets.probe(ns, proto, host, port, count, timeout))
+        return summarize(probe(ns, proto, host, port, count, timeout))
 
     def eventually(self, check: Callable[[], T], timeout: float = 20.0) -> T:
         """Retry ``check`` until it passes (returns without AssertionError)."""
