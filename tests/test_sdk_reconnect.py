@@ -49,7 +49,10 @@ def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None
         proc = start_frontend(d, sock)
         wait_for(lambda: client.connected and client.has_changes(), timeout=20)
         state, changes = client.take()  # type: ignore[misc]
-        assert changes.full, "a restarted frontend cannot resume: the SDK must rebuild"
+        # A restarted frontend cannot resume: the SDK rebuilds from its snapshot, and the
+        # backend is handed only what differs (no full sync, nothing else rewritten).
+        assert not changes.full
+        assert {k.name for k in changes.services} == {"web", "api"}
         assert set(state.services[WEB].endpoints) == {"10.244.1.10", "10.244.1.11"}
         assert not any(k.name == "api" for k in state.services)
         assert client.resets == 1

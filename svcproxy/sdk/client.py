@@ -31,6 +31,7 @@ from svcproxy.convert import (
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.credentials import ClientTLS, TokenFile
+from svcproxy.sdk.reconcile import BeforeReset, changed_services, trigger_times
 from svcproxy.sdk.targets import Targets
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
@@ -263,10 +264,12 @@ class NodeStateClient:
     def _apply(self, events: list[pb.WatchEvent]) -> None:
         """Apply one complete batch under the lock: the state is consistent after it."""
         with self._cond:
+            before = None
             if events[0].reset or not self._synced:
                 if events[0].reset:
                     self.resets += 1
                     log.info("the frontend reset the stream; rebuilding from its snapshot")
+                    before = self._before_reset()
                 self._services.clear()
                 self._nodes.clear()
                 self._node = None
@@ -274,9 +277,29 @@ class NodeStateClient:
             for event in events:
                 for op in event.ops:
                     self._apply_op(op)
+            if before is not None and not before.full:
+                self._reconcile(before)
             self.revision = events[-1].revision
             self._synced = True
             self._cond.notify_all()
+
+    def _before_reset(self) -> BeforeReset | None:
+        if not self._synced:
+            return None
+        return BeforeReset(dict(self._services), self._node, dict(self._nodes), self._full,
+                           frozenset(self._dirty), self._node_changed,
+                           frozenset(self._triggers))
+
+    def _reconcile(self, before: BeforeReset) -> None:
+        """After a reset's snapshot: hand out only what differs from before it."""
+        changed = changed_services(before.services, self._services)
+        self._full = False
+        self._dirty = set(before.dirty | changed)
+        self._triggers = set(before.triggers) | trigger_times(self._services, changed)
+        self._node_changed = before.node_changed or before.node != self._node or (
+            self.cluster and before.nodes != self._nodes)
+        log.info("reset reconciled: %d service ports differ from the previous state",
+                 len(changed))
 
     def _touch(self, key: ServicePortKey, record: ServicePortState | None) -> None:
         self._dirty.add(key)
