@@ -16,7 +16,8 @@ What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md
   and ``Delta`` for render -> diff -> apply with the applied state tracked for you;
 * the state's types: ``ServicePortKey``, ``ServicePort``, ``ServicePortState``,
   ``Endpoint``, ``NodeInfo``, the enums, and helpers on addresses;
-* the node context: ``NodeConfig`` (kube-proxy's node flags, resolved), ``node_port_ips``;
+* the node context: ``NodeConfig`` (kube-proxy's node flags), ``resolve_context`` ->
+  ``NodeContext`` (node IPs, NodePort addresses, local-traffic detection per family);
 * the client: ``NodeStateClient`` (watch one node's state), ``tls_credentials``;
 * running: ``run.run`` (the smallest loop), ``run_agent`` and ``add_agent_arguments`` (the
   node agent: rate limiting, retries, /healthz, /metrics, health-check node ports),
@@ -55,6 +56,7 @@ from svcproxy.model import (
 from svcproxy.sdk import run  # the module: run.run(backend, client)
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient, tls_credentials
+from svcproxy.sdk.context import FamilyContext, LocalTraffic, NodeContext, resolve_context
 from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, BackendPlugin
 from svcproxy.sdk.stages import Applied, Delta, StagedBackend
 
@@ -81,8 +83,11 @@ __all__ = [
     "Changes",
     "Delta",
     "Endpoint",
+    "FamilyContext",
     "LoadBalancerIngress",
+    "LocalTraffic",
     "NodeConfig",
+    "NodeContext",
     "NodeInfo",
     "NodeState",
     "NodeStateClient",
@@ -105,6 +110,7 @@ __all__ = [
     "of_family",
     "parse_duration",
     "primary_node_ips",
+    "resolve_context",
     "run",
     "run_agent",
     "state_to_pb",
