@@ -97,6 +97,31 @@ def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
                    "still served (default %(default)s)")
 
 
+def _certs_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("certs", help="write a small PKI for trying mutual TLS out",
+                       description="Write ca.crt, frontend.crt/.key (the frontend's serving "
+                       "certificate), one certificate per --node (CN=system:node:NAME, "
+                       "O=system:nodes: it reads only that node) and per --identity (for "
+                       "--cluster-readers) into DIR. For trials and docker compose; a "
+                       "cluster uses its own CA.")
+    p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("--server-name", action="append", default=[], metavar="NAME",
+                   help="DNS name or IP the frontend is reached at (repeat; default "
+                   "localhost and 127.0.0.1)")
+    p.add_argument("--node", action="append", default=[], metavar="NAME")
+    p.add_argument("--identity", action="append", default=[], metavar="NAME")
+    p.set_defaults(func=_run_certs)
+
+
+def _run_certs(args: argparse.Namespace) -> int:
+    from svcproxy.devcerts import write_dev_pki
+
+    names = tuple(args.server_name) or ("localhost", "127.0.0.1")
+    for path in write_dev_pki(args.dir, names, tuple(args.node), tuple(args.identity)):
+        print(path)
+    return 0
+
+
 def _load_backend(installed: InstalledBackend) -> BackendPlugin | str:
     """The plugin, or why it cannot be loaded (said when it is asked to run)."""
     try:
@@ -213,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _frontend_parser(sub)
     _backend_parsers(sub)
+    _certs_parser(sub)
     return parser
 
 

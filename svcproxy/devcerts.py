@@ -1,4 +1,9 @@
-"""Certificates made by the tests with ``cryptography``: CAs, servers, clients."""
+"""A small PKI for trying svcproxy out and for tests: a CA, the frontend's serving
+certificate, node certificates named as kubelet's are, and named identities.
+
+``svcproxy certs DIR --node NAME ...`` writes them (PEM, EC P-256, valid one day by
+default); a real cluster uses its own CA (cert-manager, the cluster's signer).
+"""
 
 from __future__ import annotations
 
@@ -36,7 +41,15 @@ def _write(directory: Path, stem: str, cert: x509.Certificate,
     out.key.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
+    out.key.chmod(0o600)
     return out
+
+
+def _san(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 class CA:
@@ -55,9 +68,9 @@ class CA:
                      .sign(self.key, hashes.SHA256()))
         self.file = _write(directory, name, self.cert, self.key).cert
 
-    def issue(self, stem: str, cn: str, orgs: tuple[str, ...] = (),
-              server: bool = False) -> Issued:
-        """A leaf certificate: a server's (localhost, 127.0.0.1) or a client's."""
+    def issue(self, stem: str, cn: str, orgs: tuple[str, ...] = (), server: bool = False,
+              names: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Issued:
+        """A leaf certificate: a server's (for ``names``: DNS names or IPs) or a client's."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
@@ -68,7 +81,22 @@ class CA:
                    .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.ExtendedKeyUsage([usage]), False))
         if server:
-            builder = builder.add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([_san(n) for n in names]), False)
         return _write(self.directory, stem, builder.sign(self.key, hashes.SHA256()), key)
+
+
+def write_dev_pki(directory: Path, server_names: tuple[str, ...], nodes: tuple[str, ...],
+                  identities: tuple[str, ...]) -> list[Path]:
+    """ca.crt, frontend.crt/key for ``server_names``, NODE.crt/key per node (CN
+    system:node:NODE, O system:nodes) and NAME.crt/key per identity; returns the files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = CA(directory, "ca")
+    out = [ca.file]
+    issued = [ca.issue("frontend", "svcproxy-frontend", server=True, names=server_names)]
+    issued += [ca.issue(n, f"system:node:{n}", ("system:nodes",)) for n in nodes]
+    issued += [ca.issue(n, n) for n in identities]
+    (directory / "ca.key").unlink()
+    for item in issued:
+        out += [item.cert, item.key]
+    return out
