@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from svcproxy.sdk import NodeConfig, NodeInfo
-from svcproxy.sdk.context import LocalTraffic, resolve_context
+from svcproxy.sdk.context import LocalTraffic, interface_addresses, resolve_context
 
 IPS = ("10.1.1.1", "192.168.1.5", "fd00::5", "fd00::6")
 
@@ -113,3 +113,12 @@ def test_node_port_ips_are_addresses_of_the_node_inside_the_cidrs(
             assert any(address in n for n in networks)
         assert not any(ipaddress.ip_address(ip).is_loopback
                        for ip in fam.node_port_ips_routable or ())
+
+
+def test_interface_addresses_reads_this_namespace() -> None:
+    every = interface_addresses()
+    assert "127.0.0.1" in every
+    without_lo = interface_addresses(exclude=("lo",))
+    assert "127.0.0.1" not in without_lo and set(without_lo) < set(every)
+    ctx = resolve_context(config(node_port_addresses=("127.0.0.0/8",)), None, every)
+    assert ctx.family(4).node_port_ips == ("127.0.0.1",)

@@ -26,7 +26,8 @@ from typing import Literal
 from svcproxy.agent.config import NodeConfig
 from svcproxy.model import NodeInfo, of_family
 
-__all__ = ["FamilyContext", "LocalTraffic", "NodeContext", "resolve_context"]
+__all__ = ["FamilyContext", "LocalTraffic", "NodeContext", "interface_addresses",
+           "resolve_context"]
 
 FAMILIES = (4, 6)
 LOOPBACK = {4: "127.0.0.1", 6: "::1"}
@@ -129,6 +130,21 @@ def _node_port_ips(setting: Sequence[str], family: int, node_ips: Sequence[str],
                                 LOOPBACK[family]])
     return tuple(ip for ip in candidates
                  if any(ipaddress.ip_address(ip) in n for n in networks))
+
+
+def interface_addresses(exclude: Sequence[str] = ()) -> tuple[str, ...]:
+    """Every address on this network namespace's interfaces (loopback included), except
+    those on the interfaces named in ``exclude`` (IPVS's dummy kube-ipvs0 holds service
+    IPs, not node addresses)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        skip = {link["index"] for link in ipr.get_links()
+                if link.get_attr("IFLA_IFNAME") in exclude}
+        return tuple(dict.fromkeys(
+            str(ipaddress.ip_address(msg.get_attr("IFA_ADDRESS")))
+            for msg in ipr.get_addr()
+            if msg.get_attr("IFA_ADDRESS") and msg["index"] not in skip))
 
 
 def resolve_context(config: NodeConfig, node: NodeInfo | None,

@@ -179,6 +179,7 @@ class FakeCluster:
                 self._call(self._server.stop(grace=0)).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+            self._loop.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> FakeCluster:
