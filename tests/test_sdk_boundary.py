@@ -68,7 +68,7 @@ STABLE_V1 = {
     "add_agent_arguments", "cidr_list", "config_from_args", "ip_family", "node_port_ips",
     "node_to_pb", "normalize_cidr", "normalize_ip", "of_family", "parse_duration",
     "primary_node_ips", "run", "run_agent", "state_to_pb", "tls_credentials",
-    "FamilyContext", "LocalTraffic", "NodeContext", "resolve_context",
+    "FamilyContext", "LocalTraffic", "NodeContext", "interface_addresses", "resolve_context",
 }
 
 

@@ -56,7 +56,13 @@ from svcproxy.model import (
 from svcproxy.sdk import run  # the module: run.run(backend, client)
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient, tls_credentials
-from svcproxy.sdk.context import FamilyContext, LocalTraffic, NodeContext, resolve_context
+from svcproxy.sdk.context import (
+    FamilyContext,
+    LocalTraffic,
+    NodeContext,
+    interface_addresses,
+    resolve_context,
+)
 from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, BackendPlugin
 from svcproxy.sdk.stages import Applied, Delta, StagedBackend
 
@@ -102,6 +108,7 @@ __all__ = [
     "add_agent_arguments",
     "cidr_list",
     "config_from_args",
+    "interface_addresses",
     "ip_family",
     "node_port_ips",
     "node_to_pb",
