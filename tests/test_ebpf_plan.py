@@ -196,3 +196,44 @@ def test_kernel_without_a_hook_is_named(monkeypatch) -> None:  # type: ignore[no
     assert missing == ["helper bpf_set_retval in cgroup sock_addr programs (Linux 6.0)"]
     message = str(loader._kernel_error("cannot load the ebpf programs", missing))
     assert "bpf_set_retval" in message and "nft backend" in message
+
+
+hostile_ips = st.one_of(st.ip_addresses().map(str), st.sampled_from(
+    ["", "10.0.0", "::ffff:1.2.3.4.5", "999.1.1.1", "fe80::1%eth0", "x"]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(hostile_ips, st.integers(-5, 70000), st.integers(-5, 70000),
+                          hostile_ips), min_size=1, max_size=6))
+def test_a_bad_service_port_is_rejected_alone(rows: list[tuple[str, int, int, str]]) -> None:
+    good = record("good", eps=(ep("10.0.0.1"),))
+    services = {good.key: good}
+    for i, (cip, port, ep_port, ep_ip) in enumerate(rows):
+        key = ServicePortKey("ns", f"bad{i}", "http", Protocol.TCP)
+        svc = ServicePort(key, cluster_ips=(cip,), port=port, has_endpoints=True)
+        services[key] = ServicePortState(svc, {ep_ip: Endpoint(ep_ip, ep_port, internal=True)})
+    rejected: list[ServicePortKey] = []
+    plan = Plan(rejected.append)
+    plan.update(services, services, ())
+    assert plan.entries[Frontend("10.96.0.1", 80, "TCP")] == Entry(targets("10.0.0.1"))
+    for fe, entry in plan.entries.items():  # whatever was kept can be written
+        fe.pack()
+        for t in entry.targets:
+            t.pack()
+    assert good.key not in rejected
+
+
+def test_the_backend_imports_only_the_sdk() -> None:
+    import ast
+    from pathlib import Path
+
+    import svcproxy.backends.ebpf as package
+
+    for path in Path(package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                else [])
+            for name in names:
+                assert not name.startswith("svcproxy") or name.startswith("svcproxy.sdk"), \
+                    f"{path.name} imports {name}"

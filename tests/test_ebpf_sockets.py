@@ -454,3 +454,30 @@ def test_no_lookup_sees_a_half_updated_service(world: World, client: Client) -> 
         assert fresh.last.writes.slots_written == 0
     finally:
         fresh.close()
+
+
+def test_a_full_map_fails_the_sync_is_counted_and_heals(world: World, client: Client) -> None:
+    from prometheus_client import CollectorRegistry
+
+    small = EbpfBackend(CONFIG, replace(world.layout, pin_dir=world.bpffs / "small",
+                                        max_services=2)).start()
+    registry = CollectorRegistry()
+    small.register_metrics(registry)
+    records = [service(f"s{i}", (f"10.96.9.{i}",), EPS4[i:i + 1]) for i in range(3)]
+    try:
+        state = NodeState("node1", 1, None, {r.key: r for r in records})
+        with pytest.raises(OSError):
+            small.sync(state, Changes(frozenset(state.services), full=True))
+        failures = registry.get_sample_value("svcproxy_ebpf_map_update_failures_total",
+                                             {"map": "sp_services"})
+        assert failures == 1
+        fewer = NodeState("node1", 2, None, {r.key: r for r in records[:2]})
+        small.sync(fewer, Changes(frozenset(fewer.services), full=True, reason="retry"))
+        assert registry.get_sample_value("svcproxy_ebpf_map_entries",
+                                         {"map": "sp_services"}) == 2
+        assert registry.get_sample_value("svcproxy_ebpf_map_max_entries",
+                                         {"map": "sp_services"}) == 2
+        assert set(client.names("tcp", "10.96.9.1", count=5)) == {EPS4[1]}
+    finally:
+        small.cleanup()
+    assert not (world.bpffs / "small").exists()

@@ -38,7 +38,9 @@ class EbpfBackend(Backend):
         self.layout = layout
         self.programs: Programs | None = None
         self.tables: Tables | None = None
-        self.plan = Plan()
+        self.rejected = 0
+        self._rejected_counter: object = None
+        self.plan = Plan(self._reject)
         self.node_ips: tuple[str, ...] | None = None
         self.last: SyncReport | None = None
         self.last_sync_full: bool | None = None
@@ -62,6 +64,12 @@ class EbpfBackend(Backend):
         if counter is not None:
             counter.labels(map=map_name).inc()  # type: ignore[attr-defined]
 
+    def _reject(self, _key: object) -> None:
+        self.rejected += 1
+        counter = self._rejected_counter
+        if counter is not None:
+            counter.inc()  # type: ignore[attr-defined]
+
     def _node_ips(self) -> tuple[str, ...]:
         selected = node_port_ips(self.config.node_port_addresses, self.config.node_ips)
         return tuple(selected or self.config.node_ips)
@@ -73,7 +81,7 @@ class EbpfBackend(Backend):
         node_ips = self._node_ips()
         full = changes.full or tables.applied is None or node_ips != self.node_ips
         if full:
-            self.plan = Plan()
+            self.plan = Plan(self._reject)
             self.plan.update(state.services, state.services.keys(), node_ips)
             desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}
             planned = time.perf_counter()
@@ -111,6 +119,10 @@ class EbpfBackend(Backend):
             "as a full sync", ["map"], registry=registry)  # type: ignore[arg-type]
         for name in MAPS:
             self._failure_counter.labels(map=name)  # type: ignore[attr-defined]
+        self._rejected_counter = Counter(
+            "svcproxy_ebpf_rejected_service_ports_total",
+            "Service ports left unprogrammed because they cannot be written to the maps "
+            "(logged with their name)", registry=registry)  # type: ignore[arg-type]
         backend = self
 
         class MapSizes(Collector):

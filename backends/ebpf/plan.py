@@ -11,7 +11,7 @@ which endpoint is usable: the flags on the endpoints do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
@@ -36,8 +36,16 @@ class Entry:
         return bool(self.flags & F_REFUSE)
 
 
+MAX_ENDPOINTS = 0xFFFF  # the services map's endpoint count is 16 bits
+
+
 def _targets(endpoints: Iterable[Endpoint]) -> tuple[Target, ...]:
-    return tuple(sorted(Target(e.ip, e.port) for e in endpoints))
+    targets = tuple(sorted(Target(e.ip, e.port) for e in endpoints))
+    if len(targets) > MAX_ENDPOINTS:
+        raise ValueError(f"{len(targets)} endpoints, at most {MAX_ENDPOINTS} fit")
+    for t in targets:
+        t.pack()  # a bad address or port fails here, for this service alone
+    return targets
 
 
 def _entry(targets: tuple[Target, ...], has_endpoints: bool, affinity: int) -> Entry:
@@ -60,6 +68,8 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
     affinity = (svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT) if svc.affinity else 0
     result: dict[Frontend, Entry] = {}
     node_ips = tuple(node_ips)
+    if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
+        raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
     for family in (4, 6):
         part = state.family(family)
         if part is None:
@@ -95,10 +105,24 @@ class Plan:
     the conflict is logged.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_reject: Callable[[ServicePortKey], None] = lambda _key: None) -> None:
         self.by_service: dict[ServicePortKey, dict[Frontend, Entry]] = {}
         self.claims: dict[Frontend, set[ServicePortKey]] = {}
         self.entries: dict[Frontend, Entry] = {}
+        self.on_reject = on_reject
+
+    def _entries(self, record: ServicePortState, node_ips: tuple[str, ...]) -> dict[
+            Frontend, Entry]:
+        """The record's entries; a record that cannot be written is rejected alone."""
+        try:
+            entries = service_entries(record, node_ips)
+            for fe in entries:
+                fe.pack()
+            return entries
+        except (ValueError, OverflowError, KeyError) as err:
+            log.warning("Service port %s not programmed: %s", record.key, err)
+            self.on_reject(record.key)
+            return {}
 
     def update(self, services: Mapping[ServicePortKey, ServicePortState],
                keys: Iterable[ServicePortKey], node_ips: Iterable[str]) -> set[Frontend]:
@@ -112,7 +136,7 @@ class Plan:
             record = services.get(key)
             if record is None:
                 continue
-            entries = service_entries(record, node_ips)
+            entries = self._entries(record, node_ips)
             if entries:
                 self.by_service[key] = entries
             for fe in entries:

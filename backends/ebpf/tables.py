@@ -132,9 +132,11 @@ class Tables:
             svc_values.append(value.pack())
             after[key] = Applied(value, slots)
         try:
+            # New sets first, then services that go (making room in a full map), then the
+            # switches, then the sets nobody points at any more.
             self._guard(self.endpoints.name, self.endpoints.update_many, slot_keys, slot_values)
-            self._guard(self.services.name, self.services.update_many, svc_keys, svc_values)
             self._guard(self.services.name, self.services.delete_many, svc_gone)
+            self._guard(self.services.name, self.services.update_many, svc_keys, svc_values)
             self._guard(self.endpoints.name, self.endpoints.delete_many, retired)
         except BpfError:
             self.applied = None
