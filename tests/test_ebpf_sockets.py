@@ -481,3 +481,15 @@ def test_a_full_map_fails_the_sync_is_counted_and_heals(world: World, client: Cl
     finally:
         small.cleanup()
     assert not (world.bpffs / "small").exists()
+
+
+def test_dual_stack_sockets_reach_ipv4_services_through_mapped_addresses(
+        world: World, client: Client) -> None:
+    world.set(service("mapped", ("10.96.0.9",), EPS4[:2]))
+    world.set(service("mapped-udp", ("10.96.0.9",), EPS4[2:], proto="UDP"))
+    tcp = client.connect("tcp", "::ffff:10.96.0.9", count=20)
+    assert {r.get("name") for r in tcp} == set(EPS4[:2]), tcp
+    assert {r["peer"] for r in tcp} == {"::ffff:10.96.0.9"}
+    udp = client.call(op="sendto", host="::ffff:10.96.0.9", port=80, count=20)
+    assert {r.get("name") for r in udp} == set(EPS4[2:]), udp
+    assert {tuple(r["from"]) for r in udp} == {("::ffff:10.96.0.9", 80)}

@@ -252,29 +252,55 @@ static __always_inline int forward4(struct bpf_sock_addr *ctx, int keep_reverse)
 	return 1;
 }
 
+/* An IPv4 address written as IPv6 (::ffff:a.b.c.d), as dual-stack sockets use. */
+static __always_inline int v4_mapped(const __u32 *a)
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0x0000ffff);
+}
+
+static __always_inline void write_ip6(struct bpf_sock_addr *ctx, const __u32 *addr, int mapped)
+{
+	if (mapped) {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0x0000ffff);
+		ctx->user_ip6[3] = addr[0];
+		return;
+	}
+	ctx->user_ip6[0] = addr[0];
+	ctx->user_ip6[1] = addr[1];
+	ctx->user_ip6[2] = addr[2];
+	ctx->user_ip6[3] = addr[3];
+}
+
 static __always_inline int forward6(struct bpf_sock_addr *ctx, int keep_reverse)
 {
 	struct xlate x = {};
-	int verdict;
+	__u32 a[4];
+	int verdict, mapped;
 
 	if (!ours(ctx->protocol))
 		return 1;
-	x.svc.addr[0] = ctx->user_ip6[0];
-	x.svc.addr[1] = ctx->user_ip6[1];
-	x.svc.addr[2] = ctx->user_ip6[2];
-	x.svc.addr[3] = ctx->user_ip6[3];
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+	mapped = v4_mapped(a);
+	if (mapped) {
+		x.svc.addr[0] = a[3];
+		x.svc.family = 4;
+	} else {
+		__builtin_memcpy(x.svc.addr, a, sizeof(a));
+		x.svc.family = 6;
+	}
 	x.svc.port = (__u16)ctx->user_port;
 	x.svc.proto = ctx->protocol;
-	x.svc.family = 6;
 	verdict = lookup(ctx, &x);
 	if (verdict < 0)
 		return refuse();
-	if (verdict == 0 || x.ep.family != 6)
+	if (verdict == 0 || x.ep.family != x.svc.family)
 		return 1;
-	ctx->user_ip6[0] = x.ep.addr[0];
-	ctx->user_ip6[1] = x.ep.addr[1];
-	ctx->user_ip6[2] = x.ep.addr[2];
-	ctx->user_ip6[3] = x.ep.addr[3];
+	write_ip6(ctx, x.ep.addr, mapped);
 	ctx->user_port = x.ep.port;
 	if (keep_reverse)
 		remember(ctx, &x);
@@ -303,20 +329,26 @@ static __always_inline int reverse6(struct bpf_sock_addr *ctx)
 {
 	struct rev_key rk = {};
 	struct ep_val *vip;
+	__u32 a[4];
+	int mapped;
 
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+	mapped = v4_mapped(a);
 	rk.cookie = bpf_get_socket_cookie(ctx);
-	rk.ep.addr[0] = ctx->user_ip6[0];
-	rk.ep.addr[1] = ctx->user_ip6[1];
-	rk.ep.addr[2] = ctx->user_ip6[2];
-	rk.ep.addr[3] = ctx->user_ip6[3];
+	if (mapped) {
+		rk.ep.addr[0] = a[3];
+		rk.ep.family = 4;
+	} else {
+		__builtin_memcpy(rk.ep.addr, a, sizeof(a));
+		rk.ep.family = 6;
+	}
 	rk.ep.port = (__u16)ctx->user_port;
-	rk.ep.family = 6;
 	vip = bpf_map_lookup_elem(&sp_revnat, &rk);
-	if (vip) {
-		ctx->user_ip6[0] = vip->addr[0];
-		ctx->user_ip6[1] = vip->addr[1];
-		ctx->user_ip6[2] = vip->addr[2];
-		ctx->user_ip6[3] = vip->addr[3];
+	if (vip && vip->family == rk.ep.family) {
+		write_ip6(ctx, vip->addr, mapped);
 		ctx->user_port = vip->port;
 	}
 	return 1;
