@@ -43,7 +43,9 @@ Objects = str | Mapping[str, Any] | Iterable[Mapping[str, Any]]
 
 
 class FakeSource:
-    """Behaves like NodeStateClient: changes accumulate until ``take``."""
+    """A state source for the node agent's sync runner, fed by hand: ``push`` a
+    ``NodeState`` and the keys that changed; they accumulate until the runner takes
+    them, as with ``NodeStateClient``."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
