@@ -81,7 +81,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 context.auth_context(), context.invocation_metadata() or ())
         except Unauthenticated as err:
             await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, method,
-                               f"unauthenticated: {err}")
+                               str(err))
         if service != API:
             return
         node = _node_name(method, request)

@@ -30,6 +30,14 @@ APISERVER = "apiserver"
 POLL = 0.5
 
 
+async def not_serving() -> health_aio.HealthServicer:
+    """A health servicer saying NOT_SERVING for the API until told otherwise."""
+    health = health_aio.HealthServicer()
+    for name in API_NAMES:
+        await health.set(name, NOT_SERVING)
+    return health
+
+
 class Readiness:
     """Keeps gRPC health and /readyz in step with the engine and the source."""
 

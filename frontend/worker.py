@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import grpc
+from grpc_health.v1 import _async as health_aio
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.pipe import Message, Pipe
+from svcproxy.frontend.readiness import API_NAMES, SERVING, not_serving
 from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
 from svcproxy.frontend.stream import WatchServicer, write_stream
 from svcproxy.frontend.views import NodeView
@@ -147,8 +149,10 @@ class WorkerServicer(WatchServicer):
 async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
     link = ParentLink(conn, config.history)
     link.start()
+    health = await not_serving()
     server, _ = await serve_api(api_handler(WorkerServicer(link), raw_unary=True),
-                                config.listen, config.tls, config.guard)
+                                config.listen, config.tls, config.guard, health)
+    synced = asyncio.ensure_future(_serving_once_synced(link, health))
     log.info("stream worker %d serving %s", index, config.listen)
     link.pipe.send(("ready",))
     loop = asyncio.get_running_loop()
@@ -157,7 +161,18 @@ async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
     shipping = asyncio.ensure_future(_ship_metrics(link))
     await link.closed.wait()
     shipping.cancel()
+    synced.cancel()
     await server.stop(grace=1)
+
+
+async def _serving_once_synced(link: ParentLink, health: health_aio.HealthServicer) -> None:
+    """Health says SERVING once the main process has synced (as its own health does)."""
+    try:
+        await link.request("synced")
+    except MainProcessGone:
+        return
+    for name in API_NAMES:
+        await health.set(name, SERVING)
 
 
 async def _ship_metrics(link: ParentLink) -> None:

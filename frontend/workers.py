@@ -139,6 +139,9 @@ class StreamWorkers:
             reply: object = await self._watch(worker, str(message[2]), int(message[3]))
         elif kind == "catchup":
             reply = self._catch_up(str(message[2]), int(message[3]))
+        elif kind == "synced":
+            await self.engine.synced.wait()
+            reply = True
         else:
             method = str(message[2])
             request = UNARY_REQUESTS[method].FromString(message[3])  # type: ignore[arg-type]

@@ -168,3 +168,29 @@ def test_grpcurl_gets_the_same_answers(fe, pki, who: str | None) -> None:  # typ
     if who == "node-a":
         state = json.loads(grpcurl(fe, pki, who, *GRPCURL_CALLS["GetNodeState node-a"]).stdout)
         assert state["node"]["name"] == "node-a"
+
+
+def test_stream_workers_enforce_the_same_rules(frontend_factory, tmp_path: Path, pki) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import wait_for
+
+    server = pki["server"]
+    fe = frontend_factory(copy_examples(tmp_path), listen="localhost:0", stream_workers=2,
+                          tls=TLSFiles(server.cert, server.key, pki["ca"]),
+                          auth=AuthConfig(client_certs=True))
+    wait_for(lambda: len(fe.frontend.workers.pids) == 1, timeout=20)
+    counter = auth_metrics.REFUSALS.labels("PERMISSION_DENIED", "GetNodeState")
+    before = counter._value.get()
+    connections = 12
+    for _ in range(connections):  # the kernel spreads connections over both processes
+        with grpc.secure_channel(f"localhost:{fe.frontend.port}", client_creds(pki, "node-a"),
+                                 options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            stub = pb_grpc.NodeStateServiceStub(channel)
+            assert code_of(lambda: stub.GetNodeState(  # noqa: B023
+                pb.GetNodeStateRequest(node_name="node-b"), timeout=5)) == DENIED
+            assert code_of(lambda: next(stub.Watch(  # noqa: B023
+                pb.WatchRequest(node_name="node-a"), timeout=5))) == OK
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+    # Refusals in the worker are counted there: some calls were the worker's.
+    assert before <= counter._value.get() < before + connections

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from svcproxy.frontend.auth import AuthConfig
 from svcproxy.sdk.client import NodeStateClient
@@ -153,3 +154,31 @@ def test_the_sdk_sends_the_token_file_and_rereads_it(fe, api: FakeApiserver,  # 
     rotated = api.tokens.issue(NS, SA, audiences=(AUDIENCE,), pod=pod(api, "b-b", "node-a"))
     path.write_text(rotated + "\n")
     assert token.metadata() == (("authorization", f"Bearer {rotated}"),)
+
+
+def test_grpcurl_with_and_without_a_token(fe, api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    from tests.test_grpcurl import GRPCURL
+
+    if not Path(GRPCURL).exists():
+        pytest.skip("grpcurl is not installed")
+    token = api.tokens.issue(NS, SA, audiences=(AUDIENCE,), pod=pod(api, "backend-a", "node-a"))
+    sock = fe.opts.listen.removeprefix("unix://")
+
+    def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([GRPCURL, "-plaintext", "-unix", *args[:-1], sock, args[-1]],
+                              capture_output=True, text=True, timeout=20)
+
+    bearer = ("-H", f"authorization: Bearer {token}")
+    # Reflection needs an authenticated caller; health (below) does not.
+    assert "code = Unauthenticated" in grpcurl("list").stderr
+    assert "svcproxy.v1.NodeStateService" in grpcurl(*bearer, "list").stdout
+    with grpc.insecure_channel(fe.opts.listen) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                           timeout=5).status
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    get = "svcproxy.v1.NodeStateService/GetNodeState"
+    assert grpcurl(*bearer, "-d", '{"node_name":"node-a"}', get).returncode == 0
+    denied = grpcurl(*bearer, "-d", '{"node_name":"node-b"}', get).stderr
+    assert "Code: PermissionDenied" in denied and "only node node-a" in denied
