@@ -228,6 +228,12 @@ def _run_backend(args: argparse.Namespace) -> int:
     return run_agent(backend, config, args)
 
 
+def _version() -> str:
+    from svcproxy.agent.kubeproxy_cli import version_text
+
+    return version_text()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="svcproxy",
@@ -235,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         "computes each node's services and endpoints and streams them over gRPC; a backend "
         "on every node programs the kernel (nftables, iptables or IPVS).")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _frontend_parser(sub)
     _backend_parsers(sub)
@@ -243,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from svcproxy.agent import kubeproxy_cli
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["backend"] and kubeproxy_cli.routes_here(argv[1:]):
+        return kubeproxy_cli.main(argv[1:])  # kube-proxy's flags and --config
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

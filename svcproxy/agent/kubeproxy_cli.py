@@ -1,0 +1,343 @@
+"""``svcproxy backend [NAME] --config FILE ...``: run a backend as a drop-in kube-proxy.
+
+kube-proxy's flags and its KubeProxyConfiguration file choose and configure the backend
+(``mode``: iptables, ipvs, nftables, or any installed backend's name). Precedence is
+kube-proxy's: without ``--config`` the flags override the defaults; with ``--config``
+the file wins and only ``--hostname-override`` and the logging flags (``-v``, ...)
+override it (other flags given with it are reported as ignored). svcproxy's own flags
+(``--api``, ``--api-ca``, ``--nft-api``...) pass through to the backend; the frontend's
+address may also come from ``$SVCPROXY_API``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from svcproxy.agent.kubeproxy_config import (
+    ConfigError,
+    apply_defaults,
+    empty_config,
+    encode_config,
+    load_config,
+    validate,
+)
+from svcproxy.agent.kubeproxy_flags import (
+    BY_DEST,
+    add_kube_proxy_flags,
+    given_flags,
+    normalize_argv,
+)
+
+log = logging.getLogger("svcproxy.kube-proxy")
+
+# kube-proxy's mode -> svcproxy's backend; any other mode names an installed backend.
+MODE_BACKENDS = {"": "iptables", "iptables": "iptables", "ipvs": "ipvs", "nftables": "nft"}
+_ROUTING_FLAGS = ("--config", "--write-config-to", "--proxy-mode")
+API_ENV = "SVCPROXY_API"
+# Flags that apply with --config too (the logging flags as well).
+_ALWAYS_USED = {"config", "write-config-to", "cleanup", "init-only", "hostname-override"}
+
+
+def routes_here(argv: Sequence[str]) -> bool:
+    """Whether ``svcproxy backend ARGV`` is a kube-proxy style invocation: a flag first
+    (no backend NAME), or NAME followed by --config, --write-config-to or --proxy-mode."""
+    if not argv:
+        return False
+    if argv[0].startswith("-"):
+        return True
+    return any(a.split("=", 1)[0] in _ROUTING_FLAGS for a in normalize_argv(argv[1:]))
+
+
+def version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"svcproxy {version('svcproxy')}"
+    except PackageNotFoundError:
+        return "svcproxy (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="svcproxy backend", allow_abbrev=False,
+        description="Run a backend as kube-proxy runs: with kube-proxy's flags and its "
+        "KubeProxyConfiguration (--config), the backend chosen by the mode. svcproxy's own "
+        "flags (--api ADDR or $SVCPROXY_API for the frontend, --api-ca, --nft-api ...) are "
+        "passed to the backend: 'svcproxy backend NAME --help' lists them; 'svcproxy "
+        "backend' alone lists the installed backends.")
+    parser.add_argument("--version", action="version", version=version_text())
+    add_kube_proxy_flags(parser)
+    return parser
+
+
+def set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for name in parents:
+        config = config[name]
+    config[leaf] = value
+
+
+def get_path(config: dict[str, Any], path: str) -> Any:
+    for name in path.split("."):
+        config = config[name]
+    return config
+
+
+def effective_config(flags: dict[str, Any], file_text: str | None) -> tuple[dict, list[str]]:
+    """(the configuration kube-proxy would run with, the flags it ignores).
+
+    Raises ConfigError for a refused file or an invalid result."""
+    if file_text is not None:
+        config = load_config(file_text)
+        used = {f.name for f in BY_DEST.values() if f.logging} | _ALWAYS_USED
+        ignored = sorted(n for n in flags if n not in used)
+    else:
+        config = empty_config()
+        apply_defaults(config)
+        ignored = []
+        _deprecated_ports(config, flags)
+    for name, value in flags.items():
+        flag = BY_DEST[name.replace("-", "_")]
+        if name in ignored or not flag.paths:
+            continue
+        for path in flag.paths:
+            set_path(config, path, value)
+    if flags.get("hostname-override") is not None:
+        name = str(flags["hostname-override"]).strip().lower()
+        if not name:
+            raise ConfigError("--hostname-override: an empty name is invalid")
+        config["hostnameOverride"] = name
+    validate(config)
+    return config, ignored
+
+
+def _deprecated_ports(config: dict[str, Any], flags: dict[str, Any]) -> None:
+    for flag, field in (("healthz-port", "healthzBindAddress"),
+                        ("metrics-port", "metricsBindAddress")):
+        if flag in flags:
+            port = flags[flag]
+            host = config[field].rpartition(":")[0]
+            config[field] = "" if port == 0 else f"{host}:{port}"
+
+
+def backend_for_mode(mode: str) -> str:
+    return MODE_BACKENDS.get(mode, mode)
+
+
+# Fields every backend honours; per backend, the sections it reads.
+_HONOURED = {
+    "apiVersion", "kind", "hostnameOverride", "bindAddress", "healthzBindAddress",
+    "metricsBindAddress", "mode", "detectLocalMode", "detectLocal.bridgeInterface",
+    "detectLocal.interfaceNamePrefix", "clusterCIDR", "nodePortAddresses", "oomScoreAdj",
+    "logging.verbosity", "logging.format", "featureGates", "bindAddressHardFail",
+}
+_SECTION_FOR = {"iptables": "iptables", "nft": "nftables", "ipvs": "ipvs"}
+_BACKEND_FIELDS = {
+    "iptables": {"iptables.masqueradeBit", "iptables.masqueradeAll",
+                 "iptables.localhostNodePorts", "iptables.syncPeriod",
+                 "iptables.minSyncPeriod"},
+    "nft": {"nftables.masqueradeAll", "nftables.syncPeriod", "nftables.minSyncPeriod"},
+    "ipvs": {"ipvs.syncPeriod", "ipvs.minSyncPeriod", "ipvs.scheduler", "ipvs.excludeCIDRs",
+             "ipvs.strictARP", "ipvs.tcpTimeout", "ipvs.tcpFinTimeout", "ipvs.udpTimeout",
+             "iptables.masqueradeAll"},
+}
+_OTHER_BACKEND_FIELDS = {"iptables.masqueradeAll", "iptables.syncPeriod",
+                         "iptables.minSyncPeriod"}
+
+
+def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in config.items():
+        if isinstance(value, dict) and name != "featureGates":
+            out.update(_leaves(value, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = value
+    return out
+
+
+def unhonoured_fields(config: dict[str, Any], backend: str) -> list[str]:
+    """Fields set to other than their default that ``backend`` does not honour, each with
+    why, one line per field (sorted)."""
+    default = empty_config()
+    apply_defaults(default)
+    honoured = _HONOURED | _BACKEND_FIELDS.get(backend, _OTHER_BACKEND_FIELDS)
+    before = _leaves(default)
+    lines = []
+    for path, value in sorted(_leaves(config).items()):
+        if path in honoured or value == before.get(path) or value in (None, [], {}):
+            continue
+        section = path.split(".")[0]
+        if section in ("iptables", "ipvs", "nftables", "winkernel"):
+            why = f"does not apply to backend {backend}"
+        elif section in ("clientConnection", "configSyncPeriod"):
+            why = "the frontend watches the apiserver, not the backend"
+        elif section == "conntrack":
+            why = "svcproxy leaves the kernel's conntrack sysctls as they are"
+        else:
+            why = "svcproxy cannot honour it"
+        lines.append(f"{path}={_show(value)}: {why}; ignored")
+    return lines
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def backend_namespace(config: dict[str, Any], backend: str, parser: argparse.ArgumentParser,
+                      rest: list[str]) -> argparse.Namespace:
+    """The backend's parsed flags: svcproxy's own from ``rest``, the rest from ``config``."""
+    ns = parser.parse_args(rest)
+    if not any(a == "--api" or a.startswith("--api=") for a in rest) and os.environ.get(API_ENV):
+        ns.api = os.environ[API_ENV]
+    section = config[_SECTION_FOR.get(backend, "iptables")]
+    masq = config["nftables" if backend == "nft" else "iptables"]["masqueradeAll"]
+    mapped: dict[str, Any] = {
+        "node_name": config["hostnameOverride"] or None,
+        "cluster_cidr": _cidrs(config["clusterCIDR"], "clusterCIDR"),
+        "detect_local_mode": config["detectLocalMode"] or "ClusterCIDR",
+        "pod_interface_name_prefix": config["detectLocal"]["interfaceNamePrefix"],
+        "pod_bridge_interface": config["detectLocal"]["bridgeInterface"],
+        "masquerade_all": masq,
+        "node_port_addresses": _node_port_addresses(config["nodePortAddresses"] or []),
+        "healthz_bind_address": config["healthzBindAddress"],
+        "metrics_bind_address": config["metricsBindAddress"],
+        "sync_period": section["syncPeriod"],
+        "min_sync_period": section["minSyncPeriod"],
+        "iptables_masquerade_bit": config["iptables"]["masqueradeBit"],
+        "iptables_localhost_nodeports": config["iptables"]["localhostNodePorts"],
+        "ipvs_scheduler": config["ipvs"]["scheduler"] or "rr",
+        "ipvs_exclude_cidrs": tuple(_cidrs(",".join(config["ipvs"]["excludeCIDRs"] or []),
+                                           "ipvs.excludeCIDRs")),
+        "ipvs_strict_arp": config["ipvs"]["strictARP"],
+        "ipvs_tcp_timeout": int(config["ipvs"]["tcpTimeout"]),
+        "ipvs_tcpfin_timeout": int(config["ipvs"]["tcpFinTimeout"]),
+        "ipvs_udp_timeout": int(config["ipvs"]["udpTimeout"]),
+    }
+    for dest, value in mapped.items():
+        if hasattr(ns, dest):
+            setattr(ns, dest, value)
+    bind = config["bindAddress"]
+    if bind not in ("0.0.0.0", "::") and hasattr(ns, "node_ip") and not ns.node_ip:
+        from svcproxy.agent.addresses import discover_node_ips
+
+        ns.node_ip = (bind, *(ip for ip in discover_node_ips() if ip != bind))
+    return ns
+
+
+def _cidrs(text: str, field: str) -> tuple[str, ...]:
+    from svcproxy.agent.cli import cidr_list
+
+    try:
+        return cidr_list(text)
+    except argparse.ArgumentTypeError as err:
+        raise ConfigError(f"{field}: {err}") from err
+
+
+_KEYWORDS = {"localhost": "127.0.0.0/8,::1/128", "all": "0.0.0.0/0,::/0"}
+
+
+def _node_port_addresses(items: list[str]) -> tuple[str, ...]:
+    if items == ["primary"]:
+        return ("primary",)
+    if "primary" in items:
+        raise ConfigError("nodePortAddresses: 'primary' cannot be combined with CIDRs here")
+    return _cidrs(",".join(_KEYWORDS.get(i, i) for i in items), "nodePortAddresses")
+
+
+def set_oom_score_adj(value: int) -> None:
+    try:
+        Path("/proc/self/oom_score_adj").write_text(f"{value}\n")
+    except OSError as err:
+        log.warning("oomScoreAdj=%d not applied: %s", value, err)
+
+
+def setup_logging(config: dict[str, Any]) -> None:
+    level = logging.DEBUG if config["logging"]["verbosity"] >= 4 else logging.INFO
+    if config["logging"]["format"] == "json":
+        fmt = ('{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s",'
+               '"msg":%(message)r}')
+    else:
+        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level, stream=sys.stderr, format=fmt, force=True)
+
+
+def _fail(message: str) -> int:
+    print(f"svcproxy: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``svcproxy backend [NAME] <kube-proxy flags>``."""
+    argv = normalize_argv(sys.argv[1:] if argv is None else argv)
+    forced = argv[0] if argv and not argv[0].startswith("-") else None
+    args, rest = build_parser().parse_known_args(argv[1:] if forced else argv)
+    flags = given_flags(args)
+    try:
+        text = Path(flags["config"]).read_text() if flags.get("config") else None
+    except OSError as err:
+        return _fail(f"--config: cannot read {flags['config']}: {err}")
+    try:
+        config, ignored = effective_config(flags, text)
+    except ConfigError as err:
+        where = f"{flags['config']}: " if text is not None else ""
+        return _fail(f"invalid configuration: {where}{err}")
+    setup_logging(config)
+    for name in ignored:
+        log.warning("--%s is ignored because --config is given (as kube-proxy does); set the "
+                    "field in the configuration file instead", name)
+    if flags.get("write-config-to"):
+        Path(flags["write-config-to"]).write_text(encode_config(config))
+        log.info("Wrote configuration to %s", flags["write-config-to"])
+        return 0
+    return run(config, flags, forced, rest)
+
+
+def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
+        rest: list[str]) -> int:
+    """Choose the backend, warn about what it does not honour, and run it."""
+    from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
+    from svcproxy.sdk.plugins import installed_backends
+
+    name = forced or backend_for_mode(config["mode"])
+    if forced and config["mode"] and backend_for_mode(config["mode"]) != forced:
+        log.warning("mode %r is overridden by the backend named on the command line (%s)",
+                    config["mode"], forced)
+    installed = installed_backends()
+    if name not in installed:
+        return _fail(f"mode {name!r}: no such backend is installed (installed: "
+                     f"{', '.join(installed)}; kube-proxy's modes: iptables, ipvs, nftables)")
+    plugin = installed[name].load()
+    for line in unhonoured_fields(config, name):
+        log.warning("%s", line)
+    if flags.get("master"):
+        log.warning("--master=%s: ignored (the frontend watches the apiserver; the backend "
+                    "follows --api or $%s)", flags["master"], API_ENV)
+    if config["featureGates"]:
+        log.info("featureGates accepted: %s", config["featureGates"])
+    parser = argparse.ArgumentParser(prog=f"svcproxy backend {name}")
+    add_agent_arguments(parser)
+    plugin.add_arguments(parser.add_argument_group(f"{name} backend"))
+    try:
+        ns = backend_namespace(config, name, parser, rest)
+    except ConfigError as err:
+        return _fail(f"invalid configuration: {err}")
+    ns.cleanup = bool(flags.get("cleanup"))
+    if not ns.cleanup:
+        set_oom_score_adj(config["oomScoreAdj"])
+    if flags.get("init-only"):
+        log.info("Initialization done (--init-only)")
+        return 0
+    node_config = config_from_args(ns)
+    backend = plugin.create(ns, node_config)
+    return run_agent(backend, node_config, ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""kube-proxy's KubeProxyConfiguration and flags: strict decoding, defaults, precedence,
+--write-config-to, and a kube-proxy DaemonSet's argument list running unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from svcproxy.agent.kubeproxy_cli import (
+    backend_namespace,
+    build_parser,
+    effective_config,
+    routes_here,
+    unhonoured_fields,
+)
+from svcproxy.agent.kubeproxy_config import (
+    ConfigError,
+    encode_config,
+    format_go_duration,
+    load_config,
+)
+from svcproxy.agent.kubeproxy_flags import FLAGS, given_flags, normalize_argv
+from tests.test_stream import copy_examples
+
+DATA = Path(__file__).parent / "kubeproxy"
+SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
+
+# cmd/kube-proxy/app/options.go (v1.32) AddFlags + logsapi.AddFlags, Linux build.
+KUBE_PROXY_FLAGS = {
+    "config", "write-config-to", "cleanup", "init-only", "feature-gates", "kubeconfig",
+    "master", "kube-api-content-type", "kube-api-burst", "kube-api-qps", "hostname-override",
+    "bind-address", "healthz-bind-address", "metrics-bind-address", "bind-address-hard-fail",
+    "profiling", "show-hidden-metrics-for-version", "proxy-mode", "iptables-masquerade-bit",
+    "masquerade-all", "iptables-localhost-nodeports", "iptables-sync-period",
+    "iptables-min-sync-period", "ipvs-sync-period", "ipvs-min-sync-period", "ipvs-scheduler",
+    "ipvs-exclude-cidrs", "ipvs-strict-arp", "ipvs-tcp-timeout", "ipvs-tcpfin-timeout",
+    "ipvs-udp-timeout", "detect-local-mode", "pod-bridge-interface",
+    "pod-interface-name-prefix", "cluster-cidr", "nodeport-addresses", "oom-score-adj",
+    "conntrack-max-per-core", "conntrack-min", "conntrack-tcp-timeout-established",
+    "conntrack-tcp-timeout-close-wait", "conntrack-tcp-be-liberal", "conntrack-udp-timeout",
+    "conntrack-udp-timeout-stream", "config-sync-period", "healthz-port", "metrics-port",
+    "v", "vmodule", "log-flush-frequency", "logging-format", "log-json-info-buffer-size",
+    "log-json-split-stream", "log-text-info-buffer-size", "log-text-split-stream",
+}
+
+
+def load(name: str) -> dict:
+    return load_config((DATA / name).read_text())
+
+
+def flags(*argv: str) -> dict:
+    args, rest = build_parser().parse_known_args(normalize_argv(argv))
+    assert rest == []
+    return given_flags(args)
+
+
+@pytest.mark.parametrize("name", ["kubeadm.yaml", "ipvs-tuned.yaml", "nftables.yaml"])
+def test_every_mode_round_trips_through_write_config(name: str) -> None:
+    config = load(name)
+    again = load_config(encode_config(config))
+    assert again == config
+
+
+def test_kubeadm_default_gets_kube_proxy_defaults() -> None:
+    c = load("kubeadm.yaml")
+    assert c["mode"] == "" and c["clusterCIDR"] == "10.244.0.0/16"
+    assert c["healthzBindAddress"] == "0.0.0.0:10256"
+    assert c["metricsBindAddress"] == "127.0.0.1:10249"
+    assert c["iptables"] == {"masqueradeBit": 14, "masqueradeAll": False,
+                             "localhostNodePorts": True, "syncPeriod": 30.0,
+                             "minSyncPeriod": 1.0}
+    assert c["ipvs"]["syncPeriod"] == 30.0 and c["ipvs"]["minSyncPeriod"] == 0.0
+    assert c["conntrack"]["maxPerCore"] == 32768 and c["conntrack"]["min"] == 131072
+    assert c["conntrack"]["tcpEstablishedTimeout"] == 86400.0
+    assert c["oomScoreAdj"] == -999 and c["configSyncPeriod"] == 900.0
+    assert c["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
+    # kubeadm's file: one warning, as the backend follows the frontend, not the apiserver
+    assert [line.split("=")[0] for line in unhonoured_fields(c, "iptables")] == [
+        "clientConnection.kubeconfig"]
+
+
+def test_tuned_ipvs_maps_onto_the_ipvs_backend() -> None:
+    c = load("ipvs-tuned.yaml")
+    parser = argparse.ArgumentParser()
+    from svcproxy.agent.cli import add_agent_arguments
+    from svcproxy.backends.ipvs import cli as ipvs_cli
+
+    add_agent_arguments(parser)
+    ipvs_cli.add_arguments(parser)
+    ns = backend_namespace(c, "ipvs", parser, ["--node-ip", "192.0.2.1"])
+    assert (ns.ipvs_scheduler, ns.ipvs_strict_arp) == ("lc", True)
+    assert ns.ipvs_exclude_cidrs == ("10.1.0.0/16",)
+    assert (ns.ipvs_tcp_timeout, ns.ipvs_tcpfin_timeout, ns.ipvs_udp_timeout) == (900, 120, 300)
+    assert (ns.sync_period, ns.min_sync_period) == (60.0, 0.5)
+    assert ns.masquerade_all is True and ns.node_name == "worker-7"
+    assert ns.node_port_addresses == ("192.168.0.0/16",)
+    assert ns.healthz_bind_address == "0.0.0.0:10256"
+
+
+def test_nftables_sections_and_unhonoured_fields_are_named() -> None:
+    c = load("nftables.yaml")
+    assert c["mode"] == "nftables" and c["nftables"]["minSyncPeriod"] == 0.25
+    lines = unhonoured_fields(c, "nft")
+    assert any(line.startswith("ipvs.scheduler=wrr: does not apply to backend nft")
+               for line in lines)
+    assert any(line.startswith("enableProfiling=true") for line in lines)
+    assert not any(line.startswith("nftables.") for line in lines)
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ("ipvs:\n  schedular: rr\n", 'unknown field "ipvs.schedular"'),
+    ("hostNameOverride: x\n", 'unknown field "hostNameOverride" (did you mean'),
+    ("iptables:\n  masqueradeBit: \"14\"\n", "iptables.masqueradeBit: expected int32"),
+    ("conntrack:\n  maxPerCore: 1.5\n", "conntrack.maxPerCore: expected int32"),
+    ("ipvs:\n  strictARP: \"yes\"\n", "ipvs.strictARP: expected boolean"),
+    ("nodePortAddresses: 10.0.0.0/8\n", "nodePortAddresses: expected list of strings"),
+    ("iptables:\n  syncPeriod: 30\n", "iptables.syncPeriod: expected duration string"),
+    ("conntrack:\n  udpTimeout: 30x\n", "conntrack.udpTimeout: invalid duration '30x'"),
+    ("mode: ipvs\nmode: iptables\n", "duplicate field 'mode'"),
+    ("iptables:\n  masqueradeBit: 40\n", "iptables.masqueradeBit: 40 must be within [0, 31]"),
+    ("kind: KubeletConfiguration\n", "kind KubeProxyConfiguration"),
+])
+def test_bad_files_are_refused_naming_the_field(patch: str, message: str) -> None:
+    base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+    text = base + patch if "kind:" not in patch else base.splitlines()[0] + "\n" + patch
+    with pytest.raises(ConfigError) as err:
+        load_config(text)
+    assert message in str(err.value)
+
+
+def test_refusal_is_a_clear_exit(tmp_path: Path) -> None:
+    bad = tmp_path / "config.conf"
+    bad.write_text((DATA / "kubeadm.yaml").read_text().replace("strictARP", "strictArp"))
+    proc = subprocess.run([*SVCPROXY, "backend", f"--config={bad}"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert 'unknown field "ipvs.strictArp"' in proc.stderr and str(bad) in proc.stderr
+
+
+def test_go_durations_are_written_as_go_writes_them() -> None:
+    cases = {0: "0s", 0.3: "300ms", 1.5: "1.5s", 90: "1m30s", 3600: "1h0m0s",
+             86400: "24h0m0s", 0.00025: "250µs", 61.25: "1m1.25s"}
+    assert {s: format_go_duration(s) for s in cases} == cases
+
+
+def test_flags_without_config_override_defaults() -> None:
+    c, ignored = effective_config(flags(
+        "--proxy-mode=ipvs", "--ipvs-scheduler", "sh", "--iptables_min_sync_period=0",
+        "--masquerade-all", "--nodeport-addresses=10.0.0.0/8", "--nodeport-addresses",
+        "192.168.0.0/16", "--feature-gates=A=true,B=false", "-v=4", "--metrics-port=0",
+        "--conntrack-tcp-be-liberal=false"), None)
+    assert ignored == []
+    assert c["mode"] == "ipvs" and c["ipvs"]["scheduler"] == "sh"
+    assert c["iptables"]["minSyncPeriod"] == 0.0  # an explicit 0 is not defaulted away
+    assert c["iptables"]["masqueradeAll"] and c["nftables"]["masqueradeAll"]
+    assert c["nodePortAddresses"] == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert c["featureGates"] == {"A": True, "B": False}
+    assert c["logging"]["verbosity"] == 4 and c["metricsBindAddress"] == ""
+    assert c["conntrack"]["tcpBeLiberal"] is False
+
+
+def test_with_config_the_file_wins_except_hostname_and_logging() -> None:
+    text = (DATA / "ipvs-tuned.yaml").read_text()
+    c, ignored = effective_config(flags(
+        "--config=x", "--ipvs-scheduler=rr", "--proxy-mode=iptables",
+        "--hostname-override=Other-Node", "--v=5"), text)
+    assert c["mode"] == "ipvs" and c["ipvs"]["scheduler"] == "lc"
+    assert c["hostnameOverride"] == "other-node" and c["logging"]["verbosity"] == 5
+    assert ignored == ["ipvs-scheduler", "proxy-mode"]
+
+
+def test_every_kube_proxy_flag_is_accepted() -> None:
+    names = {f.name for f in FLAGS}
+    # and two that other builds have: --windows-service, --proxy-port-range (deprecated)
+    assert names - KUBE_PROXY_FLAGS == {"windows-service", "proxy-port-range"}
+    samples = {"go_bool": "true", "go_duration": "1m30s", "int32": "3", "float32": "5",
+               "string_list": "10.0.0.0/8", "ip_address": "10.0.0.1",
+               "ip_port": "0.0.0.0:10256", "feature_gates": "X=true", "vmodule": "a=2",
+               "str": "x"}
+    argv = []
+    for f in FLAGS:
+        argv.append(f"--{f.name}" if f.parse is None else
+                    f"--{f.name}={samples[f.parse.__name__]}")
+    assert set(flags(*argv)) == names
+
+
+@pytest.mark.parametrize(("argv", "routed"), [
+    ([], False), (["nft"], False), (["nft", "--api", "x"], False),
+    (["--config=/x"], True), (["nft", "--config", "/x"], True),
+    (["ipvs", "--proxy-mode=ipvs"], True), (["--help"], True),
+])
+def test_kube_proxy_style_invocations_are_recognised(argv: list[str], routed: bool) -> None:
+    assert routes_here(argv) is routed
+
+
+def test_write_config_to_includes_flags(tmp_path: Path) -> None:
+    out = tmp_path / "effective.yaml"
+    proc = subprocess.run(
+        [*SVCPROXY, "backend", "--proxy-mode=nftables", "--nftables_unknown_is_refused=1"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--nftables-unknown-is-refused" in proc.stderr
+    proc = subprocess.run(
+        [*SVCPROXY, "backend", "--proxy-mode=nftables", "--cluster-cidr=10.244.0.0/16",
+         "--iptables-min-sync-period=250ms", f"--write-config-to={out}"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    written = yaml.safe_load(out.read_text())
+    assert written["mode"] == "nftables" and written["clusterCIDR"] == "10.244.0.0/16"
+    assert written["nftables"]["minSyncPeriod"] == "250ms"
+    assert load_config(out.read_text())["nftables"]["minSyncPeriod"] == 0.25
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_kube_proxy_daemonset_arguments_run_unchanged(tmp_path: Path) -> None:
+    """kubeadm's kube-proxy command line, image swapped, frontend address in $SVCPROXY_API."""
+    sock = tmp_path / "api.sock"
+    healthz = _free_port()
+    conf = tmp_path / "config.conf"
+    conf.write_text((DATA / "kubeadm.yaml").read_text()
+                    .replace('mode: ""', "mode: dump")
+                    .replace('healthzBindAddress: ""', f"healthzBindAddress: 127.0.0.1:{healthz}")
+                    .replace('metricsBindAddress: ""', "metricsBindAddress: 127.0.0.1:0"))
+    frontend = subprocess.Popen(
+        [*SVCPROXY, "frontend", "--manifests", str(copy_examples(tmp_path)), "--listen",
+         f"unix://{sock}", "--metrics-bind-address", ""],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "SVCPROXY_API": f"unix://{sock}", "NODE_NAME": "node-a"}
+    args = [f"--config={conf}", "--hostname-override=$(NODE_NAME)".replace(
+        "$(NODE_NAME)", env["NODE_NAME"])]
+    backend = subprocess.Popen([*SVCPROXY, "backend", *args], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = backend.stdout.readline() if backend.stdout else ""
+        state = json.loads(line)
+        assert "10.244.1.10" in json.dumps(state)  # node-a's state from the frontend
+        deadline = time.monotonic() + 20
+        status = 0
+        while time.monotonic() < deadline and status != 200:
+            conn = http.client.HTTPConnection("127.0.0.1", healthz, timeout=2)
+            try:
+                conn.request("GET", "/healthz")
+                status = conn.getresponse().status
+            except OSError:
+                time.sleep(0.2)
+            finally:
+                conn.close()
+        assert status == 200
+    finally:
+        _stop(backend)
+        _stop(frontend)
+    assert backend.returncode == 0
