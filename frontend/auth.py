@@ -11,6 +11,7 @@ anonymous, which the frontend only accepts on a unix socket or loopback (or with
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +45,10 @@ class Unauthenticated(Exception):
     """The caller could not be authenticated; the message says why."""
 
 
+@functools.lru_cache(maxsize=4096)
 def identity_from_cert(pem: bytes) -> Identity:
-    """The identity a verified client certificate names (kubelet's node convention)."""
+    """The identity a verified client certificate names (kubelet's node convention);
+    remembered per certificate, as a node makes many calls with one."""
     subject = x509.load_pem_x509_certificate(pem).subject
     cns = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     cn = str(cns[0].value) if cns else ""
