@@ -47,8 +47,8 @@ def test_cluster_ip_uses_the_internal_endpoints_of_its_family() -> None:
                                                    ep("fd00:1::1")))
     entries = service_entries(r, ())
     assert entries == {
-        Frontend("10.96.0.1", 80, "TCP"): Entry(targets("10.0.0.2")),
-        Frontend("fd00::1", 80, "TCP"): Entry(targets("fd00:1::1")),
+        Frontend("10.96.0.1", 80, "TCP"): Entry.of(targets("10.0.0.2")),
+        Frontend("fd00::1", 80, "TCP"): Entry.of(targets("fd00:1::1")),
     }
 
 
@@ -67,7 +67,7 @@ def test_external_addresses_node_ports_and_their_limits() -> None:
                load_balancer_ingress=(LoadBalancerIngress("192.168.1.1"),
                                       LoadBalancerIngress("192.168.1.2", "Proxy")))
     entries = service_entries(r, ("192.168.50.2", "fd00:50::2"))
-    outside = Entry(targets("10.0.0.2"))
+    outside = Entry.of(targets("10.0.0.2"))
     assert entries[Frontend("192.168.0.9", 80, "TCP")] == outside
     assert entries[Frontend("192.168.1.1", 80, "TCP")] == outside
     assert entries[Frontend("192.168.50.2", 30080, "TCP")] == outside
@@ -78,7 +78,7 @@ def test_external_addresses_node_ports_and_their_limits() -> None:
                                                                       ())
     local = replace(r.service, external_traffic_policy=TrafficPolicy.LOCAL)
     short = service_entries(replace(r, service=local), ("192.168.50.2",))
-    assert short[Frontend("192.168.50.2", 30080, "TCP")] == Entry(targets("10.0.0.1")), \
+    assert short[Frontend("192.168.50.2", 30080, "TCP")] == Entry.of(targets("10.0.0.1")), \
         "connections made on the node short-circuit to the internal set"
 
 
@@ -97,10 +97,10 @@ def test_plan_resolves_claims_by_key_and_hands_over_on_delete() -> None:
     services = {a.key: a, b.key: b}
     plan.update(services, services, ())
     fe = Frontend("10.96.0.1", 80, "TCP")
-    assert plan.entries[fe] == Entry(targets("10.0.0.1"))
+    assert plan.entries[fe] == Entry.of(targets("10.0.0.1"))
     del services[a.key]
     assert fe in plan.update(services, [a.key], ())
-    assert plan.entries[fe] == Entry(targets("10.0.0.2")), "the other claimant takes over"
+    assert plan.entries[fe] == Entry.of(targets("10.0.0.2")), "the other claimant takes over"
     del services[b.key]
     plan.update(services, [b.key], ())
     assert plan.entries == {}
@@ -154,7 +154,7 @@ def lookups_always_whole(log: list[tuple[str, bytes, bytes | None]]) -> None:
 
 ips = st.sampled_from([f"10.0.0.{i}" for i in range(1, 7)])
 frontends = st.sampled_from([Frontend(f"10.96.0.{i}", 80, "TCP") for i in range(1, 5)])
-entries = st.builds(lambda t, f: Entry(tuple(sorted({Target(i, 8080) for i in t})), f),
+entries = st.builds(lambda t, f: Entry.of(sorted({Target(i, 8080) for i in t}), f),
                     st.lists(ips, max_size=4), st.sampled_from([0, F_AFFINITY]))
 states = st.dictionaries(frontends, entries, max_size=4)
 
@@ -176,8 +176,8 @@ def test_maps_hold_exactly_the_desired_state_and_no_service_is_ever_half(
             tables.apply(changed)
         applied, orphans = read_kernel(services, endpoints)  # type: ignore[arg-type]
         assert not orphans
-        held = {Frontend.unpack(k): Entry(tuple(Target.unpack(s) for s in a.slots or ()),
-                                          a.value.flags) for k, a in applied.items()}
+        held = {Frontend.unpack(k): Entry(a.slots or (), a.value.flags)
+                for k, a in applied.items()}
         assert held == desired
         before = desired
     lookups_always_whole(log)
@@ -215,11 +215,10 @@ def test_a_bad_service_port_is_rejected_alone(rows: list[tuple[str, int, int, st
     rejected: list[ServicePortKey] = []
     plan = Plan(rejected.append)
     plan.update(services, services, ())
-    assert plan.entries[Frontend("10.96.0.1", 80, "TCP")] == Entry(targets("10.0.0.1"))
+    assert plan.entries[Frontend("10.96.0.1", 80, "TCP")] == Entry.of(targets("10.0.0.1"))
     for fe, entry in plan.entries.items():  # whatever was kept can be written
         fe.pack()
-        for t in entry.targets:
-            t.pack()
+        assert all(len(slot) == 20 for slot in entry.slots)
     assert good.key not in rejected
 
 

@@ -81,11 +81,15 @@ class EbpfBackend(Backend):
         node_ips = self._node_ips()
         full = changes.full or tables.applied is None or node_ips != self.node_ips
         if full:
-            self.plan = Plan(self._reject)
-            self.plan.update(state.services, state.services.keys(), node_ips)
+            if node_ips != self.node_ips:
+                self.plan = Plan(self._reject)
+            self.plan.update(state.services, set(state.services) | set(self.plan.records),
+                             node_ips)
             desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}
             planned = time.perf_counter()
-            writes = tables.full(desired)
+            # A periodic resync trusts what this process wrote (reading 110,000 entries
+            # back costs ~0.8 s at 10k x 10); a start, a retry or a reset reads the kernel.
+            writes = tables.full(desired, reread=changes.reason != "periodic")
         else:
             touched = self.plan.update(state.services, changes.services, node_ips)
             diff = {fe.pack(): self.plan.entries.get(fe) for fe in touched}

@@ -6,6 +6,7 @@ import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 # struct svc_key {u32 addr[4]; u16 port (network order); u8 proto; u8 family}
 SVC_KEY = struct.Struct("=16s2sBB")
@@ -29,8 +30,26 @@ MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_AFFINITY, MAP_REVNAT)
 
 
 def _addr(ip: str) -> tuple[bytes, int]:
-    parsed = ipaddress.ip_address(ip)
-    return parsed.packed.ljust(16, b"\0"), parsed.version
+    """The address as the maps hold it, and its family; ValueError when it is not one."""
+    try:
+        if ":" in ip:
+            return socket.inet_pton(socket.AF_INET6, ip), 6
+        return socket.inet_pton(socket.AF_INET, ip) + bytes(12), 4
+    except OSError:
+        raise ValueError(f"not an IP address: {ip!r}") from None
+
+
+@lru_cache(maxsize=1 << 17)
+def pack_frontend(ip: str, port: int, proto: str) -> bytes:
+    raw, family = _addr(ip)
+    return SVC_KEY.pack(raw, port.to_bytes(2, "big"), PROTOCOLS[proto], family)
+
+
+@lru_cache(maxsize=1 << 18)
+def pack_target(ip: str, port: int) -> bytes:
+    """``Target(ip, port).pack()`` without the object (the plan packs 100,000s of these)."""
+    raw, family = _addr(ip)
+    return EP_VAL.pack(raw, port.to_bytes(2, "big"), family, 0)
 
 
 def _ip(raw: bytes, family: int) -> str:
@@ -46,8 +65,7 @@ class Frontend:
     proto: str  # "TCP" or "UDP"
 
     def pack(self) -> bytes:
-        raw, family = _addr(self.ip)
-        return SVC_KEY.pack(raw, self.port.to_bytes(2, "big"), PROTOCOLS[self.proto], family)
+        return pack_frontend(self.ip, self.port, self.proto)
 
     @classmethod
     def unpack(cls, data: bytes) -> Frontend:
@@ -68,8 +86,7 @@ class Target:
     port: int
 
     def pack(self) -> bytes:
-        raw, family = _addr(self.ip)
-        return EP_VAL.pack(raw, self.port.to_bytes(2, "big"), family, 0)
+        return pack_target(self.ip, self.port)
 
     @classmethod
     def unpack(cls, data: bytes) -> Target:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
-from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend, Target
+from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend, Target, pack_target
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,20 @@ DEFAULT_AFFINITY_TIMEOUT = 10800  # kube-proxy's default sessionAffinityConfig t
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One services-map entry: endpoints to choose from, or refuse, or pass (count 0)."""
+    """One services-map entry: endpoints to choose from (as the endpoints map holds them,
+    in slot order), or refuse, or pass (no endpoint)."""
 
-    targets: tuple[Target, ...] = ()
+    slots: tuple[bytes, ...] = ()
     flags: int = 0
     affinity_timeout: int = 0
+
+    @classmethod
+    def of(cls, targets: Iterable[Target], flags: int = 0, affinity_timeout: int = 0) -> Entry:
+        return cls(tuple(t.pack() for t in targets), flags, affinity_timeout)
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return tuple(Target.unpack(s) for s in self.slots)
 
     @property
     def refuses(self) -> bool:
@@ -39,24 +48,28 @@ class Entry:
 MAX_ENDPOINTS = 0xFFFF  # the services map's endpoint count is 16 bits
 
 
-def _targets(endpoints: Iterable[Endpoint]) -> tuple[Target, ...]:
-    targets = tuple(sorted(Target(e.ip, e.port) for e in endpoints))
-    if len(targets) > MAX_ENDPOINTS:
-        raise ValueError(f"{len(targets)} endpoints, at most {MAX_ENDPOINTS} fit")
-    for t in targets:
-        t.pack()  # a bad address or port fails here, for this service alone
-    return targets
+def _family(address: str) -> int:
+    return 6 if ":" in address else 4
 
 
-def _entry(targets: tuple[Target, ...], has_endpoints: bool, affinity: int) -> Entry:
-    if not targets:
+def _slots(endpoints: Iterable[Endpoint]) -> tuple[bytes, ...]:
+    """The endpoints packed, in slot order; a bad address or port raises here, for this
+    service alone."""
+    slots = tuple(sorted(pack_target(e.ip, e.port) for e in endpoints))
+    if len(slots) > MAX_ENDPOINTS:
+        raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
+    return slots
+
+
+def _entry(slots: tuple[bytes, ...], has_endpoints: bool, affinity: int) -> Entry:
+    if not slots:
         # No endpoint anywhere: refuse (kube-proxy's REJECT). Endpoints exist but none
         # for this traffic (a Local policy without local endpoints): leave the socket
         # alone, the packet path drops it as kube-proxy does.
         return Entry(flags=0 if has_endpoints else F_REFUSE)
     if affinity:
-        return Entry(targets, F_AFFINITY, affinity)
-    return Entry(targets)
+        return Entry(slots, F_AFFINITY, affinity)
+    return Entry(slots)
 
 
 def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Frontend, Entry]:
@@ -65,35 +78,40 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
     proto = svc.key.protocol.value
     if proto not in PROTOCOLS:
         return {}
-    affinity = (svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT) if svc.affinity else 0
-    result: dict[Frontend, Entry] = {}
-    node_ips = tuple(node_ips)
     if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
         raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
-    for family in (4, 6):
-        part = state.family(family)
-        if part is None:
+    affinity = (svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT) if svc.affinity else 0
+    result: dict[Frontend, Entry] = {}
+    by_family: dict[int, list[Endpoint]] = {4: [], 6: []}
+    for e in state.endpoints.values():
+        by_family[_family(e.ip)].append(e)
+    for family, eps in by_family.items():
+        cips = [c for c in svc.cluster_ips if _family(c) == family]
+        if not cips:
             continue
-        eps = list(part.endpoints.values())
         has = svc.has_endpoints and bool(eps)
-        internal = _targets(e for e in eps if e.internal)
-        external = _targets(e for e in eps if e.external)
-        if svc.external_policy_local and not svc.internal_policy_local:
-            external = internal  # local connections short-circuit to the cluster set
-        for cip in part.service.cluster_ips:
-            result[Frontend(cip, svc.port, proto)] = _entry(internal, has, affinity)
-        outside = _entry(external, has, affinity)
-        ext = list(part.service.external_ips)
-        if not part.service.load_balancer_source_ranges:
+        internal = _slots(e for e in eps if e.internal)
+        inside = _entry(internal, has, affinity)
+        for cip in cips:
+            result[Frontend(cip, svc.port, proto)] = inside
+        ext = [a for a in svc.external_ips if _family(a) == family]
+        if not any(_family(r) == family for r in svc.load_balancer_source_ranges):
             # With source ranges the client's address decides, which a socket does not
             # have yet at connect(): those VIPs stay with the packet path.
-            ext += part.service.vip_ingress_ips()
+            ext += [a for a in svc.vip_ingress_ips() if _family(a) == family]
+        ports = [ip for ip in node_ips if _family(ip) == family] if svc.node_port else []
+        if not ext and not ports:
+            continue
+        if svc.external_policy_local and not svc.internal_policy_local:
+            outside = inside  # local connections short-circuit to the cluster set
+        elif all(e.internal == e.external for e in eps):
+            outside = inside
+        else:
+            outside = _entry(_slots(e for e in eps if e.external), has, affinity)
         for addr in ext:
             result.setdefault(Frontend(addr, svc.port, proto), outside)
-        if svc.node_port:
-            for ip in node_ips:
-                if (":" in ip) == (family == 6):
-                    result.setdefault(Frontend(ip, svc.node_port, proto), outside)
+        for ip in ports:
+            result.setdefault(Frontend(ip, svc.node_port, proto), outside)
     return result
 
 
@@ -109,6 +127,7 @@ class Plan:
         self.by_service: dict[ServicePortKey, dict[Frontend, Entry]] = {}
         self.claims: dict[Frontend, set[ServicePortKey]] = {}
         self.entries: dict[Frontend, Entry] = {}
+        self.records: dict[ServicePortKey, ServicePortState] = {}  # what by_service is from
         self.on_reject = on_reject
 
     def _entries(self, record: ServicePortState, node_ips: tuple[str, ...]) -> dict[
@@ -119,23 +138,29 @@ class Plan:
             for fe in entries:
                 fe.pack()
             return entries
-        except (ValueError, OverflowError, KeyError) as err:
+        except (ValueError, OverflowError, KeyError, OSError) as err:
             log.warning("Service port %s not programmed: %s", record.key, err)
             self.on_reject(record.key)
             return {}
 
     def update(self, services: Mapping[ServicePortKey, ServicePortState],
                keys: Iterable[ServicePortKey], node_ips: Iterable[str]) -> set[Frontend]:
-        """Recompute ``keys``; returns the frontends whose entry may have changed."""
+        """Recompute ``keys`` (with the same ``node_ips`` as before: else use a new Plan);
+        returns the frontends whose entry may have changed. A record that is the very
+        object planned before is not recomputed (the SDK's records are immutable)."""
         node_ips = tuple(node_ips)
         touched: set[Frontend] = set()
         for key in keys:
+            record = services.get(key)
+            if record is not None and self.records.get(key) is record:
+                continue
             for fe in self.by_service.pop(key, {}):
                 touched.add(fe)
                 self.claims[fe].discard(key)
-            record = services.get(key)
             if record is None:
+                self.records.pop(key, None)
                 continue
+            self.records[key] = record
             entries = self._entries(record, node_ips)
             if entries:
                 self.by_service[key] = entries

@@ -68,14 +68,18 @@ class Tables:
         self.next_set = 1
         self.slot_count = 0
 
-    def full(self, desired: Mapping[bytes, Entry]) -> WriteReport:
-        """Make the maps hold exactly ``desired``: read them, write the differences."""
-        applied, orphans = self._guard(self.endpoints.name, read_kernel,
-                                       self.services, self.endpoints)
-        self.applied = applied
-        self.slot_count = sum(a.value.count for a in applied.values())
-        used = {a.value.set_id for a in applied.values()} | orphans
-        self.next_set = max(used, default=0) + 1
+    def full(self, desired: Mapping[bytes, Entry], reread: bool = True) -> WriteReport:
+        """Make the maps hold exactly ``desired``, writing the differences: against what
+        they hold (read back), or with ``reread`` False against what this process wrote."""
+        orphans: set[int] = set()
+        if reread or self.applied is None:
+            applied, orphans = self._guard(self.endpoints.name, read_kernel,
+                                           self.services, self.endpoints)
+            self.applied = applied
+            self.slot_count = sum(a.value.count for a in applied.values())
+            used = {a.value.set_id for a in applied.values()} | orphans
+            self.next_set = max(used, default=0) + 1
+        applied = self.applied
         changes: dict[bytes, Entry | None] = {k: None for k in applied if k not in desired}
         changes.update(desired)
         report = self.apply(changes)
@@ -115,7 +119,7 @@ class Tables:
                     retired += _slot_keys(have.value)
                     after[key] = None
                 continue
-            slots = tuple(t.pack() for t in want.targets)
+            slots = want.slots
             if have is not None and have.slots == slots:
                 value = ServiceValue(have.value.set_id, len(slots), want.flags,
                                      want.affinity_timeout)
