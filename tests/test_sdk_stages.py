@@ -11,6 +11,7 @@ from svcproxy.sdk import (
     Changes,
     Delta,
     Endpoint,
+    NodeInfo,
     NodeState,
     ServicePort,
     ServicePortKey,
@@ -26,8 +27,14 @@ def record(key: ServicePortKey, ips: tuple[str, ...]) -> ServicePortState:
                             {ip: Endpoint(ip, 8080) for ip in ips})
 
 
-def state_of(wanted: dict[ServicePortKey, tuple[str, ...]], revision: int = 1) -> NodeState:
-    return NodeState("n", revision, None, {k: record(k, ips) for k, ips in wanted.items()})
+def state_of(wanted: dict[ServicePortKey, tuple[str, ...]], revision: int = 1,
+             kept: dict[tuple[ServicePortKey, tuple[str, ...]], ServicePortState] | None = None,
+             node: NodeInfo | None = None) -> NodeState:
+    """The state; with ``kept``, an unchanged record is the same object (as the client
+    hands them)."""
+    kept = {} if kept is None else kept
+    records = {k: kept.setdefault((k, ips), record(k, ips)) for k, ips in wanted.items()}
+    return NodeState("n", revision, node, records)
 
 
 class Dataplane(StagedBackend[tuple[str, ...]]):
@@ -40,9 +47,12 @@ class Dataplane(StagedBackend[tuple[str, ...]]):
         self.table: dict[ServicePortKey, tuple[str, ...]] = {}
         self.deltas: list[Delta[ServicePortKey, tuple[str, ...]]] = []
         self.fail_next = False
+        self.renders = 0
 
     def render(self, state: NodeState, rec: ServicePortState) -> tuple[str, ...] | None:
-        return tuple(sorted(rec.endpoints)) or None
+        self.renders += 1
+        zone = (state.node.zone,) if state.node and state.node.zone else ()
+        return (*sorted(rec.endpoints), *zone) or None
 
     def apply(self, delta: Delta[ServicePortKey, tuple[str, ...]]) -> None:
         self.deltas.append(delta)
@@ -83,6 +93,23 @@ def test_a_resync_without_changes_applies_nothing() -> None:
     assert len(backend.deltas) == 1 and backend.deltas[0].rebuild
 
 
+def test_a_resync_renders_only_records_that_are_not_the_ones_rendered_before() -> None:
+    backend, kept = Dataplane(), {}
+    wanted = {k: ("10.0.0.1",) for k in KEYS}
+    state = state_of(wanted, kept=kept)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "initial"))
+    assert backend.renders == len(KEYS)
+    again = state_of({**wanted, KEYS[0]: ("10.0.0.9",)}, 2, kept=kept)
+    backend.sync(again, Changes(frozenset(again.services), True, True, "periodic"))
+    assert backend.renders == len(KEYS) + 1
+    assert backend.table[KEYS[0]] == ("10.0.0.9",)
+    node = NodeInfo("n", zone="z1")  # the node changed: everything is rendered again
+    backend.sync(state_of(wanted, 3, kept=kept, node=node),
+                 Changes(frozenset(), node_changed=True))
+    assert backend.renders == 2 * len(KEYS) + 1
+    assert backend.table == {k: ("10.0.0.1", "z1") for k in KEYS}
+
+
 def test_a_failed_apply_makes_the_next_sync_a_rebuild() -> None:
     backend = Dataplane()
     one = state_of({k: ("10.0.0.1",) for k in KEYS})
@@ -101,22 +128,26 @@ STATES = st.dictionaries(st.sampled_from(KEYS), ENDPOINTS.map(lambda ips: tuple(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(STATES, st.booleans(), st.booleans()), min_size=1, max_size=8))
+@given(st.lists(st.tuples(STATES, st.booleans(), st.booleans(), st.sampled_from(["", "z"])),
+                min_size=1, max_size=8))
 def test_the_dataplane_always_ends_as_rendered(
-        steps: list[tuple[dict[ServicePortKey, tuple[str, ...]], bool, bool]]) -> None:
-    """Whatever the sequence of states, full/partial syncs and half-applied failures,
-    every successful sync leaves exactly what render says."""
-    backend = Dataplane()
-    previous: dict[ServicePortKey, tuple[str, ...]] = {}
-    for revision, (wanted, full, fail) in enumerate(steps, 1):
-        state = state_of(wanted, revision)
-        changed = {k for k in KEYS if previous.get(k) != wanted.get(k)}
-        previous = wanted
+        steps: list[tuple[dict[ServicePortKey, tuple[str, ...]], bool, bool, str]]) -> None:
+    """Whatever the sequence of states, node changes, full/partial syncs and half-applied
+    failures, every successful sync leaves exactly what render says."""
+    backend, kept = Dataplane(), {}
+    previous: tuple[dict[ServicePortKey, tuple[str, ...]], str] = ({}, "")
+    for revision, (wanted, full, fail, zone) in enumerate(steps, 1):
+        state = state_of(wanted, revision, kept=kept, node=NodeInfo("n", zone=zone))
+        changed = {k for k in KEYS if previous[0].get(k) != wanted.get(k)}
+        node_changed = full or zone != previous[1]
+        previous = (wanted, zone)
         backend.fail_next = fail
         try:
-            backend.sync(state, Changes(frozenset(changed), full, full,
+            backend.sync(state, Changes(frozenset(changed), node_changed, full,
                                         "periodic" if full else "changes"))
         except RuntimeError:
             continue
-        assert backend.table == {k: ips for k, ips in wanted.items() if ips}
+        suffix = (zone,) if zone else ()
+        assert backend.table == {k: (*ips, *suffix) for k, ips in wanted.items()
+                                 if ips or suffix}
         assert dict(backend.applied) == backend.table

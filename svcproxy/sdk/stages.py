@@ -23,7 +23,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from svcproxy.model import ServicePortKey, ServicePortState
+from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 
 K = TypeVar("K", bound=Hashable)
@@ -93,7 +93,7 @@ class Applied(Mapping[K, V]):
             if value is None:
                 if old is not _MISSING:
                     removed[key] = old  # type: ignore[assignment]
-            elif old != value:
+            elif old is not value and old != value:
                 changed[key] = value
                 if old is not _MISSING:
                     previous[key] = old  # type: ignore[assignment]
@@ -122,15 +122,22 @@ class StagedBackend(Backend, Generic[V]):
 
     Subclasses write ``render`` (pure) and ``apply``; ``sync`` does the rest: a full
     render on a full sync or a node change, a partial one otherwise, the diff against
-    ``self.applied``, and the bookkeeping after success or failure. Set
-    ``rebuild_on_resync`` to rewrite everything on periodic resyncs instead of
-    diffing (to repair changes made behind the backend's back).
+    ``self.applied``, and the bookkeeping after success or failure.
+
+    ``render`` may read the record and ``state.node``, nothing else: a record that is
+    the very object rendered before, for an equal node, is not rendered again, so a
+    periodic resync with nothing changed costs a lookup per service port. Set
+    ``rebuild_on_resync`` to rewrite everything on periodic resyncs instead (to repair
+    changes made behind the backend's back).
     """
 
     rebuild_on_resync: bool = False
 
     def __init__(self) -> None:
         self.applied: Applied[ServicePortKey, V] = Applied()
+        self._sources: dict[ServicePortKey, ServicePortState] = {}
+        self._node: NodeInfo | None = None
+        self._pending: tuple[bool, dict[ServicePortKey, ServicePortState | None]] = (False, {})
 
     @abstractmethod
     def render(self, state: NodeState, record: ServicePortState) -> V | None:
@@ -144,22 +151,55 @@ class StagedBackend(Backend, Generic[V]):
         """Render what may have changed and compare it with what is applied."""
         if changes.reason == "periodic" and self.rebuild_on_resync:
             self.applied.invalidate()
-        full = changes.full or changes.node_changed or not self.applied.known
+        same_node = state.node == self._node
+        full = changes.full or not same_node or not self.applied.known
+        reuse = self.applied.known and same_node
         keys: Iterable[ServicePortKey] = state.services if full else changes.services
-        desired = {key: self._render(state, key) for key in keys}
+        if full and reuse:
+            # Everything applied is known and its records are at hand: only the service
+            # ports whose record is another object, and those gone, can differ.
+            keys, full = self._moved(state), False
+        desired: dict[ServicePortKey, V | None] = {}
+        sources: dict[ServicePortKey, ServicePortState | None] = {}
+        for key in keys:
+            record = sources[key] = state.services.get(key)
+            if record is None:
+                desired[key] = None
+            elif reuse and self._sources.get(key) is record:
+                desired[key] = self.applied.get(key)
+            else:
+                desired[key] = self.render(state, record)
+        self._pending = (full, sources)
+        self._node = state.node
         return self.applied.diff(desired, full=full)
 
-    def _render(self, state: NodeState, key: ServicePortKey) -> V | None:
-        record = state.services.get(key)
-        return None if record is None else self.render(state, record)
+    def _moved(self, state: NodeState) -> list[ServicePortKey]:
+        """Service ports whose record is not the one last rendered, or that are gone."""
+        sources = self._sources
+        moved = [k for k, r in state.services.items() if sources.get(k) is not r]
+        moved += [k for k in sources if k not in state.services]
+        return moved
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         delta = self.diff(state, changes)
-        if not delta:
-            return
-        try:
-            self.apply(delta)
-        except BaseException:
-            self.applied.invalidate()
-            raise
+        if delta:
+            try:
+                self.apply(delta)
+            except BaseException:
+                self.applied.invalidate()
+                self._sources = {}
+                raise
         self.applied.commit(delta)
+        self._remember()
+
+    def _remember(self) -> None:
+        """Which record each applied value came from (after a successful apply)."""
+        full, sources = self._pending
+        if full:
+            self._sources = {k: r for k, r in sources.items() if r is not None}
+            return
+        for key, record in sources.items():
+            if record is None:
+                self._sources.pop(key, None)
+            else:
+                self._sources[key] = record
