@@ -8,10 +8,19 @@ so fanning one change out to a thousand clients costs no re-serialisation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from svcproxy.convert import endpoint_to_pb, key_to_pb, node_to_pb, service_to_pb, state_to_pb
+from svcproxy.convert import (
+    DIGEST_MASK,
+    endpoint_term,
+    endpoint_to_pb,
+    key_to_pb,
+    node_to_pb,
+    service_term,
+    service_to_pb,
+    state_to_pb,
+)
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.v1 import nodestate_pb2 as pb
 
@@ -21,12 +30,12 @@ MAX_MESSAGE_BYTES = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class WireOp:
-    """One serialised ``Op``; ``key`` names what it sets, so a later op on it supersedes it."""
+    """One serialised ``Op``: ``kind`` is the Op's oneof field, ``key`` what it changes
+    (("svc", port key), ("ep", port key, ip) or ("node", name))."""
 
     key: OpKey
     data: bytes
-    # Replaces or deletes a whole service port, so earlier ops on its endpoints are moot.
-    wipes: bool = False
+    kind: str = ""
 
 
 def _op(**kwargs: object) -> bytes:
@@ -34,57 +43,114 @@ def _op(**kwargs: object) -> bytes:
 
 
 def replace_service(state: ServicePortState) -> WireOp:
-    return WireOp(("svc", state.key), _op(replace_service=state_to_pb(state)), wipes=True)
+    return WireOp(("svc", state.key), _op(replace_service=state_to_pb(state)),
+                  "replace_service")
 
 
 def delete_service(key: ServicePortKey) -> WireOp:
-    return WireOp(("svc", key), _op(delete_service=key_to_pb(key)), wipes=True)
+    return WireOp(("svc", key), _op(delete_service=key_to_pb(key)), "delete_service")
 
 
 def set_node(node: NodeInfo) -> WireOp:
-    return WireOp(("node", node.name), _op(set_node=node_to_pb(node)))
+    return WireOp(("node", node.name), _op(set_node=node_to_pb(node)), "set_node")
 
 
 def delete_node(name: str) -> WireOp:
-    return WireOp(("node", name), _op(delete_node=name))
+    return WireOp(("node", name), _op(delete_node=name), "delete_node")
 
 
 def diff_records(old: ServicePortState | None,
                  new: ServicePortState | None) -> list[WireOp]:
     """The ops that turn ``old`` into ``new`` (either may be None)."""
+    return diff_with_digest(old, new, _no_term)[0]
+
+
+def _no_term(rec: ServicePortState) -> int:
+    return 0
+
+
+def diff_with_digest(old: ServicePortState | None, new: ServicePortState | None,
+                     term_of: Callable[[ServicePortState], int]) -> tuple[list[WireOp], int]:
+    """The ops that turn ``old`` into ``new``, and how much they change the state digest;
+    ``term_of`` gives a whole record's digest term (the caller caches it)."""
     if new is None:
-        return [] if old is None else [delete_service(old.key)]
+        return ([], 0) if old is None else ([delete_service(old.key)], -term_of(old))
     if old is None:
-        return [replace_service(new)]
+        return [replace_service(new)], term_of(new)
     key = new.key
     ops = []
+    delta = 0
     if old.service != new.service:
-        ops.append(WireOp(("svc", key), _op(set_service=service_to_pb(new.service))))
+        svc = service_to_pb(new.service)
+        ops.append(WireOp(("svc", key), _op(set_service=svc), "set_service"))
+        delta += service_term(svc) - service_term(service_to_pb(old.service))
     pkey = key_to_pb(key)
     for ip, ep in new.endpoints.items():
-        if old.endpoints.get(ip) != ep:
+        was = old.endpoints.get(ip)
+        if was != ep:
+            msg = endpoint_to_pb(ep)
             ops.append(WireOp(("ep", key, ip), _op(set_endpoint=pb.EndpointOp(
-                service=pkey, endpoint=endpoint_to_pb(ep)))))
+                service=pkey, endpoint=msg)), "set_endpoint"))
+            delta += endpoint_term(pkey, msg)
+            if was is not None:
+                delta -= endpoint_term(pkey, endpoint_to_pb(was))
     for ip in old.endpoints.keys() - new.endpoints.keys():
         ops.append(WireOp(("ep", key, ip), _op(delete_endpoint=pb.EndpointRef(
-            service=pkey, ip=ip))))
-    return ops
+            service=pkey, ip=ip)), "delete_endpoint"))
+        delta -= endpoint_term(pkey, endpoint_to_pb(old.endpoints[ip]))
+    return ops, delta
+
+
+class _Port:
+    """What a client must learn about one service port from a run of ops."""
+
+    __slots__ = ("base", "service", "endpoints")
+
+    def __init__(self) -> None:
+        # The latest replace_service/delete_service: it sets the whole port.
+        self.base: WireOp | None = None
+        # The latest set_service after the base.
+        self.service: WireOp | None = None
+        # The latest op per endpoint after the base.
+        self.endpoints: dict[object, WireOp] = {}
+
+    def add(self, op: WireOp) -> None:
+        if op.kind in ("replace_service", "delete_service"):
+            self.base, self.service, self.endpoints = op, None, {}
+        elif op.kind == "set_service":
+            self.service = op
+        elif self.base is not None and self.base.kind == "delete_service" \
+                and self.service is None:
+            return  # an endpoint op on a deleted port changes nothing
+        else:
+            self.endpoints[op.key] = op
+
+    def ops(self) -> list[WireOp]:
+        head = [op for op in (self.base, self.service) if op is not None]
+        return head + list(self.endpoints.values())
 
 
 def coalesce(batches: Iterable[Iterable[WireOp]]) -> list[WireOp]:
-    """Latest state wins: one op per key, ops made moot by a later replace/delete dropped."""
-    out: dict[OpKey, WireOp] = {}
-    eps_of: dict[object, set[OpKey]] = {}
+    """One op list with the effect of applying ``batches`` in order (see the Op
+    semantics in nodestate.proto): per service port the latest replace/delete, then the
+    latest set_service after it, then the latest op of each endpoint after it; the
+    latest op per node. Ops on different keys commute, so ports and nodes keep the
+    order they were first seen in."""
+    ports: dict[object, _Port] = {}
+    nodes: dict[object, WireOp] = {}
     for batch in batches:
         for op in batch:
-            if op.wipes:
-                for k in eps_of.pop(op.key[1], ()):
-                    out.pop(k, None)
-            elif op.key[0] == "ep":
-                eps_of.setdefault(op.key[1], set()).add(op.key)
-            out.pop(op.key, None)
-            out[op.key] = op
-    return list(out.values())
+            if op.key[0] == "node":
+                nodes[op.key] = op
+            else:
+                port = ports.get(op.key[1])
+                if port is None:
+                    port = ports[op.key[1]] = _Port()
+                port.add(op)
+    out = list(nodes.values())
+    for port in ports.values():
+        out += port.ops()
+    return out
 
 
 def _varint(value: int) -> bytes:
@@ -97,25 +163,28 @@ def _varint(value: int) -> bytes:
 
 
 def encode_event(revision: int, ops: Iterable[bytes], *, reset: bool = False,
-                 more: bool = False) -> bytes:
-    """A serialised ``WatchEvent`` (fields 1 revision, 2 reset, 3 more, 4 ops)."""
+                 more: bool = False, digest: int | None = None) -> bytes:
+    """A serialised ``WatchEvent`` (fields 1 revision, 2 reset, 3 more, 4 ops, 5 digest)."""
     parts = [b"\x08", _varint(revision)]
     if reset:
         parts.append(b"\x10\x01")
     if more:
         parts.append(b"\x18\x01")
+    if digest is not None:
+        parts += (b"\x29", (digest & DIGEST_MASK).to_bytes(8, "little"))
     for data in ops:
         parts += (b"\x22", _varint(len(data)), data)
     return b"".join(parts)
 
 
 def chunk_events(revision: int, ops: list[bytes], *, reset: bool = False,
-                 limit: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
-    """One batch split into messages under ``limit`` bytes; all but the last say more=True."""
+                 limit: int = MAX_MESSAGE_BYTES, digest: int | None = None) -> Iterator[bytes]:
+    """One batch split into messages under ``limit`` bytes; all but the last say more=True,
+    the last carries ``digest`` (the state digest once the batch is applied)."""
     start, size = 0, 0
     for i, data in enumerate(ops):
         if size and size + len(data) > limit:
             yield encode_event(revision, ops[start:i], reset=reset and start == 0, more=True)
             start, size = i, 0
         size += len(data) + 6
-    yield encode_event(revision, ops[start:], reset=reset and start == 0)
+    yield encode_event(revision, ops[start:], reset=reset and start == 0, digest=digest)

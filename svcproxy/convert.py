@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hashlib import blake2b
+
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from svcproxy.model import (
@@ -122,3 +125,39 @@ def node_from_pb(msg: pb.NodeInfo) -> NodeInfo:
     return NodeInfo(name=msg.name, zone=msg.zone, pod_cidrs=tuple(msg.pod_cidrs),
                     addresses=tuple(msg.addresses), labels=tuple(sorted(msg.labels.items())),
                     terminating=msg.terminating)
+
+
+# ---- the state digest (WatchEvent.digest) ---------------------------------------------
+# The sum, modulo 2**64, of one term per service port, per endpoint and per node of a
+# client's state: order-independent, and updated by adding the new and subtracting the
+# old term of whatever an op changes. A term is the first 8 bytes (little-endian) of
+# BLAKE2b over a tag and the deterministic serialisation of the message it stands for.
+DIGEST_MASK = (1 << 64) - 1
+
+
+def digest_term(tag: bytes, msg: Message) -> int:
+    data = tag + msg.SerializeToString(deterministic=True)
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+
+
+def service_term(svc: pb.ServicePort) -> int:
+    """The term of a service port's service-level fields (its key included)."""
+    return digest_term(b"s", svc)
+
+
+def endpoint_term(key: pb.ServicePortKey, ep: pb.Endpoint) -> int:
+    """The term of one endpoint of the service port ``key``."""
+    return digest_term(b"e", pb.EndpointOp(service=key, endpoint=ep))
+
+
+def record_term(state: pb.ServicePortState) -> int:
+    """The terms of a service port and all of its endpoints."""
+    key = state.service.key
+    total = service_term(state.service)
+    for ep in state.endpoints:
+        total += endpoint_term(key, ep)
+    return total & DIGEST_MASK
+
+
+def node_term(node: pb.NodeInfo) -> int:
+    return digest_term(b"n", node)

@@ -15,17 +15,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
 import grpc
 
 from svcproxy.convert import (
+    DIGEST_MASK,
+    digest_term,
     endpoint_from_pb,
+    endpoint_term,
+    endpoint_to_pb,
     key_from_pb,
     node_from_pb,
+    node_term,
+    record_term,
     service_from_pb,
+    service_term,
     state_from_pb,
 )
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
@@ -116,6 +123,18 @@ class NodeStateClient:
         self._node_changed = False
         self._full = True
         self._triggers: set[float] = set()
+        # The state digest (see WatchEvent.digest) and the terms it sums.
+        self._digest = 0
+        self._service_terms: dict[ServicePortKey, int] = {}
+        self._record_terms: dict[ServicePortKey, int] = {}
+        self._node_terms: dict[str, int] = {}
+        # Set when our state turned out different from the frontend's: the next stream
+        # asks for a snapshot and replaces everything with it.
+        self._out_of_sync = False
+        # Batches after which our state differed from the frontend's (each healed by a
+        # snapshot); on_mismatch is called with the node name each time.
+        self.mismatches = 0
+        self.on_mismatch: Callable[[str], None] | None = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._call: grpc.Future | None = None
@@ -260,20 +279,26 @@ class NodeStateClient:
                     pending = []
                     # Our revision is now this replica's: resume with its epoch.
                     self.epoch = epoch
+                    if self._out_of_sync:
+                        call.cancel()
+                        return
 
     def _apply(self, events: list[pb.WatchEvent]) -> None:
         """Apply one complete batch under the lock: the state is consistent after it."""
         with self._cond:
             before = None
-            if events[0].reset or not self._synced:
-                if events[0].reset:
+            if events[0].reset or not self._synced or self._out_of_sync:
+                if events[0].reset or self._out_of_sync:
                     self.resets += 1
-                    log.info("the frontend reset the stream; rebuilding from its snapshot")
+                    log.info("rebuilding the state of %s from a snapshot",
+                             self.node_name or "<cluster>")
                     before = self._before_reset()
                 self._services.clear()
                 self._nodes.clear()
                 self._node = None
                 self._full = True
+                self._clear_digest()
+                self._out_of_sync = False
             for event in events:
                 for op in event.ops:
                     self._apply_op(op)
@@ -281,7 +306,36 @@ class NodeStateClient:
                 self._reconcile(before)
             self.revision = events[-1].revision
             self._synced = True
+            self._check_digest(events[-1])
             self._cond.notify_all()
+
+    def _clear_digest(self) -> None:
+        self._digest = 0
+        self._service_terms.clear()
+        self._record_terms.clear()
+        self._node_terms.clear()
+
+    def _check_digest(self, last: pb.WatchEvent) -> None:
+        """Compare our state's digest with the frontend's; on a difference, count it and
+        ask for a snapshot (the next stream starts from revision 0)."""
+        if not self._out_of_sync and (not last.HasField("digest")
+                                      or last.digest == self._digest):
+            return
+        self.mismatches += 1
+        log.error("the state of %s at revision %d differs from the frontend's (digest "
+                  "%016x, ours %016x); asking for a full snapshot", self.node_name
+                  or "<cluster>", last.revision, last.digest, self._digest)
+        self._out_of_sync = True
+        self.revision = 0
+        if self.on_mismatch is not None:
+            self.on_mismatch(self.node_name)
+
+    def _add_digest(self, delta: int) -> None:
+        self._digest = (self._digest + delta) & DIGEST_MASK
+
+    def _set_record_term(self, key: ServicePortKey, term: int) -> None:
+        self._add_digest(term - self._record_terms.get(key, 0))
+        self._record_terms[key] = term
 
     def _before_reset(self) -> BeforeReset | None:
         if not self._synced:
@@ -313,27 +367,39 @@ class NodeStateClient:
             self._services[rec.key] = rec
             self._endpoint_changes += len(rec.endpoints)
             self._touch(rec.key, rec)
+            self._service_terms[rec.key] = service_term(op.replace_service.service)
+            self._set_record_term(rec.key, record_term(op.replace_service))
         elif which == "set_service":
             svc = service_from_pb(op.set_service)
             old = self._services.get(svc.key)
             rec = ServicePortState(svc, old.endpoints if old else {})
             self._services[svc.key] = rec
             self._touch(svc.key, rec)
+            term = service_term(op.set_service)
+            self._set_record_term(svc.key, self._record_terms.get(svc.key, 0) + term
+                                  - self._service_terms.get(svc.key, 0))
+            self._service_terms[svc.key] = term
         elif which == "delete_service":
             key = key_from_pb(op.delete_service)
             self._services.pop(key, None)
             self._touch(key, None)
+            self._add_digest(-self._record_terms.pop(key, 0))
+            self._service_terms.pop(key, None)
         elif which in ("set_endpoint", "delete_endpoint"):
             self._apply_endpoint_op(op, which)
         elif which == "set_node":
             node = node_from_pb(op.set_node)
             self._nodes[node.name] = node
+            term = node_term(op.set_node)
+            self._add_digest(term - self._node_terms.get(node.name, 0))
+            self._node_terms[node.name] = term
             if node.name == self.node_name:
                 self._node = node
             # A cluster watch reports a change of any node.
             self._node_changed |= self.cluster or node.name == self.node_name
         elif which == "delete_node":
             self._nodes.pop(op.delete_node, None)
+            self._add_digest(-self._node_terms.pop(op.delete_node, 0))
             if op.delete_node == self.node_name:
                 self._node = None
             self._node_changed |= self.cluster or op.delete_node == self.node_name
@@ -343,14 +409,21 @@ class NodeStateClient:
         key = key_from_pb(msg.service)
         old = self._services.get(key)
         if old is None:
-            log.warning("endpoint op for unknown service port %s ignored", key)
+            log.error("endpoint op for unknown service port %s: out of sync", key)
+            self._out_of_sync = True
             return
         endpoints = dict(old.endpoints)
         if which == "set_endpoint":
             ep = endpoint_from_pb(op.set_endpoint.endpoint)
+            was = endpoints.get(ep.ip)
             endpoints[ep.ip] = ep
+            delta = digest_term(b"e", op.set_endpoint)
         else:
-            endpoints.pop(op.delete_endpoint.ip, None)
+            was = endpoints.pop(op.delete_endpoint.ip, None)
+            delta = 0
+        if was is not None:
+            delta -= endpoint_term(msg.service, endpoint_to_pb(was))
+        self._set_record_term(key, self._record_terms.get(key, 0) + delta)
         rec = ServicePortState(old.service, endpoints)
         self._services[key] = rec
         self._endpoint_changes += 1
