@@ -236,3 +236,14 @@ def test_the_backend_imports_only_the_sdk() -> None:
             for name in names:
                 assert not name.startswith("svcproxy") or name.startswith("svcproxy.sdk"), \
                     f"{path.name} imports {name}"
+
+
+def test_wrong_places_are_refused_with_what_to_do(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    layout = loader.Layout(pin_dir=tmp_path / "pins", cgroup=tmp_path,
+                           object_path=tmp_path / "missing.o")
+    with pytest.raises(loader.LoadError, match="svcproxy.backends.ebpf.build"):
+        loader.Programs(layout).load()
+    with pytest.raises(loader.LoadError, match="not on a bpf filesystem; mount one"):
+        loader.check_paths(layout)
