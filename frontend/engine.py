@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from svcproxy.frontend import metrics
 from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
 from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
 from svcproxy.frontend.gctuning import settle_long_lived_state
+from svcproxy.frontend.limits import MESSAGE_BYTES
 from svcproxy.frontend.objects import (
     EndpointSlice,
     Node,
@@ -290,7 +291,7 @@ class Engine:
             view.set_records(old_keys, new)
 
     # ---- streams -------------------------------------------------------
-    def catch_up(self, view: NodeView, since: int) -> tuple[int, list[bytes]]:
+    def catch_up(self, view: NodeView, since: int) -> tuple[int, Iterable[bytes]]:
         """Where a stream whose client last applied ``since`` starts: its cursor and the
         messages to send first (what it missed, or a reset and a snapshot when ``since``
         is 0 or no longer in the history)."""
@@ -304,11 +305,12 @@ class Engine:
                      "full snapshot", view.name or "<cluster>", since)
         return self.revision, self.snapshot(view, reset=since != 0)
 
-    def snapshot(self, view: NodeView, reset: bool = False) -> list[bytes]:
-        """The messages of a full snapshot of ``view`` at the current revision."""
-        msgs = list(chunk_events(self.revision, self.snapshot_ops(view), reset=reset))
-        metrics.SNAPSHOT_BYTES.observe(sum(len(m) for m in msgs))
-        return msgs
+    def snapshot(self, view: NodeView, reset: bool = False) -> Iterator[bytes]:
+        """The messages of a full snapshot of ``view`` at the current revision, encoded
+        one at a time as the stream writes them: a stream holds the list of its ops
+        (bytes shared with every other stream) and the one message being written."""
+        return _measured(chunk_events(self.revision, self.snapshot_ops(view), reset=reset,
+                                      limit=MESSAGE_BYTES))
 
     def snapshot_ops(self, view: NodeView) -> list[bytes]:
         """The ops that build ``view`` from nothing (serialised records are cached)."""
@@ -326,6 +328,23 @@ class Engine:
         if len(self._snapshot_ops) > 4 * max(1, len(live)) + 100000:
             self._snapshot_ops = live
         return out
+
+    def service_op(self, rec: ServicePortState) -> bytes:
+        """The serialised replace_service op of ``rec``, from the snapshot ops' cache."""
+        hit = self._snapshot_ops.get(id(rec))
+        if hit is None or hit[0] is not rec:
+            if len(self._snapshot_ops) > 1_000_000:
+                self._snapshot_ops = {}
+            hit = self._snapshot_ops[id(rec)] = (rec, replace_service(rec))
+        return hit[1].data
+
+
+def _measured(msgs: Iterator[bytes]) -> Iterator[bytes]:
+    size = 0
+    for msg in msgs:
+        size += len(msg)
+        yield msg
+    metrics.SNAPSHOT_BYTES.observe(size)
 
 
 def known_nodes(engine: Engine) -> list[NodeInfo]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -14,9 +14,10 @@ from prometheus_client import start_http_server
 from svcproxy.frontend.auth import AuthConfig, check_listen
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.guard import CallGuard
+from svcproxy.frontend.limits import StreamLimits
 from svcproxy.frontend.manifests import ManifestSource
 from svcproxy.frontend.readiness import Readiness
-from svcproxy.frontend.server import TLSFiles, start_server
+from svcproxy.frontend.server import NodeStateServicer, TLSFiles, start_server
 from svcproxy.frontend.upstream import UpstreamSource
 from svcproxy.frontend.workers import StreamWorkers, tcp_address
 from svcproxy.sdk.credentials import ClientTLS, TokenFile
@@ -42,6 +43,8 @@ class FrontendOptions:
     auth: AuthConfig | None = None
     healthz_bind_address: str = ""
     apiserver_lost_after: float = 60.0
+    # --max-streams, --max-streams-per-peer, --stream-write-timeout
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
@@ -88,14 +91,15 @@ class Frontend:
     async def start(self) -> None:
         self.engine.loop = asyncio.get_running_loop()
         await self.readiness.start(self.opts.healthz_bind_address)
+        servicer = NodeStateServicer(self.engine, self.opts.stream_limits)
         self._server, self.port = await start_server(self.engine, self.opts.listen,
                                                       self.opts.tls, self.guard,
-                                                      self.readiness.health)
+                                                      self.readiness.health, servicer)
         if self.opts.stream_workers > 1:
             self.workers = StreamWorkers(self.engine, self.opts.stream_workers,
                                          tcp_address(self.opts.listen, self.port),
                                          self.opts.tls, logging.getLogger().level,
-                                         self.guard)
+                                         self.guard, servicer)
             self.workers.start()
         start_metrics(self.opts.metrics_bind_address)
         self._source = self.readiness.source = _start_source(self.opts, self.engine)

@@ -19,11 +19,22 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from svcproxy.convert import node_to_pb, state_to_pb
-from svcproxy.frontend.engine import Engine, known_nodes
+from svcproxy.convert import node_to_pb
+from svcproxy.frontend.engine import CLUSTER_VIEW, Engine, known_nodes
 from svcproxy.frontend.guard import CallGuard
-from svcproxy.frontend.stream import WatchServicer, write_stream
+from svcproxy.frontend.limits import (
+    Refused,
+    StallWatch,
+    StreamLimits,
+    StreamSlots,
+    WriteClock,
+    peer_address,
+)
+from svcproxy.frontend.pages import NodeStatePages
+from svcproxy.frontend.stream import Messages, WatchServicer, write_stream
 from svcproxy.frontend.tls import dynamic_server_credentials
+from svcproxy.frontend.validation import check_since
+from svcproxy.frontend.views import NodeView
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -38,50 +49,67 @@ class TLSFiles:
 
 
 class NodeStateServicer(WatchServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, limits: StreamLimits | None = None) -> None:
         self.engine = engine
+        self.limits = limits or StreamLimits()
+        self.slots = StreamSlots(self.limits)
+        self.stalls = StallWatch(self.limits.write_timeout)
+        self.pages = NodeStatePages(engine)
 
-    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+    def start_stream(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
+        """Admit one stream of ``peer`` (its address; its slot is the caller's to release):
+        the view it watches, its cursor and first messages; Refused when over a cap or
+        ``since`` is ahead of this frontend."""
+        check_since("WatchCluster" if name == CLUSTER_VIEW else "Watch", since,
+                    self.engine.revision)
+        self.slots.acquire(peer)
+        view = self.engine.watch(name)
+        cursor, first = self.engine.catch_up(view, since)
+        return view, cursor, first
+
+    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext,
+                     clock: WriteClock) -> None:
         engine = self.engine
         await engine.synced.wait()
-        view = engine.watch(name)
         peer = context.peer()
+        address = peer_address(peer)
+        view, cursor, first = self.start_stream(name, since, address)
+        context.add_done_callback(lambda _: self.slots.release(address))
         log.info("watch from %s for %s since revision %d", peer, name or "<cluster>", since)
 
-        async def resync(cursor: int) -> tuple[int, list[bytes]]:
+        async def resync(cursor: int) -> tuple[int, Messages]:
             return engine.catch_up(view, cursor)
 
         try:
-            cursor, first = engine.catch_up(view, since)
-            await write_stream(context, view, cursor, first, resync)
+            await write_stream(context, view, cursor, first, resync, clock)
         finally:
             engine.unwatch(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802
-                           context: grpc.aio.ServicerContext) -> pb.NodeState:
-        view = self.engine.view(request.node_name)
+                           context: grpc.aio.ServicerContext) -> bytes:
         try:
-            out = pb.NodeState(revision=self.engine.revision,
-                               services=[state_to_pb(r) for _, r in sorted(view.records.items())])
-            if view.node is not None:
-                out.node.CopyFrom(node_to_pb(view.node))
-            return out
-        finally:
-            self.engine.release(view)
+            return self.pages.answer(request)
+        except Refused as err:
+            await err.abort(context)
+            raise
 
     async def ListNodes(self, request: pb.ListNodesRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:
-        return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in known_nodes(self.engine)],
-                                    revision=self.engine.revision)
+        return list_nodes(self.engine)
+
+
+def list_nodes(engine: Engine) -> pb.ListNodesResponse:
+    return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in known_nodes(engine)],
+                                revision=engine.revision)
 
 
 def _identity(data: bytes) -> bytes:
     return data
 
 
-def _serialize(msg: pb.NodeState | pb.ListNodesResponse) -> bytes:
-    return msg.SerializeToString()
+def _serialize(msg: bytes | pb.ListNodesResponse) -> bytes:
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
 
 
 class Servicer(Protocol):
@@ -161,9 +189,12 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
 async def start_server(engine: Engine, listen: str, tls: TLSFiles | None = None,
                        guard: CallGuard | None = None,
                        health_servicer: health_aio.HealthServicer | None = None,
+                       servicer: NodeStateServicer | None = None,
                        ) -> tuple[grpc.aio.Server, int]:
-    """Serve the engine's API on ``listen``; returns the server and its port."""
-    server, port = await serve_api(api_handler(NodeStateServicer(engine)), listen, tls,
-                                   guard, health_servicer)
+    """Serve the engine's API (through ``servicer``, if given) on ``listen``; returns
+    the server and its port."""
+    servicer = servicer or NodeStateServicer(engine)
+    server, port = await serve_api(api_handler(servicer), listen, tls, guard,
+                                   health_servicer)
     log.info("serving the svcproxy API on %s%s", listen, " (TLS)" if tls else "")
     return server, port

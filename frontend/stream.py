@@ -1,31 +1,57 @@
-"""The loop of one Watch stream, shared by the main process and the stream workers."""
+"""The loop of one Watch stream, shared by the main process and the stream workers.
+
+A stream holds one message of its own: each is encoded (a snapshot's) or taken from the
+view's shared encoding (a batch's) when the previous one is written, and with grpc.aio a
+write completes only once HTTP/2 flow control lets the message through to the client.
+A client that does not read therefore stops its stream at one message, and StallWatch
+ends the stream after --stream-write-timeout (see limits.py).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import CLUSTER_VIEW
+from svcproxy.frontend.limits import STALLED, Refused, StallWatch, WriteClock, stalled_status
+from svcproxy.frontend.validation import check_node_name
 from svcproxy.frontend.views import NodeView
 from svcproxy.v1 import nodestate_pb2 as pb
 
+Messages = Iterable[bytes] | AsyncIterator[bytes]
 # Where a stream goes on when its view's history no longer reaches its cursor:
 # (new cursor, messages to send), as Engine.catch_up returns them.
-Resync = Callable[[int], Awaitable[tuple[int, list[bytes]]]]
+Resync = Callable[[int], Awaitable[tuple[int, Messages]]]
+
+
+async def _write_all(context: grpc.aio.ServicerContext, msgs: Messages,
+                     clock: WriteClock) -> None:
+    """Write ``msgs`` in order, each write's start on ``clock``."""
+    now = asyncio.get_running_loop().time
+    if type(msgs) is not list and isinstance(msgs, AsyncIterator):
+        async for msg in msgs:
+            clock.started = now()
+            await context.write(msg)
+    else:
+        for msg in msgs:
+            clock.started = now()
+            await context.write(msg)
+    clock.started = 0.0
 
 
 async def write_stream(context: grpc.aio.ServicerContext, view: NodeView, cursor: int,
-                       first: list[bytes], resync: Resync) -> None:
+                       first: Messages, resync: Resync, clock: WriteClock) -> None:
     """Write ``first``, then every later batch of ``view``, until the client goes away.
 
     Messages go out with ``context.write`` (one generator layer less per message than
     yielding); a client that fell behind gets the batches it missed coalesced into one.
     """
-    for msg in first:
-        await context.write(msg)
+    await _write_all(context, first, clock)
+    del first
     while True:
         await view.wait_change(cursor)
         msgs = view.messages_since(cursor)
@@ -34,24 +60,43 @@ async def write_stream(context: grpc.aio.ServicerContext, view: NodeView, cursor
         else:
             metrics.CLIENT_LAG.observe(view.batches_after(cursor) - 1)
             cursor = view.revision
-        for msg in msgs:
-            await context.write(msg)
+        await _write_all(context, msgs, clock)
+        del msgs
 
 
 class WatchServicer(ABC):
     """Watch and WatchCluster, for a servicer that knows how to serve one stream."""
 
+    stalls: StallWatch
+
     async def Watch(self, request: pb.WatchRequest,  # noqa: N802 - gRPC method name
                     context: grpc.aio.ServicerContext) -> None:
-        if not request.node_name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "node_name is required (use WatchCluster for every node)")
-        await self.stream(request.node_name, request.since_revision, context)
+        try:
+            check_node_name("Watch", request.node_name)
+        except Refused as err:
+            await err.abort(context)
+        await self._serve(request.node_name, request.since_revision, context)
 
     async def WatchCluster(self, request: pb.ClusterWatchRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> None:
-        await self.stream(CLUSTER_VIEW, request.since_revision, context)
+        await self._serve(CLUSTER_VIEW, request.since_revision, context)
+
+    async def _serve(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+        clock = self.stalls.register()
+        try:
+            await self.stream(name, since, context, clock)
+        except asyncio.CancelledError:
+            if not clock.stalled:
+                raise
+            STALLED.inc()
+            stalled_status(context, self.stalls.timeout, name or "<cluster>")
+        except Refused as err:
+            await err.abort(context)
+        finally:
+            self.stalls.unregister(clock)
 
     @abstractmethod
-    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
-        """Serve the view ``name`` (CLUSTER_VIEW for the cluster) to one client."""
+    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext,
+                     clock: WriteClock) -> None:
+        """Serve the view ``name`` (CLUSTER_VIEW for the cluster) to one client, its
+        writes timed on ``clock``; Refused to refuse it."""

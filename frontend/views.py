@@ -12,6 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 
+from svcproxy.frontend.limits import MESSAGE_BYTES
 from svcproxy.frontend.wire import WireOp, chunk_events, coalesce
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 
@@ -73,7 +74,7 @@ class NodeView:
         ops = self.ops_since(since)
         if ops is None:
             return None
-        msgs = list(chunk_events(self.revision, [op.data for op in ops]))
+        msgs = list(chunk_events(self.revision, [op.data for op in ops], limit=MESSAGE_BYTES))
         self._encoded = (since, self.revision, msgs)
         return msgs
 

@@ -21,10 +21,11 @@ from grpc_health.v1 import _async as health_aio
 from svcproxy.frontend import metrics
 from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.guard import CallGuard
+from svcproxy.frontend.limits import Refused, StallWatch, WriteClock, peer_address
 from svcproxy.frontend.pipe import Message, Pipe
 from svcproxy.frontend.readiness import API_NAMES, SERVING, not_serving
 from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
-from svcproxy.frontend.stream import WatchServicer, write_stream
+from svcproxy.frontend.stream import Messages, WatchServicer, write_stream
 from svcproxy.frontend.views import NodeView
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class WorkerConfig:
     history: int
     log_level: int
     guard: CallGuard | None = None
+    write_timeout: float = 60.0
 
 
 class MainProcessGone(Exception):
@@ -53,12 +55,13 @@ class ParentLink:
         self.views: dict[str, NodeView] = {}
         self.closed = asyncio.Event()
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future[object], str | None]] = {}
+        # A watch request's future knows the view and the peer address it is for.
+        self._pending: dict[int, tuple[asyncio.Future[object], tuple[str, str] | None]] = {}
 
     def start(self) -> None:
         self.pipe.start(asyncio.get_running_loop())
 
-    def request(self, kind: str, *args: object, watch: str | None = None
+    def request(self, kind: str, *args: object, watch: tuple[str, str] | None = None
                 ) -> asyncio.Future[object]:
         if self.closed.is_set():
             raise MainProcessGone()
@@ -68,10 +71,27 @@ class ParentLink:
         self.pipe.send((kind, req, *args))
         return future
 
-    async def watch(self, name: str, since: int) -> tuple[NodeView, int, list[bytes]]:
-        """Start a stream: the local view (held for it), its cursor and first messages."""
-        reply = await self.request("watch", name, since, watch=name)
-        return reply  # type: ignore[return-value]
+    async def watch(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
+        """Start a stream of ``peer`` (its address): the local view (held for it), its
+        cursor and first messages; Refused by the main process (caps, requests)."""
+        reply = await self.request("watch", name, since, peer, watch=(name, peer))
+        if isinstance(reply, Refused):
+            raise reply
+        view, cursor, first, feed = reply  # type: ignore[misc]
+        return view, cursor, self.messages(first, feed)
+
+    async def catch_up(self, name: str, since: int) -> tuple[int, Messages]:
+        """Where a stream goes on when the worker's view no longer has its batches."""
+        cursor, first, feed = await self.request("catchup", name, since)  # type: ignore[misc]
+        return cursor, self.messages(first, feed)
+
+    def messages(self, first: list[bytes], feed: int) -> Messages:
+        return SnapshotFeed(self, first, feed) if feed else first
+
+    def release(self, peer: str) -> None:
+        """A stream of ``peer`` is over: its slot is free."""
+        if not self.closed.is_set():
+            self.pipe.send(("release", peer))
 
     def unwatch(self, view: NodeView) -> None:
         view.watchers -= 1
@@ -83,26 +103,31 @@ class ParentLink:
     def _on_message(self, message: Message) -> None:
         if message[0] == "publish":
             revision, batches = message[1], message[2]
-            for name, ops in batches.items():  # type: ignore[attr-defined]
+            for name, (ops, digest) in batches.items():  # type: ignore[attr-defined]
                 view = self.views.get(name)
                 if view is not None:
-                    view.append(revision, ops)  # type: ignore[arg-type]
+                    view.append(revision, ops, digest)
             return
         future, watch = self._pending.pop(message[1])  # type: ignore[arg-type]
         reply = message[2]
+        if watch is not None and isinstance(reply, Refused):
+            watch = None  # refused: nothing was counted
         if watch is not None and future.done():
             # The client left while waiting: the main process counted it, uncount it.
-            self.pipe.send(("unwatch", watch))
+            self.pipe.send(("unwatch", watch[0]))
+            self.pipe.send(("release", watch[1]))
+            if reply[2]:  # type: ignore[index]
+                self.pipe.send(("drop", reply[2]))  # type: ignore[index]
             return
         if watch is not None:
             # Made here, not when the caller resumes: batches after this reply are
             # already on their way and must find the view.
-            cursor, first = reply  # type: ignore[misc]
-            view = self.views.get(watch)
+            cursor, first, feed = reply  # type: ignore[misc]
+            view = self.views.get(watch[0])
             if view is None:
-                view = self.views[watch] = NodeView(watch, cursor, self.history)
+                view = self.views[watch[0]] = NodeView(watch[0], cursor, self.history)
             view.watchers += 1
-            reply = (view, cursor, first)
+            reply = (view, cursor, first, feed)
         if not future.done():
             future.set_result(reply)
 
@@ -114,43 +139,91 @@ class ParentLink:
         self._pending.clear()
 
 
+class SnapshotFeed:
+    """A snapshot's messages, asked of the main process one at a time as the stream
+    writes them (the worker holds one message of it)."""
+
+    def __init__(self, link: ParentLink, first: list[bytes], feed: int) -> None:
+        self.link = link
+        self.first = first
+        self.feed = feed
+
+    def __aiter__(self) -> SnapshotFeed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.first:
+            return self.first.pop(0)
+        if not self.feed:
+            raise StopAsyncIteration
+        msgs = await self.link.request("next", self.feed)
+        if not msgs:
+            self.feed = 0
+            raise StopAsyncIteration
+        return msgs[0]  # type: ignore[index]
+
+    def close(self) -> None:
+        """The stream ended before the snapshot did: the main process may forget it."""
+        if self.feed and not self.link.closed.is_set():
+            self.link.pipe.send(("drop", self.feed))
+        self.feed = 0
+
+
 class WorkerServicer(WatchServicer):
     """The API as a stream worker serves it."""
 
-    def __init__(self, link: ParentLink) -> None:
+    def __init__(self, link: ParentLink, write_timeout: float = 60.0) -> None:
         self.link = link
+        self.stalls = StallWatch(write_timeout)
 
-    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
+    async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext,
+                     clock: WriteClock) -> None:
         peer = context.peer()
+        address = peer_address(peer)
         log.info("watch from %s for %s since revision %d", peer, name or "<cluster>", since)
         try:
-            view, cursor, first = await self.link.watch(name, since)
+            view, cursor, first = await self.link.watch(name, since, address)
         except MainProcessGone:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the frontend is restarting")
+        context.add_done_callback(lambda _: self.link.release(address))
+        feeds = [first]
 
-        async def resync(at: int) -> tuple[int, list[bytes]]:
-            return await self.link.request("catchup", name, at)  # type: ignore[return-value]
+        async def resync(at: int) -> tuple[int, Messages]:
+            cursor, msgs = await self.link.catch_up(name, at)
+            feeds.append(msgs)
+            return cursor, msgs
 
         try:
-            await write_stream(context, view, cursor, first, resync)
+            await write_stream(context, view, cursor, first, resync, clock)
         finally:
+            for feed in feeds:
+                if isinstance(feed, SnapshotFeed):
+                    feed.close()
             self.link.unwatch(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
     async def GetNodeState(self, request: bytes,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> bytes:
-        return await self.link.request("unary", "GetNodeState", request)  # type: ignore[return-value]
+        return await self._unary("GetNodeState", request, context)
 
     async def ListNodes(self, request: bytes,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> bytes:
-        return await self.link.request("unary", "ListNodes", request)  # type: ignore[return-value]
+        return await self._unary("ListNodes", request, context)
+
+    async def _unary(self, method: str, request: bytes,
+                     context: grpc.aio.ServicerContext) -> bytes:
+        reply = await self.link.request("unary", method, request)
+        if isinstance(reply, Refused):
+            await reply.abort(context)
+        return reply  # type: ignore[return-value]
 
 
 async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
     link = ParentLink(conn, config.history)
     link.start()
     health = await not_serving()
-    server, _ = await serve_api(api_handler(WorkerServicer(link), raw_unary=True),
+    server, _ = await serve_api(api_handler(WorkerServicer(link, config.write_timeout),
+                                            raw_unary=True),
                                 config.listen, config.tls, config.guard, health)
     synced = asyncio.ensure_future(_serving_once_synced(link, health))
     log.info("stream worker %d serving %s", index, config.listen)

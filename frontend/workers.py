@@ -16,18 +16,22 @@ each worker reports its metrics here every second, so /metrics covers every proc
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.guard import CallGuard
+from svcproxy.frontend.limits import Refused
 from svcproxy.frontend.pipe import Message, Pipe
-from svcproxy.frontend.server import NodeStateServicer, TLSFiles
+from svcproxy.frontend.server import NodeStateServicer, TLSFiles, list_nodes
 from svcproxy.frontend.wire import WireOp
 from svcproxy.frontend.worker import WorkerConfig, worker_main
 from svcproxy.v1 import nodestate_pb2 as pb
@@ -52,17 +56,24 @@ class _Worker:
     pipe: Pipe = field(init=False)
     ready: bool = False
     watching: Counter[str] = field(default_factory=Counter)
+    # Stream slots its streams hold, by peer address; snapshots it is reading, by id.
+    peers: Counter[str] = field(default_factory=Counter)
+    feeds: dict[int, Iterator[bytes]] = field(default_factory=dict)
 
 
 class StreamWorkers:
     """Starts, feeds, answers and (when one dies) restarts the stream workers."""
 
     def __init__(self, engine: Engine, count: int, address: str, tls: TLSFiles | None,
-                 log_level: int = logging.INFO, guard: CallGuard | None = None) -> None:
+                 log_level: int = logging.INFO, guard: CallGuard | None = None,
+                 servicer: NodeStateServicer | None = None) -> None:
         self.engine = engine
         self.count = count
-        self.config = WorkerConfig(address, tls, engine.history_limit, log_level, guard)
-        self._servicer = NodeStateServicer(engine)
+        # The main process's servicer: one count of streams against the caps.
+        self._servicer = servicer or NodeStateServicer(engine)
+        self.config = WorkerConfig(address, tls, engine.history_limit, log_level, guard,
+                                   self._servicer.limits.write_timeout)
+        self._feeds = itertools.count(1)
         self._workers: dict[int, _Worker] = {}
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -106,6 +117,11 @@ class StreamWorkers:
             for _ in range(streams):
                 self._release(name)
         worker.watching.clear()
+        for peer, streams in worker.peers.items():
+            for _ in range(streams):
+                self._servicer.slots.release(peer)
+        worker.peers.clear()
+        worker.feeds.clear()
         self._workers.pop(worker.index, None)
         if self._stopping:
             return
@@ -126,6 +142,12 @@ class StreamWorkers:
         if kind == "unwatch":
             self._unwatch(worker, str(message[1]))
             return
+        if kind == "release":
+            self._release_slot(worker, str(message[1]))
+            return
+        if kind == "drop":
+            worker.feeds.pop(int(message[1]), None)  # type: ignore[call-overload]
+            return
         if kind == "metrics":
             metrics.CLIENT_LAG.add(message[1])  # type: ignore[arg-type]
             return
@@ -136,27 +158,71 @@ class StreamWorkers:
     async def _answer(self, worker: _Worker, message: Message) -> None:
         kind, req = message[0], message[1]
         if kind == "watch":
-            reply: object = await self._watch(worker, str(message[2]), int(message[3]))
+            try:
+                reply: object = await self._watch(worker, str(message[2]),
+                                                  int(message[3]), str(message[4]))
+            except Refused as err:
+                reply = err
         elif kind == "catchup":
-            reply = self._catch_up(str(message[2]), int(message[3]))
+            reply = self._feed(worker, *self._catch_up(str(message[2]), int(message[3])))
+        elif kind == "next":
+            reply = self._next(worker, int(message[2]))  # type: ignore[call-overload]
         elif kind == "synced":
             await self.engine.synced.wait()
             reply = True
         else:
             method = str(message[2])
             request = UNARY_REQUESTS[method].FromString(message[3])  # type: ignore[arg-type]
-            response = await getattr(self._servicer, method)(request, None)
-            reply = response.SerializeToString()
+            reply = self._unary(method, request)
         worker.pipe.send(("reply", req, reply))
 
-    async def _watch(self, worker: _Worker, name: str, since: int) -> tuple[int, list[bytes]]:
-        """A new stream on ``worker``: subscribe it to the view, say where to start."""
-        await self.engine.synced.wait()
-        view = self.engine.watch(name)
-        worker.watching[name] += 1
-        return self.engine.catch_up(view, since)
+    def _unary(self, method: str, request: Any) -> bytes | Refused:
+        """A unary call's serialised answer, or why it is refused."""
+        try:
+            if method == "GetNodeState":
+                return self._servicer.pages.answer(request)
+            return list_nodes(self.engine).SerializeToString()
+        except Refused as err:
+            return err
 
-    def _catch_up(self, name: str, since: int) -> tuple[int, list[bytes]]:
+    async def _watch(self, worker: _Worker, name: str, since: int,
+                     peer: str) -> tuple[int, list[bytes], int]:
+        """A new stream of ``peer`` on ``worker``: count it against the caps, subscribe
+        the worker to the view, say where to start (Refused: refuse it)."""
+        await self.engine.synced.wait()
+        _, cursor, first = self._servicer.start_stream(name, since, peer)
+        worker.peers[peer] += 1
+        worker.watching[name] += 1
+        return self._feed(worker, cursor, first)
+
+    def _feed(self, worker: _Worker, cursor: int,
+              msgs: Iterable[bytes]) -> tuple[int, list[bytes], int]:
+        """A stream's first messages for ``worker``: a batch whole, a snapshot one message
+        at a time (the worker asks for the next with the id returned, 0 when done)."""
+        if isinstance(msgs, list):
+            return cursor, msgs, 0
+        feed = next(self._feeds)
+        worker.feeds[feed] = iter(msgs)
+        return cursor, [], feed
+
+    def _next(self, worker: _Worker, feed: int) -> list[bytes]:
+        """The next message of a snapshot a worker is writing; [] when it is done."""
+        msgs = worker.feeds.get(feed)
+        msg = next(msgs, None) if msgs is not None else None
+        if msg is None:
+            worker.feeds.pop(feed, None)
+            return []
+        return [msg]
+
+    def _release_slot(self, worker: _Worker, peer: str) -> None:
+        if worker.peers[peer] <= 0:
+            return
+        worker.peers[peer] -= 1
+        if not worker.peers[peer]:
+            del worker.peers[peer]
+        self._servicer.slots.release(peer)
+
+    def _catch_up(self, name: str, since: int) -> tuple[int, Iterable[bytes]]:
         """A stream whose batches the worker no longer holds (a slow client)."""
         return self.engine.catch_up(self.engine.view(name), since)
 
@@ -175,6 +241,8 @@ class StreamWorkers:
 
     def _on_publish(self, revision: int, changed: dict[str, list[WireOp]]) -> None:
         for worker in self._workers.values():
-            ops = {name: changed[name] for name in worker.watching if name in changed}
+            # Each view's batch and the state digest after it.
+            ops = {name: (changed[name], self.engine.views[name].digest)
+                   for name in worker.watching if name in changed}
             if ops:
                 worker.pipe.send(("publish", revision, ops))

@@ -65,7 +65,25 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
                    "only its own state; any other certificate is the identity CN (groups: "
                    "O). Certificate, key and CA files are re-read when they change")
     _frontend_auth_arguments(p)
+    _frontend_limit_arguments(p)
     p.set_defaults(func=_run_frontend)
+
+
+def _frontend_limit_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what one client may cost")
+    g.add_argument("--max-streams", type=int, default=10000, metavar="N",
+                   help="concurrent Watch/WatchCluster streams served in all; more are "
+                   "refused with RESOURCE_EXHAUSTED (default %(default)s: two per node of "
+                   "Kubernetes' 5,000-node limit)")
+    g.add_argument("--max-streams-per-peer", type=int, default=100, metavar="N",
+                   help="concurrent streams from one client address (every unix socket "
+                   "client is one address); more are refused with RESOURCE_EXHAUSTED "
+                   "(default %(default)s: a node needs one, a few while reconnecting)")
+    g.add_argument("--stream-write-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="end a stream whose client read nothing for this long with "
+                   "UNAVAILABLE, so it resumes from its revision; 0 never (default "
+                   "%(default)s: twice the gRPC keepalive, far beyond any apply a reading "
+                   "client does, since the SDK reads while it applies)")
 
 
 def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
@@ -167,6 +185,7 @@ def _list_backends(_args: argparse.Namespace) -> int:
 
 
 def _run_frontend(args: argparse.Namespace) -> int:
+    from svcproxy.frontend.limits import StreamLimits
     from svcproxy.frontend.main import FrontendOptions, run_frontend
     from svcproxy.frontend.server import TLSFiles
     from svcproxy.sdk.credentials import ClientTLS, TokenFile
@@ -184,6 +203,11 @@ def _run_frontend(args: argparse.Namespace) -> int:
     if args.stream_workers < 1:
         raise SystemExit("svcproxy: --stream-workers must be 1 or more")
     auth = _frontend_auth(args, tls)
+    if args.max_streams < 1 or args.max_streams_per_peer < 1 or args.stream_write_timeout < 0:
+        raise SystemExit("svcproxy: --max-streams and --max-streams-per-peer must be 1 or "
+                         "more, --stream-write-timeout 0 or more")
+    limits = StreamLimits(args.max_streams, args.max_streams_per_peer,
+                          args.stream_write_timeout)
     opts = FrontendOptions(listen=args.listen, manifests=args.manifests,
                            kubeconfig=args.kubeconfig, service_proxy_name=args.service_proxy_name,
                            metrics_bind_address=args.metrics_bind_address, tls=tls,
@@ -191,7 +215,8 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            upstream=args.upstream, upstream_credentials=upstream_credentials,
                            upstream_token=upstream_token,
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
-                           apiserver_lost_after=args.apiserver_lost_after)
+                           apiserver_lost_after=args.apiserver_lost_after,
+                           stream_limits=limits)
     return asyncio.run(run_frontend(opts))
 
 

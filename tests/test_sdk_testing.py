@@ -128,3 +128,13 @@ def _wait_for(predicate: object, timeout: float = 10.0) -> None:
     while not predicate():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met"
         time.sleep(0.01)
+
+
+def test_state_is_what_a_node_is_served() -> None:
+    with FakeCluster(WEB, NODE_A) as cluster:
+        on_a, on_b = cluster.state("node-a"), cluster.state("node-b")
+        assert on_a.node is not None and on_a.node.name == "node-a" and on_b.node is None
+        assert on_a.services[KEY].endpoints["10.244.1.5"].is_local
+        assert not on_b.services[KEY].endpoints["10.244.1.5"].is_local
+        cluster.apply(WEB.replace("port: 80,", "port: 81,"))
+        assert cluster.state("node-a").services[KEY].service.port == 81

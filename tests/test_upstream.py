@@ -27,10 +27,19 @@ def node_state(fe: RunningFrontend, name: str) -> dict[ServicePortKey, ServicePo
     import grpc
 
     with grpc.insecure_channel(fe.opts.listen) as ch:
-        msg = pb_grpc.NodeStateServiceStub(ch).GetNodeState(
-            pb.GetNodeStateRequest(node_name=name), timeout=10)
+        api = pb_grpc.NodeStateServiceStub(ch)
+        if name:
+            services = list(api.GetNodeState(pb.GetNodeStateRequest(node_name=name),
+                                             timeout=10).services)
+        else:  # the cluster's: its snapshot (GetNodeState needs a node name)
+            services = []
+            for event in api.WatchCluster(pb.ClusterWatchRequest(), timeout=10):
+                services += [op.replace_service for op in event.ops
+                             if op.HasField("replace_service")]
+                if not event.more:
+                    break
     out = {}
-    for rec in map(state_from_pb, msg.services):
+    for rec in map(state_from_pb, services):
         out[rec.key] = dataclasses.replace(
             rec, service=dataclasses.replace(rec.service, trigger_time=0.0))
     return out

@@ -245,6 +245,19 @@ class FakeCluster:
               lambda: f"client of {client.node_name} at revision {client.revision}, "
               f"not {target}")
 
+    def state(self, node_name: str, timeout: float = 10.0) -> NodeState:
+        """The state ``node_name`` is served now, received by a real client (for testing a
+        backend's pure parts on the frontend's real decisions)."""
+        client = NodeStateClient(self.target, node_name)
+        client.start()
+        try:
+            self.wait_client(client, timeout)
+            taken = client.take()
+            assert taken is not None
+            return taken[0]
+        finally:
+            client.stop()
+
     @contextmanager
     def run(self, backend: Backend, node_name: str, *, min_sync_period: float = 0.0,
             sync_period: float = 3600.0) -> Iterator[RunningBackend]:

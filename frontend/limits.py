@@ -1,0 +1,168 @@
+"""What one client may cost the frontend: caps on concurrent streams and the write timeout.
+
+A Watch stream costs one message in flight (gRPC flow control holds the rest back, see
+stream.py); these limits bound how many streams there are and how long one may sit on
+a message its client does not read:
+
+- ``StreamSlots`` counts streams, in total and per peer address, from the call's start
+  until gRPC has finished it (a stream ended for not reading still holds its last
+  message until its client reads or disconnects, so it keeps its slot until then).
+  Beyond a cap a new stream is refused with RESOURCE_EXHAUSTED.
+- ``StallWatch`` ends a stream whose write has not completed for ``write_timeout``
+  seconds with UNAVAILABLE: the client is told to resume from its revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import grpc
+from prometheus_client import Counter as MetricCounter
+
+log = logging.getLogger(__name__)
+# The largest Watch message (bar a single bigger op): a stream whose client does not read
+# holds one message in gRPC, so this is what a stalled stream costs. 64 KiB is HTTP/2's
+# initial flow-control window; smaller messages only add per-message overhead.
+MESSAGE_BYTES = 64 << 10
+
+REFUSED = MetricCounter("svcproxy_frontend_watch_refused_total",
+                        "Watch and WatchCluster streams refused because a cap was reached, "
+                        "by cap (total, peer).", ["cap"])
+STALLED = MetricCounter("svcproxy_frontend_watch_stalled_total",
+                        "Watch streams ended because their client read nothing for "
+                        "--stream-write-timeout seconds (in the main process; stream "
+                        "workers count their own).")
+INVALID = MetricCounter("svcproxy_frontend_invalid_requests_total",
+                        "Requests refused with INVALID_ARGUMENT, by method.", ["method"])
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """The flags: --max-streams, --max-streams-per-peer, --stream-write-timeout."""
+
+    max_streams: int = 10000
+    max_streams_per_peer: int = 100
+    write_timeout: float = 60.0
+
+
+class Refused(Exception):
+    """A call refused with a status; picklable, so a stream worker gets it whole."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code_name = code
+        self.message = message
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode[self.code_name]
+
+    async def abort(self, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(self.code, self.message)
+
+
+def peer_address(peer: str) -> str:
+    """The address part of ``context.peer()``: "ipv4:10.0.0.1:4242" -> "10.0.0.1",
+    "ipv6:[fd00::1]:4242" -> "fd00::1"; every unix socket client is "unix"."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]")
+    return kind or peer
+
+
+class StreamSlots:
+    """Concurrent streams, in total and per peer address, under their caps."""
+
+    def __init__(self, limits: StreamLimits) -> None:
+        self.limits = limits
+        self.total = 0
+        self.per_peer: Counter[str] = Counter()
+
+    def acquire(self, peer: str) -> None:
+        """Count one more stream of ``peer`` (an address); Refused beyond a cap."""
+        limits = self.limits
+        if self.total >= limits.max_streams:
+            REFUSED.labels("total").inc()
+            raise Refused("RESOURCE_EXHAUSTED", (
+                f"this frontend serves its maximum of {limits.max_streams} streams "
+                "(--max-streams); retry later with backoff, or connect to another replica"))
+        if self.per_peer[peer] >= limits.max_streams_per_peer:
+            REFUSED.labels("peer").inc()
+            raise Refused("RESOURCE_EXHAUSTED", (
+                f"{peer} already has {self.per_peer[peer]} open streams, the maximum per "
+                "client address (--max-streams-per-peer); close streams you no longer "
+                "read, or retry later with backoff"))
+        self.total += 1
+        self.per_peer[peer] += 1
+
+    def release(self, peer: str) -> None:
+        self.total -= 1
+        self.per_peer[peer] -= 1
+        if self.per_peer[peer] <= 0:
+            del self.per_peer[peer]
+
+
+class WriteClock:
+    """One stream's write in progress: when it started (0.0: none), read by StallWatch."""
+
+    __slots__ = ("task", "started", "stalled")
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self.task = task
+        self.started = 0.0
+        self.stalled = False
+
+
+class StallWatch:
+    """Ends the streams whose current write has waited ``timeout`` seconds or more.
+
+    A stream marks the start and end of each write on its ``WriteClock`` (two attribute
+    stores, nothing per write on the loop); one task looks at every clock a few times
+    per timeout and cancels the handler of a stream found stalled.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.clocks: set[WriteClock] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def register(self) -> WriteClock:
+        """A clock for the stream running in the current task."""
+        clock = WriteClock(asyncio.current_task())
+        if self.timeout > 0:
+            self.clocks.add(clock)
+            if self._task is None or self._task.done():
+                self._task = asyncio.ensure_future(self._sweep())
+        return clock
+
+    def unregister(self, clock: WriteClock) -> None:
+        self.clocks.discard(clock)
+
+    def stalled(self, now: float) -> list[WriteClock]:
+        """The clocks whose write started ``timeout`` seconds or more before ``now``."""
+        limit = now - self.timeout
+        return [c for c in self.clocks if c.started and c.started <= limit and not c.stalled]
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = max(0.05, self.timeout / 4)
+        while self.clocks:
+            await asyncio.sleep(period)
+            for clock in self.stalled(loop.time()):
+                clock.stalled = True
+                if clock.task is not None:
+                    clock.task.cancel()
+
+
+def stalled_status(context: grpc.aio.ServicerContext, timeout: float, what: str) -> None:
+    """Finish a stream ended by StallWatch with UNAVAILABLE telling its client to resume."""
+    log.warning("watch from %s for %s ended: nothing read for %.0f s (--stream-write-"
+                "timeout)", context.peer(), what, timeout)
+    context.set_code(grpc.StatusCode.UNAVAILABLE)
+    context.set_details(
+        f"the frontend ended this stream: the client read nothing for {timeout:g} s "
+        "(--stream-write-timeout); reconnect and resume with since_revision set to the "
+        "last revision applied")

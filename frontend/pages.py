@@ -1,0 +1,129 @@
+"""GetNodeState answers that fit a default client: pages of one listing, filters.
+
+A listing is a node's service ports at one revision, sorted, filtered by namespace and
+service name, as serialised ``ServicePortState`` bytes (from the engine's cache of
+snapshot ops, so nothing is serialised twice). A page takes service ports from it until
+``page_size`` or ``PAGE_BYTES``; its token names the listing and where the next page
+starts. The last listings are kept, so every page of one listing is at one revision.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from svcproxy.convert import node_to_pb
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.limits import Refused
+from svcproxy.frontend.validation import check_node_name, invalid
+from svcproxy.frontend.wire import _varint
+from svcproxy.v1 import nodestate_pb2 as pb
+
+# A page's budget: under gRPC's default 4 MiB receive limit, with room to spare.
+PAGE_BYTES = 3 << 20
+KEPT_LISTINGS = 16
+ListingKey = tuple[str, int, str, str]  # node, revision, namespace, service
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    revision: int
+    node: bytes  # serialised NodeInfo, b"" when the node is unknown
+    services: list[memoryview]  # serialised ServicePortState, sorted
+
+
+def _field(number: int, data: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _unwrap(op: bytes) -> memoryview:
+    """The message inside a serialised one-field message (an Op's replace_service),
+    without a copy."""
+    pos = 1
+    while op[pos] & 0x80:
+        pos += 1
+    return memoryview(op)[pos + 1:]
+
+
+def encode_token(revision: int, offset: int) -> str:
+    return base64.urlsafe_b64encode(f"{revision}.{offset}".encode()).decode().rstrip("=")
+
+
+def decode_token(token: str) -> tuple[int, int]:
+    """(revision, offset) of a page token; INVALID_ARGUMENT when it is not one."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        revision, offset = (int(part) for part in raw.split("."))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
+        raise invalid("GetNodeState", "page_token is not a next_page_token this frontend "
+                      "handed out; start again without page_token") from err
+    if revision <= 0 or offset <= 0:
+        raise invalid("GetNodeState", "page_token is not a next_page_token this frontend "
+                      "handed out; start again without page_token")
+    return revision, offset
+
+
+class NodeStatePages:
+    """Answers GetNodeState (serialised ``NodeState``) from the engine's views."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._listings: OrderedDict[ListingKey, Listing] = OrderedDict()
+
+    def answer(self, request: pb.GetNodeStateRequest) -> bytes:
+        """One page of the node's state; Refused for an invalid request."""
+        check_node_name("GetNodeState", request.node_name)
+        if request.page_size < 0:
+            raise invalid("GetNodeState", "page_size must be 0 (as many as fit) or more")
+        revision, offset = (decode_token(request.page_token) if request.page_token
+                            else (self.engine.revision, 0))
+        listing = self._listing((request.node_name, revision, request.namespace,
+                                 request.service))
+        if offset > len(listing.services):
+            raise invalid("GetNodeState", "page_token is past the end of its listing; start "
+                          "again without page_token")
+        limit = request.page_size or len(listing.services)
+        end, size = offset, 0
+        while end < len(listing.services) and end - offset < limit:
+            size += len(listing.services[end]) + 6
+            if size > PAGE_BYTES and end > offset:
+                break
+            end += 1
+        parts = [b"\x08", _varint(listing.revision)]
+        if listing.node:
+            parts.append(_field(2, listing.node))
+        for data in listing.services[offset:end]:
+            parts += (b"\x1a", _varint(len(data)), data)
+        if end < len(listing.services):
+            parts.append(_field(4, encode_token(listing.revision, end).encode()))
+        return b"".join(parts)
+
+    def _listing(self, key: ListingKey) -> Listing:
+        listing = self._listings.get(key)
+        if listing is not None:
+            self._listings.move_to_end(key)
+            return listing
+        if key[1] != self.engine.revision:
+            raise Refused("ABORTED", (
+                f"the listing of page_token (revision {key[1]}) is no longer held: the "
+                f"state changed since (now revision {self.engine.revision}); start again "
+                "without page_token"))
+        listing = self._listings[key] = self._list(*key)
+        while len(self._listings) > KEPT_LISTINGS:
+            self._listings.popitem(last=False)
+        return listing
+
+    def _list(self, name: str, revision: int, namespace: str, service: str) -> Listing:
+        engine = self.engine
+        view = engine.view(name)
+        try:
+            keys = sorted(k for k in view.records
+                          if (not namespace or k.namespace == namespace)
+                          and (not service or k.name == service))
+            services = [_unwrap(engine.service_op(view.records[k])) for k in keys]
+            node = node_to_pb(view.node).SerializeToString() if view.node else b""
+            return Listing(revision, node, services)
+        finally:
+            engine.release(view)

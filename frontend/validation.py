@@ -1,0 +1,40 @@
+"""Requests checked at the edge: a bad one is refused alone with INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import re
+
+from svcproxy.frontend.limits import INVALID, Refused
+
+# A Kubernetes node name is a DNS-1123 subdomain.
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_NODE_NAME = 253
+
+
+def invalid(method: str, message: str) -> Refused:
+    INVALID.labels(method).inc()
+    return Refused("INVALID_ARGUMENT", message)
+
+
+def check_node_name(method: str, name: str) -> None:
+    """Refuse a node name that no Kubernetes Node can have."""
+    if not name:
+        hint = ("use WatchCluster for every node" if method == "Watch"
+                else "use ListNodes for the nodes, WatchCluster for every service")
+        raise invalid(method, f"node_name is required ({hint})")
+    if len(name) > MAX_NODE_NAME or not _SUBDOMAIN.fullmatch(name):
+        shown = name if len(name) <= 80 else name[:80] + "..."
+        raise invalid(method, (
+            f"node_name {shown!r} is not a Kubernetes node name: a DNS-1123 subdomain of at "
+            f"most {MAX_NODE_NAME} characters (lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit)"))
+
+
+def check_since(method: str, since: int, revision: int) -> None:
+    """Refuse a resume from a revision this frontend has not reached yet."""
+    if since > revision:
+        raise invalid(method, (
+            f"since_revision {since} is ahead of this frontend's revision {revision}: it "
+            "was not handed out here; resume with the svcproxy-epoch metadata the stream "
+            "announced (then another replica's revision becomes a reset), or watch from "
+            "since_revision 0 for a full snapshot"))
