@@ -112,18 +112,23 @@ def test_deltas_leave_the_kernel_as_a_full_sync_would(netns: str) -> None:
         subprocess.run(["ip", "netns", "del", other], check=False)
 
 
-def test_rejected_transaction_keeps_previous_rules_and_next_sync_replaces(netns: str) -> None:
+def test_a_bad_service_is_refused_alone_and_retried_when_it_changes(netns: str) -> None:
     b = backend(netns)
     good = node_state(state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10")))
     b.sync(good, everything(good))
     before = nft(netns, "list", "table", "ip", names.TABLE)
     bad = node_state(state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10")),
-                     state_of(service("bad", "10.96.0.1"), endpoint("10.244.1.300")))
-    with pytest.raises(NftError):
-        b.sync(bad, Changes(frozenset({key("bad")})))
+                     state_of(service("bad", "10.96.0.2"), endpoint("10.244.1.300")))
+    b.sync(bad, Changes(frozenset({key("bad")})))
     assert nft(netns, "list", "table", "ip", names.TABLE) == before
-    b.sync(good, Changes(frozenset({key("bad")})))
-    assert b.last and b.last.mode == "replace"
+    assert "10.244.1.300" in b.refusals[key("bad")].error
+    b.sync(bad, everything(bad))
+    assert "10.96.0.2" not in nft(netns, "list", "table", "ip", names.TABLE)
+    fixed = node_state(state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10")),
+                       state_of(service("bad", "10.96.0.2"), endpoint("10.244.1.30")))
+    b.sync(fixed, Changes(frozenset({key("bad")})))
+    assert not b.refusals
+    assert "10.96.0.2" in nft(netns, "list", "table", "ip", names.TABLE)
 
 
 def test_cleanup_deletes_only_our_tables(netns: str) -> None:

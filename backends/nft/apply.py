@@ -13,6 +13,10 @@ class Runner(Protocol):
 
     def apply(self, text: str) -> None: ...
 
+    def check(self, text: str) -> None:
+        """Send ``text`` to the kernel and abort it (``nft -c``): raise NftError if it
+        would be refused, change nothing either way."""
+
 
 class NftError(RuntimeError):
     """``nft`` refused a transaction; nothing of it was applied."""
@@ -31,6 +35,14 @@ class NftRunner:
             return
         done = subprocess.run(
             [*self.prefix, self.nft, "-f", "-"], input=text.encode(), capture_output=True
+        )
+        if done.returncode != 0:
+            raise NftError(summarize_error(done.stderr.decode(errors="replace"), text))
+
+    def check(self, text: str) -> None:
+        """``nft -c -f -``: the kernel validates the transaction and aborts it."""
+        done = subprocess.run(
+            [*self.prefix, self.nft, "-c", "-f", "-"], input=text.encode(), capture_output=True
         )
         if done.returncode != 0:
             raise NftError(summarize_error(done.stderr.decode(errors="replace"), text))

@@ -5,17 +5,25 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, ServicePortKey
+from svcproxy.sdk import (
+    Backend,
+    Changes,
+    NodeConfig,
+    NodeState,
+    ServicePortKey,
+    ServicePortState,
+)
+from svcproxy.sdk.refusals import Refusals, invalid_values, isolate
 
-from .apply import NftRunner, Runner
+from .apply import NftError, NftRunner, Runner
 from .context import FamilyContext, family_context
 from .names import TABLE
 from .service_rules import ServiceRules, render_service
-from .table_state import FamilyTable, build_table, commit, full_text, plan_delta
+from .table_state import Delta, FamilyTable, build_table, commit, full_text, plan_delta
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +41,22 @@ class SyncReport:
     apply_seconds: float
 
 
+Records = dict[ServicePortKey, ServicePortState]
+Item = tuple[ServicePortKey, ServicePortState]
+
+
 def render_all(state: NodeState, ctx: FamilyContext) -> dict[ServicePortKey, ServiceRules]:
     """Every service port's rules in one family, in a stable order."""
+    return render_records(state.services, ctx)
+
+
+def render_records(
+    records: Mapping[ServicePortKey, ServicePortState], ctx: FamilyContext
+) -> dict[ServicePortKey, ServiceRules]:
+    """The rules of ``records`` in one family, in a stable order."""
     result: dict[ServicePortKey, ServiceRules] = {}
-    for key in sorted(state.services):
-        rules = render_service(state.services[key], ctx)
+    for key in sorted(records):
+        rules = render_service(records[key], ctx)
         if rules is not None:
             result[key] = rules
     return result
@@ -60,6 +79,9 @@ class NftBackend(Backend):
         self.families = tuple(families)
         self.table = table
         self._tables: dict[int, FamilyTable] | None = None
+        # The record of every service port in the tables (what the kernel accepted).
+        self._accepted: Records = {}
+        self.refusals = Refusals(self.name)
         self.last: SyncReport | None = None
 
     def _contexts(self, state: NodeState) -> dict[int, FamilyContext]:
@@ -73,6 +95,7 @@ class NftBackend(Backend):
             self._sync(state, changes)
 
     def _sync(self, state: NodeState, changes: Changes) -> None:
+        self.refusals.prune(state.services)
         contexts = self._contexts(state)
         tables = self._tables
         same_context = tables is not None and all(
@@ -88,6 +111,22 @@ class NftBackend(Backend):
         else:
             self._delta(state, tables, changes.services)
 
+    def _wanted(self, state: NodeState, key: ServicePortKey) -> ServicePortState | None:
+        """The record to program for ``key``: the state's, unless this very version was
+        refused (or has values no rule may hold): then the last accepted one, if any."""
+        record = state.services.get(key)
+        accepted = self._accepted.get(key)
+        if record is accepted:
+            return record
+        if self.refusals and self.refusals.holds(key, record):
+            return accepted
+        if record is not None:
+            reason = invalid_values(record)
+            if reason is not None:
+                self.refusals.refuse(key, record, f"invalid value: {reason}")
+                return accepted
+        return record
+
     def _full(
         self,
         state: NodeState,
@@ -96,15 +135,105 @@ class NftBackend(Backend):
     ) -> None:
         """Rewrite both tables; replace them unless ``previous`` says what is there."""
         start = time.perf_counter()
-        tables = {f: build_table(ctx, render_all(state, ctx)) for f, ctx in contexts.items()}
-        text = "".join(
-            full_text(t, previous[f] if previous else None) for f, t in tables.items()
-        )
+        records: Records = {}
+        for key in state.services:
+            record = self._wanted(state, key)
+            if record is not None:
+                records[key] = record
+        rendered = {f: render_records(records, ctx) for f, ctx in contexts.items()}
+        text = self._full_text(contexts, rendered, previous)
         mode = "reassert" if previous else "replace"
-        self._apply(text, start, mode, len(state.services))
-        self._tables = tables
+        try:
+            self._apply(text, start, mode, len(state.services))
+        except NftError as err:
+            records, rendered = self._isolate_full(
+                state, records, contexts, rendered, previous, err)
+        self._tables = {f: build_table(ctx, rendered[f]) for f, ctx in contexts.items()}
+        self._accepted = records
+        self._settle(state, records)
         # The kept tables are long-lived and acyclic: keep the cyclic collector off them.
         gc.freeze()
+
+    @staticmethod
+    def _full_text(
+        contexts: Mapping[int, FamilyContext],
+        rendered: Mapping[int, Mapping[ServicePortKey, ServiceRules]],
+        previous: dict[int, FamilyTable] | None,
+    ) -> str:
+        return "".join(
+            full_text(build_table(ctx, rendered[f]), previous[f] if previous else None)
+            for f, ctx in contexts.items()
+        )
+
+    def _isolate_full(
+        self,
+        state: NodeState,
+        records: Records,
+        contexts: dict[int, FamilyContext],
+        rendered: dict[int, dict[ServicePortKey, ServiceRules]],
+        previous: dict[int, FamilyTable] | None,
+        err: NftError,
+    ) -> tuple[Records, dict[int, dict[ServicePortKey, ServiceRules]]]:
+        """After a refused full transaction: find the refused service ports (new
+        versions first, then their last accepted versions), apply the rest; return
+        the records applied and their rules. Raises ``err`` when even the fixed
+        objects are refused."""
+        cache: dict[tuple[int, ServicePortKey], tuple[ServicePortState, ServiceRules | None]]
+        cache = {}
+
+        def rules_of(f: int, key: ServicePortKey, record: ServicePortState) -> ServiceRules | None:
+            if records.get(key) is record:
+                return rendered[f].get(key)
+            hit = cache.get((f, key))
+            if hit is None or hit[0] is not record:
+                hit = cache[(f, key)] = (record, render_service(record, contexts[f]))
+            return hit[1]
+
+        def chosen(items: list[Item]) -> dict[int, dict[ServicePortKey, ServiceRules]]:
+            return {
+                f: {k: r for k, rec in sorted(items) if (r := rules_of(f, k, rec)) is not None}
+                for f in contexts
+            }
+
+        def text_of(items: list[Item]) -> str:
+            return self._full_text(contexts, chosen(items), previous)
+
+        def accepts(accepted: list[Item], group: list[Item]) -> str | None:
+            return self._check(text_of([*accepted, *group]))
+
+        if accepts([], []) is not None:
+            self._tables = None
+            raise err
+        accepted, refused = isolate(sorted(records.items()), accepts, str(err))
+        older = [(k, old) for (k, new), _ in refused
+                 if (old := self._accepted.get(k)) is not None and old is not new]
+        if older:
+            more, _ = isolate(older, lambda a, g: accepts(accepted + a, g), "")
+            accepted += more
+        start = time.perf_counter()
+        self._apply(text_of(accepted), start, "replace" if previous is None else "reassert",
+                    len(accepted))
+        for (key, _), error in refused:
+            self.refusals.refuse(key, state.services.get(key), error)
+        return dict(accepted), chosen(accepted)
+
+    def _check(self, text: str) -> str | None:
+        try:
+            self.runner.check(text)
+        except NftError as err:
+            return str(err)
+        return None
+
+    def _settle(self, state: NodeState, records: Mapping[ServicePortKey, ServicePortState]
+                ) -> None:
+        """Service ports applied as they are in the state are no longer refused."""
+        if not self.refusals:
+            return
+        for key in list(self.refusals):
+            record = state.services.get(key)
+            if record is None and key not in records or (
+                    record is not None and records.get(key) is record):
+                self.refusals.clear(key)
 
     def _delta(
         self,
@@ -114,27 +243,72 @@ class NftBackend(Backend):
     ) -> None:
         """Rewrite only what the changed service ports own."""
         start = time.perf_counter()
-        keys = list(keys)
-        deltas = {}
-        for f, table in tables.items():
-            updates = {
-                k: render_service(state.services[k], table.ctx) if k in state.services else None
-                for k in keys
-            }
-            deltas[f] = plan_delta(table, updates)
+        wanted = {k: self._wanted(state, k) for k in keys}
+        rendered: dict[int, dict[ServicePortKey, ServiceRules | None]] = {
+            f: {k: render_service(r, t.ctx) if r is not None else None
+                for k, r in wanted.items()}
+            for f, t in tables.items()
+        }
+        deltas = {f: plan_delta(t, rendered[f]) for f, t in tables.items()}
         text = "".join(d.text for d in deltas.values())
-        self._apply(text, start, "delta", len(keys))
+        applied: Iterable[ServicePortKey] = wanted
+        try:
+            self._apply(text, start, "delta", len(wanted), forget=False)
+        except NftError as err:
+            deltas, applied = self._isolate_delta(state, tables, wanted, rendered, err)
         for f, delta in deltas.items():
             commit(tables[f], delta)
+        for key in applied:
+            record = wanted[key]
+            if record is None:
+                self._accepted.pop(key, None)
+            else:
+                self._accepted[key] = record
+        self._settle(state, self._accepted)
 
-    def _apply(self, text: str, start: float, mode: str, services: int) -> None:
+    def _isolate_delta(
+        self,
+        state: NodeState,
+        tables: dict[int, FamilyTable],
+        wanted: dict[ServicePortKey, ServicePortState | None],
+        rendered: dict[int, dict[ServicePortKey, ServiceRules | None]],
+        err: NftError,
+    ) -> tuple[dict[int, Delta], list[ServicePortKey]]:
+        """After a refused delta: find the refused service ports (they keep what the
+        kernel holds for them), apply the others; return the deltas and keys applied."""
+
+        def deltas_of(keys: list[ServicePortKey]) -> dict[int, Delta]:
+            return {f: plan_delta(t, {k: rendered[f][k] for k in keys})
+                    for f, t in tables.items()}
+
+        def accepts(accepted: list[ServicePortKey], group: list[ServicePortKey]) -> str | None:
+            return self._check("".join(d.text for d in deltas_of([*accepted, *group]).values()))
+
+        accepted, refused = isolate(sorted(wanted), accepts, str(err))
+        deltas = deltas_of(accepted)
+        try:
+            self._apply("".join(d.text for d in deltas.values()), time.perf_counter(),
+                        "delta", len(accepted), forget=False)
+        except NftError:
+            self._tables = None
+            raise
+        for key, error in refused:
+            self.refusals.refuse(key, state.services.get(key), error)
+        return deltas, accepted
+
+    def _apply(self, text: str, start: float, mode: str, services: int,
+               forget: bool = True) -> None:
         rendered = time.perf_counter()
         try:
             self.runner.apply(text)
+        except NftError:
+            if forget:
+                self._tables = None
+            log.warning("nft %s transaction of %d bytes was refused; nothing of it was "
+                        "applied; looking for the service ports refused", mode, len(text))
+            raise
         except Exception:
             self._tables = None
-            log.warning("nft %s transaction of %d bytes was refused; nothing of it was "
-                        "applied and the next sync replaces the tables", mode, len(text))
             raise
         done = time.perf_counter()
         self.last = SyncReport(mode, services, len(text), rendered - start, done - rendered)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from svcproxy.sdk import NodeConfig, NodeInfo, of_family
+from svcproxy.sdk import NodeConfig, NodeInfo, normalize_cidr, of_family
 
 from .names import TABLE
 
@@ -58,6 +58,8 @@ def local_matches(
         cidrs = of_family(node.pod_cidrs if node else (), family)
     else:
         cidrs = of_family(config.cluster_cidrs, family)
+    # The node's pod CIDRs come from the frontend: only well-formed ones reach a rule.
+    cidrs = [n for c in cidrs if (n := normalize_cidr(c)) is not None]
     if not cidrs:
         return "", ""
     ranges = anonymous_set(cidrs)

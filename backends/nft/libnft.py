@@ -59,6 +59,10 @@ class LibNftRunner:
                     errors="replace")
                 raise NftError(summarize_error(err, text))
 
+    def check(self, text: str) -> None:
+        """Checks are rare (after a refusal): a child ``nft -c`` keeps this context clean."""
+        self._large.check(text)
+
     def close(self) -> None:
         with self._lock:
             if self._ctx:

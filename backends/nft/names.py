@@ -1,25 +1,43 @@
 """Names of the nftables objects the backend owns (chains and affinity sets).
 
-nft identifiers may hold ``[A-Za-z0-9_./-]`` and must start with a letter. A
-service port's chains are named ``<kind>-<hash>-<ns>/<name>/<proto>/<port>``
-(readable, and unique thanks to the hash); an endpoint's add ``__<ip>/<port>``.
+nft identifiers may hold ``[A-Za-z0-9_./-]`` and must start with a letter; the
+kernel takes names of at most 255 bytes. A service port's chains are named
+``<kind>-<hash>-<ns>/<name>/<proto>/<port>`` (readable, and unique thanks to the
+hash); an endpoint's add ``__<ip>/<port>``. Whatever a Service is called, the
+readable part is made of those characters only (each other character becomes
+``_``, each part is cut to Kubernetes' length limit), so no name can break the
+syntax or the kernel's limit; the hash is taken over the name as it was.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 
 from svcproxy.sdk import ServicePortKey
 
 TABLE = "svcproxy"
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# Kubernetes' limits: namespace and Service name 63 (DNS-1123/1035 labels), port name 15.
+_LIMITS = (63, 63, 15)
+
+
 def service_base(key: ServicePortKey) -> str:
-    """Hash-prefixed readable base name of one service port."""
+    """Hash-prefixed readable base name of one service port (at most 166 characters)."""
     readable = f"{key.namespace}/{key.name}/{key.protocol.value.lower()}/{key.port_name}"
-    digest = hashlib.blake2b(readable.encode(), digest_size=5).digest()
-    return f"{base64.b32encode(digest).decode()}-{readable}"
+    digest = hashlib.blake2b(readable.encode(errors="surrogatepass"), digest_size=5).digest()
+    ns, name, port = (_safe(text, n) for text, n in zip(
+        (key.namespace, key.name, key.port_name), _LIMITS, strict=True))
+    safe = f"{ns}/{name}/{key.protocol.value.lower()}/{port}"
+    return f"{base64.b32encode(digest).decode()}-{safe}"
+
+
+def _safe(text: str, limit: int) -> str:
+    """``text`` with every character nft identifiers cannot hold made ``_``, cut."""
+    return _UNSAFE.sub("_", text[:limit])
 
 
 def endpoint_suffix(ip: str, port: int) -> str:
