@@ -247,3 +247,15 @@ def test_wrong_places_are_refused_with_what_to_do(tmp_path) -> None:  # type: ig
         loader.Programs(layout).load()
     with pytest.raises(loader.LoadError, match="not on a bpf filesystem; mount one"):
         loader.check_paths(layout)
+
+
+def test_the_default_cgroup_is_where_cgroup2_is_mounted() -> None:
+    from pathlib import Path
+
+    from svcproxy.backends.ebpf.cli import unified_cgroup
+
+    hybrid = ("tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+              "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+    assert unified_cgroup(hybrid) == Path("/sys/fs/cgroup/unified")
+    assert unified_cgroup("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n") == Path("/sys/fs/cgroup")
+    assert unified_cgroup("") == Path("/sys/fs/cgroup")

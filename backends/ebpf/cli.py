@@ -16,7 +16,21 @@ from .loader import OBJECT, Layout, LoadError
 HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
 
 PIN_DIR = Path("/sys/fs/bpf/svcproxy")
-CGROUP = Path("/sys/fs/cgroup")
+
+
+def unified_cgroup(mounts: str | None = None) -> Path:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup on most hosts,
+    /sys/fs/cgroup/unified on hybrid ones); /sys/fs/cgroup when none is."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            mounts = ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return Path("/sys/fs/cgroup")
 
 
 def _positive(text: str) -> int:
@@ -44,9 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "outside --ebpf-cgroup. 'nft' makes one DaemonSet serve every path (its --nft-* "
         "flags apply); 'none' programs the socket hooks only (default %(default)s)")
     parser.add_argument(
-        "--ebpf-cgroup", type=Path, default=CGROUP, metavar="DIR",
+        "--ebpf-cgroup", type=Path, default=None, metavar="DIR",
         help="cgroup v2 directory whose processes (and their children's) get socket-level "
-        "load balancing; the host's root cgroup on a node (default %(default)s)")
+        "load balancing; on a node, the root of the hierarchy (default: where cgroup2 is "
+        "mounted, e.g. /sys/fs/cgroup)")
     parser.add_argument(
         "--ebpf-pin-dir", type=Path, default=PIN_DIR, metavar="DIR",
         help="directory on a bpf filesystem where the maps and links are pinned: a restarted "
@@ -71,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
-    layout = Layout(pin_dir=args.ebpf_pin_dir, cgroup=args.ebpf_cgroup,
+    layout = Layout(pin_dir=args.ebpf_pin_dir, cgroup=args.ebpf_cgroup or unified_cgroup(),
                     object_path=args.ebpf_object, max_services=args.ebpf_max_services,
                     max_endpoints=args.ebpf_max_endpoints)
     if args.dump:
