@@ -7,6 +7,7 @@ service port gets the same KUBE-SVC-* chain here as under kube-proxy.
 from __future__ import annotations
 
 import hashlib
+import re
 from functools import lru_cache
 
 from svcproxy.sdk import Endpoint, ServicePortKey
@@ -42,7 +43,8 @@ _SHIFTS = tuple(range(70, -1, -10))
 
 def _hash16(text: str) -> str:
     """The first 16 base32 characters of sha256(text): its first 80 bits."""
-    bits = int.from_bytes(hashlib.sha256(text.encode()).digest()[:10], "big")
+    bits = int.from_bytes(
+        hashlib.sha256(text.encode(errors="surrogatepass")).digest()[:10], "big")
     return "".join([_PAIRS[(bits >> shift) & 1023] for shift in _SHIFTS])
 
 
@@ -73,6 +75,17 @@ def is_service_chain(chain: str) -> bool:
     return chain.startswith(SERVICE_CHAIN_PREFIXES)
 
 
+_COMMENT_UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:/>()\[\]=+@-]")
+MAX_COMMENT = 255  # bytes: the kernel's XT_MAX_COMMENT_LEN with its NUL
+
+
 def quote(comment: str) -> str:
-    """A comment as iptables-restore reads it: quoted when it holds a space."""
-    return f'"{comment}"' if " " in comment else comment
+    """A comment as iptables-restore reads it: quoted when it holds a space.
+
+    Whatever the Service is called, the comment holds only characters that need no
+    escaping (each other one becomes ``_``: a quote, a backslash, a newline, non-ASCII)
+    and fits the kernel's limit, so no name can break the restore input's syntax.
+    Valid Kubernetes names are kept as they are.
+    """
+    safe = _COMMENT_UNSAFE.sub("_", comment[:MAX_COMMENT]) or "_"
+    return f'"{safe}"' if " " in safe else safe

@@ -17,7 +17,13 @@ from svcproxy.sdk import (
     ServicePortKey,
     ServicePortState,
 )
-from svcproxy.sdk.refusals import Refusals, invalid_values, isolate
+from svcproxy.sdk.refusals import (
+    Refusals,
+    TooManyRefused,
+    invalid_values,
+    isolate,
+    isolate_versions,
+)
 
 from .apply import NftError, NftRunner, Runner
 from .context import FamilyContext, family_context
@@ -190,32 +196,31 @@ class NftBackend(Backend):
             return hit[1]
 
         def chosen(items: list[Item]) -> dict[int, dict[ServicePortKey, ServiceRules]]:
+            ordered = sorted(items, key=_key)
             return {
-                f: {k: r for k, rec in sorted(items) if (r := rules_of(f, k, rec)) is not None}
+                f: {k: r for k, rec in ordered if (r := rules_of(f, k, rec)) is not None}
                 for f in contexts
             }
 
         def text_of(items: list[Item]) -> str:
             return self._full_text(contexts, chosen(items), previous)
 
-        def accepts(accepted: list[Item], group: list[Item]) -> str | None:
-            return self._check(text_of([*accepted, *group]))
-
-        if accepts([], []) is not None:
+        if self._check(text_of([])) is not None:
             self._tables = None
             raise err
-        accepted, refused = isolate(sorted(records.items()), accepts, str(err))
-        older = [(k, old) for (k, new), _ in refused
-                 if (old := self._accepted.get(k)) is not None and old is not new]
-        if older:
-            more, _ = isolate(older, lambda a, g: accepts(accepted + a, g), "")
-            accepted += more
+        try:
+            accepted, refused = isolate_versions(
+                records, self._accepted, lambda items: self._check(text_of(items)), str(err))
+        except TooManyRefused:
+            self._tables = None
+            raise err from None
+        items = sorted(accepted.items())
         start = time.perf_counter()
-        self._apply(text_of(accepted), start, "replace" if previous is None else "reassert",
-                    len(accepted))
-        for (key, _), error in refused:
+        self._apply(text_of(items), start, "replace" if previous is None else "reassert",
+                    len(items))
+        for key, error in refused.items():
             self.refusals.refuse(key, state.services.get(key), error)
-        return dict(accepted), chosen(accepted)
+        return accepted, chosen(items)
 
     def _check(self, text: str) -> str | None:
         try:
@@ -284,7 +289,12 @@ class NftBackend(Backend):
         def accepts(accepted: list[ServicePortKey], group: list[ServicePortKey]) -> str | None:
             return self._check("".join(d.text for d in deltas_of([*accepted, *group]).values()))
 
-        accepted, refused = isolate(sorted(wanted), accepts, str(err))
+        try:
+            accepted, refused = isolate(sorted(wanted), accepts, str(err),
+                                        max(10, len(wanted) // 10))
+        except TooManyRefused:
+            self._tables = None
+            raise err from None
         deltas = deltas_of(accepted)
         try:
             self._apply("".join(d.text for d in deltas.values()), time.perf_counter(),
@@ -329,6 +339,10 @@ class NftBackend(Backend):
         )
         self.runner.apply(text)
         self._tables = None
+
+
+def _key(item: Item) -> ServicePortKey:
+    return item[0]
 
 
 @contextmanager

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Mapping
 
 from prometheus_client import Counter
 
 from svcproxy.agent.health import HealthStatus, ProxyHealth
 from svcproxy.agent.httpserve import Response, RoutedServer
 from svcproxy.agent.metrics import AgentMetrics
+from svcproxy.model import ServicePortKey
 
+REFUSED_SHOWN = 50  # refused service ports listed in /healthz (the count is always whole)
 _HEADERS = (("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"))
 
 
@@ -23,13 +27,25 @@ def go_time(unix: float) -> str:
     return f"{seconds} +0000 UTC"
 
 
-def healthz_body(status: HealthStatus, healthy: bool) -> bytes:
-    """kube-proxy's /healthz body; lastUpdated is "now" while healthy, as kube-proxy does."""
+def healthz_body(status: HealthStatus, healthy: bool,
+                 refused: Mapping[ServicePortKey, str] | None = None) -> bytes:
+    """kube-proxy's /healthz body; lastUpdated is "now" while healthy, as kube-proxy does.
+
+    With service ports the dataplane refused, ``refusedServicePorts`` says how many and
+    lists the first ones with the kernel's error (the node stays healthy: the other
+    services are programmed).
+    """
     last = status.current_time if healthy else status.last_updated
     eligible = "true" if status.node_eligible else "false"
+    detail = ""
+    if refused:
+        shown = [{"servicePort": f"{k.namespace}/{k.name}:{k.port_name}/{k.protocol.value}",
+                  "error": refused[k]} for k in sorted(refused)[:REFUSED_SHOWN]]
+        detail = ', "refusedServicePorts": ' + json.dumps(
+            {"count": len(refused), "servicePorts": shown})
     return (
         f'{{"lastUpdated": "{go_time(last)}","currentTime": "{go_time(status.current_time)}", '
-        f'"nodeEligible": {eligible}}}'
+        f'"nodeEligible": {eligible}{detail}}}'
     ).encode()
 
 
@@ -56,7 +72,9 @@ class HealthzServer(RoutedServer):
         if path == "/healthz":
             healthy = status.healthy and status.node_eligible
             self._count(self._metrics.healthz_total if self._metrics else None, healthy)
-            return Response(200 if healthy else 503, healthz_body(status, healthy), _HEADERS)
+            refused = self._metrics.refused() if self._metrics else None
+            body = healthz_body(status, healthy, refused)
+            return Response(200 if healthy else 503, body, _HEADERS)
         if path == "/livez":
             self._count(self._metrics.livez_total if self._metrics else None, status.healthy)
             return Response(200 if status.healthy else 503, livez_body(status), _HEADERS)

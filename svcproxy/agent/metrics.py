@@ -106,6 +106,20 @@ class AgentMetrics:
             "Cumulative failed backend syncs (each is retried with a full sync)",
             registry=r,
         )
+        self.refused_services = Gauge(
+            "svcproxy_backend_refused_services",
+            "Service ports the dataplane refused (the others are programmed); each is "
+            "retried when it changes",
+            ["backend"],
+            registry=r,
+        )
+        self.refusals_total = Counter(
+            "svcproxy_backend_refusals_total",
+            "Cumulative service port versions the dataplane refused",
+            ["backend"],
+            registry=r,
+        )
+        self._refusals_seen = 0
 
     def attach_backend(self, backend: object) -> None:
         """Let the backend export its own metrics here and say what kind of sync it did.
@@ -120,6 +134,24 @@ class AgentMetrics:
         if callable(register):
             register(self.registry)
         self._backend = backend
+        name = str(getattr(backend, "name", "backend"))
+        self.refused_services.labels(backend=name).set_function(lambda: len(self.refused()))
+        self.refusals_total.labels(backend=name)
+
+    def refused(self) -> dict[ServicePortKey, str]:
+        """The service ports the backend reports as refused (``backend.refusals``, see
+        svcproxy.sdk.refusals), with the error of each."""
+        refusals = getattr(self._backend, "refusals", None)
+        errors = getattr(refusals, "errors", None)
+        return dict(errors()) if callable(errors) else {}
+
+    def count_refusals(self) -> None:
+        """After a sync: count the refusals the backend recorded since the last call."""
+        total = getattr(getattr(self._backend, "refusals", None), "total", 0)
+        if isinstance(total, int) and total > self._refusals_seen:
+            name = str(getattr(self._backend, "name", "backend"))
+            self.refusals_total.labels(backend=name).inc(total - self._refusals_seen)
+            self._refusals_seen = total
 
     def queued(self) -> None:
         self.last_queued.set_to_current_time()

@@ -159,6 +159,9 @@ class SyncRunner:
         except Exception as err:  # noqa: BLE001 - any backend failure is retried
             self._failed(changes, err)
             return
+        finally:
+            if self._metrics:
+                self._metrics.count_refusals()
         self._succeeded(state, changes, self._clock() - start)
 
     def _failed(self, changes: Changes, err: Exception) -> None:

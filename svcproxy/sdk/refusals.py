@@ -102,16 +102,23 @@ class Refusals(Mapping[ServicePortKey, Refusal]):
             return {k: r.error for k, r in self._items.items()}
 
 
+class TooManyRefused(RuntimeError):
+    """More items failed than ``isolate``'s limit: the fault is not theirs (the
+    dataplane refuses everything); the message is the last error."""
+
+
 def isolate(items: Sequence[T], accepts: Callable[[list[T], list[T]], str | None],
-            error: str) -> tuple[list[T], list[tuple[T, str]]]:
-    """Split ``items``, which failed together with ``error``, into (accepted,
+            error: str | None, limit: int | None = None,
+            ) -> tuple[list[T], list[tuple[T, str]]]:
+    """Split ``items``, which failed together with ``error`` (None: not tried), into (accepted,
     [(refused item, its error)]) by bisection.
 
     ``accepts(accepted, group)`` tries the items accepted so far plus ``group`` and
     returns None if the dataplane takes them, else the error. The accepted list only
     grows on success, so the last successful try holds exactly the accepted items.
     A group that fails is halved until single items remain; with k refused items
-    of n this costs about 2k·log2(n) tries.
+    of n this costs about 2k·log2(n) tries. More than ``limit`` refused items raise
+    TooManyRefused.
     """
     accepted: list[T] = []
     refused: list[tuple[T, str]] = []
@@ -124,10 +131,44 @@ def isolate(items: Sequence[T], accepts: Callable[[list[T], list[T]], str | None
             accepted.extend(group)
         elif len(group) == 1:
             refused.append((group[0], failed))
+            if limit is not None and len(refused) > limit:
+                raise TooManyRefused(failed)
         elif group:
             half = len(group) // 2
             pending += [(group[half:], None), (group[:half], None)]
     return accepted, refused
+
+
+K = TypeVar("K")
+R = TypeVar("R")
+
+
+def isolate_versions(
+    records: Mapping[K, R], previous: Mapping[K, R],
+    accepts: Callable[[list[tuple[K, R]]], str | None], error: str,
+) -> tuple[dict[K, R], dict[K, str]]:
+    """Which version of each key the dataplane takes, after ``records`` failed whole.
+
+    Bisects the records (``accepts(items)`` tries exactly ``items`` and returns the
+    error or None); each refused key then gets its ``previous`` version back if the
+    dataplane takes that. Returns (key -> version accepted, key -> error for every key
+    whose version in ``records`` was refused). Raises TooManyRefused when more than
+    a tenth of the records (and more than 10) fail: then the fault is the node's.
+    """
+    limit = max(10, len(records) // 10)
+    accepted, refused = isolate(sorted(records.items(), key=_first),
+                                lambda a, g: accepts(a + g), error, limit)
+    older = [(k, old) for (k, new), _ in refused
+             if (old := previous.get(k)) is not None and old is not new]
+    if older:
+        base = list(accepted)
+        more, _ = isolate(older, lambda a, g: accepts(base + a + g), None)
+        accepted += more
+    return dict(accepted), {k: err for (k, _), err in refused}
+
+
+def _first(item: tuple[K, R]) -> K:
+    return item[0]
 
 
 def invalid_values(record: ServicePortState) -> str | None:

@@ -1,0 +1,152 @@
+"""The nft backend when the kernel refuses one service port: the rest is applied.
+
+Real kernel, a namespace per test. The refusals are genuine: the kernel answers
+"File exists" to an element of ``service-ips`` that a conflicting element (one this
+test adds to the backend's table, or appends at the apply boundary) already holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from svcproxy.backends.nft import names
+from svcproxy.backends.nft.apply import NftRunner
+from svcproxy.backends.nft.backend import NftBackend
+from svcproxy.sdk import Changes, NodeState
+from tests.netns.harness import missing_requirements
+from tests.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
+
+pytestmark = pytest.mark.netns
+_why = missing_requirements()
+CONFLICT = "10.96.0.3 . tcp . 80 : drop"  # the ClusterIP of service "c", another verdict
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    if _why:
+        pytest.skip(_why)
+    name = f"sprefused{os.getpid()}-{random.randrange(1 << 30):x}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def nft(ns: str, *args: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, "nft", *args], check=True,
+                          capture_output=True).stdout.decode()
+
+
+def listing(ns: str) -> str:
+    return nft(ns, "list", "table", "ip", names.TABLE)
+
+
+def everything(state: NodeState, reason: str = "initial") -> Changes:
+    return Changes(frozenset(state.services), full=True, reason=reason)
+
+
+def three(c_endpoint: str = "10.244.1.30", b_endpoint: str = "10.244.1.21") -> NodeState:
+    return node_state(
+        state_of(service("a", "10.96.0.1"), endpoint("10.244.1.10")),
+        state_of(service("b", "10.96.0.2"), endpoint(b_endpoint)),
+        state_of(service("c", "10.96.0.3"), endpoint(c_endpoint)),
+    )
+
+
+class Conflicting:
+    """Appends the conflicting element to every transaction that writes service c's:
+    the kernel refuses such a transaction whole ("File exists")."""
+
+    def __init__(self, ns: str) -> None:
+        self.runner = NftRunner(("ip", "netns", "exec", ns))
+        self.seen: list[str] = []
+
+    def apply(self, text: str) -> None:
+        self.seen.append(text)
+        self.runner.apply(self._with_conflict(text))
+
+    def check(self, text: str) -> None:
+        self.runner.check(self._with_conflict(text))
+
+    @staticmethod
+    def _with_conflict(text: str) -> str:
+        if "10.96.0.3 . tcp . 80 :" not in text:
+            return text
+        return text + f"add element ip {names.TABLE} service-ips {{ {CONFLICT} }}\n"
+
+
+def test_delta_refused_for_one_service_applies_the_others(
+        netns: str, caplog: pytest.LogCaptureFixture) -> None:
+    b = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", netns)), families=(4,))
+    first = node_state(state_of(service("a", "10.96.0.1"), endpoint("10.244.1.10")),
+                       state_of(service("b", "10.96.0.2"), endpoint("10.244.1.20")))
+    b.sync(first, everything(first))
+    nft(netns, "add", "element", "ip", names.TABLE, "service-ips", f"{{ {CONFLICT} }}")
+    # c appears (refused by the kernel) while b moves to another endpoint (applied).
+    second = three()
+    with caplog.at_level(logging.ERROR, "svcproxy.backend.refused"):
+        b.sync(second, Changes(frozenset({key("b"), key("c")})))
+    assert list(b.refusals) == [key("c")]
+    assert "File exists" in b.refusals[key("c")].error
+    assert [r.getMessage().count("ns/c:http/TCP") for r in caplog.records] == [1]
+    table = listing(netns)
+    assert "10.244.1.21" in table and "10.244.1.20" not in table  # b's change is there
+    assert "10.96.0.1 . tcp . 80" in table and "10.244.1.30" not in table  # a as before
+    assert "10.96.0.3 . tcp . 80 : drop" in table  # the conflict, untouched
+
+    # A periodic full sync rewrites everything (the conflict goes with the flush) but
+    # does not retry c, whose version is the one refused: it stays reported.
+    b.sync(second, everything(second, "periodic"))
+    assert list(b.refusals) == [key("c")] and "10.96.0.3" not in listing(netns)
+    # A new version of c is retried, and now accepted.
+    third = three(c_endpoint="10.244.1.31")
+    b.sync(third, Changes(frozenset({key("c")})))
+    assert not b.refusals
+    assert "10.96.0.3 . tcp . 80" in listing(netns) and "10.244.1.31" in listing(netns)
+
+
+def test_full_sync_refused_for_one_service_applies_the_others(netns: str) -> None:
+    runner = Conflicting(netns)
+    b = NftBackend(CONFIG, runner, families=(4,))
+    state = three()
+    b.sync(state, everything(state))
+    assert list(b.refusals) == [key("c")]
+    assert "File exists" in b.refusals[key("c")].error
+    table = listing(netns)
+    assert "10.96.0.1 . tcp . 80" in table and "10.96.0.2 . tcp . 80" in table
+    assert "10.96.0.3" not in table and "10.244.1.30" not in table
+    # The next full sync does not try c again; a change of b is a delta without c.
+    applied = len(runner.seen)
+    b.sync(state, everything(state, "periodic"))
+    assert "10.96.0.3" not in runner.seen[-1] and len(runner.seen) == applied + 1
+    changed = three(b_endpoint="10.244.1.22")
+    b.sync(changed, Changes(frozenset({key("b")})))
+    assert b.last and b.last.mode == "delta" and "10.244.1.22" in listing(netns)
+
+
+def test_refused_update_keeps_the_version_the_kernel_took(netns: str) -> None:
+    runner = Conflicting(netns)
+    b = NftBackend(CONFIG, runner, families=(4,))
+    old = node_state(state_of(service("c", "10.96.0.9"), endpoint("10.244.1.30")))
+    b.sync(old, everything(old))
+    # c moves to the ClusterIP the conflict holds: refused, its old rules stay whole,
+    # also across a full rewrite of the table.
+    new = node_state(state_of(service("c", "10.96.0.3"), endpoint("10.244.1.31")))
+    b.sync(new, Changes(frozenset({key("c")})))
+    assert list(b.refusals) == [key("c")]
+    table = listing(netns)
+    assert "10.96.0.9 . tcp . 80" in table and "10.244.1.30" in table
+    b.sync(new, everything(new, "periodic"))
+    assert listing(netns) == table and list(b.refusals) == [key("c")]
+    # A fresh backend (a restart) keeps c out: it has no earlier version to fall back to.
+    fresh = NftBackend(CONFIG, runner, families=(4,))
+    fresh.sync(new, everything(new))
+    assert "10.96.0.9" not in listing(netns) and "10.96.0.3" not in listing(netns)
+    assert list(fresh.refusals) == [key("c")]
