@@ -149,10 +149,11 @@ def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
                 for i in range(4)]
         results: list[Any] = []
         worker = threading.Thread(
-            target=lambda: results.extend(hammer.connect("tcp", "10.96.1.1", count=300)))
+            target=lambda: results.extend(hammer.connect("tcp", "10.96.1.1", count=1500)))
         worker.start()
-        time.sleep(0.05)
+        time.sleep(0.1)
         backend.kill()  # kill -9 in the middle of the traffic
+        assert worker.is_alive(), "the traffic outlasts the kill"
         worker.join()
         assert {r.get("name") or r["error"] for r in results} <= set(EPS4[:2]), results
         assert [client.call(op="ping", id=str(i))["name"] for i in range(4)] == held
