@@ -29,7 +29,8 @@ class SyncReport:
 
 
 class EbpfBackend(Backend):
-    """Loads and attaches the programs on the first sync, then keeps the maps in step."""
+    """Loads and attaches the programs (``start``, else the first sync), then keeps the maps
+    in step with the node's state."""
 
     name = "ebpf"
 
