@@ -20,16 +20,10 @@ from svcproxy.frontend import metrics
 from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
 from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
 from svcproxy.frontend.gctuning import settle_long_lived_state
+from svcproxy.frontend.intake import Intake
+from svcproxy.frontend.kubevalidation import object_key
 from svcproxy.frontend.limits import MESSAGE_BYTES
-from svcproxy.frontend.objects import (
-    EndpointSlice,
-    Node,
-    ParseError,
-    Service,
-    parse_endpoint_slice,
-    parse_node,
-    parse_service,
-)
+from svcproxy.frontend.objects import EndpointSlice, Node, Service
 from svcproxy.frontend.views import NodeView
 from svcproxy.frontend.wire import (
     WireOp,
@@ -60,9 +54,7 @@ class _Touched:
 
 
 def _obj_key(kind: Kind, obj: dict[str, Any]) -> ObjKey:
-    meta = obj.get("metadata") or {}
-    ns = "" if kind == "Node" else str(meta.get("namespace") or "default")
-    return (ns, str(meta.get("name") or ""))
+    return object_key(kind, obj)
 
 
 class Engine:
@@ -83,6 +75,8 @@ class Engine:
         self._snapshot_ops: dict[int, tuple[ServicePortState, WireOp]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listeners: list[PublishListener] = []
+        # Validates every object whatever the source (main.py sets its source and limits).
+        self.intake = Intake()
 
     # ---- sources -------------------------------------------------------
     def submit_threadsafe(self, events: Sequence[Event]) -> None:
@@ -94,13 +88,19 @@ class Engine:
         """Apply one batch of source events and publish the resulting changes."""
         touched = _Touched()
         for ev in events:
-            if isinstance(ev, Replace):
-                self._replace(ev.kind, ev.objs, touched)
-                self._listed.add(ev.kind)
-            elif isinstance(ev, Upsert):
-                self._upsert(ev.kind, ev.obj, touched)
-            elif isinstance(ev, Delete):
-                self._delete(ev.kind, (ev.namespace, ev.name), touched)
+            try:
+                if isinstance(ev, Replace):
+                    self._replace(ev.kind, ev.objs, touched)
+                    self._listed.add(ev.kind)
+                elif isinstance(ev, Upsert):
+                    self._upsert(ev.kind, ev.obj, touched)
+                elif isinstance(ev, Delete):
+                    self._delete(ev.kind, (ev.namespace, ev.name), touched)
+            except Exception:  # noqa: BLE001 - one event's failure must not lose the batch
+                log.exception("unexpected error applying %s; the rest of the batch goes on",
+                              type(ev).__name__)
+                metrics.REJECTED_OBJECTS.labels(self.intake.source, ev.kind,
+                                                "internal_error").inc()
             metrics.WATCH_EVENTS.labels(type(ev).__name__.lower()).inc()
         self._publish(touched)
         if not self.synced.is_set() and self._listed >= set(KINDS):
@@ -110,19 +110,11 @@ class Engine:
             self.synced.set()
 
     def _parse(self, kind: Kind, obj: dict[str, Any]) -> Service | EndpointSlice | Node | None:
-        try:
-            if kind == "Service":
-                return parse_service(obj)
-            if kind == "EndpointSlice":
-                return parse_endpoint_slice(obj)
-            return parse_node(obj)
-        except (ParseError, TypeError, AttributeError, ValueError) as err:
-            ns, name = _obj_key(kind, obj)
-            where = obj.get("__source__", "")
-            log.error("skipping invalid %s %s%s%s: %s (its last good version stays in use)",
-                      kind, f"{ns}/" if ns else "", name, f" from {where}" if where else "", err)
-            metrics.INVALID_OBJECTS.labels(kind).inc()
-            return None
+        """The object validated and parsed, or None (refused alone, logged and counted)."""
+        ns, name = _obj_key(kind, obj)
+        served = (name in self.nodes if kind == "Node" else
+                  (ns, name) in (self.services if kind == "Service" else self.slices))
+        return self.intake.parse(kind, obj, served)
 
     def _upsert(self, kind: Kind, obj: dict[str, Any], touched: _Touched) -> None:
         parsed = self._parse(kind, obj)
@@ -262,10 +254,18 @@ class Engine:
     def _publish_service(self, svc: ObjKey, pending: dict[str, list[WireOp]]) -> None:
         old_cache = self.caches.get(svc)
         old_keys = {p.service.key for p in (old_cache.base if old_cache else EMPTY_BASE).ports}
-        base = service_base(self.services.get(svc),
-                            (self.slices[k] for k in self.slices_of.get(svc, ())),
-                            self.proxy_name)
-        cache = NodeClassCache(base)
+        try:
+            base = service_base(self.services.get(svc),
+                                (self.slices[k] for k in self.slices_of.get(svc, ())),
+                                self.proxy_name)
+            cache = NodeClassCache(base)
+            news = {v.name: cache.records(v.name, self._zone(v.name))
+                    for v in self.views.values()}
+        except Exception:  # noqa: BLE001 - one service's failure stays its own
+            log.exception("computing service %s/%s failed: it keeps its previous records "
+                          "until it changes again", *svc)
+            metrics.SERVICE_ERRORS.inc()
+            return
         if base.ports:
             self.caches[svc] = cache
         else:
@@ -274,7 +274,7 @@ class Engine:
             self.slices_of.pop(svc, None)
         memo: dict[tuple[int, int], list[WireOp]] = {}
         for view in self.views.values():
-            new = cache.records(view.name, self._zone(view.name))
+            new = news[view.name]
             if not self.synced.is_set():
                 # Nothing has been served yet: the first snapshot carries it all.
                 view.set_records(old_keys, new)

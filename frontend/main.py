@@ -14,8 +14,10 @@ from prometheus_client import start_http_server
 from svcproxy.frontend.auth import AuthConfig, check_listen
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.guard import CallGuard
+from svcproxy.frontend.intake import Intake
+from svcproxy.frontend.kubevalidation import ObjectLimits
 from svcproxy.frontend.limits import StreamLimits
-from svcproxy.frontend.manifests import ManifestSource
+from svcproxy.frontend.manifests import ManifestLimits, ManifestSource
 from svcproxy.frontend.readiness import Readiness
 from svcproxy.frontend.server import NodeStateServicer, TLSFiles, start_server
 from svcproxy.frontend.upstream import UpstreamSource
@@ -43,13 +45,17 @@ class FrontendOptions:
     auth: AuthConfig | None = None
     healthz_bind_address: str = ""
     apiserver_lost_after: float = 60.0
+    # Bounds on one object from any source, and on one manifest file.
+    object_limits: ObjectLimits = ObjectLimits()
+    manifest_limits: ManifestLimits = ManifestLimits()
     # --max-streams, --max-streams-per-peer, --stream-write-timeout
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
     if opts.manifests is not None:
-        source = ManifestSource(opts.manifests, engine.submit_threadsafe)
+        source = ManifestSource(opts.manifests, engine.submit_threadsafe,
+                                limits=opts.manifest_limits)
         log.info("reading manifests from %s", opts.manifests)
     elif opts.upstream is not None:
         source = UpstreamSource(opts.upstream, engine.submit_threadsafe,
@@ -62,6 +68,13 @@ def _start_source(opts: FrontendOptions, engine: Engine) -> object:
         log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
     source.start()
     return source
+
+
+def source_name(opts: FrontendOptions) -> str:
+    """The ``source`` label of the frontend's metrics."""
+    if opts.manifests is not None:
+        return "manifests"
+    return "upstream" if opts.upstream is not None else "apiserver"
 
 
 def start_metrics(address: str) -> None:
@@ -78,6 +91,7 @@ class Frontend:
     def __init__(self, opts: FrontendOptions) -> None:
         self.opts = opts
         self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history)
+        self.engine.intake = Intake(source_name(opts), opts.object_limits)
         self.port = 0
         self._server: object = None
         self._source: object = None

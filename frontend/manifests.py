@@ -1,26 +1,43 @@
 """The manifest source: a directory of Kubernetes YAML, watched for changes.
 
 Files hold Service, EndpointSlice and Node documents, or ``List`` documents as
-``kubectl get -o yaml`` prints them. A file that does not parse is reported
-(file, line, reason) and skipped as a whole: the objects it held before keep
-their last good state. Changes are found by polling modification times.
+``kubectl get -o yaml`` prints them. Hostile content stays where it is:
+
+- a file that does not parse (or is over a limit) is reported (file, line, reason) and
+  skipped as a whole: the objects it held before keep their last good state;
+- a document or item that is not an object of a kind svcproxy reads is refused alone,
+  the rest of the file goes on (objects are then validated by the engine's intake);
+- sizes are bounded: the file, the nodes YAML aliases add, the nesting depth.
+
+Changes arrive through inotify: a file is read once its writer has closed it
+(IN_CLOSE_WRITE) or renamed it into place (IN_MOVED_TO), never half-written, within
+milliseconds of the edit. Where inotify is unavailable the directory is polled, and
+a changed file is read once it has stopped changing for one poll interval.
+Hidden names (``.x``, and the ``..data`` links of a ConfigMap volume) are not read;
+an event on one rescans the directory, so a ConfigMap update is seen.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from svcproxy.frontend import metrics
-from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Sink, Upsert
+from svcproxy.frontend.events import KINDS, Delete, Event, Replace, Sink, Upsert
+from svcproxy.frontend.intake import refuse_file
+from svcproxy.frontend.kubevalidation import Problem
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".yaml", ".yml", ".json")
+API_VERSIONS = {"Service": "v1", "Node": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
+SOURCE = "manifests"
+Obj = dict[str, Any]
+Key = tuple[str, str, str]
 
 
 class ManifestError(ValueError):
@@ -28,141 +45,380 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ManifestLimits:
+    """Bounds on one manifest file; each has a ``svcproxy frontend`` flag."""
+
+    max_file_bytes: int = 16 * 1024 * 1024
+    max_alias_expansion: int = 100_000  # nodes YAML aliases may add to one document
+    max_depth: int = 64
+
+
+DEFAULT_MANIFEST_LIMITS = ManifestLimits()
+
+
+@dataclass(frozen=True, slots=True)
 class Fingerprint:
     mtime_ns: int
     size: int
+    inode: int
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _documents(path: Path) -> list[dict[str, Any]]:
-    """The objects of one file, with ``List`` documents flattened; raises ManifestError."""
+def _check_graph(root: yaml.Node, limits: ManifestLimits, where: str) -> None:
+    """Refuse a document whose aliases expand too much, that nests too deep or that
+    refers to itself, before anything is built from it."""
+    expanded: dict[int, int] = {}
+    active: set[int] = set()
+
+    def walk(node: yaml.Node, depth: int) -> int:
+        if depth > limits.max_depth:
+            raise ManifestError(f"{where}: nested deeper than {limits.max_depth} levels "
+                                "(--max-object-depth)")
+        hit = expanded.get(id(node))
+        if hit is not None:
+            return hit
+        if id(node) in active:
+            raise ManifestError(f"{where}: a YAML alias refers to the node that holds it")
+        count = 1
+        if isinstance(node, yaml.SequenceNode | yaml.MappingNode):
+            active.add(id(node))
+            for child in node.value:
+                for part in child if isinstance(child, tuple) else (child,):
+                    count += walk(part, depth + 1)
+                    if count - len(expanded) > limits.max_alias_expansion:
+                        raise ManifestError(
+                            f"{where}: YAML aliases expand it by more than "
+                            f"{limits.max_alias_expansion} nodes (--manifest-max-alias-"
+                            "expansion); write the objects out instead")
+            active.discard(id(node))
+        expanded[id(node)] = count
+        return count
+
+    walk(root, 0)
+
+
+def _read_text(path: Path, limits: ManifestLimits) -> str:
     try:
-        docs = list(yaml.load_all(path.read_text(), Loader=_Loader))
+        with path.open("rb") as f:
+            data = f.read(limits.max_file_bytes + 1)
+    except OSError as err:
+        raise ManifestError(f"{path}: {err.strerror or err}") from None
+    if len(data) > limits.max_file_bytes:
+        raise ManifestError(f"{path}: larger than {limits.max_file_bytes} bytes "
+                            "(--manifest-max-file-bytes); split it into several files")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ManifestError(f"{path}: not UTF-8 text (byte {err.start})") from None
+
+
+def parse_documents(path: Path, limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS) -> list[Any]:
+    """The YAML documents of one file, each checked before it is built; raises
+    ManifestError when the file as a whole cannot be used."""
+    loader = _Loader(_read_text(path, limits))
+    docs = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            _check_graph(node, limits, f"{path}: document {len(docs) + 1}")
+            docs.append(loader.construct_document(node))
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else 0
         raise ManifestError(f"{path}:{line}: {err.problem}") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ManifestError(f"{path}: {err}") from None
-    out: list[dict[str, Any]] = []
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
+        if isinstance(err, ManifestError):
+            raise
+        raise ManifestError(f"{path}: {type(err).__name__}: {err}") from None
+    finally:
+        loader.dispose()
+    return docs
+
+
+def _object_or_refusal(doc: Any, where: str) -> Obj | Problem:
+    if not isinstance(doc, dict):
+        return Problem("", "malformed", f"is a {type(doc).__name__}, not an object")
+    kind = doc.get("kind")
+    if not isinstance(kind, str):
+        return Problem("kind", "malformed", f"{kind!r:.60} is not a kind")
+    if kind not in KINDS:
+        return Problem("kind", "unsupported_kind", f"{kind[:60]!r} is not a kind svcproxy reads "
+                       "(Service, EndpointSlice, Node or a List of them)")
+    version = doc.get("apiVersion")
+    if version is not None and version != API_VERSIONS[kind]:
+        return Problem("apiVersion", "unsupported_version", f"{version!r:.60} is not "
+                       f"{API_VERSIONS[kind]} for a {kind}")
+    return {**doc, "__source__": where}
+
+
+def objects_of(path: Path, docs: list[Any]) -> list[Obj]:
+    """The usable objects of a file's documents (Lists flattened); anything else is
+    refused alone, logged and counted."""
+    out: list[Obj] = []
+    candidates: list[tuple[str, Any]] = []
     for i, doc in enumerate(docs):
+        where = f"{path} (document {i + 1})"
         if doc is None:
             continue
-        if not isinstance(doc, dict):
-            raise ManifestError(f"{path}: document {i + 1} is not a mapping")
-        if str(doc.get("kind", "")).endswith("List"):
-            items = doc.get("items") or []
-            if not isinstance(items, list):
-                raise ManifestError(f"{path}: document {i + 1}: items is not a list")
-            out += [d for d in items if isinstance(d, dict)]
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if isinstance(kind, str) and kind.endswith("List") and kind not in KINDS:
+            items = doc.get("items")
+            if not isinstance(items, list | None):
+                refuse_file(SOURCE, where, Problem("items", "malformed", "is not a list"))
+                continue
+            candidates += [(f"{path} (document {i + 1}, item {j + 1})", item)
+                           for j, item in enumerate(items or [])]
         else:
-            out.append(doc)
-    for obj in out:
-        obj["__source__"] = str(path)
+            candidates.append((where, doc))
+    for where, doc in candidates:
+        got = _object_or_refusal(doc, where)
+        if isinstance(got, Problem):
+            refuse_file(SOURCE, where, got)
+        else:
+            out.append(got)
     return out
 
 
-def load_file(path: Path, last_good: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def load_file(path: Path, last_good: list[Obj] | None,
+              limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS) -> list[Obj]:
     """The objects of one file; a broken file keeps ``last_good`` (reported, never raised)."""
     try:
-        return _documents(path)
+        return objects_of(path, parse_documents(path, limits))
     except ManifestError as err:
-        log.error("skipping manifest %s (its previous content stays in use)", err)
-        metrics.INVALID_OBJECTS.labels("File").inc()
+        kept = " (its previous content stays in use)" if last_good else ""
+        refuse_file(SOURCE, f"manifest {err}{kept}", Problem("", "unparsable", "unusable"))
         return last_good or []
 
 
-def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+def object_key(obj: Obj) -> Key:
     """(kind, namespace, name) of a manifest object."""
     kind = str(obj.get("kind", ""))
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    ns = "" if kind == "Node" else str(meta.get("namespace") or "default")
-    return kind, ns, str(meta.get("name") or "")
+    ns = meta.get("namespace") if kind != "Node" else ""
+    name = meta.get("name")
+    return (kind, ns if isinstance(ns, str) and ns else ("" if kind == "Node" else "default"),
+            name if isinstance(name, str) else "")
 
 
-def replace_events(files: dict[Path, list[dict[str, Any]]]) -> list[Event]:
+def replace_events(files: dict[Path, list[Obj]]) -> list[Event]:
     """One Replace per kind holding every object of that kind in the directory."""
-    by_kind: dict[Kind, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    by_kind: dict[str, list[Obj]] = {k: [] for k in KINDS}
     for objs in files.values():
         for obj in objs:
-            kind = obj.get("kind")
-            if kind in by_kind:
-                by_kind[kind].append(obj)
-    return [Replace(k, v) for k, v in by_kind.items()]
+            by_kind[obj["kind"]].append(obj)
+    return [Replace(k, v) for k, v in by_kind.items()]  # type: ignore[arg-type]
+
+
+def _visible(path: Path, root: Path) -> bool:
+    return not any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
 class ManifestSource:
-    """Polls ``directory`` and sends the complete state whenever a file changes.
+    """Watches ``directory`` and sends what changed; ``start()``, ``stop()``.
 
-    The engine diffs what it receives against what it has, so only objects
-    that really changed cause work downstream.
+    The first load sends every object (a Replace per kind); later, only the objects
+    of changed files are sent, so an edit costs the size of the file, not of the
+    directory. The engine diffs what it receives against what it has.
     """
 
-    def __init__(self, directory: Path, sink: Sink, poll_interval: float = 0.2) -> None:
+    def __init__(self, directory: Path, sink: Sink, poll_interval: float = 0.2,
+                 limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS,
+                 use_inotify: bool = True) -> None:
         self.directory = directory
         self.sink = sink
         self.poll_interval = poll_interval
-        self._files: dict[Path, list[dict[str, Any]]] = {}
+        self.limits = limits
+        self.use_inotify = use_inotify
+        self.mode = "poll"
+        self._files: dict[Path, list[Obj]] = {}
+        self._owners: dict[Key, int] = {}
         self._seen: dict[Path, Fingerprint] | None = None
+        self._settling: dict[Path, Fingerprint] = {}
+        self._inotify: Any = None
+        self._watches: dict[int, Path] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="manifests", daemon=True)
 
+    # ---- files -----------------------------------------------------------------------
     def _fingerprints(self) -> dict[Path, Fingerprint]:
         out = {}
         for path in self.directory.rglob("*"):
-            if path.suffix in SUFFIXES:
+            if path.suffix in SUFFIXES and _visible(path, self.directory):
                 try:
                     st = path.stat()
                 except OSError:
                     continue
                 if path.is_file():
-                    out[path] = Fingerprint(st.st_mtime_ns, st.st_size)
+                    out[path] = Fingerprint(st.st_mtime_ns, st.st_size, st.st_ino)
         return out
 
-    def poll(self) -> bool:
-        """Re-read the files that changed; True when events were sent.
+    def _account(self, objs: Iterable[Obj], step: int) -> None:
+        for obj in objs:
+            key = object_key(obj)
+            count = self._owners.get(key, 0) + step
+            if count > 0:
+                self._owners[key] = count
+            else:
+                self._owners.pop(key, None)
 
-        The first load sends every object (a Replace per kind); later, only the
-        objects of changed files are sent, so an edit costs the size of the file,
-        not of the directory.
-        """
-        seen = self._fingerprints()
-        if seen == self._seen:
+    def apply(self, changed: Iterable[Path], removed: Iterable[Path]) -> bool:
+        """Re-read ``changed``, forget ``removed`` and send what that changed."""
+        changed, removed = sorted(set(changed)), set(removed) - set(changed)
+        if not changed and not removed:
             return False
-        first = self._seen is None
-        old = self._seen or {}
-        changed = [p for p, fp in sorted(seen.items()) if old.get(p) != fp]
-        removed = old.keys() - seen.keys()
-        before = {object_key(o) for p in (*changed, *removed) for o in self._files.get(p, [])}
-        for path in removed:
-            self._files.pop(path, None)
+        before: set[Key] = set()
+        for path in (*changed, *removed):
+            old = self._files.pop(path, None)
+            if old is not None:
+                before |= {object_key(o) for o in old}
+                self._account(old, -1)
+                if path in changed:
+                    self._files[path] = old
         for path in changed:
-            self._files[path] = load_file(path, self._files.get(path))
-        self._seen = seen
-        if first:
-            self.sink(replace_events(self._files))
-            return True
-        present = {object_key(o) for objs in self._files.values() for o in objs}
-        events: list[Event] = [Upsert(o["kind"], o) for p in changed for o in self._files[p]
-                               if o.get("kind") in KINDS]
-        events += [Delete(kind, ns, name) for kind, ns, name in sorted(before - present)
-                   if kind in KINDS]
-        self.sink(events)
+            objs = load_file(path, self._files.get(path), self.limits)
+            self._files[path] = objs
+            self._account(objs, +1)
+        events: list[Event] = [Upsert(o["kind"], o) for p in changed for o in self._files[p]]
+        events += [Delete(kind, ns, name) for kind, ns, name in sorted(before)  # type: ignore
+                   if (kind, ns, name) not in self._owners]
+        if events:
+            self.sink(events)
         return True
 
+    def load_all(self) -> None:
+        """The first load: every file, then a Replace per kind."""
+        self._seen = self._fingerprints()
+        for path in sorted(self._seen):
+            self._files[path] = load_file(path, None, self.limits)
+            self._account(self._files[path], +1)
+        self.sink(replace_events(self._files))
+
+    def rescan(self, settle: bool = False) -> bool:
+        """Compare the directory with what was read; with ``settle`` a changed file is
+        read only once its fingerprint held still for one call (polling)."""
+        seen = self._fingerprints()
+        old = self._seen or {}
+        changed = {p for p, fp in seen.items() if old.get(p) != fp}
+        removed = old.keys() - seen.keys()
+        if settle:
+            ready = {p for p in changed if self._settling.get(p) == seen[p]}
+            self._settling = {p: seen[p] for p in changed - ready}
+            changed = ready
+        kept = {p: fp for p, fp in old.items() if p not in removed}
+        self._seen = kept | {p: seen[p] for p in changed}
+        return self.apply(changed, removed)
+
+    def poll(self) -> bool:
+        """One polling step (the fallback without inotify); True when events were sent."""
+        if self._seen is None:
+            self.load_all()
+            return True
+        return self.rescan(settle=True)
+
+    # ---- inotify ---------------------------------------------------------------------
+    def _watch_tree(self) -> None:
+        from inotify_simple import flags
+
+        mask = (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
+                | flags.CREATE | flags.DELETE_SELF)
+        dirs = [self.directory] + [p for p in self.directory.rglob("*")
+                                   if p.is_dir() and _visible(p, self.directory)]
+        known = set(self._watches.values())
+        for d in dirs:
+            if d not in known:
+                try:
+                    self._watches[self._inotify.add_watch(str(d), mask)] = d
+                except OSError as err:
+                    log.warning("cannot watch %s (%s); it is rescanned on other events",
+                                d, err)
+
+    def _start_inotify(self) -> bool:
+        if not self.use_inotify:
+            return False
+        try:
+            from inotify_simple import INotify
+
+            self._inotify = INotify()
+            self._watch_tree()
+        except (ImportError, OSError) as err:
+            log.warning("inotify is unavailable (%s): polling %s every %.1f s instead",
+                        err, self.directory, self.poll_interval)
+            if self._inotify is not None:
+                self._inotify.close()
+            self._inotify = None
+            return False
+        return True
+
+    def _handle(self, events: list[Any]) -> None:
+        from inotify_simple import flags
+
+        changed: set[Path] = set()
+        removed: set[Path] = set()
+        rescan = False
+        for ev in events:
+            if ev.mask & flags.Q_OVERFLOW:
+                rescan = True
+                continue
+            if ev.mask & flags.IGNORED:
+                self._watches.pop(ev.wd, None)
+                continue
+            base = self._watches.get(ev.wd)
+            if base is None:
+                continue
+            path = base / ev.name if ev.name else base
+            if ev.mask & (flags.ISDIR | flags.DELETE_SELF) or ev.name.startswith(".."):
+                rescan = True
+            elif ev.name.startswith(".") or path.suffix not in SUFFIXES:
+                continue
+            elif ev.mask & (flags.CLOSE_WRITE | flags.MOVED_TO):
+                changed.add(path)
+                removed.discard(path)
+            elif ev.mask & (flags.DELETE | flags.MOVED_FROM):
+                removed.add(path)
+                changed.discard(path)
+        if rescan:
+            self._watch_tree()
+            self.rescan()
+            return
+        seen = self._seen if self._seen is not None else {}
+        for path in changed:
+            try:
+                st = path.stat()
+                seen[path] = Fingerprint(st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:
+                removed.add(path)
+        for path in removed - changed:
+            seen.pop(path, None)
+        self.apply(changed - removed, removed)
+
+    # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         if not self.directory.is_dir():
             raise FileNotFoundError(f"manifest directory {self.directory} does not exist")
-        self.poll()
+        # Watch before the first read, so an edit made meanwhile is not missed.
+        self.mode = "inotify" if self._start_inotify() else "poll"
+        self.load_all()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_interval):
+        while not self._stop.is_set():
             try:
-                self.poll()
+                if self._inotify is not None:
+                    events = self._inotify.read(timeout=200)
+                    if events and not self._stop.is_set():
+                        self._handle(events)
+                else:
+                    self._stop.wait(self.poll_interval)
+                    self.poll()
             except Exception:
                 log.exception("reading %s failed; will retry", self.directory)
+                self._stop.wait(self.poll_interval)

@@ -7,8 +7,15 @@ from svcproxy.frontend.loophistogram import LoopHistogram
 WATCH_EVENTS = Counter("svcproxy_frontend_source_events_total",
                        "Events received from the sources, by type (upsert, delete, replace).",
                        ["type"])
-INVALID_OBJECTS = Counter("svcproxy_frontend_invalid_objects_total",
-                          "Objects skipped because they could not be parsed, by kind.", ["kind"])
+REJECTED_OBJECTS = Counter(
+    "svcproxy_frontend_rejected_objects_total",
+    "Objects (and manifest files, kind File) refused at the edge, by source (apiserver, "
+    "manifests, upstream), kind and reason (invalid_name, invalid_port, forbidden_ip, "
+    "too_large, internal_error, ...); an object's last valid version stays served.",
+    ["source", "kind", "reason"])
+SERVICE_ERRORS = Counter("svcproxy_frontend_service_errors_total",
+                         "Unexpected errors computing one service's records; the service "
+                         "keeps its previous records, every other service goes on.")
 REVISION = Gauge("svcproxy_frontend_revision", "The latest revision of the node views.")
 CLIENTS = Gauge("svcproxy_frontend_watch_clients",
                 "Connected Watch and WatchCluster streams, stream workers' included.")

@@ -275,12 +275,13 @@ def parse_service(obj: dict[str, Any]) -> Service:
 
 def parse_time(text: Any) -> float:
     """Unix seconds of an RFC 3339 timestamp; 0.0 when absent or invalid."""
-    if not text:
+    if not text or not isinstance(text, str):
         return 0.0
     try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
         return 0.0
+    return seconds if seconds > 0 else 0.0
 
 
 def _slice_endpoint(ep: dict[str, Any], where: str) -> SliceEndpoint:

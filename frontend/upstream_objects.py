@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from svcproxy.frontend.kubevalidation import MAX_SLICE_ENDPOINTS
 from svcproxy.frontend.objects import (
     SERVICE_NAME_LABEL,
     TO_BE_DELETED_TAINT,
@@ -41,7 +42,9 @@ def service_object(records: list[ServicePortState]) -> Obj:
         "loadBalancerSourceRanges": list(svc.load_balancer_source_ranges),
         "sessionAffinity": str(svc.session_affinity),
         "internalTrafficPolicy": str(svc.internal_traffic_policy),
-        "externalTrafficPolicy": str(svc.external_traffic_policy),
+        # Kubernetes allows it only on externally reachable services.
+        "externalTrafficPolicy": str(svc.external_traffic_policy)
+        if svc.type != "ClusterIP" or svc.external_ips else None,
         "healthCheckNodePort": svc.health_check_node_port or None,
         "trafficDistribution": svc.traffic_distribution or None,
     }
@@ -70,26 +73,34 @@ def _endpoint(ep: Endpoint) -> Obj:
 
 
 def _rfc3339(seconds: float) -> str | None:
-    return datetime.fromtimestamp(seconds, UTC).isoformat() if seconds else None
+    try:
+        return datetime.fromtimestamp(seconds, UTC).isoformat() if seconds > 0 else None
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def slice_objects(record: ServicePortState) -> list[Obj]:
-    """The EndpointSlices of one service port: one per target port and IP family."""
+    """The EndpointSlices of one service port: per target port and IP family, at most
+    MAX_SLICE_ENDPOINTS endpoints each (Kubernetes' limit, which the engine enforces)."""
     key = record.key
     groups: dict[tuple[int, int], list[Endpoint]] = {}
     for ep in record.endpoints.values():
         groups.setdefault((ep.port, ip_family(ep.ip)), []).append(ep)
     trigger = _rfc3339(record.service.trigger_time)
     port_part = f"{key.port_name or 'port'}-{key.protocol.lower()}"
+    chunks = [(port, family, i, eps[i:i + MAX_SLICE_ENDPOINTS])
+              for (port, family), eps in sorted(groups.items())
+              for i in range(0, len(eps), MAX_SLICE_ENDPOINTS)]
     return [{
         "kind": "EndpointSlice", "addressType": f"IPv{family}",
         "metadata": {
-            "namespace": key.namespace, "name": f"{key.name}-{port_part}-{port}-v{family}",
+            "namespace": key.namespace,
+            "name": f"{key.name}-{port_part}-{port}-v{family}" + (f"-{i}" if i else ""),
             "labels": {SERVICE_NAME_LABEL: key.name},
             "annotations": {TRIGGER_TIME_ANNOTATION: trigger} if trigger else {}},
         "ports": [{"name": key.port_name, "protocol": str(key.protocol), "port": port}],
         "endpoints": [_endpoint(ep) for ep in eps],
-    } for (port, family), eps in sorted(groups.items())]
+    } for port, family, i, eps in chunks]
 
 
 def node_object(node: NodeInfo) -> Obj:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from svcproxy.frontend.auth import AuthConfig
+    from svcproxy.frontend.main import FrontendOptions
     from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
 
@@ -65,6 +66,7 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
                    "only its own state; any other certificate is the identity CN (groups: "
                    "O). Certificate, key and CA files are re-read when they change")
     _frontend_auth_arguments(p)
+    _frontend_object_limit_arguments(p)
     _frontend_limit_arguments(p)
     p.set_defaults(func=_run_frontend)
 
@@ -113,6 +115,49 @@ def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
                    help="report the apiserver lost (health name 'apiserver', /readyz body, "
                    "metrics) after failing to reach it this long; the last known state is "
                    "still served (default %(default)s)")
+
+
+def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "limits on input", "Objects are checked with Kubernetes' validation rules whatever the "
+        "source; one that breaks a rule or a limit is refused alone (logged, counted in "
+        "svcproxy_frontend_rejected_objects_total) and its last valid version stays served.")
+    g.add_argument("--max-object-bytes", type=int, default=1_572_864, metavar="BYTES",
+                   help="largest object accepted, counted as its JSON would be with YAML "
+                   "aliases expanded (default %(default)s: etcd's 1.5 MiB)")
+    g.add_argument("--max-object-depth", type=int, default=64, metavar="LEVELS",
+                   help="deepest nesting of maps and lists in an object or manifest "
+                   "document, 1-500 (default %(default)s)")
+    g.add_argument("--max-name-length", type=int, default=253, metavar="CHARS",
+                   help="longest name of any object, port or node accepted; Kubernetes' own "
+                   "limits (63 for Service and namespace names) always apply "
+                   "(default %(default)s)")
+    g.add_argument("--manifest-max-file-bytes", type=int, default=16 * 1024 * 1024,
+                   metavar="BYTES", help="larger --manifests files are refused whole (their "
+                   "last good content stays in use) (default %(default)s)")
+    g.add_argument("--manifest-max-alias-expansion", type=int, default=100_000,
+                   metavar="NODES", help="refuse a manifest document whose YAML aliases "
+                   "(*name) add more nodes than this once expanded: a few hundred bytes of "
+                   "aliases can otherwise become gigabytes (default %(default)s)")
+
+
+def _with_object_limits(opts: FrontendOptions, args: argparse.Namespace) -> FrontendOptions:
+    import dataclasses
+
+    from svcproxy.frontend.kubevalidation import ObjectLimits
+    from svcproxy.frontend.manifests import ManifestLimits
+
+    sizes = (args.max_object_bytes, args.max_name_length, args.manifest_max_file_bytes)
+    if min(sizes) < 1 or args.manifest_max_alias_expansion < 0 or \
+            not 1 <= args.max_object_depth <= 500:
+        raise SystemExit("svcproxy: --max-object-bytes, --max-name-length and "
+                         "--manifest-max-file-bytes must be 1 or more, "
+                         "--manifest-max-alias-expansion 0 or more, --max-object-depth 1-500")
+    return dataclasses.replace(
+        opts, object_limits=ObjectLimits(args.max_object_bytes, args.max_object_depth,
+                                         args.max_name_length),
+        manifest_limits=ManifestLimits(args.manifest_max_file_bytes,
+                                       args.manifest_max_alias_expansion, args.max_object_depth))
 
 
 def _certs_parser(sub: argparse._SubParsersAction) -> None:
@@ -217,6 +262,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
                            apiserver_lost_after=args.apiserver_lost_after,
                            stream_limits=limits)
+    opts = _with_object_limits(opts, args)
     return asyncio.run(run_frontend(opts))
 
 

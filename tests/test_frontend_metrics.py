@@ -47,7 +47,8 @@ def test_metrics_move_with_clients_and_changes(frontend_factory, tmp_path: Path)
                                                "ports": [{"port": 0}]}})])
         after = scrape(port)
         assert after["svcproxy_frontend_revision"] > during["svcproxy_frontend_revision"]
-        key = 'svcproxy_frontend_invalid_objects_total{kind="Service"}'
+        key = ('svcproxy_frontend_rejected_objects_total{kind="Service",reason="invalid_port",'
+               'source="manifests"}')
         assert after[key] == before.get(key, 0) + 1
     finally:
         client.stop()

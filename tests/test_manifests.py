@@ -60,7 +60,7 @@ def test_invalid_object_in_valid_file_skipped_alone(frontend_factory, tmp_path: 
     fe = frontend_factory(d)
     wait_for(lambda: WEB in fe.engine.view("node-a").records)
     assert API not in fe.engine.view("node-a").records
-    assert any("invalid Service shop/api" in r.getMessage() and "out of range" in r.getMessage()
+    assert any("rejected Service shop/api" in r.getMessage() and "between 1 and" in r.getMessage()
                for r in caplog.records)
 
 

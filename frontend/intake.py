@@ -1,0 +1,110 @@
+"""The engine's door: every object is validated, parsed, or refused alone here.
+
+Whatever the source, an object passes Kubernetes' rules (kubevalidation.py) before
+it is parsed; a refused one is logged once (source, file, object, field, reason) and
+counted in ``svcproxy_frontend_rejected_objects_total``; an unexpected exception
+refuses that object only. Values Kubernetes lets through but svcproxy cannot use
+(a bad trigger-time annotation) are ignored with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from svcproxy.frontend import metrics
+from svcproxy.frontend.kubevalidation import (
+    DEFAULT_LIMITS,
+    ObjectLimits,
+    Problem,
+    Verdict,
+    object_key,
+    validate,
+)
+from svcproxy.frontend.objects import (
+    EndpointSlice,
+    Node,
+    ParseError,
+    Service,
+    parse_endpoint_slice,
+    parse_node,
+    parse_service,
+)
+
+log = logging.getLogger("svcproxy.frontend.engine")
+Parsed = Service | EndpointSlice | Node
+_PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
+_MEMORY = 10000
+
+
+def describe(kind: str, obj: Any) -> str:
+    """``Service ns/name from FILE`` (what a log line names)."""
+    ns, name = object_key(kind, obj)
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    where = obj.get("__source__") if isinstance(obj, dict) else None
+    return f"{kind} {ns + '/' if ns else ''}{shown or '<unnamed>'}" + (
+        f" from {where}" if where else "")
+
+
+class Intake:
+    """Validates and parses objects for one engine; ``source`` labels its metric."""
+
+    def __init__(self, source: str = "apiserver", limits: ObjectLimits = DEFAULT_LIMITS) -> None:
+        self.source = source
+        self.limits = limits
+        # What was last said about an object, so an unchanged refusal is logged once.
+        self._said: dict[tuple[str, str, str], str] = {}
+
+    def parse(self, kind: str, obj: Any, served: bool) -> Parsed | None:
+        """The parsed object, or None when refused (``served``: a valid version is in use)."""
+        try:
+            verdict = validate(kind, obj, self.limits)
+            if not verdict.ok:
+                self._refuse(kind, obj, verdict.errors[0].reason, verdict.summary(), served)
+                return None
+            parsed = _PARSERS[kind](obj)
+        except ParseError as err:
+            self._refuse(kind, obj, "invalid_value", str(err), served)
+            return None
+        except Exception as err:  # noqa: BLE001 - one object's failure is its own
+            log.exception("unexpected error reading %s", describe(kind, obj))
+            self._refuse(kind, obj, "internal_error", f"{type(err).__name__}: {err}", served)
+            return None
+        self._accepted(kind, obj, verdict)
+        return parsed
+
+    def _key(self, kind: str, obj: Any) -> tuple[str, str, str]:
+        return (kind, *object_key(kind, obj))
+
+    def _once(self, key: tuple[str, str, str], text: str) -> bool:
+        if self._said.get(key) == text:
+            return False
+        if len(self._said) >= _MEMORY:
+            self._said.clear()
+        self._said[key] = text
+        return True
+
+    def _refuse(self, kind: str, obj: Any, reason: str, message: str, served: bool) -> None:
+        if not self._once(self._key(kind, obj), "refused: " + message):
+            return
+        metrics.REJECTED_OBJECTS.labels(self.source, kind, reason).inc()
+        then = ("its last valid version stays served" if served
+                else "it is not served")
+        log.error("rejected %s (source %s): %s; %s", describe(kind, obj), self.source,
+                  message, then)
+
+    def _accepted(self, kind: str, obj: Any, verdict: Verdict) -> None:
+        key = self._key(kind, obj)
+        if not verdict.warnings:
+            self._said.pop(key, None)
+            return
+        text = "; ".join(str(w) for w in verdict.warnings)
+        if self._once(key, "warned: " + text):
+            log.warning("%s (source %s): %s", describe(kind, obj), self.source, text)
+
+
+def refuse_file(source: str, where: str, problem: Problem | str) -> None:
+    """Count and log a manifest file (or document) that yields no object."""
+    reason = problem.reason if isinstance(problem, Problem) else "unparsable"
+    metrics.REJECTED_OBJECTS.labels(source, "File", reason).inc()
+    log.error("skipping %s: %s", where, problem)

@@ -1,0 +1,640 @@
+"""Kubernetes' own validation rules for the objects the frontend reads.
+
+One pure function per kind (``validate_service``, ``validate_endpoint_slice``,
+``validate_node``) checks the fields svcproxy uses the way the apiserver does
+(pkg/apis/core/validation, pkg/apis/discovery/validation): names, port names,
+port ranges, protocols, enums, IP syntax and family, the addresses Kubernetes
+forbids, duplicates and list limits. ``check_size`` bounds any object (size,
+nesting) first. Nothing here raises on any input: a problem is returned as data,
+so every source (apiserver, manifests, upstream) gets the same verdict.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+MAX_SLICE_ENDPOINTS = 1000
+MAX_SLICE_PORTS = 20000
+MAX_ENDPOINT_ADDRESSES = 100
+MAX_ZONE_HINTS = 8
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+MAX_PROBLEMS = 5
+
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
+POLICIES = ("Cluster", "Local")
+AFFINITIES = ("None", "ClientIP")
+TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
+ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
+IP_MODES = ("VIP", "Proxy")
+NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = re.compile(_LABEL)
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+_QUALIFIED = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+IANA_SVC_NAME = re.compile(r"[-a-z0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectLimits:
+    """Bounds on what one object may cost; each has a ``svcproxy frontend`` flag."""
+
+    max_object_bytes: int = 1_572_864  # etcd's default request limit (1.5 MiB)
+    max_depth: int = 64
+    max_name_length: int = 253  # the longest name Kubernetes allows
+
+
+DEFAULT_LIMITS = ObjectLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One reason to refuse (or a value to ignore): the field, a metric reason, a message."""
+
+    field: str
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Errors refuse the object; warnings are values ignored (logged) as kube-proxy does."""
+
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, where: str, reason: str, message: str) -> None:
+        self.errors.append(Problem(where, reason, message))
+
+    def summary(self) -> str:
+        shown = "; ".join(str(p) for p in self.errors[:MAX_PROBLEMS])
+        more = len(self.errors) - MAX_PROBLEMS
+        return shown + (f" (and {more} more)" if more > 0 else "")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---- size ---------------------------------------------------------------------------
+class _TooBig(Exception):
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+
+def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Problem | None:
+    """Why ``obj`` is too large or deep (expanded, as YAML aliases would be), or None."""
+    memo: dict[int, tuple[int, int]] = {}
+    total = [0]
+
+    def walk(value: Any, depth: int, where: str) -> tuple[int, int]:
+        if depth > limits.max_depth:
+            raise _TooBig(Problem(where, "too_deep", f"nested deeper than {limits.max_depth} "
+                                  "levels (--max-object-depth)"))
+        if isinstance(value, dict | list):
+            hit = memo.get(id(value))
+            if hit is None:
+                size, height = 2, 0
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                for k, v in items:
+                    if k == "__source__":
+                        continue
+                    ks = len(k) + 3 if isinstance(k, str) else 8
+                    vs, vh = walk(v, depth + 1, f"{where}.{k}" if where else str(k))
+                    size, height = size + ks + vs, max(height, vh + 1)
+                hit = memo[id(value)] = (size, height)
+            elif depth + hit[1] > limits.max_depth:
+                raise _TooBig(Problem(where, "too_deep", f"nested deeper than "
+                                      f"{limits.max_depth} levels (--max-object-depth)"))
+        else:
+            hit = (len(value) + 2 if isinstance(value, str | bytes) else 8, 0)
+        total[0] += hit[0]
+        if total[0] > limits.max_object_bytes * 4 or hit[0] > limits.max_object_bytes:
+            raise _TooBig(Problem("", "too_large", f"larger than {limits.max_object_bytes} "
+                                  "bytes once expanded (--max-object-bytes; YAML aliases "
+                                  "count each time they are used)"))
+        return hit
+
+    try:
+        walk(obj, 0, "")
+    except _TooBig as big:
+        return big.problem
+    except RecursionError:
+        return Problem("", "too_deep", "nested too deeply")
+    return None
+
+
+# ---- primitive checks ---------------------------------------------------------------
+class _Checker:
+    """Accumulates problems while reading an object's fields with their types checked."""
+
+    def __init__(self, limits: ObjectLimits) -> None:
+        self.limits = limits
+        self.v = Verdict()
+
+    def err(self, where: str, reason: str, message: str) -> None:
+        self.v.error(where, reason, message)
+
+    def mapping(self, value: Any, where: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.err(where, "malformed", f"must be a mapping, not {type(value).__name__}")
+            return {}
+        return value
+
+    def items(self, value: Any, where: str, limit: int | None = None) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.err(where, "malformed", f"must be a list, not {type(value).__name__}")
+            return []
+        if limit is not None and len(value) > limit:
+            self.err(where, "too_many", f"has {len(value)} items, at most {limit} allowed")
+            return []
+        return value
+
+    def string(self, value: Any, where: str, required: bool = False) -> str:
+        if value is None or value == "":
+            if required:
+                self.err(where, "malformed", "is required")
+            return ""
+        if not isinstance(value, str):
+            self.err(where, "malformed", f"must be a string, not {_shown(value)}")
+            return ""
+        return value
+
+    def boolean(self, value: Any, where: str) -> None:
+        if value is not None and not isinstance(value, bool):
+            self.err(where, "malformed", f"must be true or false, not {_shown(value)}")
+
+    def name(self, value: Any, where: str, pattern: re.Pattern[str], limit: int,
+             what: str) -> str:
+        text = self.string(value, where, required=True)
+        if not text:
+            return ""
+        limit = min(limit, self.limits.max_name_length)
+        if len(text) > limit:
+            self.err(where, "invalid_name", f"{_shown(text)} is longer than {limit} characters")
+        elif not pattern.fullmatch(text):
+            self.err(where, "invalid_name", f"{_shown(text)} is not a {what}")
+        return text
+
+    def label(self, value: Any, where: str) -> str:
+        return self.name(value, where, DNS1123_LABEL, 63, "DNS-1123 label (lowercase "
+                         "letters, digits and '-', starting and ending with a letter or digit)")
+
+    def subdomain(self, value: Any, where: str) -> str:
+        return self.name(value, where, DNS1123_SUBDOMAIN, 253, "DNS-1123 subdomain "
+                         "(lowercase letters, digits, '-' and '.')")
+
+    def port(self, value: Any, where: str, allow_zero: bool = False) -> int:
+        if value is None and allow_zero:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.err(where, "invalid_port", f"{_shown(value)} is not a port number")
+            return 0
+        if not (0 if allow_zero else 1) <= value <= 65535:
+            self.err(where, "invalid_port", f"{value} must be between "
+                     f"{0 if allow_zero else 1} and 65535")
+            return 0
+        return value
+
+    def protocol(self, value: Any, where: str) -> str:
+        if value is None or value == "":
+            return "TCP"
+        if value not in PROTOCOLS:
+            self.err(where, "invalid_protocol", f"{_shown(value)} is not TCP, UDP or SCTP")
+            return ""
+        return str(value)
+
+    def enum(self, value: Any, where: str, allowed: tuple[str, ...]) -> str:
+        if value is None or value == "":
+            return ""
+        if not isinstance(value, str) or value not in allowed:
+            self.err(where, "invalid_value", f"{_shown(value)} is not one of "
+                     f"{', '.join(allowed)}")
+            return ""
+        return value
+
+    def ip(self, value: Any, where: str, forbid: Callable[[Any], str | None] | None = None,
+           family: int = 0) -> int:
+        """The family of a valid IP (0 when refused)."""
+        text = self.string(value, where, required=True)
+        if not text:
+            return 0
+        addr = parse_ip(text)
+        if addr is None:
+            self.err(where, "invalid_ip", f"{_shown(text)} is not an IP address")
+            return 0
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            self.err(where, "invalid_ip", f"{text} is an IPv4-mapped IPv6 address; write "
+                     "the IPv4 address")
+            return 0
+        if family and addr.version != family:
+            self.err(where, "ip_family", f"{text} is not an IPv{family} address")
+            return 0
+        why = forbid(addr) if forbid else None
+        if why:
+            self.err(where, "forbidden_ip", f"{text} {why}")
+            return 0
+        return addr.version
+
+    def meta_map(self, value: Any, where: str, values: re.Pattern[str] | None) -> dict[str, str]:
+        """Labels (``values`` set) or annotations: qualified-name keys, string values."""
+        raw = self.mapping(value, where)
+        size = 0
+        for k, val in raw.items():
+            if not isinstance(k, str) or not is_qualified_name(k):
+                self.err(where, "invalid_name", f"key {_shown(k)} is not a qualified name")
+                continue
+            if not isinstance(val, str):
+                self.err(f"{where}.{k}", "malformed", f"must be a string, not {_shown(val)}")
+                continue
+            size += len(k) + len(val)
+            if values is not None and (len(val) > 63 or not (val == "" or values.fullmatch(val))):
+                self.err(f"{where}.{k}", "invalid_value", f"{_shown(val)} is not a valid "
+                         "label value (at most 63 letters, digits, '-', '_' or '.')")
+        if values is None and size > MAX_ANNOTATIONS_BYTES:
+            self.err(where, "too_large", f"total size {size} exceeds {MAX_ANNOTATIONS_BYTES}")
+        return raw
+
+    def metadata(self, obj: dict[str, Any], name_check: Callable[[Any, str], str],
+                 namespaced: bool) -> tuple[dict[str, str], dict[str, str]]:
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            self.err("metadata", "malformed", "must be a mapping with a name"
+                     if meta is not None else "is required")
+            return {}, {}
+        name_check(meta.get("name"), "metadata.name")
+        if namespaced and meta.get("namespace") not in (None, ""):
+            self.label(meta.get("namespace"), "metadata.namespace")
+        labels = self.meta_map(meta.get("labels"), "metadata.labels", _QUALIFIED)
+        annotations = self.meta_map(meta.get("annotations"), "metadata.annotations", None)
+        return labels, annotations
+
+
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP as Kubernetes parses it (IPv4 octets may have leading zeros); None if invalid."""
+    if ":" not in text and text.count(".") == 3:
+        parts = text.split(".")
+        if all(p.isdigit() and p.isascii() and len(p) <= 3 for p in parts):
+            text = ".".join(str(int(p)) for p in parts)
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def is_qualified_name(text: str) -> bool:
+    """A label or annotation key: [DNS-1123 subdomain prefix/]name of at most 63 characters."""
+    prefix, slash, name = text.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return 0 < len(name) <= 63 and _QUALIFIED.fullmatch(name) is not None
+
+
+def is_port_name(text: str) -> bool:
+    """IANA_SVC_NAME: 1-15 of [-a-z0-9], a letter, no leading/trailing or double '-'."""
+    return (0 < len(text) <= 15 and IANA_SVC_NAME.fullmatch(text) is not None
+            and any("a" <= c <= "z" for c in text) and "--" not in text
+            and text[0] != "-" and text[-1] != "-")
+
+
+def endpoint_ip_problem(addr: Any) -> str | None:
+    """Why Kubernetes refuses ``addr`` as an endpoint or external IP (ValidateEndpointIP)."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if addr.is_unspecified:
+        return "may not be unspecified (0.0.0.0, ::)"
+    if addr.is_loopback:
+        return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    if addr.is_link_local:
+        return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+    if (addr in _LINK_LOCAL_MULTICAST4 if addr.version == 4
+            else addr.packed[0] == 0xFF and addr.packed[1] & 0x0F == 0x02):
+        return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
+    return None
+
+
+_LINK_LOCAL_MULTICAST4 = ipaddress.ip_network("224.0.0.0/24")
+_BROADCAST4 = ipaddress.ip_address("255.255.255.255")
+
+
+def cluster_ip_problem(addr: Any) -> str | None:
+    """Why an address can be in no service CIDR: the endpoint rules, multicast, broadcast."""
+    why = endpoint_ip_problem(addr)
+    if why:
+        return why
+    if addr.is_multicast:
+        return "may not be a multicast address"
+    if addr == _BROADCAST4:
+        return "may not be the broadcast address"
+    return None
+
+
+def trigger_time_problem(value: Any) -> str | None:
+    """Why a last-change-trigger-time annotation is unusable (then it is ignored)."""
+    if not isinstance(value, str):
+        return f"{_shown(value)} is not an RFC 3339 time"
+    try:
+        seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return f"{_shown(value)} is not a usable RFC 3339 time"
+    return None if seconds > 0 else f"{_shown(value)} is before 1970"
+
+
+# ---- Service ------------------------------------------------------------------------
+def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """A Service as the apiserver validates the fields svcproxy reads."""
+    c = _Checker(limits)
+    if not _object(c, obj, limits):
+        return c.v
+    c.metadata(obj, lambda v, w: c.name(v, w, DNS1035_LABEL, 63, "DNS-1035 label (lowercase "
+                                        "letters, digits and '-', starting with a letter)"),
+               namespaced=True)
+    spec = c.mapping(obj.get("spec"), "spec")
+    stype = c.enum(spec.get("type"), "spec.type", SERVICE_TYPES) or "ClusterIP"
+    headless = _cluster_ips(c, spec, stype)
+    _service_ports(c, spec, stype, headless)
+    for i, ip in enumerate(c.items(spec.get("externalIPs"), "spec.externalIPs")):
+        c.ip(ip, f"spec.externalIPs[{i}]", endpoint_ip_problem)
+    _affinity(c, spec)
+    c.enum(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
+    c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
+    c.enum(spec.get("trafficDistribution"), "spec.trafficDistribution", TRAFFIC_DISTRIBUTIONS)
+    c.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", allow_zero=True)
+    for i, cidr in enumerate(c.items(spec.get("loadBalancerSourceRanges"),
+                                     "spec.loadBalancerSourceRanges")):
+        _cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
+    if stype == "ExternalName":
+        c.subdomain(spec.get("externalName"), "spec.externalName")
+    _lb_status(c, obj.get("status"))
+    return c.v
+
+
+def _object(c: _Checker, obj: Any, limits: ObjectLimits) -> bool:
+    if not isinstance(obj, dict):
+        c.err("", "malformed", f"an object must be a mapping, not {type(obj).__name__}")
+        return False
+    too_big = check_size(obj, limits)
+    if too_big is not None:
+        c.v.errors.append(too_big)
+        return False
+    return True
+
+
+def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
+    """Checks clusterIP/clusterIPs; True for a headless service."""
+    single = c.string(spec.get("clusterIP"), "spec.clusterIP")
+    ips = c.items(spec.get("clusterIPs"), "spec.clusterIPs", limit=2)
+    if single and ips and ips[0] != single:
+        c.err("spec.clusterIPs[0]", "invalid_value", f"{_shown(ips[0])} must be the same as "
+              f"spec.clusterIP {_shown(single)}")
+    values = ips or ([single] if single else [])
+    if values and values[0] == "None":
+        if len(values) > 1:
+            c.err("spec.clusterIPs", "invalid_value", "'None' must be the only value")
+        if stype in ("NodePort", "LoadBalancer"):
+            c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
+        return True
+    families = [c.ip(ip, f"spec.clusterIPs[{i}]", cluster_ip_problem)
+                for i, ip in enumerate(values)]
+    if len(families) == 2 and families[0] and families[0] == families[1]:
+        c.err("spec.clusterIPs", "ip_family", "two cluster IPs must be of different families")
+    return False
+
+
+def _service_ports(c: _Checker, spec: dict[str, Any], stype: str, headless: bool) -> None:
+    ports = c.items(spec.get("ports"), "spec.ports")
+    if not ports and not headless and stype != "ExternalName":
+        c.err("spec.ports", "malformed", "is required (a service needs at least one port)")
+    names: set[str] = set()
+    seen: set[tuple[int, str]] = set()
+    node_ports: set[tuple[int, str]] = set()
+    for i, raw in enumerate(ports):
+        where = f"spec.ports[{i}]"
+        p = c.mapping(raw, where)
+        name = c.string(p.get("name"), f"{where}.name")
+        if len(ports) > 1 and not name:
+            c.err(f"{where}.name", "malformed", "is required when a service has several ports")
+        elif name:
+            c.label(name, f"{where}.name")
+            if name in names:
+                c.err(f"{where}.name", "duplicate", f"{name!r} is used by another port")
+            names.add(name)
+        port = c.port(p.get("port"), f"{where}.port")
+        proto = c.protocol(p.get("protocol"), f"{where}.protocol")
+        if (port, proto) in seen and port:
+            c.err(where, "duplicate", f"port {port}/{proto} is used by another port")
+        seen.add((port, proto))
+        _target_port(c, p.get("targetPort"), f"{where}.targetPort")
+        node_port = c.port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True)
+        if node_port and stype == "ClusterIP":
+            c.err(f"{where}.nodePort", "invalid_value", "may not be used when type is ClusterIP")
+        if node_port and (node_port, proto) in node_ports:
+            c.err(f"{where}.nodePort", "duplicate", f"{node_port}/{proto} is used twice")
+        node_ports.add((node_port, proto))
+
+
+def _target_port(c: _Checker, value: Any, where: str) -> None:
+    if value is None or value == 0 or value == "":
+        return
+    if isinstance(value, str):
+        if not is_port_name(value):
+            c.err(where, "invalid_port", f"{_shown(value)} is neither a port number nor a "
+                  "port name (IANA_SVC_NAME: at most 15 lowercase letters, digits and '-', "
+                  "with a letter)")
+        return
+    c.port(value, where)
+
+
+def _affinity(c: _Checker, spec: dict[str, Any]) -> None:
+    affinity = c.enum(spec.get("sessionAffinity"), "spec.sessionAffinity", AFFINITIES)
+    cfg = c.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client = c.mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    timeout = client.get("timeoutSeconds")
+    if affinity == "ClientIP" and timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int)
+            or not 0 < timeout <= 86400):
+        c.err("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "invalid_value",
+              f"{_shown(timeout)} must be between 1 and 86400")
+
+
+def _cidrs(c: _Checker, value: Any, where: str, allow_commas: bool = False) -> None:
+    text = c.string(value, where, required=True)
+    for part in text.split(",") if allow_commas else [text]:
+        part = part.strip()
+        if not part and allow_commas:
+            continue
+        addr, slash, length = part.partition("/")
+        ip = parse_ip(addr)
+        ok = ip is not None and slash and length.isdigit() and length.isascii() and \
+            int(length) <= (32 if ip.version == 4 else 128)
+        if text and not ok:
+            c.err(where, "invalid_ip", f"{_shown(part)} is not a CIDR")
+
+
+def _lb_status(c: _Checker, status: Any) -> None:
+    lb = c.mapping(c.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
+    for i, raw in enumerate(c.items(lb.get("ingress"), "status.loadBalancer.ingress")):
+        where = f"status.loadBalancer.ingress[{i}]"
+        ing = c.mapping(raw, where)
+        if ing.get("ip") not in (None, ""):
+            c.ip(ing.get("ip"), f"{where}.ip")
+            c.enum(ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
+
+
+# ---- EndpointSlice ------------------------------------------------------------------
+def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """An EndpointSlice as the apiserver validates it, plus the service-name label."""
+    c = _Checker(limits)
+    if not _object(c, obj, limits):
+        return c.v
+    labels, annotations = c.metadata(obj, c.subdomain, namespaced=True)
+    if not labels.get(SERVICE_NAME_LABEL):
+        c.err(f"metadata.labels.{SERVICE_NAME_LABEL}", "malformed",
+              "is missing: the slice belongs to no service")
+    if TRIGGER_TIME_ANNOTATION in annotations:
+        why = trigger_time_problem(annotations[TRIGGER_TIME_ANNOTATION])
+        if why:
+            c.v.warnings.append(Problem(f"metadata.annotations.{TRIGGER_TIME_ANNOTATION}",
+                                        "ignored_value", f"{why}; ignored"))
+    address_type = obj.get("addressType")
+    if address_type not in ADDRESS_TYPES:
+        c.err("addressType", "invalid_value", f"{_shown(address_type)} is not IPv4, IPv6 or FQDN")
+    names: set[str] = set()
+    for i, raw in enumerate(c.items(obj.get("ports"), "ports", MAX_SLICE_PORTS)):
+        where = f"ports[{i}]"
+        p = c.mapping(raw, where)
+        name = c.string(p.get("name"), f"{where}.name")
+        if name:
+            c.label(name, f"{where}.name")
+        if name in names:
+            c.err(f"{where}.name", "duplicate", f"{name!r} is used by another port")
+        names.add(name)
+        c.protocol(p.get("protocol"), f"{where}.protocol")
+        if p.get("port") is not None:
+            c.port(p.get("port"), f"{where}.port")
+    kind = address_type if address_type in ADDRESS_TYPES else ""
+    for i, raw in enumerate(c.items(obj.get("endpoints"), "endpoints", MAX_SLICE_ENDPOINTS)):
+        _endpoint(c, c.mapping(raw, f"endpoints[{i}]"), f"endpoints[{i}]", kind)
+    return c.v
+
+
+def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) -> None:
+    addresses = c.items(ep.get("addresses"), f"{where}.addresses", MAX_ENDPOINT_ADDRESSES)
+    if not addresses and isinstance(ep.get("addresses"), list | None):
+        c.err(f"{where}.addresses", "malformed", "must hold at least one address")
+    for j, address in enumerate(addresses):
+        if address_type in ("IPv4", "IPv6"):
+            c.ip(address, f"{where}.addresses[{j}]", endpoint_ip_problem, int(address_type[-1]))
+        elif address_type == "FQDN" and (not isinstance(address, str)
+                                         or not DNS1123_SUBDOMAIN.fullmatch(address)):
+            c.err(f"{where}.addresses[{j}]", "invalid_name", f"{_shown(address)} is not a "
+                  "fully qualified domain name")
+    cond = c.mapping(ep.get("conditions"), f"{where}.conditions")
+    for key in ("ready", "serving", "terminating"):
+        c.boolean(cond.get(key), f"{where}.conditions.{key}")
+    if ep.get("nodeName") not in (None, ""):
+        c.subdomain(ep.get("nodeName"), f"{where}.nodeName")
+    if ep.get("hostname") not in (None, ""):
+        c.label(ep.get("hostname"), f"{where}.hostname")
+    zone = c.string(ep.get("zone"), f"{where}.zone")
+    if zone and (len(zone) > 63 or not _QUALIFIED.fullmatch(zone)):
+        c.err(f"{where}.zone", "invalid_value", f"{_shown(zone)} is not a valid label value")
+    hints = c.mapping(ep.get("hints"), f"{where}.hints")
+    for key, check in (("forZones", _hint_zone), ("forNodes", _hint_node)):
+        seen: set[str] = set()
+        for k, hint in enumerate(c.items(hints.get(key), f"{where}.hints.{key}", MAX_ZONE_HINTS)):
+            spot = f"{where}.hints.{key}[{k}].name"
+            name = check(c, c.mapping(hint, spot).get("name"), spot)
+            if name and name in seen:
+                c.err(spot, "duplicate", f"{name!r} is listed twice")
+            seen.add(name)
+
+
+def _hint_zone(c: _Checker, value: Any, where: str) -> str:
+    name = c.string(value, where, required=True)
+    if name and (len(name) > 63 or not _QUALIFIED.fullmatch(name)):
+        c.err(where, "invalid_value", f"{_shown(name)} is not a valid label value")
+    return name
+
+
+def _hint_node(c: _Checker, value: Any, where: str) -> str:
+    return c.subdomain(value, where)
+
+
+# ---- Node ---------------------------------------------------------------------------
+def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """A Node's fields svcproxy reads, with the apiserver's rules."""
+    c = _Checker(limits)
+    if not _object(c, obj, limits):
+        return c.v
+    c.metadata(obj, c.subdomain, namespaced=False)
+    spec = c.mapping(obj.get("spec"), "spec")
+    cidrs = c.items(spec.get("podCIDRs"), "spec.podCIDRs", limit=2)
+    for i, cidr in enumerate(cidrs):
+        _cidrs(c, cidr, f"spec.podCIDRs[{i}]")
+    if spec.get("podCIDR") not in (None, ""):
+        _cidrs(c, spec.get("podCIDR"), "spec.podCIDR")
+    for i, raw in enumerate(c.items(spec.get("taints"), "spec.taints")):
+        taint = c.mapping(raw, f"spec.taints[{i}]")
+        key = c.string(taint.get("key"), f"spec.taints[{i}].key", required=True)
+        if key and not is_qualified_name(key):
+            c.err(f"spec.taints[{i}].key", "invalid_name", f"{_shown(key)} is not a qualified "
+                  "name")
+    status = c.mapping(obj.get("status"), "status")
+    for i, raw in enumerate(c.items(status.get("addresses"), "status.addresses")):
+        addr = c.mapping(raw, f"status.addresses[{i}]")
+        c.enum(addr.get("type"), f"status.addresses[{i}].type", NODE_ADDRESS_TYPES)
+        text = addr.get("address")
+        if not isinstance(text, str):
+            c.err(f"status.addresses[{i}].address", "malformed", "must be a string")
+        elif addr.get("type") in ("InternalIP", "ExternalIP") and parse_ip(text) is None:
+            c.v.warnings.append(Problem(f"status.addresses[{i}].address", "ignored_value",
+                                        f"{_shown(text)} is not an IP address; ignored"))
+    return c.v
+
+
+VALIDATORS: dict[str, Callable[[Any, ObjectLimits], Verdict]] = {
+    "Service": validate_service, "EndpointSlice": validate_endpoint_slice,
+    "Node": validate_node,
+}
+
+
+def validate(kind: str, obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """The verdict on one object of a kind svcproxy reads."""
+    return VALIDATORS[kind](obj, limits)
+
+
+def object_key(kind: str, obj: Any) -> tuple[str, str]:
+    """(namespace, name) of any object, whatever it holds ("" where absent or not text)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return ("", "")
+    name = meta.get("name")
+    ns = meta.get("namespace")
+    if kind == "Node":
+        ns = ""
+    elif not isinstance(ns, str) or not ns:
+        ns = "default"
+    return (ns, name if isinstance(name, str) else "")
