@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from svcproxy.frontend import auth_metrics
-from svcproxy.frontend.auth import ANONYMOUS, Authenticator, Identity, Unauthenticated
+from svcproxy.frontend.auth import Authenticator, Identity, Unauthenticated
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ NODE_METHODS = {"Watch": pb.WatchRequest, "GetNodeState": pb.GetNodeStateRequest
 
 
 def is_cluster_reader(identity: Identity, readers: frozenset[str]) -> bool:
-    return (identity.name == ANONYMOUS or identity.name in readers
+    # By how it was authenticated, never by name: a certificate may say CN=system:anonymous.
+    return (identity.via == "anonymous" or identity.name in readers
             or bool(identity.groups & readers))
 
 

@@ -32,6 +32,10 @@ EXTRA = "authentication.kubernetes.io/"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_ENTRIES = 10000
 REFUSAL_TTL = 1.0
+# Hostile callers: a token longer than this is refused unreviewed, and at most this many
+# reviews run at once (a flood of made-up tokens waits here, not on the apiserver).
+MAX_TOKEN_BYTES = 16384
+MAX_CONCURRENT_REVIEWS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +55,12 @@ class TokenReviewer:
         self._core = CoreV1Api(api_client)
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._inflight: dict[bytes, asyncio.Future[_Entry]] = {}
+        self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, token: str) -> Identity:
+        if len(token) > MAX_TOKEN_BYTES:
+            auth_metrics.TOKEN_REVIEWS.labels("refused").inc()
+            raise Unauthenticated(f"the token is longer than {MAX_TOKEN_BYTES} bytes")
         key = hashlib.sha256(token.encode()).digest()
         entry = self._cache.get(key)
         if entry is not None and entry.expires > time.monotonic():
@@ -70,8 +78,11 @@ class TokenReviewer:
             return await asyncio.shield(pending)
         future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_CONCURRENT_REVIEWS)
         try:
-            entry = await asyncio.to_thread(self._review, token)
+            async with self._slots:
+                entry = await asyncio.to_thread(self._review, token)
             self._remember(key, entry)
             future.set_result(entry)
             return entry
