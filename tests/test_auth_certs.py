@@ -194,3 +194,23 @@ def test_stream_workers_enforce_the_same_rules(frontend_factory, tmp_path: Path,
             assert status == health_pb2.HealthCheckResponse.SERVING
     # Refusals in the worker are counted there: some calls were the worker's.
     assert before <= counter._value.get() < before + connections
+
+
+def test_svcproxy_certs_makes_a_working_pki(frontend_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from svcproxy.cli import main
+
+    d = tmp_path / "pki"
+    assert main(["certs", str(d), "--node", "node-a", "--identity", "tools"]) == 0
+    assert not (d / "ca.key").exists() and (d / "node-a.key").stat().st_mode & 0o077 == 0
+    fe = frontend_factory(copy_examples(tmp_path), listen="localhost:0",
+                          tls=TLSFiles(d / "frontend.crt", d / "frontend.key", d / "ca.crt"),
+                          auth=AuthConfig(client_certs=True, cluster_readers=frozenset({"tools"})))
+    ca = (d / "ca.crt").read_bytes()
+
+    def creds(who: str) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(ca, (d / f"{who}.key").read_bytes(),
+                                            (d / f"{who}.crt").read_bytes())
+
+    node = every_call(f"localhost:{fe.frontend.port}", creds("node-a"))
+    assert node == EXPECTED["node-a"]
+    assert every_call(f"localhost:{fe.frontend.port}", creds("tools")) == EXPECTED["reader"]
