@@ -11,14 +11,25 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).parent
 
 
+def _plugin(name: str) -> str:
+    """A protoc plugin script: next to this Python, else on PATH (pip's isolated build
+    environment puts the build requirements' scripts there, not next to the interpreter)."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"setup: {name} not found; install mypy-protobuf (a build requirement)")
+    return found
+
+
 def generate_protos() -> None:
     """Run grpcio-tools' protoc on proto/*.proto into svcproxy/v1/."""
     out = ROOT / "svcproxy" / "v1"
     out.mkdir(exist_ok=True)
     (out / "__init__.py").write_text('"""Generated from proto/ by the build; do not edit."""\n')
     protos = sorted(p.name for p in (ROOT / "proto").glob("*.proto"))
-    bindir = Path(sys.executable).parent
-    plugins = [f"--plugin=protoc-gen-{n}={bindir / ('protoc-gen-' + n)}"
+    plugins = [f"--plugin=protoc-gen-{n}={_plugin('protoc-gen-' + n)}"
                for n in ("mypy", "mypy_grpc")]
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-Isvcproxy/v1=proto",
