@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from svcproxy.convert import DIGEST_MASK, node_term, node_to_pb, record_term, state_to_pb
 from svcproxy.frontend import metrics
 from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
 from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
@@ -29,7 +30,7 @@ from svcproxy.frontend.wire import (
     WireOp,
     chunk_events,
     delete_node,
-    diff_records,
+    diff_with_digest,
     replace_service,
     set_node,
 )
@@ -73,6 +74,7 @@ class Engine:
         self._listed: set[Kind] = set()
         self.synced = asyncio.Event()
         self._snapshot_ops: dict[int, tuple[ServicePortState, WireOp]] = {}
+        self._terms: dict[int, tuple[ServicePortState, int]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listeners: list[PublishListener] = []
         # Validates every object whatever the source (main.py sets its source and limits).
@@ -106,6 +108,7 @@ class Engine:
         if not self.synced.is_set() and self._listed >= set(KINDS):
             log.info("frontend synced: %d services, %d endpoint slices, %d nodes",
                      len(self.services), len(self.slices), len(self.nodes))
+            self._start_serving()
             settle_long_lived_state()
             self.synced.set()
 
@@ -161,9 +164,35 @@ class Engine:
         for obj in objs:
             self._upsert(kind, obj, touched)
 
+    def _start_serving(self) -> None:
+        """At sync: no revision before it can be resumed from (records changed silently
+        until now), and every view's digest is computed once."""
+        self.revision += 1
+        for view in self.views.values():
+            view.history.clear()
+            view.history_ops = 0
+            view.history_start = view.revision = self.revision
+            view.digest = self._digest(view)
+
     # ---- computation ---------------------------------------------------
     def _new_view(self, name: str) -> NodeView:
         return NodeView(name, self.revision, self.history_limit)
+
+    def record_term(self, rec: ServicePortState) -> int:
+        """The digest term of a record (cached per record object)."""
+        hit = self._terms.get(id(rec))
+        if hit is None or hit[0] is not rec:
+            if len(self._terms) > 1_000_000:
+                self._terms = {}
+            hit = self._terms[id(rec)] = (rec, record_term(state_to_pb(rec)))
+        return hit[1]
+
+    def _digest(self, view: NodeView) -> int:
+        """The state digest of ``view`` computed from scratch."""
+        nodes = list(view.nodes.values()) + ([view.node] if view.node else [])
+        total = sum(node_term(node_to_pb(n)) for n in nodes)
+        total += sum(self.record_term(r) for r in view.records.values())
+        return total & DIGEST_MASK
 
     def _zone(self, name: str) -> str:
         node = self.nodes.get(name)
@@ -179,6 +208,12 @@ class Engine:
                 view.records.update(cache.records(name, zone))
             if name in self.nodes:
                 view.node = node_info(self.nodes[name])
+            if self.synced.is_set():
+                # A view forgotten and made again must not resume its old clients: its
+                # history starts at a revision none of them can hold.
+                self.revision += 1
+                view.history_start = view.revision = self.revision
+                view.digest = self._digest(view)
         return view
 
     def watch(self, name: str) -> NodeView:
@@ -213,7 +248,8 @@ class Engine:
         self.revision += 1
         metrics.REVISION.set(self.revision)
         for name, ops in changed.items():
-            self.views[name].append(self.revision, ops)
+            view = self.views[name]
+            view.append(self.revision, ops, view.digest)
             metrics.BATCH_OPS.observe(len(ops))
         for listener in self.listeners:
             listener(self.revision, changed)
@@ -228,6 +264,7 @@ class Engine:
             info = node_info(node) if node else None
             op = set_node(info) if info else delete_node(name)
             pending.setdefault(CLUSTER_VIEW, []).append(op)
+            _add_digest(cluster, _node_delta(cluster.nodes.get(name), info))
             if info:
                 cluster.nodes[name] = info
             else:
@@ -236,6 +273,7 @@ class Engine:
             if view is None:
                 continue
             old_zone = view.node.zone if view.node else ""
+            _add_digest(view, _node_delta(view.node, info))
             view.node = info
             pending.setdefault(name, []).append(op)
             if (info.zone if info else "") != old_zone:
@@ -248,7 +286,9 @@ class Engine:
         for cache in self.caches.values():
             new = cache.records(view.name, zone)
             for key, rec in new.items():
-                ops += diff_records(view.records.get(key), rec)
+                diff, delta = diff_with_digest(view.records.get(key), rec, self.record_term)
+                ops += diff
+                _add_digest(view, delta)
             view.records.update(new)
 
     def _publish_service(self, svc: ObjKey, pending: dict[str, list[WireOp]]) -> None:
@@ -272,7 +312,9 @@ class Engine:
             self.caches.pop(svc, None)
         if not self.slices_of.get(svc):
             self.slices_of.pop(svc, None)
-        memo: dict[tuple[int, int], list[WireOp]] = {}
+        # The diff of each (old, new) pair of record objects, computed once for every view
+        # of a node class; the objects are held so that their ids are not reused.
+        memo: dict[tuple[int, int], tuple[object, object, list[WireOp], int]] = {}
         for view in self.views.values():
             new = news[view.name]
             if not self.synced.is_set():
@@ -285,9 +327,12 @@ class Engine:
                 if old_rec == new_rec:
                     continue
                 pair = (id(old_rec), id(new_rec))
-                if pair not in memo:
-                    memo[pair] = diff_records(old_rec, new_rec)
-                ops += memo[pair]
+                hit = memo.get(pair)
+                if hit is None:
+                    diff, delta = diff_with_digest(old_rec, new_rec, self.record_term)
+                    hit = memo[pair] = (old_rec, new_rec, diff, delta)
+                ops += hit[2]
+                _add_digest(view, hit[3])
             view.set_records(old_keys, new)
 
     # ---- streams -------------------------------------------------------
@@ -310,7 +355,7 @@ class Engine:
         one at a time as the stream writes them: a stream holds the list of its ops
         (bytes shared with every other stream) and the one message being written."""
         return _measured(chunk_events(self.revision, self.snapshot_ops(view), reset=reset,
-                                      limit=MESSAGE_BYTES))
+                                      limit=MESSAGE_BYTES, digest=view.digest))
 
     def snapshot_ops(self, view: NodeView) -> list[bytes]:
         """The ops that build ``view`` from nothing (serialised records are cached)."""
@@ -345,6 +390,19 @@ def _measured(msgs: Iterator[bytes]) -> Iterator[bytes]:
         size += len(msg)
         yield msg
     metrics.SNAPSHOT_BYTES.observe(size)
+
+
+def _node_delta(old: NodeInfo | None, new: NodeInfo | None) -> int:
+    """How a node's change moves the state digest."""
+    if old == new:
+        return 0
+    return ((node_term(node_to_pb(new)) if new else 0)
+            - (node_term(node_to_pb(old)) if old else 0))
+
+
+def _add_digest(view: NodeView, delta: int) -> None:
+    if view.digest is not None and delta:
+        view.digest = (view.digest + delta) & DIGEST_MASK
 
 
 def known_nodes(engine: Engine) -> list[NodeInfo]:

@@ -34,6 +34,8 @@ class NodeView:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self._encoded: tuple[int, int, list[bytes]] | None = None
+        # The state digest (WatchEvent.digest) at ``revision``; None when unknown.
+        self.digest: int | None = None
 
     @property
     def is_cluster(self) -> bool:
@@ -45,11 +47,12 @@ class NodeView:
             self.records.pop(key, None)
         self.records.update(new)
 
-    def append(self, revision: int, ops: list[WireOp]) -> None:
-        """Record a batch and wake this view's watchers."""
+    def append(self, revision: int, ops: list[WireOp], digest: int | None = None) -> None:
+        """Record a batch (and the state digest after it) and wake this view's watchers."""
         self.history.append((revision, ops))
         self.history_ops += len(ops)
         self.revision = revision
+        self.digest = digest
         while self.history_ops > self.history_limit and len(self.history) > 1:
             rev, old = self.history.popleft()
             self.history_ops -= len(old)
@@ -74,7 +77,8 @@ class NodeView:
         ops = self.ops_since(since)
         if ops is None:
             return None
-        msgs = list(chunk_events(self.revision, [op.data for op in ops], limit=MESSAGE_BYTES))
+        msgs = list(chunk_events(self.revision, [op.data for op in ops], limit=MESSAGE_BYTES,
+                                 digest=self.digest))
         self._encoded = (since, self.revision, msgs)
         return msgs
 
