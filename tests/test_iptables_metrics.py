@@ -110,10 +110,14 @@ def test_restore_failures_are_counted_partial_ones_apart(agent: NodeAgent) -> No
     FakeIptables.fail = 1  # the partial restore fails; the full one it falls back to works
     sync(agent, state(2, "10.1.0.2"), Changes(services=frozenset({KEY})))
     assert metric(agent, name) == 1 and metric(agent, partial) == 1
-    FakeIptables.fail = 1
-    with pytest.raises(IptablesError):
-        sync(agent, state(3, "10.1.0.3"), Changes(full=True, reason="retry"))
+    FakeIptables.fail = 1  # a full restore that fails once is tried once more
+    sync(agent, state(3, "10.1.0.3"), Changes(full=True, reason="retry"))
     assert metric(agent, name) == 2 and metric(agent, partial) == 1
+    FakeIptables.fail = 100  # every restore fails: the node's fault, not the service's
+    with pytest.raises(IptablesError):
+        sync(agent, state(4, "10.1.0.4"), Changes(full=True, reason="retry"))
+    assert metric(agent, name) > 3 and metric(agent, partial) == 1
+    assert not agent.runner._backend.refusals  # type: ignore[attr-defined]
 
 
 def test_full_and_partial_durations_count_what_the_backend_did(agent: NodeAgent) -> None:

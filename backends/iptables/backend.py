@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
@@ -28,8 +29,9 @@ from svcproxy.backends.iptables.restore import (
 )
 from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
-from svcproxy.sdk import NodeConfig
+from svcproxy.sdk import NodeConfig, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.refusals import Refusals, TooManyRefused, invalid_values, isolate_versions
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +64,19 @@ class SyncReport:
     seconds: float
 
 
+Records = dict[ServicePortKey, ServicePortState]
+# A culprit named by iptables-restore's error line is tried this many times before bisecting.
+MAX_NAMED = 8
+
+
 @dataclass(slots=True)
 class _Family:
     tool: Iptables
     probe: Probe
     planner: Planner
     last_full: float = 0.0
+    # The record of every service port whose rules are in the kernel (what it accepted).
+    accepted: Records = field(default_factory=dict)
 
 
 class IptablesBackend(Backend):
@@ -87,6 +96,7 @@ class IptablesBackend(Backend):
         self._families: dict[int, _Family] = {}
         self._localhost = False
         self._drop_invalid = True
+        self.refusals = Refusals(self.name)
 
     def _start(self) -> None:
         """Pick the iptables mode and set the sysctls, once."""
@@ -126,6 +136,7 @@ class IptablesBackend(Backend):
             self._start()
         self.reports = []
         self.last_sync_full = None
+        self.refusals.prune(state.services)
         errors: list[str] = []
         for family, fam in self._families.items():
             try:
@@ -164,8 +175,11 @@ class IptablesBackend(Backend):
         start = self.clock()
         fam.planner.reconfigure(self.family_config(family, state))
         why_full = self._wants_full(family, fam, changes)
-        plan, text, why_full = self._apply(family, fam, state, changes, why_full)
+        services = self._wanted(fam, state)
+        plan, text, why_full = self._apply(family, fam, services, changes, why_full)
         fam.planner.commit(plan)
+        fam.accepted = {k: f[0] for k, f in plan.fragments.items()}
+        self._settle(state, fam.accepted)
         if plan.full:
             fam.last_full = start
         report = _report(family, plan, len(text), self.clock() - start)
@@ -176,27 +190,107 @@ class IptablesBackend(Backend):
                 why_full or changes.reason, report.chains_written, report.chains_deleted,
                 report.rendered, report.seconds)
 
-    def _apply(self, family: int, fam: _Family, state: NodeState, changes: Changes,
+    def _wanted(self, fam: _Family, state: NodeState) -> Records:
+        """The record to program per service port: the state's, unless this very version
+        was refused (or has values no rule may hold): then the last accepted one."""
+        accepted = fam.accepted
+        wanted: Records = {}
+        for key, record in state.services.items():
+            before = accepted.get(key)
+            if record is not before:
+                if self.refusals and self.refusals.holds(key, record):
+                    record = before
+                elif (reason := invalid_values(record)) is not None:
+                    self.refusals.refuse(key, record, f"invalid value: {reason}")
+                    record = before
+                if record is None:
+                    continue
+            wanted[key] = record
+        return wanted
+
+    def _settle(self, state: NodeState, applied: Records) -> None:
+        """Service ports applied as they are in the state are no longer refused."""
+        for key in list(self.refusals):
+            record = state.services.get(key)
+            if record is not None and applied.get(key) is record:
+                self.refusals.clear(key)
+
+    def _apply(self, family: int, fam: _Family, services: Records, changes: Changes,
                why_full: str) -> tuple[Plan, str, str]:
-        """Plan and restore; a failed partial restore is retried at once as a full one."""
-        present: dict[str, frozenset[str]] | None = None
-        if why_full:
-            plan, present = self._full_plan(fam, state)
-            existing = {table: len(chains) for table, chains in present.items()}
-        else:
-            existing = dict(fam.planner.chains)
-            plan = fam.planner.plan(state.services, changes.services)
+        """Plan and restore; a failed partial restore is retried at once as a full one,
+        a failed full one looks for the service ports refused and applies the others."""
+        if not why_full:
+            plan = fam.planner.plan(services, changes.services)
+            text = restore_text(plan.tables, self._all_chains(plan, dict(fam.planner.chains),
+                                                              None))
+            try:
+                if text:
+                    fam.tool.restore(text)
+            except IptablesError as err:
+                self.metrics.restore_failed(partial=True)
+                log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
+                return self._apply(family, fam, services, changes, "partial sync failed")
+            return plan, text, why_full
+        plan, text, error = self._try_full(fam, services)
+        if error is not None:  # once more, as it was: a transient failure is nobody's fault
+            log.warning("IPv%d full sync failed (%s); trying once more", family, error)
+            plan, text, error = self._try_full(fam, services)
+        if error is not None:
+            plan, text = self._isolate(family, fam, services, plan, text, error)
+        return plan, text, why_full
+
+    def _try_full(self, fam: _Family, services: Records) -> tuple[Plan, str, str | None]:
+        """One full restore of ``services``: its plan, text and error (None: applied)."""
+        plan, present = self._full_plan(fam, services)
+        existing = {table: len(chains) for table, chains in present.items()}
         text = restore_text(plan.tables, self._all_chains(plan, existing, present))
         try:
             if text:
                 fam.tool.restore(text)
         except IptablesError as err:
-            self.metrics.restore_failed(partial=not plan.full)
-            if plan.full:
-                raise
-            log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
-            return self._apply(family, fam, state, changes, "partial sync failed")
-        return plan, text, why_full
+            self.metrics.restore_failed(partial=False)
+            return plan, text, str(err)
+        return plan, text, None
+
+    def _isolate(self, family: int, fam: _Family, services: Records, plan: Plan, text: str,
+                 error: str) -> tuple[Plan, str]:
+        """After a refused full restore: drop the service ports iptables-restore names
+        in its error (a few times), else bisect with full restores; apply the others.
+        Raises IptablesError when the fault is the node's (too many refused)."""
+        log.warning("IPv%d full sync failed (%s); looking for the service ports refused",
+                    family, error)
+        refused: dict[ServicePortKey, str] = {}
+        remaining = dict(services)
+        for _ in range(MAX_NAMED):
+            named = [k for k in _named_in_error(plan, text, error) if k in remaining]
+            if not named:
+                break
+            for key in named:
+                refused[key] = error
+                del remaining[key]
+            plan, text, failed = self._try_full(fam, remaining)
+            if failed is None:
+                self._record_refused(fam, services, refused)
+                return plan, text
+            error = failed
+        try:
+            accepted, more = isolate_versions(
+                remaining, fam.accepted, lambda items: self._try_full(fam, dict(items))[2],
+                error)
+        except TooManyRefused:
+            raise IptablesError(error) from None
+        refused.update(more)
+        # A failed try may have committed one table of two: write the result once more.
+        plan, text, failed = self._try_full(fam, accepted)
+        if failed is not None:
+            raise IptablesError(failed)
+        self._record_refused(fam, services, refused)
+        return plan, text
+
+    def _record_refused(self, fam: _Family, services: Records,
+                        refused: dict[ServicePortKey, str]) -> None:
+        for key, error in refused.items():
+            self.refusals.refuse(key, services.get(key), error)
 
     def _all_chains(self, plan: Plan, existing: dict[str, int],
                     present: dict[str, frozenset[str]] | None) -> dict[str, AllChains] | None:
@@ -206,13 +300,13 @@ class IptablesBackend(Backend):
             return None
         return all_chains_options(plan.tables, existing, present, ALL_CHAINS_MIN)
 
-    def _full_plan(self, fam: _Family, state: NodeState,
+    def _full_plan(self, fam: _Family, services: Records,
                    ) -> tuple[Plan, dict[str, frozenset[str]]]:
         """Everything, plus stale-chain deletion, jump rules and canaries; and the chains
         each table holds now."""
         saved = fam.tool.save_tables()
         nat_saved = saved.get(NAT)
-        plan = fam.planner.plan(state.services, None,
+        plan = fam.planner.plan(services, None,
                                 nat_saved.chains if nat_saved else frozenset())
         jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(fam.planner.cfg) else ())
         for table in (FILTER, NAT):
@@ -245,6 +339,22 @@ class IptablesBackend(Backend):
             fam.planner.forget()
         if errors:
             raise IptablesError("; ".join(errors))
+
+
+def _named_in_error(plan: Plan, text: str, error: str) -> list[ServicePortKey]:
+    """The service ports owning a chain named on the input lines the error points at."""
+    owners = {chain: key for key, (_, rules) in plan.fragments.items() if rules is not None
+              for chain in rules.chains}
+    lines = text.splitlines()
+    found: list[ServicePortKey] = []
+    for number in re.findall(r"line:? (\d+)", error):
+        index = int(number) - 1
+        if 0 <= index < len(lines):
+            for word in lines[index].replace(":", " ").split():
+                key = owners.get(word)
+                if key is not None and key not in found:
+                    found.append(key)
+    return found
 
 
 def _report(family: int, plan: Plan, size: int, seconds: float) -> SyncReport:
