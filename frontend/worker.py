@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 import grpc
 from grpc_health.v1 import _async as health_aio
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend import auth_metrics, metrics
 from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.limits import Refused, StallWatch, WriteClock, peer_address
@@ -255,6 +255,9 @@ async def _ship_metrics(link: ParentLink) -> None:
         lag = metrics.CLIENT_LAG.take()
         if lag is not None and not link.closed.is_set():
             link.pipe.send(("metrics", lag))
+        refused = auth_metrics.take_refusals()
+        if refused and not link.closed.is_set():
+            link.pipe.send(("refusals", refused))
 
 
 def worker_main(index: int, config: WorkerConfig, conn: Connection) -> None:

@@ -26,7 +26,7 @@ from functools import partial
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend import auth_metrics, metrics
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.guard import CallGuard
 from svcproxy.frontend.limits import Refused
@@ -150,6 +150,9 @@ class StreamWorkers:
             return
         if kind == "metrics":
             metrics.CLIENT_LAG.add(message[1])  # type: ignore[arg-type]
+            return
+        if kind == "refusals":
+            auth_metrics.add_refusals(message[1])  # type: ignore[arg-type]
             return
         task = asyncio.ensure_future(self._answer(worker, message))
         self._tasks.add(task)
