@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from svcproxy.backends.iptables.render import FamilyConfig
-from svcproxy.sdk import NodeConfig, NodeInfo, of_family
+from svcproxy.sdk import NodeConfig, NodeInfo, normalize_cidr, of_family
 
 
 def masquerade_mark(bit: int) -> str:
@@ -20,7 +20,9 @@ def local_detection(config: NodeConfig, node: NodeInfo | None, family: int) -> t
         cidrs = of_family(config.cluster_cidrs, family)
         return (f"-s {cidrs[0]}", f"! -s {cidrs[0]}") if cidrs else ("", "")
     if mode == "NodeCIDR":
-        cidrs = of_family(node.pod_cidrs, family) if node else []
+        # The node's pod CIDRs come from the frontend: only well-formed ones reach a rule.
+        cidrs = [n for c in (of_family(node.pod_cidrs, family) if node else [])
+                 if (n := normalize_cidr(c)) is not None]
         return (f"-s {cidrs[0]}", f"! -s {cidrs[0]}") if cidrs else ("", "")
     if mode == "InterfaceNamePrefix" and config.pod_interface_name_prefix:
         prefix = config.pod_interface_name_prefix

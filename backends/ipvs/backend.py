@@ -37,8 +37,17 @@ from svcproxy.backends.ipvs.netlink import (
 )
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
-from svcproxy.sdk import NodeConfig, NodeInfo, ServicePortKey, of_family
+from svcproxy.sdk import (
+    NodeConfig,
+    NodeInfo,
+    ServicePortKey,
+    ServicePortState,
+    normalize_cidr,
+    normalize_ip,
+    of_family,
+)
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.refusals import Refusals, invalid_values
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +98,8 @@ class IpvsBackend(Backend):
         self.ipvs: IpvsNetlink | None = None
         self.route: NetlinkBatch | None = None
         self.warned: set[str] = set()
+        self.refusals = Refusals(self.name)
+        self._valid: dict[ServicePortKey, ServicePortState] = {}  # last rendered, per key
         self.stop = threading.Event()
         self.reaper: threading.Thread | None = None
 
@@ -131,6 +142,7 @@ class IpvsBackend(Backend):
     def sync(self, state: NodeState, changes: Changes) -> None:
         with self.lock:
             self._setup()
+            self.refusals.prune(state.services)
             if changes.full or self.ctx is None or state.node != self.node:
                 self._full_sync(state, self._context(state), changes.reason)
             else:
@@ -155,7 +167,9 @@ class IpvsBackend(Backend):
         return found
 
     def _context(self, state: NodeState) -> RenderContext:
-        node_ips = self.config.node_ips or (state.node.addresses if state.node else ())
+        node_ips = self.config.node_ips or tuple(  # the frontend's: only addresses pass
+            n for a in (state.node.addresses if state.node else ())
+            if (n := normalize_ip(a)) is not None)
         locals_ = [a for index, a in self._addresses() if index != self.ifindex]
         ports = node_port_ips(self.config.node_port_addresses, node_ips, locals_)
         return RenderContext(self.options.scheduler, ports, tuple(node_ips))
@@ -164,7 +178,7 @@ class IpvsBackend(Backend):
                 touched: Touched) -> None:
         assert self.ctx is not None
         for key in keys:
-            sps = state.services.get(key)
+            sps = self._screened(key, state.services.get(key))
             plan = render_port(sps, self.ctx) if sps is not None else None
             if plan is not None:
                 for warning in plan.warnings:
@@ -172,6 +186,23 @@ class IpvsBackend(Backend):
                         self.warned.add(warning)
                         log.warning("%s", warning)
             self.desired.set_plan(key, plan, touched)
+
+    def _screened(self, key: ServicePortKey, record: ServicePortState | None,
+                  ) -> ServicePortState | None:
+        """The record to render: the state's, or its last version whose values a rule can
+        hold when this one has an address that is not one, a port out of range..."""
+        if record is None:
+            self._valid.pop(key, None)
+            return None
+        if self._valid.get(key) is record:
+            return record
+        reason = invalid_values(record)
+        if reason is not None:
+            self.refusals.refuse(key, record, f"invalid value: {reason}")
+            return self._valid.get(key)
+        self._valid[key] = record
+        self.refusals.clear(key)
+        return record
 
     def _full_sync(self, state: NodeState, ctx: RenderContext, reason: str) -> None:
         started = time.monotonic()
@@ -272,7 +303,10 @@ class IpvsBackend(Backend):
         c = self.config
         mode = c.detect_local_mode
         if mode == "NodeCIDR":
-            return R.LocalDetect(cidrs=tuple(of_family(node.pod_cidrs if node else (), family)))
+            # The node's pod CIDRs come from the frontend: only well-formed ones reach a rule.
+            cidrs = of_family(node.pod_cidrs if node else (), family)
+            return R.LocalDetect(cidrs=tuple(
+                n for c in cidrs if (n := normalize_cidr(c)) is not None))
         if mode == "InterfaceNamePrefix" and c.pod_interface_name_prefix:
             return R.LocalDetect(interfaces=(c.pod_interface_name_prefix + "+",))
         if mode == "BridgeInterface" and c.pod_bridge_interface:
