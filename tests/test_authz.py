@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -81,3 +82,21 @@ def test_where_anonymous_callers_are_accepted() -> None:
             assert why in str(err)
         else:
             raise AssertionError(f"{listen} {tls} {certs} {tokens} was accepted")
+
+
+def test_the_frontend_refuses_to_start_unauthenticated_off_loopback() -> None:
+    import subprocess
+    import sys
+
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        examples = Path(__file__).parent.parent / "examples" / "cluster"
+        return subprocess.run([sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests",
+                               str(examples), "--metrics-bind-address", "", *flags],
+                              capture_output=True, text=True, timeout=60)
+
+    refused = run("--listen", "0.0.0.0:0")
+    assert refused.returncode != 0
+    assert "refusing to start: anyone who reaches 0.0.0.0:0" in refused.stderr
+    assert "--insecure-allow-anonymous" in refused.stderr
+    plaintext = run("--listen", "0.0.0.0:0", "--token-audience", "svcproxy")
+    assert plaintext.returncode != 0 and "in plaintext" in plaintext.stderr
