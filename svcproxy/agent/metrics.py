@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
-from svcproxy.model import Endpoint, ServicePortKey, ServicePortState
+from svcproxy.model import Endpoint, ServicePortKey, ServicePortState, ip_family
 from svcproxy.sdk.backend import NodeState
 
 # prometheus.ExponentialBuckets(0.001, 2, 15)
@@ -22,44 +24,72 @@ NETWORK_PROGRAMMING_BUCKETS = (
 )
 
 
-class AgentMetrics:
-    """The node agent's metrics in their own CollectorRegistry."""
+FAMILY_LABEL = {4: "IPv4", 6: "IPv6"}  # kube-proxy's ip_family label values
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+def node_families(node_ips: Iterable[str]) -> tuple[str, ...]:
+    """The ip_family label values of a node: those of its IPs (IPv4 when it has none)."""
+    found = {ip_family(ip) for ip in node_ips}
+    return tuple(FAMILY_LABEL[f] for f in (4, 6) if f in found) or ("IPv4",)
+
+
+class AgentMetrics:
+    """The node agent's metrics in their own CollectorRegistry.
+
+    kube-proxy runs one proxier per IP family and labels its metrics ip_family; one
+    svcproxy sync programs every family of the node, so a sync is recorded once per
+    family (``families``) with the same duration and time.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 families: tuple[str, ...] = ("IPv4",)) -> None:
         self.registry = registry or CollectorRegistry()
+        self.families = families
         self._backend: object = None
         r = self.registry
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
+            ["ip_family"],
             buckets=SYNC_BUCKETS,
             registry=r,
         )
         self.sync_full_duration = Histogram(
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for full resyncs",
+            ["ip_family"],
             buckets=SYNC_BUCKETS,
             registry=r,
         )
         self.sync_partial_duration = Histogram(
             "kubeproxy_sync_partial_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for partial resyncs",
+            ["ip_family"],
             buckets=SYNC_BUCKETS,
             registry=r,
         )
         self.last_sync = Gauge(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
+            ["ip_family"],
             registry=r,
         )
         self.last_queued = Gauge(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
+            ["ip_family"],
+            registry=r,
+        )
+        self.state_mismatches = Counter(
+            "svcproxy_sdk_state_mismatches",
+            "Batches after which the node's state differed from the frontend's (by the "
+            "stream's state digest); each is healed by asking for a full snapshot",
             registry=r,
         )
         self.network_programming = Histogram(
             "kubeproxy_network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds",
+            ["ip_family"],
             buckets=NETWORK_PROGRAMMING_BUCKETS,
             registry=r,
         )
@@ -86,7 +116,7 @@ class AgentMetrics:
         self.no_local_endpoints = Gauge(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
-            ["traffic_policy"],
+            ["ip_family", "traffic_policy"],
             registry=r,
         )
         self.healthz_total = Counter(
@@ -121,6 +151,31 @@ class AgentMetrics:
         )
         self._refusals_seen = 0
 
+        self.conntrack_reconcile_duration = Histogram(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            ["ip_family"],
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.conntrack_deleted_total = Counter(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            ["ip_family"],
+            registry=r,
+        )
+        for family in families:
+            for metric in (self.sync_duration, self.sync_full_duration,
+                           self.sync_partial_duration, self.network_programming,
+                           self.conntrack_reconcile_duration, self.conntrack_deleted_total):
+                metric.labels(ip_family=family)
+
+    def conntrack_reconciled(self, family: int, seconds: float, deleted: int) -> None:
+        """Record one run of the conntrack reconciler over one IP family's table."""
+        label = FAMILY_LABEL[family]
+        self.conntrack_reconcile_duration.labels(ip_family=label).observe(seconds)
+        self.conntrack_deleted_total.labels(ip_family=label).inc(deleted)
+
     def attach_backend(self, backend: object) -> None:
         """Let the backend export its own metrics here and say what kind of sync it did.
 
@@ -137,6 +192,8 @@ class AgentMetrics:
         name = str(getattr(backend, "name", "backend"))
         self.refused_services.labels(backend=name).set_function(lambda: len(self.refused()))
         self.refusals_total.labels(backend=name)
+        if name in ModeFailures.NAMES:
+            self.registry.register(ModeFailures(name, self.sync_failures_total, self.families))
 
     def refused(self) -> dict[ServicePortKey, str]:
         """The service ports the backend reports as refused (``backend.refusals``, see
@@ -154,7 +211,8 @@ class AgentMetrics:
             self._refusals_seen = total
 
     def queued(self) -> None:
-        self.last_queued.set_to_current_time()
+        for family in self.families:
+            self.last_queued.labels(ip_family=family).set_to_current_time()
 
     def track_pending(self, pending: Callable[[], tuple[int, int]]) -> None:
         """Read the *_changes_pending gauges from ``pending`` at every scrape."""
@@ -174,19 +232,61 @@ class AgentMetrics:
         did_full = getattr(self._backend, "last_sync_full", None)
         if isinstance(did_full, bool):
             full = did_full
-        self.sync_duration.observe(duration)
-        (self.sync_full_duration if full else self.sync_partial_duration).observe(duration)
-        self.last_sync.set_to_current_time()
+        for family in self.families:
+            self.sync_duration.labels(ip_family=family).observe(duration)
+            kind = self.sync_full_duration if full else self.sync_partial_duration
+            kind.labels(ip_family=family).observe(duration)
+            self.last_sync.labels(ip_family=family).set_to_current_time()
         now = time.time()
+        programming = self.network_programming.labels(ip_family=self.families[0])
         for trigger in trigger_times:
             if trigger > 0:
-                self.network_programming.observe(max(0.0, now - trigger))
+                programming.observe(max(0.0, now - trigger))
         services, endpoints = count_changes(old, new, keys)
         self.service_changes_total.inc(services)
         self.endpoint_changes_total.inc(endpoints)
-        internal, external = count_no_local_endpoints(new.services.values())
-        self.no_local_endpoints.labels(traffic_policy="internal").set(internal)
-        self.no_local_endpoints.labels(traffic_policy="external").set(external)
+        for family in self.families:
+            internal, external = count_no_local_endpoints(
+                s for s in new.services.values() if _family_of(s) == family)
+            no_local = self.no_local_endpoints
+            no_local.labels(ip_family=family, traffic_policy="internal").set(internal)
+            no_local.labels(ip_family=family, traffic_policy="external").set(external)
+
+
+def _family_of(sps: ServicePortState) -> str:
+    ips = sps.service.cluster_ips
+    return FAMILY_LABEL[ip_family(ips[0])] if ips else "IPv4"
+
+
+class ModeFailures(Collector):
+    """kube-proxy's per-mode failure counters (nftables: sync failures; ipvs: iptables
+    restore failures), read from svcproxy_sync_failures_total: a failed sync of the
+    backend is one failure for each IP family it programs."""
+
+    NAMES = {
+        "nft": ("kubeproxy_sync_proxy_rules_nftables_sync_failures",
+                "Cumulative proxy nftables sync failures"),
+        "ipvs": ("kubeproxy_sync_proxy_rules_iptables_restore_failures",
+                 "Cumulative proxy iptables restore failures"),
+    }
+
+    def __init__(self, mode: str, failures: Counter, families: tuple[str, ...]) -> None:
+        self.name, self.help = self.NAMES[mode]
+        self.mode, self.failures, self.families = mode, failures, families
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        value = self.failures._value.get()
+        family = CounterMetricFamily(self.name, self.help, labels=["ip_family"])
+        for label in self.families:
+            family.add_metric([label], value)
+        yield family
+        if self.mode == "nft":  # svcproxy's nft backend has no separate cleanup step
+            cleanup = CounterMetricFamily("kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+                                          "Cumulative proxy nftables cleanup failures",
+                                          labels=["ip_family"])
+            for label in self.families:
+                cleanup.add_metric([label], 0)
+            yield cleanup
 
 
 def count_changes(

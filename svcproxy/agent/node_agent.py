@@ -10,7 +10,7 @@ from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.conntrack_cli import ConntrackCleaner
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.healthz import HealthzServer
-from svcproxy.agent.metrics import AgentMetrics
+from svcproxy.agent.metrics import AgentMetrics, node_families
 from svcproxy.agent.metrics_server import MetricsServer
 from svcproxy.agent.runner import AfterSync, SyncRunner
 from svcproxy.agent.service_health import ServiceHealthServer
@@ -60,8 +60,10 @@ class NodeAgent:
         poll: float = 0.2,
     ) -> None:
         self.health = ProxyHealth(timeout=2 * config.sync_period)
-        self.metrics = AgentMetrics()
+        self.metrics = AgentMetrics(families=node_families(config.node_ips))
         self.metrics.attach_backend(backend)
+        if hasattr(source, "on_mismatch"):
+            source.on_mismatch = lambda _node: self.metrics.state_mismatches.inc()
         self.service_health = ServiceHealthServer(
             self.health, node_port_ips(config.node_port_addresses, config.node_ips)
         )

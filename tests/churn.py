@@ -1,0 +1,317 @@
+"""Churn against the stand-in apiserver, shared by tests/test_churn.py and bench_churn.py.
+
+A real frontend (ApiserverSource) watches tests/fakeapiserver.py while ``Churn`` changes
+every kind of object at full speed. Watchers: SDK NodeStateClients (live, or through a
+``Relay`` the test cuts and restores) and raw gRPC streams that read slowly. At the end
+each watcher must equal GetNodeState, which must equal what a fresh engine computes from
+the apiserver's objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from svcproxy.convert import node_from_pb, state_from_pb
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.events import Replace
+from svcproxy.model import ServicePortKey, ServicePortState
+from svcproxy.sdk.client import EPOCH_KEY, NodeStateClient, open_channel, server_epoch
+from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
+from tests.fakeapiserver import FakeApiserver
+
+NODES = ["n1", "n2", "n3", "n4"]
+ZONES = ["z1", "z2"]
+State = dict[ServicePortKey, ServicePortState]
+
+
+class Relay:
+    """A TCP relay from 127.0.0.1 to ``target`` (a unix socket path or host:port) that
+    the test can cut (every connection closed, new ones refused) and restore."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.open = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _connect(self) -> socket.socket:
+        if self.target.startswith("/"):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(self.target)
+            return sock
+        host, _, port = self.target.rpartition(":")
+        return socket.create_connection((host, int(port)))
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            try:
+                upstream = self._connect()
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self.open = False
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for sock in conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def restore(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+
+class SlowWatcher:
+    """A raw gRPC Watch that sleeps between reads (so gRPC flow control holds the
+    frontend back), applies batches as nodestate.proto says, and resumes by itself."""
+
+    def __init__(self, target: str, node: str, pause: float) -> None:
+        from tests.test_stream_model import DocClient
+        self.target, self.node, self.pause = target, node, pause
+        self.doc = DocClient()
+        self.epoch: str | None = None
+        self.digest_errors = 0
+        self._stop = threading.Event()
+        self._call: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._watch()
+            except (grpc.RpcError, AssertionError, ValueError):
+                pass
+            self._stop.wait(0.05)
+
+    def _watch(self) -> None:
+        with open_channel(self.target) as channel:
+            stub = pb_grpc.NodeStateServiceStub(channel)
+            meta = ((EPOCH_KEY, self.epoch),) if self.epoch and self.doc.revision else ()
+            self._call = call = stub.Watch(pb.WatchRequest(
+                node_name=self.node, since_revision=self.doc.revision), metadata=meta)
+            pending: list[pb.WatchEvent] = []
+            for event in call:
+                pending.append(event)
+                if not event.more:
+                    try:
+                        self.doc.apply(pending)
+                    except AssertionError:
+                        self.digest_errors += 1
+                        self.doc.revision = 0
+                        raise
+                    self.epoch = server_epoch(call)
+                    pending = []
+                time.sleep(self.pause)
+                if self._stop.is_set():
+                    return
+
+    def state(self) -> State:
+        return {key_state.key: key_state for key_state in (
+            state_from_pb(pb.ServicePortState(service=svc, endpoints=list(eps.values())))
+            for svc, eps in self.doc.services.values())}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(5)
+
+
+def _num(name: str) -> int:
+    return sum(map(ord, name)) * 7 + len(name)
+
+
+def _service(name: str, rng: random.Random) -> dict[str, Any]:
+    ports = [{"name": "http", "port": rng.choice([80, 8080]), "protocol": "TCP",
+              "targetPort": "http"}]
+    if rng.random() < 0.3:
+        ports.append({"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"})
+    spec: dict[str, Any] = {
+        "type": "ClusterIP", "clusterIP": f"10.96.0.{_num(name) % 250 + 1}", "ports": ports,
+        "internalTrafficPolicy": rng.choice(["Cluster", "Local"])}
+    if rng.random() < 0.3:
+        spec["trafficDistribution"] = "PreferClose"
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+def _slice(name: str, svc: str, rng: random.Random) -> dict[str, Any]:
+    eps = []
+    for ip in rng.sample(range(1, 40), rng.randint(0, 6)):
+        ready = rng.random() < 0.7
+        ep: dict[str, Any] = {
+            "addresses": [f"10.{1 + _num(svc) % 200}.0.{ip}"], "nodeName": rng.choice(NODES),
+            "zone": rng.choice(ZONES),
+            "conditions": {"ready": ready, "serving": ready or rng.random() < 0.5,
+                           "terminating": not ready and rng.random() < 0.5}}
+        if rng.random() < 0.3:
+            ep["hints"] = {"forZones": [{"name": rng.choice(ZONES)}]}
+        eps.append(ep)
+    return {"metadata": {"name": name, "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": svc}},
+            "addressType": "IPv4", "endpoints": eps,
+            "ports": [{"name": "http", "port": rng.choice([8080, 9090]), "protocol": "TCP"},
+                      {"name": "dns", "port": 53, "protocol": "UDP"}]}
+
+
+def _node(name: str, rng: random.Random) -> dict[str, Any]:
+    return {"metadata": {"name": name,
+                         "labels": {"topology.kubernetes.io/zone": rng.choice(ZONES)}}}
+
+
+class Churn:
+    """Random changes of every kind to the stand-in's objects."""
+
+    def __init__(self, fake: FakeApiserver, services: int, seed: int = 1) -> None:
+        self.fake = fake
+        self.rng = random.Random(seed)
+        self.names = [f"s{i}" for i in range(services)]
+        self.changes = 0
+        for name in NODES[:3]:
+            fake.create("Node", _node(name, self.rng))
+        for name in self.names:
+            fake.create("Service", _service(name, self.rng))
+            fake.create("EndpointSlice", _slice(f"{name}-a", name, self.rng))
+
+    def step(self) -> None:
+        """One change: re-create a service (with a new slice), update or delete one, add,
+        change or delete a slice (endpoints, readiness, terminating, ports), or add,
+        re-zone or delete a node."""
+        rng, fake = self.rng, self.fake
+        name = rng.choice(self.names)
+        services = fake.objects("Service")
+        roll = rng.random()
+        if roll < 0.1:
+            if ("default", name) in services:
+                fake.delete("Service", services[("default", name)])
+            for suffix in "ab":
+                obj = fake.objects("EndpointSlice").get(("default", f"{name}-{suffix}"))
+                if obj is not None:
+                    fake.delete("EndpointSlice", obj)
+            fake.create("Service", _service(name, rng))
+            fake.create("EndpointSlice", _slice(f"{name}-a", name, rng))
+        elif roll < 0.2:
+            if ("default", name) in services:
+                fake.update("Service", _service(name, rng))
+        elif roll < 0.25:
+            if ("default", name) in services:
+                fake.delete("Service", services[("default", name)])
+        elif roll < 0.9:
+            slice_name = f"{name}-{rng.choice('ab')}"
+            exists = ("default", slice_name) in fake.objects("EndpointSlice")
+            if exists and rng.random() < 0.15:
+                fake.delete("EndpointSlice", {"metadata": {"name": slice_name}})
+            elif exists:
+                fake.update("EndpointSlice", _slice(slice_name, name, rng))
+            else:
+                fake.create("EndpointSlice", _slice(slice_name, name, rng))
+        else:
+            node = rng.choice(NODES)
+            exists = ("", node) in fake.objects("Node")
+            if exists and rng.random() < 0.3:
+                fake.delete("Node", {"metadata": {"name": node}})
+            elif exists:
+                fake.update("Node", _node(node, rng))
+            else:
+                fake.create("Node", _node(node, rng))
+        self.changes += 1
+
+
+def truth(fake: FakeApiserver, node: str) -> State:
+    """What a fresh engine computes for ``node`` from the apiserver's objects."""
+    engine = Engine()
+    engine.submit([Replace(kind, list(fake.objects(kind).values()))  # type: ignore[arg-type]
+                   for kind in ("Service", "EndpointSlice", "Node")])
+    return dict(engine.view(node).records)
+
+
+def get_node_state(target: str, node: str) -> State:
+    with open_channel(target) as channel:
+        stub = pb_grpc.NodeStateServiceStub(channel)
+        out: State = {}
+        token = ""
+        while True:
+            page = stub.GetNodeState(pb.GetNodeStateRequest(node_name=node, page_token=token),
+                                     timeout=10)
+            for msg in page.services:
+                rec = state_from_pb(msg)
+                out[rec.key] = rec
+            token = page.next_page_token
+            if not token:
+                return out
+
+
+def comparable(state: State) -> dict[ServicePortKey, Any]:
+    """Trigger times say when the frontend saw a change: not part of the comparison."""
+    return {k: (dataclasses.replace(r.service, trigger_time=0.0), dict(r.endpoints))
+            for k, r in state.items()}
+
+
+def sdk_state(client: NodeStateClient) -> State:
+    with client._cond:
+        return dict(client._services)
+
+
+def node_of(client: NodeStateClient) -> Any:
+    return client._node
+
+
+def all_exact(fake: FakeApiserver, target: str, watchers: dict[str, list[Callable[[], State]]]
+              ) -> bool:
+    """Whether every watcher equals GetNodeState equals the objects, for every node."""
+    for node, states in watchers.items():
+        want = comparable(truth(fake, node))
+        if comparable(get_node_state(target, node)) != want:
+            return False
+        if any(comparable(state()) != want for state in states):
+            return False
+    return True
+
+
+__all__ = ["Churn", "Relay", "SlowWatcher", "all_exact", "node_from_pb", "sdk_state"]
