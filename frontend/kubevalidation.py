@@ -405,10 +405,9 @@ def _object(c: _Checker, obj: Any, limits: ObjectLimits) -> bool:
 def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
     """Checks clusterIP/clusterIPs; True for a headless service."""
     single = c.string(spec.get("clusterIP"), "spec.clusterIP")
+    single_family = c.ip(single, "spec.clusterIP", cluster_ip_problem) \
+        if single and single != "None" else 0
     ips = c.items(spec.get("clusterIPs"), "spec.clusterIPs", limit=2)
-    if single and ips and ips[0] != single:
-        c.err("spec.clusterIPs[0]", "invalid_value", f"{_shown(ips[0])} must be the same as "
-              f"spec.clusterIP {_shown(single)}")
     values = ips or ([single] if single else [])
     if values and values[0] == "None":
         if len(values) > 1:
@@ -416,10 +415,13 @@ def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
         if stype in ("NodePort", "LoadBalancer"):
             c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
         return True
-    families = [c.ip(ip, f"spec.clusterIPs[{i}]", cluster_ip_problem)
-                for i, ip in enumerate(values)]
+    families = [c.ip(ip, f"spec.clusterIPs[{i}]", cluster_ip_problem) if ip != single
+                else single_family for i, ip in enumerate(ips)]
     if len(families) == 2 and families[0] and families[0] == families[1]:
         c.err("spec.clusterIPs", "ip_family", "two cluster IPs must be of different families")
+    if single and ips and ips[0] != single:
+        c.err("spec.clusterIPs[0]", "invalid_value", f"{_shown(ips[0])} must be the same as "
+              f"spec.clusterIP {_shown(single)}")
     return False
 
 

@@ -108,13 +108,14 @@ def test_service_proxy_name_matching_ours_is_served() -> None:
 
 def test_malformed_service_is_skipped_others_kept_and_last_good_stays() -> None:
     eng = engine_with(service("web"), service("api", ip="10.96.0.2"), node("n1"))
-    before = metrics.REJECTED_OBJECTS.labels("apiserver", "Service", "invalid_port")._value.get()
+    counter = metrics.REJECTED_OBJECTS.labels("apiserver", "Service", "invalid_port")
+    before = counter._value.get()
     eng.submit([Upsert("Service", service("web", port=99999)),
                 Upsert("Service", service("new", ip="10.96.0.3"))])
     records = eng.view("n1").records
     assert records[KEY].service.port == 80
     assert ServicePortKey("default", "new", "http", Protocol.TCP) in records
-    assert metrics.REJECTED_OBJECTS.labels("apiserver", "Service", "invalid_port")._value.get() == before + 1
+    assert counter._value.get() == before + 1
 
 
 @pytest.mark.parametrize("obj,reason", [

@@ -1,0 +1,343 @@
+"""One bad object, file or value never reaches anyone else (issue 12, frontend side).
+
+Hostile objects through the engine, hostile files through the manifest source (a real
+inotify watch and the polling fallback), and fresh starts on hostile directories.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from svcproxy.frontend import engine as engine_module
+from svcproxy.frontend import metrics
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.events import Event, Replace, Upsert
+from svcproxy.frontend.intake import Intake
+from svcproxy.frontend.kubevalidation import validate
+from svcproxy.frontend.manifests import ManifestLimits, ManifestSource
+from svcproxy.model import Protocol, ServicePortKey
+from tests.conftest import wait_for
+from tests.hostile import ANY_OBJECT, endpoint_slice, node, service, set_path
+from tests.test_stream import copy_examples
+
+WEB = ServicePortKey("shop", "web", "http", Protocol.TCP)
+TRIGGER = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+def rejected() -> float:
+    return sum(child._value.get() for child in metrics.REJECTED_OBJECTS._metrics.values())
+
+
+def synced_engine(*objs: dict[str, Any], source: str = "apiserver") -> Engine:
+    eng = Engine()
+    eng.intake = Intake(source)
+    by_kind: dict[str, list[dict[str, Any]]] = {"Service": [], "EndpointSlice": [], "Node": []}
+    for o in objs:
+        by_kind[o["kind"]].append(o)
+    eng.submit([Replace(k, v) for k, v in by_kind.items()])  # type: ignore[arg-type]
+    return eng
+
+
+def served(eng: Engine, key: ServicePortKey = WEB, node_name: str = "node-a") -> Any:
+    return eng.view(node_name).records.get(key)
+
+
+# ---- the engine ---------------------------------------------------------------------
+def test_year_one_trigger_time_is_ignored_and_everything_still_flows(caplog) -> None:  # type: ignore[no-untyped-def]
+    eng = synced_engine(service(), endpoint_slice(), node())
+    bad = endpoint_slice(ips=("10.244.1.5", "10.244.1.6"))
+    bad["metadata"]["annotations"] = {TRIGGER: "0001-01-01T00:00:00+01:00"}
+    caplog.set_level(logging.WARNING)
+    eng.submit([Upsert("EndpointSlice", bad), Upsert("Service", service("api", ip="10.96.0.2"))])
+    assert set(served(eng).endpoints) == {"10.244.1.5", "10.244.1.6"}
+    assert served(eng, ServicePortKey("shop", "api", "http", Protocol.TCP)) is not None
+    assert any(TRIGGER in r.getMessage() and "ignored" in r.getMessage()
+               for r in caplog.records)
+    fresh = synced_engine(service(), bad, node())  # a restart lists it again
+    assert fresh.synced.is_set() and served(fresh) is not None
+
+
+def test_bad_edit_keeps_the_last_valid_version_logged_once_and_counted(caplog) -> None:  # type: ignore[no-untyped-def]
+    eng = synced_engine(service(), endpoint_slice(), node())
+    before = metrics.REJECTED_OBJECTS.labels("apiserver", "Service", "invalid_port")._value.get()
+    caplog.set_level(logging.ERROR)
+    bad = set_path(service(), "spec.ports.0.targetPort", 70000)
+    eng.submit([Upsert("Service", bad)])
+    eng.submit([Upsert("Service", bad)])  # the same refusal again: not repeated
+    assert served(eng).service.port == 80, "a bad edit must not withdraw a working service"
+    lines = [r.getMessage() for r in caplog.records if "rejected Service shop/web" in
+             r.getMessage()]
+    assert len(lines) == 1 and "targetPort" in lines[0] and "last valid version" in lines[0]
+    after = metrics.REJECTED_OBJECTS.labels("apiserver", "Service", "invalid_port")._value.get()
+    assert after == before + 1
+    eng.submit([Upsert("Service", set_path(service(), "spec.ports.0.port", 81))])
+    assert served(eng).service.port == 81, "a valid edit after the bad one applies"
+
+
+def test_unexpected_error_computing_one_service_freezes_it_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    eng = synced_engine(service(), endpoint_slice(), node(),
+                        service("api", ip="10.96.0.2"), endpoint_slice("api-1", "api"))
+    real = engine_module.service_base
+
+    def broken(svc, slices, proxy_name=""):  # type: ignore[no-untyped-def]
+        if svc is not None and svc.name == "web":
+            raise RuntimeError("a bug in the computation")
+        return real(svc, slices, proxy_name)
+
+    monkeypatch.setattr(engine_module, "service_base", broken)
+    errors = metrics.SERVICE_ERRORS._value.get()
+    eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.9",))),
+                Upsert("EndpointSlice", endpoint_slice("api-1", "api", ips=("10.244.2.9",)))])
+    api = ServicePortKey("shop", "api", "http", Protocol.TCP)
+    assert set(served(eng, api).endpoints) == {"10.244.2.9"}, "the rest of the batch goes on"
+    assert set(served(eng).endpoints) == {"10.244.1.5"}, "the failing service is frozen"
+    assert metrics.SERVICE_ERRORS._value.get() == errors + 1
+    monkeypatch.setattr(engine_module, "service_base", real)
+    eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.10",)))])
+    assert set(served(eng).endpoints) == {"10.244.1.10"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ANY_OBJECT, min_size=1, max_size=6))
+def test_a_batch_of_hostile_objects_never_stops_the_canary(objs: list[dict[str, Any]]) -> None:
+    eng = synced_engine(service("canary", ip="10.96.9.9"), node())
+    named = [set_path(o, ("metadata", "name"), f"obj{i}")
+             if isinstance(o.get("metadata"), dict) and o["metadata"].get("name") in
+             ("web", "web-1", "node-a") else o for i, o in enumerate(objs)]
+    before = rejected()
+    canary = service("canary", ip="10.96.9.9", ports=[{"name": "http", "port": 8443}])
+    eng.submit([Upsert(o["kind"], o) for o in named] + [Upsert("Service", canary)])
+    assert served(eng, ServicePortKey("shop", "canary", "http", Protocol.TCP)).service.port \
+        == 8443
+    refused = 0
+    for o in named:
+        ok = validate(o["kind"], o).ok
+        refused += not ok
+        meta = o["metadata"]
+        if o["kind"] == "Service" and ok:
+            assert (meta.get("namespace") or "default", meta["name"]) in eng.services
+        if o["kind"] == "Node":
+            assert (meta["name"] in eng.nodes) == ok if isinstance(meta, dict) else True
+    assert rejected() - before >= min(refused, 1)
+
+
+# ---- manifest files -------------------------------------------------------------------
+BOMB = """kind: Service
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+metadata: {name: *h, namespace: shop}
+spec: {clusterIP: 10.96.7.7, ports: [{port: 80}]}
+"""
+
+HOSTILE_FILES = {
+    "meta-string.yaml": "kind: Service\nmetadata: web\nspec: {ports: [{port: 80}]}\n",
+    "meta-list.yaml": "kind: Service\nmetadata: [web]\n",
+    "kind-list.yaml": "kind: [Service]\nmetadata: {name: x}\n",
+    "kind-typo.yaml": "kind: Servce\nmetadata: {name: x}\n",
+    "scalar.yaml": "just a string\n---\n- a\n- list\n",
+    "list-bad-items.yaml": "kind: List\nitems: [1, null, [x], {kind: 5}]\n",
+    "items-not-list.yaml": "kind: ServiceList\nitems: {a: b}\n",
+    "syntax.yaml": "kind: Service\nmetadata: {name: x\n  bad: [\n",
+    "bomb.yaml": BOMB,
+    "recursive.yaml": "kind: Service\nmetadata: &m {name: r, self: *m}\n",
+    "deep.yaml": "kind: Service\nmetadata: {name: d}\nspec: " + "[" * 200 + "]" * 200 + "\n",
+    "binary.yaml": "\udcff",
+    "trigger.yaml": yaml.safe_dump({**endpoint_slice("trig-1", "web"), "metadata": {
+        "name": "trig-1", "namespace": "shop",
+        "labels": {"kubernetes.io/service-name": "web"},
+        "annotations": {TRIGGER: "0001-01-01T00:00:00+01:00"}}}),
+    "name-300.yaml": yaml.safe_dump(service("x" * 300)),
+    "bad-port.yaml": yaml.safe_dump(set_path(service("bad"), "spec.ports.0.targetPort", 70000)),
+    "v2.yaml": yaml.safe_dump({**service("v2"), "apiVersion": "v2"}),
+}
+
+
+def write_hostile(d: Path) -> None:
+    for name, text in HOSTILE_FILES.items():
+        if name == "binary.yaml":
+            (d / name).write_bytes(b"\xff\xfe\x00garbage")
+        else:
+            (d / name).write_text(text)
+    (d / "huge.yaml").write_text("# padding\n" * 20000)  # over the test's file limit
+
+
+def test_fresh_frontend_serves_every_valid_object_whatever_the_directory_holds(
+        frontend_factory, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    d = copy_examples(tmp_path)
+    write_hostile(d)
+    caplog.set_level(logging.WARNING)
+    before = rejected()
+    tracemalloc.start()
+    try:
+        fe = frontend_factory(d, manifest_limits=ManifestLimits(max_file_bytes=100_000))
+        wait_for(lambda: fe.engine.synced.is_set())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    names = {k.name for k in fe.engine.view("node-a").records}
+    assert names == {"web", "api", "gateway", "dns"}
+    assert peak < 60e6, f"loading the directory peaked at {peak / 1e6:.0f} MB"
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    for name in ("meta-string", "meta-list", "kind-list", "kind-typo", "scalar",
+                 "list-bad-items", "items-not-list", "syntax", "bomb", "recursive", "deep",
+                 "binary", "huge", "name-300", "bad-port", "v2", "trigger"):
+        assert f"{name}.yaml" in messages, f"{name}.yaml was dropped without a log line"
+    assert "--manifest-max-alias-expansion" in messages
+    assert "--manifest-max-file-bytes" in messages
+    assert rejected() - before >= 16
+
+
+def test_half_written_files_are_never_read(tmp_path: Path) -> None:
+    size = 40
+    got: list[int] = []
+    source = ManifestSource(tmp_path, lambda evs: got.extend(
+        len(e.obj["endpoints"]) for e in evs if isinstance(e, Upsert)), poll_interval=60)
+    source.start()
+    try:
+        assert source.mode == "inotify"
+        for round_ in range(6):
+            text = yaml.safe_dump(endpoint_slice(ips=tuple(  # endpoints last, as people write
+                f"10.244.{round_}.{i + 1}" for i in range(size))), sort_keys=False)
+            with (tmp_path / "slice.yaml").open("w") as f:  # rewritten in place, slowly
+                for i in range(0, len(text), len(text) // 4):
+                    f.write(text[i:i + len(text) // 4])
+                    f.flush()
+                    time.sleep(0.03)
+        wait_for(lambda: len(got) >= 6)
+    finally:
+        source.stop()
+    assert set(got) == {size}, f"a truncated endpoint list was read: {got}"
+
+
+def test_edits_arrive_through_inotify_without_polling(tmp_path: Path) -> None:
+    seen: list[tuple[float, list[Event]]] = []
+    source = ManifestSource(tmp_path, lambda evs: seen.append((time.monotonic(), list(evs))),
+                            poll_interval=3600)
+    (tmp_path / "sub").mkdir()
+    source.start()
+    try:
+        delays = []
+        for i in range(5):
+            start = time.monotonic()
+            yaml_text = yaml.safe_dump(service(ip=f"10.96.0.{10 + i}"))
+            tmp = tmp_path / f".web.yaml.{i}"
+            tmp.write_text(yaml_text)
+            tmp.rename(tmp_path / "web.yaml")  # renamed into place
+            wait_for(lambda n=i + 2: len(seen) >= n, timeout=5)
+            delays.append(seen[-1][0] - start)
+        (tmp_path / "sub" / "n.yaml").write_text(yaml.safe_dump(node("node-b")))
+        wait_for(lambda: any(isinstance(e, Upsert) and e.kind == "Node"
+                             for _, evs in seen for e in evs), timeout=5)
+        (tmp_path / "web.yaml").unlink()
+        wait_for(lambda: any(type(e).__name__ == "Delete" for e in seen[-1][1]), timeout=5)
+    finally:
+        source.stop()
+    assert sorted(delays)[2] < 0.5, f"edits took {delays} s"
+
+
+def test_polling_fallback_waits_for_a_file_to_settle(tmp_path: Path) -> None:
+    got: list[Event] = []
+    source = ManifestSource(tmp_path, got.extend, poll_interval=0.05, use_inotify=False)
+    source.start()
+    try:
+        assert source.mode == "poll"
+        (tmp_path / "web.yaml").write_text(yaml.safe_dump(service()))
+        wait_for(lambda: any(isinstance(e, Upsert) for e in got), timeout=5)
+        (tmp_path / "web.yaml").unlink()
+        wait_for(lambda: any(type(e).__name__ == "Delete" for e in got), timeout=5)
+    finally:
+        source.stop()
+
+
+def test_a_file_that_stops_parsing_keeps_its_last_good_contents(tmp_path: Path) -> None:
+    eng = Engine()
+    source = ManifestSource(tmp_path, eng.submit, use_inotify=False)
+    (tmp_path / "web.yaml").write_text(yaml.safe_dump_all([service(), endpoint_slice(),
+                                                           node()]))
+    source.load_all()
+    assert served(eng) is not None
+    (tmp_path / "web.yaml").write_text("kind: Service\nmetadata: {name: [\n")
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(service("api", ip="10.96.0.2")))
+    source.rescan()
+    assert served(eng) is not None, "the broken file's objects keep their last good state"
+    assert ("shop", "api") in eng.services, "edits in other files still apply"
+
+
+FILE_TEXT = st.one_of(
+    ANY_OBJECT.map(lambda o: yaml.safe_dump(o, allow_unicode=True)),
+    st.lists(ANY_OBJECT, max_size=3).map(lambda os: yaml.safe_dump(
+        {"kind": "List", "items": os}, allow_unicode=True)),
+    st.sampled_from(list(HOSTILE_FILES.values())),
+    st.text(max_size=60))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(FILE_TEXT, min_size=1, max_size=5))
+def test_any_directory_serves_its_valid_objects_and_the_canary(tmp_path_factory,
+                                                               texts: list[str]) -> None:  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("hostile")
+    (d / "canary.yaml").write_text(yaml.safe_dump(service("canary", ip="10.96.9.9")))
+    eng = Engine()
+    eng.intake = Intake("manifests")
+    source = ManifestSource(d, eng.submit, use_inotify=False)
+    source.load_all()
+    paths = []
+    for i, text in enumerate(texts):
+        p = d / f"f{i}.yaml"
+        p.write_text(text, errors="surrogateescape")
+        paths.append(p)
+    canary = service("canary", ip="10.96.9.9", ports=[{"name": "http", "port": 8443}])
+    (d / "canary.yaml").write_text(yaml.safe_dump(canary))
+    source.apply([*paths, d / "canary.yaml"], [])  # the hostile files and the canary at once
+    canary_key = ("shop", "canary")
+    assert eng.services[canary_key].ports[0].port == 8443, "the canary edit arrives"
+    restarted = Engine()
+    restarted.intake = Intake("manifests")
+    ManifestSource(d, restarted.submit, use_inotify=False).load_all()
+    assert restarted.synced.is_set() and restarted.services[canary_key].ports[0].port == 8443
+    for path in paths:
+        for obj in source._files.get(path, []):
+            if obj["kind"] == "Service" and validate("Service", obj).ok:
+                meta = obj["metadata"]
+                assert (meta.get("namespace") or "default", meta["name"]) in restarted.services
+
+
+@pytest.mark.parametrize("writer", ["rename", "in-place"])
+def test_edit_latency_is_milliseconds(tmp_path: Path, writer: str) -> None:
+    arrived = threading.Event()
+    source = ManifestSource(tmp_path, lambda evs: arrived.set() if evs else None,
+                            poll_interval=3600)
+    source.start()
+    try:
+        delays = []
+        for i in range(10):
+            arrived.clear()
+            text = yaml.safe_dump(service(ip=f"10.96.1.{i + 1}"))
+            start = time.monotonic()
+            if writer == "rename":
+                (tmp_path / ".tmp").write_text(text)
+                (tmp_path / ".tmp").rename(tmp_path / "web.yaml")
+            else:
+                (tmp_path / "web.yaml").write_text(text)
+            assert arrived.wait(5)
+            delays.append(time.monotonic() - start)
+    finally:
+        source.stop()
+    assert sorted(delays)[5] < 0.1, f"median edit latency {sorted(delays)[5] * 1e3:.1f} ms"

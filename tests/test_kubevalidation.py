@@ -1,0 +1,236 @@
+"""Kubernetes' validation rules at the frontend's edge: table tests and properties."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from svcproxy.frontend.compute import service_base
+from svcproxy.frontend.engine import node_info
+from svcproxy.frontend.kubevalidation import (
+    ObjectLimits,
+    check_size,
+    validate,
+    validate_endpoint_slice,
+    validate_node,
+    validate_service,
+)
+from svcproxy.frontend.objects import parse_endpoint_slice, parse_node, parse_service
+from svcproxy.frontend.wire import replace_service, set_node
+from svcproxy.model import ServicePortState
+from tests.hostile import (
+    ANY_OBJECT,
+    HOSTILE_VALUES,
+    endpoint_slice,
+    node,
+    service,
+    set_path,
+)
+
+REFUSED_SERVICES = [
+    ("spec.ports.0.targetPort", 70000, "invalid_port"),
+    ("spec.ports.0.targetPort", "HTTP", "invalid_port"),
+    ("spec.ports.0.targetPort", "a b", "invalid_port"),
+    ("spec.ports.0.targetPort", "8080", "invalid_port"),
+    ("spec.ports.0.targetPort", "a-very-long-port-name", "invalid_port"),
+    ("spec.ports.0.name", "HTTP", "invalid_name"),
+    ("spec.ports.0.name", "a b", "invalid_name"),
+    ("spec.ports.0.port", 0, "invalid_port"),
+    ("spec.ports.0.port", 65536, "invalid_port"),
+    ("spec.ports.0.port", True, "invalid_port"),
+    ("spec.ports.0.port", "80", "invalid_port"),
+    ("spec.ports.0.protocol", "ICMP", "invalid_protocol"),
+    ("spec.ports.0.protocol", "tcp", "invalid_protocol"),
+    ("spec.ports.0.nodePort", 30080, "invalid_value"),  # ClusterIP may not have one
+    ("spec.ports.0.nodePort", 70000, "invalid_port"),
+    ("spec.ports", [{"name": "a", "port": 80}, {"name": "b", "port": 80}], "duplicate"),
+    ("spec.ports", [{"name": "a", "port": 80}, {"name": "a", "port": 81}], "duplicate"),
+    ("spec.ports", [{"port": 80}, {"port": 81}], "malformed"),
+    ("spec.ports", [], "malformed"),
+    ("spec.ports", "80", "malformed"),
+    ("spec.clusterIP", "0.0.0.0", "forbidden_ip"),
+    ("spec.clusterIP", "127.0.0.1", "forbidden_ip"),
+    ("spec.clusterIP", "224.0.0.1", "forbidden_ip"),
+    ("spec.clusterIP", "239.1.2.3", "forbidden_ip"),
+    ("spec.clusterIP", "169.254.1.1", "forbidden_ip"),
+    ("spec.clusterIP", "255.255.255.255", "forbidden_ip"),
+    ("spec.clusterIP", "10.0.0.300", "invalid_ip"),
+    ("spec.clusterIP", " 10.96.0.10", "invalid_ip"),
+    ("spec.clusterIPs", ["::1"], "forbidden_ip"),
+    ("spec.clusterIPs", ["fe80::1"], "forbidden_ip"),
+    ("spec.clusterIPs", ["ff02::1"], "forbidden_ip"),
+    ("spec.clusterIPs", ["::ffff:10.96.0.10"], "invalid_ip"),
+    ("spec.clusterIPs", ["10.96.0.10", "10.96.0.11"], "ip_family"),
+    ("spec.clusterIPs", ["10.96.0.10", "fd00::1", "fd00::2"], "too_many"),
+    ("spec.clusterIPs", ["10.96.0.11"], "invalid_value"),  # differs from clusterIP
+    ("spec.type", "Bogus", "invalid_value"),
+    ("spec.type", ["ClusterIP"], "invalid_value"),
+    ("spec.externalIPs", ["127.0.0.1"], "forbidden_ip"),
+    ("spec.externalIPs", ["169.254.169.254"], "forbidden_ip"),
+    ("spec.externalIPs", ["0.0.0.0"], "forbidden_ip"),
+    ("spec.externalIPs", "192.0.2.1", "malformed"),
+    ("spec.sessionAffinity", "Sticky", "invalid_value"),
+    ("spec.externalTrafficPolicy", "Nowhere", "invalid_value"),
+    ("spec.internalTrafficPolicy", "local", "invalid_value"),
+    ("spec.trafficDistribution", "Anywhere", "invalid_value"),
+    ("spec.loadBalancerSourceRanges", ["10.0.0.0/99"], "invalid_ip"),
+    ("spec.loadBalancerSourceRanges", ["10.0.0.0"], "invalid_ip"),
+    ("spec.healthCheckNodePort", -1, "invalid_port"),
+    ("spec", "x", "malformed"),
+    ("metadata", "web", "malformed"),
+    ("metadata", ["web"], "malformed"),
+    ("metadata.name", "a/b", "invalid_name"),
+    ("metadata.name", "a;b", "invalid_name"),
+    ("metadata.name", "a\nb", "invalid_name"),
+    ("metadata.name", "web\n", "invalid_name"),
+    ("metadata.name", "x" * 300, "invalid_name"),
+    ("metadata.name", "x" * 64, "invalid_name"),
+    ("metadata.name", "Web", "invalid_name"),
+    ("metadata.name", "1web", "invalid_name"),  # DNS-1035: a letter first
+    ("metadata.name", "", "malformed"),
+    ("metadata.name", ["web"], "malformed"),
+    ("metadata.namespace", "Shop", "invalid_name"),
+    ("metadata.namespace", "a.b", "invalid_name"),
+    ("metadata.labels", {"a b": "x"}, "invalid_name"),
+    ("metadata.labels", {"app": 5}, "malformed"),
+    ("metadata.labels", {"app": "a b"}, "invalid_value"),
+    ("metadata.annotations", {"svcproxy.io/x": ["y"]}, "malformed"),
+    ("status.loadBalancer.ingress", [{"ip": "nope"}], "invalid_ip"),
+    ("status.loadBalancer.ingress", [{"ip": "192.0.2.1", "ipMode": "Tunnel"}], "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("path,value,reason", REFUSED_SERVICES,
+                         ids=[f"{p}={v!r:.30}" for p, v, _ in REFUSED_SERVICES])
+def test_services_kubernetes_refuses_are_refused(path: str, value: Any, reason: str) -> None:
+    verdict = validate_service(set_path(service(), path, value))
+    assert not verdict.ok
+    assert verdict.errors[0].reason == reason, verdict.summary()
+    assert verdict.errors[0].field and verdict.summary()
+
+
+REFUSED_SLICES = [
+    ("endpoints.0.addresses", ["fd00::1"], "ip_family"),
+    ("endpoints.0.addresses", ["127.0.0.1"], "forbidden_ip"),
+    ("endpoints.0.addresses", ["169.254.169.254"], "forbidden_ip"),
+    ("endpoints.0.addresses", ["0.0.0.0"], "forbidden_ip"),
+    ("endpoints.0.addresses", ["224.0.0.5"], "forbidden_ip"),
+    ("endpoints.0.addresses", ["10.0.0.1; drop"], "invalid_ip"),
+    ("endpoints.0.addresses", [], "malformed"),
+    ("endpoints.0.addresses", ["10.0.0.1"] * 101, "too_many"),
+    ("endpoints.0.conditions.ready", "no", "malformed"),
+    ("endpoints.0.conditions.serving", 1, "malformed"),
+    ("endpoints.0.nodeName", "node a", "invalid_name"),
+    ("endpoints.0.nodeName", "Node", "invalid_name"),
+    ("endpoints.0.zone", "zone a", "invalid_value"),
+    ("endpoints.0.hints", {"forZones": [{"name": f"z{i}"} for i in range(9)]}, "too_many"),
+    ("endpoints.0.hints", {"forZones": [{"name": "z"}, {"name": "z"}]}, "duplicate"),
+    ("endpoints.0", "10.0.0.1", "malformed"),
+    ("endpoints", [{"addresses": ["10.0.0.1"]}] * 1001, "too_many"),
+    ("addressType", "IPv5", "invalid_value"),
+    ("addressType", None, "invalid_value"),
+    ("ports.0.name", "HTTP", "invalid_name"),
+    ("ports.0.port", 70000, "invalid_port"),
+    ("ports.0.protocol", "ICMP", "invalid_protocol"),
+    ("ports", [{"name": "a", "port": 1}, {"name": "a", "port": 2}], "duplicate"),
+    ("metadata.name", "Bad_Name", "invalid_name"),
+    ("metadata.name", "x" * 254, "invalid_name"),
+    ("metadata.labels", {}, "malformed"),
+]
+
+
+@pytest.mark.parametrize("path,value,reason", REFUSED_SLICES,
+                         ids=[f"{p}={v!r:.30}" for p, v, _ in REFUSED_SLICES])
+def test_slices_kubernetes_refuses_are_refused(path: str, value: Any, reason: str) -> None:
+    verdict = validate_endpoint_slice(set_path(endpoint_slice(), path, value))
+    assert not verdict.ok
+    assert verdict.errors[0].reason == reason, verdict.summary()
+
+
+@pytest.mark.parametrize("path,value,reason", [
+    ("metadata.name", "Node_1", "invalid_name"),
+    ("spec.podCIDRs", ["10.0.0.0/33"], "invalid_ip"),
+    ("spec.podCIDRs", ["10.0.0.0/24", "fd00::/64", "10.1.0.0/24"], "too_many"),
+    ("spec.taints", [{"key": "a b", "effect": "NoSchedule"}], "invalid_name"),
+    ("status.addresses", [{"type": "Mystery", "address": "192.168.0.1"}], "invalid_value"),
+])
+def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str) -> None:
+    verdict = validate_node(set_path(node(), path, value))
+    assert not verdict.ok and verdict.errors[0].reason == reason, verdict.summary()
+
+
+@pytest.mark.parametrize("obj", [
+    service(), service(ip="010.096.000.010", clusterIPs=["010.096.000.010"]),
+    service(clusterIP="None", clusterIPs=["None"], ports=[]),
+    service(ip="10.96.0.10", clusterIPs=["10.96.0.10", "fd00::10"]),
+    {**service(), "spec": {"type": "ExternalName", "externalName": "db.example.com"}},
+    service(type="LoadBalancer", ports=[{"name": "a", "port": 80, "nodePort": 30080},
+                                        {"name": "b", "port": 80, "protocol": "UDP"}],
+            loadBalancerSourceRanges=[" 192.168.1.0/24 "], externalTrafficPolicy="Local",
+            sessionAffinity="ClientIP",
+            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}}),
+    service(ports=[{"port": 53, "protocol": "UDP", "targetPort": "dns-udp"}]),
+    endpoint_slice(), endpoint_slice(ips=("fd00::1",), family="IPv6"),
+    endpoint_slice(family="FQDN", endpoints=[{"addresses": ["db.example.com"]}]),
+    endpoint_slice(endpoints=[{"addresses": ["10.0.0.1"]}] * 1000),
+    node(),
+], ids=lambda o: f"{o['kind']}-{len(str(o))}")
+def test_valid_objects_are_accepted(obj: dict[str, Any]) -> None:
+    verdict = validate(obj["kind"], obj)
+    assert verdict.ok, verdict.summary()
+
+
+def test_bad_trigger_time_is_a_warning_not_a_refusal() -> None:
+    obj = endpoint_slice()
+    obj["metadata"]["annotations"] = {
+        "endpoints.kubernetes.io/last-change-trigger-time": "0001-01-01T00:00:00+01:00"}
+    verdict = validate_endpoint_slice(obj)
+    assert verdict.ok and "last-change-trigger-time" in str(verdict.warnings[0])
+    assert parse_endpoint_slice(obj, seen_at=5.0).trigger_time == 5.0
+
+
+def test_size_and_depth_are_bounded_with_aliases_counted_expanded() -> None:
+    limits = ObjectLimits(max_object_bytes=10_000, max_depth=10)
+    deep: Any = "x"
+    for _ in range(20):
+        deep = [deep]
+    assert check_size({"spec": deep}, limits).reason == "too_deep"  # type: ignore[union-attr]
+    shared: Any = ["y" * 50]
+    for _ in range(8):  # a DAG: 2**8 references to one list, as YAML aliases make
+        shared = [shared, shared]
+    big = check_size({"a": shared}, ObjectLimits(max_object_bytes=10_000, max_depth=64))
+    assert big is not None and big.reason == "too_large" and "--max-object-bytes" in str(big)
+    assert check_size(service(), limits) is None
+    assert validate_service(service(name="abc"), ObjectLimits(max_name_length=2)).errors
+
+
+def _parse(obj: dict[str, Any]) -> Any:
+    return {"Service": parse_service, "EndpointSlice": parse_endpoint_slice,
+            "Node": parse_node}[obj["kind"]](obj)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ANY_OBJECT)
+def test_any_spoiled_object_is_judged_and_what_passes_parses_and_encodes(obj: Any) -> None:
+    verdict = validate(obj["kind"], obj)  # never raises
+    if not verdict.ok:
+        assert verdict.errors[0].reason and verdict.summary()
+        return
+    parsed = _parse(obj)  # what passes parses
+    if obj["kind"] == "Service":
+        slice_ = _parse(endpoint_slice(svc=parsed.name, ns=parsed.namespace))
+        for port in service_base(parsed, [slice_]).ports:
+            assert replace_service(ServicePortState(
+                port.service, {e.ip: e for e in port.endpoints})).data
+    elif obj["kind"] == "Node":
+        assert set_node(node_info(parsed)).data
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["Service", "EndpointSlice", "Node"]), HOSTILE_VALUES)
+def test_any_value_at_all_gets_a_verdict(kind: str, value: Any) -> None:
+    verdict = validate(kind, value)
+    assert not verdict.ok or isinstance(value, dict)
