@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -41,6 +42,7 @@ class UpstreamSource:
         self._ports: dict[ServiceName, set[ServicePortKey]] = {}
         self._slices: dict[ServiceName, set[str]] = {}
         self._stop = threading.Event()
+        self._lost_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="upstream", daemon=True)
 
     def start(self) -> None:
@@ -52,8 +54,17 @@ class UpstreamSource:
         self.client.stop()
         self._thread.join(timeout=5)
 
+    @property
+    def failing_since(self) -> float | None:
+        """Since when (monotonic) the upstream has been unreachable, if it is."""
+        return self._lost_at
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self.client.connected:
+                self._lost_at = None
+            elif self._lost_at is None:
+                self._lost_at = time.monotonic()
             if not self.client.wait(timeout=0.5):
                 continue
             taken = self.client.take()

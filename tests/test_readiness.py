@@ -100,3 +100,22 @@ def test_a_lost_apiserver_is_reported_while_the_state_is_served(  # type: ignore
     assert [s.service.key.name for s in state.services] == ["web"]
     api.start()
     wait_for(lambda: health(fe, "apiserver") == SERVING, timeout=20)
+
+
+def test_a_chained_frontend_reports_its_lost_upstream(frontend_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from svcproxy.frontend.main import FrontendOptions
+    from tests.conftest import RunningFrontend
+    from tests.test_stream import copy_examples
+
+    up = RunningFrontend(FrontendOptions(manifests=copy_examples(tmp_path),
+                                         listen=f"unix://{tmp_path}/up.sock",
+                                         metrics_bind_address="")).start()
+    down = frontend_factory(None, upstream=up.opts.listen, apiserver_lost_after=0.5)
+    wait_for(lambda: health(down) == SERVING, timeout=20)
+    wait_for(lambda: health(down, "apiserver") == SERVING, timeout=5)
+    up.stop()
+    wait_for(lambda: health(down, "apiserver") == NOT_SERVING, timeout=10)
+    with grpc.insecure_channel(down.opts.listen) as channel:
+        state = pb_grpc.NodeStateServiceStub(channel).GetNodeState(
+            pb.GetNodeStateRequest(node_name="node-a"), timeout=5)
+    assert state.services
