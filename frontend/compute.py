@@ -10,7 +10,7 @@ exactly what every other such node in its zone sees.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from svcproxy.frontend.objects import EndpointSlice, Service, SvcPort
 from svcproxy.frontend.selection import categorize
@@ -112,12 +112,14 @@ def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str]:
     return ("zone", zone if base.uses_zones else "")
 
 
-def _marked(ep: Endpoint, local: bool, internal: bool, external: bool) -> Endpoint:
-    return Endpoint(ep.ip, ep.port, ep.ready, ep.serving, ep.terminating, local, ep.node_name,
-                    ep.zone, ep.hint_zones, ep.hint_nodes, internal, external)
+def _marked(ep: Endpoint, is_local: bool, internal: bool = False, external: bool = False,
+            cluster: bool = False, local: bool = False) -> Endpoint:
+    return Endpoint(ep.ip, ep.port, ep.ready, ep.serving, ep.terminating, is_local,
+                    ep.node_name, ep.zone, ep.hint_zones, ep.hint_nodes, internal, external,
+                    cluster, local)
 
 
-EndpointVariants = dict[tuple[ServicePortKey, str, bool, bool, bool], Endpoint]
+EndpointVariants = dict[tuple[ServicePortKey, str, bool, bool, bool, bool, bool], Endpoint]
 
 
 def node_records(base: ServiceBase, node_name: str, zone: str,
@@ -125,24 +127,27 @@ def node_records(base: ServiceBase, node_name: str, zone: str,
                  ) -> dict[ServicePortKey, ServicePortState]:
     """The records one node gets for one service.
 
-    ``variants`` shares identical endpoint objects between the node classes of one
-    service version.
+    ``variants`` shares identical endpoint objects between the node
+    classes of one service version.
     """
     variants = {} if variants is None else variants
     out: dict[ServicePortKey, ServicePortState] = {}
     for port in base.ports:
         key = port.service.key
-        local = [e if not (node_name and e.node_name == node_name)
-                 else _marked(e, True, False, False) for e in port.endpoints]
-        sel = categorize(port.service, local, node_name, zone)
+        mine = [e if not (node_name and e.node_name == node_name) else _marked(e, True)
+                for e in port.endpoints]
+        sel = categorize(port.service, mine, node_name, zone)
         eps = {}
-        for e in local:
-            vkey = (key, e.ip, e.is_local, e.ip in sel.internal, e.ip in sel.external)
+        for e in mine:
+            vkey = (key, e.ip, e.is_local, e.ip in sel.internal, e.ip in sel.external,
+                    e.ip in sel.cluster, e.ip in sel.local)
             marked = variants.get(vkey)
             if marked is None:
                 marked = variants[vkey] = _marked(e, *vkey[2:])
             eps[e.ip] = marked
-        out[key] = ServicePortState(port.service, eps)
+        # Only a node hosting endpoints has a local set: its class is its own.
+        svc = replace(port.service, has_local_endpoints=True) if sel.has_local else port.service
+        out[key] = ServicePortState(svc, eps)
     return out
 
 

@@ -8,8 +8,15 @@ One small pure function decides for every backend, so they all agree:
   serving-and-terminating local ones;
 - internal traffic uses local endpoints when internalTrafficPolicy is Local,
   external traffic when externalTrafficPolicy is Local, cluster ones otherwise;
+- traffic from pods and from the node to the external addresses of an
+  externalTrafficPolicy Local service is short-circuited to the cluster endpoints;
 - ``has_endpoints`` is False only when no endpoint anywhere is usable, so the
-  service's traffic is rejected rather than dropped.
+  service's traffic is rejected rather than dropped; ``has_local`` says whether the
+  local set is empty (Local traffic then is dropped on this node).
+
+The whole categorisation goes on the wire (``Endpoint.internal/external/cluster/local``,
+``ServicePort.has_endpoints/has_local_endpoints``): backends translate it and never
+re-decide.
 """
 
 from __future__ import annotations
@@ -22,11 +29,17 @@ from svcproxy.model import Endpoint, ServicePort
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """IPs used for internal and external traffic on one node."""
+    """kube-proxy's categorisation of one service port's endpoints on one node (IPs)."""
 
     internal: frozenset[str]
     external: frozenset[str]
     has_endpoints: bool
+    cluster: frozenset[str] = frozenset()
+    local: frozenset[str] = frozenset()
+
+    @property
+    def has_local(self) -> bool:
+        return bool(self.local)
 
 
 def topology_mode(endpoints: Sequence[Endpoint], node_name: str, zone: str) -> str:
@@ -80,4 +93,5 @@ def categorize(service: ServicePort, endpoints: Sequence[Endpoint], node_name: s
     internal = local if service.internal_policy_local else cluster
     external = local if service.external_policy_local else cluster
     has_any = any(e.ready or (e.serving and e.terminating) for e in endpoints)
-    return Selection(frozenset(internal), frozenset(external), has_any)
+    return Selection(frozenset(internal), frozenset(external), has_any, frozenset(cluster),
+                     frozenset(local))

@@ -63,7 +63,8 @@ def service_to_pb(svc: ServicePort) -> pb.ServicePort:
         external_traffic_policy=_POLICY[svc.external_traffic_policy],
         health_check_node_port=svc.health_check_node_port,
         traffic_distribution=svc.traffic_distribution, has_endpoints=svc.has_endpoints,
-        options=dict(svc.options), trigger_time=_timestamp(svc.trigger_time))
+        options=dict(svc.options), trigger_time=_timestamp(svc.trigger_time),
+        has_local_endpoints=svc.has_local_endpoints)
 
 
 def service_from_pb(msg: pb.ServicePort) -> ServicePort:
@@ -84,14 +85,15 @@ def service_from_pb(msg: pb.ServicePort) -> ServicePort:
         traffic_distribution=msg.traffic_distribution, has_endpoints=msg.has_endpoints,
         options=tuple(sorted(msg.options.items())),
         trigger_time=msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time")
-        else 0.0)
+        else 0.0, has_local_endpoints=msg.has_local_endpoints)
 
 
 def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
     return pb.Endpoint(ip=ep.ip, port=ep.port, ready=ep.ready, serving=ep.serving,
                        terminating=ep.terminating, is_local=ep.is_local, node_name=ep.node_name,
                        zone=ep.zone, hint_zones=ep.hint_zones, hint_nodes=ep.hint_nodes,
-                       internal=ep.internal, external=ep.external)
+                       internal=ep.internal, external=ep.external, cluster=ep.cluster,
+                       local=ep.local)
 
 
 def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
@@ -99,7 +101,7 @@ def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
                     terminating=msg.terminating, is_local=msg.is_local, node_name=msg.node_name,
                     zone=msg.zone, hint_zones=tuple(msg.hint_zones),
                     hint_nodes=tuple(msg.hint_nodes), internal=msg.internal,
-                    external=msg.external)
+                    external=msg.external, cluster=msg.cluster, local=msg.local)
 
 
 def state_to_pb(state: ServicePortState) -> pb.ServicePortState:

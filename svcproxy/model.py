@@ -94,6 +94,7 @@ class ServicePort:
     has_endpoints: bool = False
     options: tuple[tuple[str, str], ...] = ()
     trigger_time: float = 0.0
+    has_local_endpoints: bool = False
 
     @property
     def affinity(self) -> bool:
@@ -123,10 +124,14 @@ class ServicePort:
 class Endpoint:
     """One endpoint of a service port as one node sees it.
 
-    ``internal`` and ``external`` are the frontend's decision: whether cluster-internal
-    traffic (ClusterIP) and external traffic (NodePort, ExternalIP, LoadBalancer) go to
-    this endpoint after traffic policies, topology and the terminating fallback. A
-    backend programs them as given and never re-decides from the conditions.
+    ``internal``, ``external``, ``cluster`` and ``local`` are the frontend's decision
+    (kube-proxy's CategorizeEndpoints for this node): whether cluster-internal traffic
+    (ClusterIP) and external traffic (NodePort, ExternalIP, LoadBalancer) go to this
+    endpoint after traffic policies, topology and the terminating fallback, and whether
+    it is in the cluster-wide set (what traffic from pods and from the node to an
+    externalTrafficPolicy Local service's external addresses uses) and in the node's
+    local set. A backend programs them as given and never re-decides from the
+    conditions (``ready``, ``serving``, ``terminating``, ``is_local``, hints).
     """
 
     ip: str
@@ -141,6 +146,8 @@ class Endpoint:
     hint_nodes: tuple[str, ...] = ()
     internal: bool = False
     external: bool = False
+    cluster: bool = False
+    local: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +169,25 @@ class ServicePortState:
         """Endpoints for external traffic (NodePort, ExternalIP, LB), sorted by IP."""
         return [e for _, e in sorted(self.endpoints.items()) if e.external]
 
+    def cluster_endpoints(self) -> list[Endpoint]:
+        """The cluster-wide set (kube-proxy's clusterEndpoints), sorted by IP: where traffic
+        from pods and from the node to an externalTrafficPolicy Local service's external
+        addresses is short-circuited."""
+        return [e for _, e in sorted(self.endpoints.items()) if e.cluster]
+
+    def local_set(self) -> list[Endpoint]:
+        """The node's local set (kube-proxy's localEndpoints), sorted by IP."""
+        return [e for _, e in sorted(self.endpoints.items()) if e.local]
+
     def local_endpoints(self) -> list[Endpoint]:
+        """Every endpoint running on this node (used or not), sorted by IP."""
         return [e for _, e in sorted(self.endpoints.items()) if e.is_local]
+
+    def hairpin_endpoints(self) -> list[Endpoint]:
+        """Endpoints on this node that some traffic through the service reaches (a pod
+        reaching itself through the service is masqueraded), sorted by IP."""
+        return [e for _, e in sorted(self.endpoints.items())
+                if e.is_local and (e.internal or e.external or e.cluster)]
 
     def family(self, family: int) -> ServicePortState | None:
         """This record restricted to one IP family (4 or 6), as a per-family proxier sees it;

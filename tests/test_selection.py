@@ -121,3 +121,60 @@ def test_selection_invariants(eps: list[Endpoint], itp: TrafficPolicy,
     assert sel.has_endpoints == usable
     if usable and itp is TrafficPolicy.CLUSTER:
         assert sel.internal
+
+
+SETS = [
+    ("ETP Local without a local endpoint: node traffic short-circuits to the cluster set",
+     [ep("2"), ep("3")], {"2", "3"}, set(), L, TrafficPolicy.CLUSTER),
+    ("ETP Local with a local endpoint", [ep("1", local=True), ep("2")], {"1", "2"}, {"1"},
+     L, TrafficPolicy.CLUSTER),
+    ("both Local: the cluster set is still known (for the short-circuit)",
+     [ep("1", local=True), ep("2")], {"1", "2"}, {"1"}, L, L),
+    ("local set falls back to local terminating; cluster set to every terminating",
+     [ep("1", ready=False, serving=True, term=True, local=True),
+      ep("2", ready=False, serving=True, term=True)], {"1", "2"}, {"1"}, L, L),
+    ("topology narrows the cluster set only", [ep("1", zones=("a",)), ep("2", zones=("b",)),
+                                               ep("3", zones=("b",), local=True)],
+     {"1"}, {"3"}, L, TrafficPolicy.CLUSTER),
+]
+
+
+@pytest.mark.parametrize("case", SETS, ids=[c[0] for c in SETS])
+def test_cluster_and_local_sets(case: tuple) -> None:
+    _name, eps, cluster, local, etp, itp = case
+    svc = ServicePort(KEY, type=ServiceType.LOAD_BALANCER, internal_traffic_policy=itp,
+                      external_traffic_policy=etp)
+    sel = categorize(svc, eps, "me", "a")
+    assert (sel.cluster, sel.local, sel.has_local) == (cluster, local, bool(local))
+
+
+def test_whole_categorisation_on_the_wire() -> None:
+    """node_records marks every set on the endpoints and has_local_endpoints on the port;
+    all of it survives the proto and changes the digest term."""
+    from svcproxy import convert
+    from svcproxy.frontend.compute import PortBase, ServiceBase, node_records
+
+    svc = ServicePort(KEY, type=ServiceType.LOAD_BALANCER, external_traffic_policy=L,
+                      has_endpoints=True)
+    remote = Endpoint("10.0.0.2", 80, node_name="other")
+    local = Endpoint("10.0.0.1", 80, node_name="me")
+    base = ServiceBase((PortBase(svc, (local, remote)),), frozenset({"me", "other"}),
+                       frozenset(), False)
+    here = node_records(base, "me", "")[KEY]
+    there = node_records(base, "elsewhere", "")[KEY]
+    flags = {ip: (e.internal, e.external, e.cluster, e.local)
+             for ip, e in here.endpoints.items()}
+    assert flags == {"10.0.0.1": (True, True, True, True),
+                     "10.0.0.2": (True, False, True, False)}
+    assert here.service.has_local_endpoints and not there.service.has_local_endpoints
+    assert [e.ip for e in there.cluster_endpoints()] == ["10.0.0.1", "10.0.0.2"]
+    assert not there.external_endpoints() and not there.local_set()
+    for record in (here, there):
+        msg = convert.state_to_pb(record)
+        assert convert.state_from_pb(msg) == record
+        term = convert.record_term(msg)
+        msg.endpoints[0].cluster = not msg.endpoints[0].cluster
+        assert convert.record_term(msg) != term, "the digest covers the new fields"
+        msg.endpoints[0].cluster = not msg.endpoints[0].cluster
+        msg.service.has_local_endpoints = not msg.service.has_local_endpoints
+        assert convert.record_term(msg) != term
