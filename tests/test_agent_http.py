@@ -169,6 +169,9 @@ def test_terminating_node_fails_healthz_but_not_livez(agent: Callable[..., Agent
     assert get(a.healthz, "/livez")[0] == 200
 
 
+FAMILY = '{ip_family="IPv4"}'  # kube-proxy labels its sync metrics by IP family
+
+
 def test_metrics_move_as_syncs_happen(agent: Callable[..., Agent]) -> None:
     a = agent()
     status, headers, body = get(a.metrics, "/metrics")
@@ -187,29 +190,31 @@ def test_metrics_move_as_syncs_happen(agent: Callable[..., Agent]) -> None:
     ):
         assert name in body.decode()
     assert 'le="16.384"' in body.decode(), "kube-proxy's ExponentialBuckets(0.001, 2, 15)"
-    assert a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count") == 0
+    assert a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 0
 
     a.source.push(node_state(1, 2))
     assert until(lambda: a.backend.count == 1)
-    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count") == 1)
-    assert a.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1
+    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 1)
+    assert a.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count", FAMILY) == 1
     assert a.metric("kubeproxy_sync_proxy_rules_service_changes_total") == 2
     assert a.metric("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 3
     assert a.metric("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-                    '{traffic_policy="external"}') == 1
-    first_sync = a.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+                    '{ip_family="IPv4",traffic_policy="external"}') == 1
+    first_sync = a.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds", FAMILY)
     assert abs(first_sync - time.time()) < 10
 
     a.source.push(node_state(2, 4), [KEY], trigger_times=[time.time() - 2.0])
-    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count") == 2)
-    assert a.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
+    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 2)
+    assert a.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", FAMILY) == 1
     assert a.metric("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 5
     assert a.metric("kubeproxy_sync_proxy_rules_service_changes_total") == 2
-    assert a.metric("kubeproxy_network_programming_duration_seconds_count") == 1
-    assert a.metric("kubeproxy_network_programming_duration_seconds_bucket", '{le="1.0"}') == 0
-    assert a.metric("kubeproxy_network_programming_duration_seconds_bucket", '{le="3.0"}') == 1
-    assert a.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds") >= first_sync
-    assert a.metric("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") >= first_sync
+    assert a.metric("kubeproxy_network_programming_duration_seconds_count", FAMILY) == 1
+    bucket = "kubeproxy_network_programming_duration_seconds_bucket"
+    assert a.metric(bucket, '{ip_family="IPv4",le="1.0"}') == 0
+    assert a.metric(bucket, '{ip_family="IPv4",le="3.0"}') == 1
+    assert a.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds", FAMILY) >= first_sync
+    queued = a.metric("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", FAMILY)
+    assert queued >= first_sync
 
 
 def test_pending_gauges_show_changes_waiting_for_a_stalled_sync(

@@ -123,9 +123,10 @@ def test_restore_failures_are_counted_partial_ones_apart(agent: NodeAgent) -> No
 def test_full_and_partial_durations_count_what_the_backend_did(agent: NodeAgent) -> None:
     full = "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
     partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+    v4 = '{ip_family="IPv4"}'
     sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
-    assert metric(agent, full) == 1 and metric(agent, partial) == 0
+    assert metric(agent, full, v4) == 1 and metric(agent, partial, v4) == 0
     # the agent's periodic sync asks for everything; the backend finds nothing to rewrite
     periodic = Changes(services=frozenset({KEY}), full=True, reason="periodic")
     sync(agent, state(1, "10.1.0.1"), periodic)
-    assert metric(agent, full) == 1 and metric(agent, partial) == 1
+    assert metric(agent, full, v4) == 1 and metric(agent, partial, v4) == 1

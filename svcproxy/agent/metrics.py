@@ -5,7 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -43,6 +49,7 @@ class AgentMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  families: tuple[str, ...] = ("IPv4",)) -> None:
+        disable_created_metrics()  # kube-proxy exports no *_created series
         self.registry = registry or CollectorRegistry()
         self.families = families
         self._backend: object = None

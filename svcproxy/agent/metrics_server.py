@@ -22,6 +22,7 @@ class MetricsServer(RoutedServer):
             return Response(200, body, (("Content-Type", CONTENT_TYPE_LATEST),))
         if path == "/healthz":
             return Response(200, b"ok", (("Content-Type", "text/plain; charset=utf-8"),))
-        if path == "/proxyMode":
-            return Response(200, self._mode.encode(), (("Content-Type", "text/plain"),))
+        if path == "/proxyMode":  # kube-proxy's name of the mode
+            mode = {"nft": "nftables"}.get(self._mode, self._mode)
+            return Response(200, mode.encode(), (("Content-Type", "text/plain"),))
         return Response(404, b"404 page not found\n", (("Content-Type", "text/plain"),))
