@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ipvs-graceful-termination-timeout", type=_seconds, default=600, metavar="DURATION",
         help="a removed endpoint's real server gets weight 0 and is deleted once its "
         "connections are gone, or at the latest after this (default 10m)")
+    parser.add_argument(
+        "--ipvs-no-fallback", action="store_true",
+        help="exit with the reason when the kernel has no IPVS, as kube-proxy does, instead "
+        "of running the iptables backend (the fallback is logged, exported as "
+        "svcproxy_ipvs_fallback{reason} and shown in /healthz as ipvsFallback)")
 
 
 def options_from_args(args: argparse.Namespace) -> IpvsOptions:
@@ -106,8 +111,13 @@ def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
 
     options = options_from_args(args)
     why = ipvs_available()
+    if why and getattr(args, "ipvs_no_fallback", False):
+        raise SystemExit(f"svcproxy: error: ipvs: this kernel has no IPVS ({why}); load the "
+                         "ip_vs module, or drop --ipvs-no-fallback to run the iptables backend")
     if why:
+        from svcproxy.backends.ipvs.fallback import IptablesFallback
+
         log.warning("ipvs: this kernel has no IPVS (%s); load the ip_vs module or run the "
                     "iptables backend. Falling back to the iptables backend.", why)
-        return _iptables_fallback(args, config)
+        return IptablesFallback(_iptables_fallback(args, config), why)
     return IpvsBackend(config, options)

@@ -28,12 +28,13 @@ def go_time(unix: float) -> str:
 
 
 def healthz_body(status: HealthStatus, healthy: bool,
-                 refused: Mapping[ServicePortKey, str] | None = None) -> bytes:
+                 refused: Mapping[ServicePortKey, str] | None = None,
+                 details: Mapping[str, object] | None = None) -> bytes:
     """kube-proxy's /healthz body; lastUpdated is "now" while healthy, as kube-proxy does.
 
     With service ports the dataplane refused, ``refusedServicePorts`` says how many and
     lists the first ones with the kernel's error (the node stays healthy: the other
-    services are programmed).
+    services are programmed). ``details`` are the backend's own keys (e.g. ipvsFallback).
     """
     last = status.current_time if healthy else status.last_updated
     eligible = "true" if status.node_eligible else "false"
@@ -43,6 +44,8 @@ def healthz_body(status: HealthStatus, healthy: bool,
                   "error": refused[k]} for k in sorted(refused)[:REFUSED_SHOWN]]
         detail = ', "refusedServicePorts": ' + json.dumps(
             {"count": len(refused), "servicePorts": shown})
+    for key, value in (details or {}).items():
+        detail += f", {json.dumps(key)}: {json.dumps(value)}"
     return (
         f'{{"lastUpdated": "{go_time(last)}","currentTime": "{go_time(status.current_time)}", '
         f'"nodeEligible": {eligible}{detail}}}'
@@ -73,7 +76,8 @@ class HealthzServer(RoutedServer):
             healthy = status.healthy and status.node_eligible
             self._count(self._metrics.healthz_total if self._metrics else None, healthy)
             refused = self._metrics.refused() if self._metrics else None
-            body = healthz_body(status, healthy, refused)
+            details = self._metrics.backend_details() if self._metrics else None
+            body = healthz_body(status, healthy, refused, details)
             return Response(200 if healthy else 503, body, _HEADERS)
         if path == "/livez":
             self._count(self._metrics.livez_total if self._metrics else None, status.healthy)

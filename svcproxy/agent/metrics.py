@@ -202,6 +202,11 @@ class AgentMetrics:
         if name in ModeFailures.NAMES:
             self.registry.register(ModeFailures(name, self.sync_failures_total, self.families))
 
+    def backend_details(self) -> dict[str, object]:
+        """The backend's own /healthz keys (``health_details``, a dict), if any."""
+        details = getattr(self._backend, "health_details", None)
+        return dict(details) if isinstance(details, dict) else {}
+
     def refused(self) -> dict[ServicePortKey, str]:
         """The service ports the backend reports as refused (``backend.refusals``, see
         svcproxy.sdk.refusals), with the error of each."""
