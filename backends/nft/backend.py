@@ -27,6 +27,7 @@ from svcproxy.sdk.refusals import (
 
 from .apply import NftError, NftRunner, Runner
 from .context import FamilyContext, family_context
+from .culprits import named_in_error
 from .names import TABLE
 from .service_rules import ServiceRules, render_service
 from .table_state import Delta, FamilyTable, build_table, commit, full_text, plan_delta
@@ -147,14 +148,18 @@ class NftBackend(Backend):
             if record is not None:
                 records[key] = record
         rendered = {f: render_records(records, ctx) for f, ctx in contexts.items()}
-        text = self._full_text(contexts, rendered, previous)
+        tables = {f: build_table(ctx, rendered[f]) for f, ctx in contexts.items()}
+        text = "".join(
+            full_text(t, previous[f] if previous else None) for f, t in tables.items()
+        )
         mode = "reassert" if previous else "replace"
         try:
             self._apply(text, start, mode, len(state.services))
         except NftError as err:
             records, rendered = self._isolate_full(
-                state, records, contexts, rendered, previous, err)
-        self._tables = {f: build_table(ctx, rendered[f]) for f, ctx in contexts.items()}
+                state, records, contexts, rendered, previous, text, err)
+            tables = {f: build_table(ctx, rendered[f]) for f, ctx in contexts.items()}
+        self._tables = tables
         self._accepted = records
         self._settle(state, records)
         # The kept tables are long-lived and acyclic: keep the cyclic collector off them.
@@ -178,6 +183,7 @@ class NftBackend(Backend):
         contexts: dict[int, FamilyContext],
         rendered: dict[int, dict[ServicePortKey, ServiceRules]],
         previous: dict[int, FamilyTable] | None,
+        text: str,
         err: NftError,
     ) -> tuple[Records, dict[int, dict[ServicePortKey, ServiceRules]]]:
         """After a refused full transaction: find the refused service ports (new
@@ -202,15 +208,22 @@ class NftBackend(Backend):
                 for f in contexts
             }
 
-        def text_of(items: list[Item]) -> str:
-            return self._full_text(contexts, chosen(items), previous)
+        last = [text]
 
-        if self._check(text_of([])) is not None:
+        def text_of(items: list[Item]) -> str:
+            last[0] = self._full_text(contexts, chosen(items), previous)
+            return last[0]
+
+        def named(error: str) -> list[ServicePortKey]:
+            return named_in_error(last[0], error, rendered.values())
+
+        if self._check(self._full_text(contexts, chosen([]), previous)) is not None:
             self._tables = None
             raise err
         try:
             accepted, refused = isolate_versions(
-                records, self._accepted, lambda items: self._check(text_of(items)), str(err))
+                records, self._accepted, lambda items: self._check(text_of(items)), str(err),
+                named)
         except TooManyRefused:
             self._tables = None
             raise err from None

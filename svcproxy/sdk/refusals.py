@@ -143,28 +143,52 @@ K = TypeVar("K")
 R = TypeVar("R")
 
 
+MAX_NAMED = 8  # rounds of dropping the keys an error names before bisecting
+
+
 def isolate_versions(
     records: Mapping[K, R], previous: Mapping[K, R],
     accepts: Callable[[list[tuple[K, R]]], str | None], error: str,
+    named: Callable[[str], Iterable[K]] | None = None,
 ) -> tuple[dict[K, R], dict[K, str]]:
     """Which version of each key the dataplane takes, after ``records`` failed whole.
 
-    Bisects the records (``accepts(items)`` tries exactly ``items`` and returns the
-    error or None); each refused key then gets its ``previous`` version back if the
+    ``accepts(items)`` tries exactly ``items`` and returns the error or None. When
+    ``named(error)`` says which keys the error of the last try points at (a line of the
+    transaction), those are dropped first (a few rounds, one try each); what still
+    fails is bisected. Each refused key then gets its ``previous`` version back if the
     dataplane takes that. Returns (key -> version accepted, key -> error for every key
-    whose version in ``records`` was refused). Raises TooManyRefused when more than
-    a tenth of the records (and more than 10) fail: then the fault is the node's.
+    whose version in ``records`` was refused). Raises TooManyRefused when more than a
+    tenth of the records (and more than 10) fail: then the fault is the node's.
     """
     limit = max(10, len(records) // 10)
-    accepted, refused = isolate(sorted(records.items(), key=_first),
-                                lambda a, g: accepts(a + g), error, limit)
-    older = [(k, old) for (k, new), _ in refused
-             if (old := previous.get(k)) is not None and old is not new]
+    remaining = dict(records)
+    refused: dict[K, str] = {}
+    failed: str | None = error
+    for _ in range(MAX_NAMED if named is not None else 0):
+        keys = [k for k in dict.fromkeys(named(failed)) if k in remaining] if named else []
+        if not keys:
+            break
+        for key in keys:
+            refused[key] = failed
+            del remaining[key]
+        if len(refused) > limit:
+            raise TooManyRefused(failed)
+        failed = accepts(sorted(remaining.items(), key=_first))
+        if failed is None:
+            break
+    accepted: list[tuple[K, R]] = sorted(remaining.items(), key=_first)
+    if failed is not None:
+        accepted, more = isolate(accepted, lambda a, g: accepts(a + g), failed,
+                                 limit - len(refused))
+        refused.update((k, err) for (k, _), err in more)
+    older = [(k, old) for k in sorted(refused)  # type: ignore[type-var]
+             if (old := previous.get(k)) is not None and old is not records.get(k)]
     if older:
         base = list(accepted)
-        more, _ = isolate(older, lambda a, g: accepts(base + a + g), None)
-        accepted += more
-    return dict(accepted), {k: err for (k, _), err in refused}
+        more_old, _ = isolate(older, lambda a, g: accepts(base + a + g), None)
+        accepted += more_old
+    return dict(accepted), refused
 
 
 def _first(item: tuple[K, R]) -> K:
