@@ -182,3 +182,33 @@ def test_grpcurl_with_and_without_a_token(fe, api: FakeApiserver) -> None:  # ty
     assert grpcurl(*bearer, "-d", '{"node_name":"node-a"}', get).returncode == 0
     denied = grpcurl(*bearer, "-d", '{"node_name":"node-b"}', get).stderr
     assert "Code: PermissionDenied" in denied and "only node node-a" in denied
+
+
+def test_the_backend_cli_sends_its_token_file(fe, api: FakeApiserver, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    def backend(token: str) -> subprocess.Popen[str]:
+        path = tmp_path / f"token-{len(token)}-{time.monotonic_ns()}"
+        path.write_text(token)
+        return subprocess.Popen(
+            [sys.executable, "-m", "svcproxy.cli", "backend", "dump", "--api", fe.opts.listen,
+             "--node-name", "node-a", "--api-token-file", str(path), "--min-sync-period", "0",
+             "--healthz-bind-address", "", "--metrics-bind-address", ""],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    ours = backend(api.tokens.issue(NS, SA, audiences=(AUDIENCE,),
+                                    pod=pod(api, "backend-a", "node-a")))
+    theirs = backend(api.tokens.issue(NS, SA, audiences=(AUDIENCE,),
+                                      pod=pod(api, "backend-b", "node-b")))
+    try:
+        assert ours.stdout is not None
+        state = json.loads(ours.stdout.readline())
+        assert state["node"]["name"] == "node-a" and state["services"]
+    finally:
+        for proc in (ours, theirs):
+            proc.terminate()
+        _, err = theirs.communicate(timeout=10)
+        ours.communicate(timeout=10)
+    assert "PERMISSION_DENIED" in err
