@@ -8,6 +8,8 @@ import shutil
 from svcproxy.agent.addresses import node_port_ips
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.conntrack_cli import ConntrackCleaner
+from svcproxy.agent.conntrack_netlink import Ctnetlink
+from svcproxy.agent.conntrack_reconciler import ConntrackReconciler
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.healthz import HealthzServer
 from svcproxy.agent.metrics import AgentMetrics, node_families
@@ -22,8 +24,15 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 
-def default_conntrack_cleaner() -> ConntrackCleaner | None:
-    """The conntrack(8)-based cleaner, or None (with a warning) when the tool is missing."""
+def default_conntrack_cleaner() -> ConntrackReconciler | ConntrackCleaner | None:
+    """The netlink conntrack reconciler; when ctnetlink cannot be opened, the
+    conntrack(8)-based cleaner of changes, or None (with a warning) without the tool."""
+    try:
+        Ctnetlink().close()
+        return ConntrackReconciler()
+    except OSError as err:
+        log.warning("ctnetlink unavailable (%s): stale UDP/SCTP flows are cleaned per change "
+                    "with conntrack(8) only, not reconciled against the table", err)
     if shutil.which("conntrack") is None:
         log.warning(
             "conntrack(8) not found: stale UDP/SCTP flows will not be cleaned after endpoint "
@@ -54,7 +63,7 @@ class NodeAgent:
         *,
         healthz_address: Address | None = None,
         metrics_address: Address | None = None,
-        conntrack: ConntrackCleaner | None = None,
+        conntrack: ConntrackReconciler | ConntrackCleaner | None = None,
         health_check_node_ports: bool = True,
         retry_initial: float = 1.0,
         poll: float = 0.2,
@@ -69,6 +78,8 @@ class NodeAgent:
         )
         hooks: list[AfterSync] = []
         if conntrack is not None:
+            if isinstance(conntrack, ConntrackReconciler):
+                conntrack.metrics = self.metrics
             hooks.append(conntrack.after_sync)
         if health_check_node_ports:
             hooks.append(self._sync_service_health)

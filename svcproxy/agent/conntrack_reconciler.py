@@ -1,0 +1,133 @@
+"""The conntrack reconciler: after every sync, delete the UDP/SCTP flows the state made stale.
+
+Unlike a cleanup of the changes seen since start, it compares the whole table with the
+whole state, so flows left behind while the backend was down are found too (as kube-proxy's
+reconciler does). A flow towards a service IP:port or node port is stale when
+
+* it was DNATed (reply source differs from the original destination) to an address that
+  is not a serving endpoint of that service port any more, or
+* it was not DNATed (the service had no endpoint: rejected or blackholed) and the service
+  port now has serving endpoints.
+
+Flows the per-change rules name (svcproxy.agent.conntrack: a deleted service port, an
+endpoint that stopped serving) are deleted too. The decision is pure (``stale_flows``);
+the table is read and written over ctnetlink (svcproxy.agent.conntrack_netlink).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol as TypingProtocol
+
+from svcproxy.agent.conntrack import (
+    CLEANED_PROTOCOLS,
+    ConntrackEntry,
+    matches,
+    stale_conntrack_filters,
+)
+from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
+from svcproxy.model import Protocol, ip_family
+from svcproxy.sdk.backend import NodeState
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_NUMBERS = {Protocol.UDP: 17, Protocol.SCTP: 132}
+_BY_NUMBER = {n: p for p, n in PROTOCOL_NUMBERS.items()}
+
+Frontends = dict[tuple[int, str, int], frozenset[str]]
+NodePorts = dict[tuple[int, int, int], frozenset[str]]
+
+
+def frontends(state: NodeState) -> tuple[Frontends, NodePorts]:
+    """(protocol, service IP, port) and (protocol, family, node port) -> serving endpoint
+    IPs, for the UDP/SCTP service ports of ``state``."""
+    by_ip: Frontends = {}
+    by_node_port: NodePorts = {}
+    for sps in state.services.values():
+        svc = sps.service
+        if svc.key.protocol not in CLEANED_PROTOCOLS:
+            continue
+        proto = PROTOCOL_NUMBERS[svc.key.protocol]
+        serving = frozenset(ip for ip, ep in sps.endpoints.items() if ep.ready or ep.serving)
+        for ip in (*svc.cluster_ips, *svc.external_ips, *svc.vip_ingress_ips()):
+            key = (proto, ip, svc.port)
+            by_ip[key] = by_ip.get(key, frozenset()) | serving
+        if svc.node_port:
+            for family in (4, 6):
+                key2 = (proto, family, svc.node_port)
+                by_node_port[key2] = by_node_port.get(key2, frozenset()) | serving
+    return by_ip, by_node_port
+
+
+def stale_flows(flows: Iterable[Flow], new: NodeState, old: NodeState | None = None
+                ) -> list[Flow]:
+    """The flows to delete (see the module docstring)."""
+    by_ip, by_node_port = frontends(new)
+    changed = stale_conntrack_filters(old, new) if old is not None else []
+    stale = []
+    for flow in flows:
+        serving = by_ip.get((flow.protocol, flow.orig_dst, flow.orig_dport))
+        if serving is None:
+            serving = by_node_port.get((flow.protocol, flow.family, flow.orig_dport))
+        dnat = flow.reply_src != flow.orig_dst
+        if serving is not None and ((dnat and flow.reply_src not in serving)
+                                    or (not dnat and serving)):
+            stale.append(flow)
+        elif changed and _named(flow, changed):
+            stale.append(flow)
+    return stale
+
+
+def _named(flow: Flow, filters: list) -> bool:
+    entry = ConntrackEntry(_BY_NUMBER[flow.protocol], flow.family, flow.orig_dst,
+                           flow.orig_dport, flow.reply_src)
+    return any(matches(f, entry) for f in filters)
+
+
+class Table(TypingProtocol):
+    def dump(self, family: int, protocol: int) -> list[Flow]: ...
+
+    def delete(self, flows: Iterable[Flow]) -> int: ...
+
+
+class ConntrackReconciler:
+    """The after-sync hook; ``metrics`` (AgentMetrics) gets kube-proxy's reconciler metrics."""
+
+    def __init__(self, table: Callable[[], Table] = Ctnetlink,
+                 families: tuple[int, ...] = (4, 6)) -> None:
+        self._open = table
+        self._table: Table | None = None
+        self._families = families
+        self.metrics: object = None
+
+    def after_sync(self, old: NodeState | None, new: NodeState) -> int:
+        """Reconcile every family; a failure is logged and retried at the next sync."""
+        deleted = 0
+        for family in self._families:
+            start = time.monotonic()
+            try:
+                n = self._reconcile(family, old, new)
+            except OSError as err:
+                log.error("Conntrack reconciliation (IPv%d) failed: %s", family, err)
+                self._table = None
+                continue
+            deleted += n
+            record = getattr(self.metrics, "conntrack_reconciled", None)
+            if callable(record):
+                record(family, time.monotonic() - start, n)
+        return deleted
+
+    def _reconcile(self, family: int, old: NodeState | None, new: NodeState) -> int:
+        if self._table is None:
+            self._table = self._open()
+        flows = [f for proto in (17, 132) for f in self._table.dump(family, proto)
+                 if ip_family(f.orig_dst) == family]
+        stale = stale_flows(flows, new, old)
+        if not stale:
+            return 0
+        n = self._table.delete(stale)
+        log.info("Deleted %d stale conntrack entries (IPv%d, of %d UDP/SCTP)", n, family,
+                 len(flows))
+        return n
