@@ -87,8 +87,9 @@ def build_table(ctx: FamilyContext, services: Mapping[ServicePortKey, ServiceRul
     for key, rules in services.items():
         for n in rules.lb_sizes:
             table.lb_users[n] = table.lb_users.get(n, 0) + 1
-        for c, k, v in rules.elements:
-            eid = (c, k)
+        # Once per service port, as plan_delta counts (an endpoint of a NodePort service
+        # is in ``hairpin`` twice: its ClusterIP and its external chain).
+        for eid, v in _claims_of(rules).items():
             n = claims.get(eid, 0)
             claims[eid] = n + 1
             if not n:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import re
+import socket
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -196,43 +196,60 @@ def _first(item: tuple[K, R]) -> K:
 
 
 def invalid_values(record: ServicePortState) -> str | None:
-    """Why a value of the record cannot be put in a rule as it is, or None."""
+    """Why a value of the record cannot be put in a rule as it is, or None.
+
+    About a microsecond per address (inet_pton); the message names the field.
+    """
+    svc = record.service
+    if not (1 <= svc.port <= 65535 and 0 <= svc.node_port <= 65535
+            and 0 <= svc.health_check_node_port <= 65535
+            and 0 <= svc.session_affinity_timeout <= MAX_AFFINITY_TIMEOUT):
+        return _invalid_number(record)
+    ips = [*svc.cluster_ips, *svc.external_ips]
+    ips += [i.ip for i in svc.load_balancer_ingress]
+    for address, endpoint in record.endpoints.items():
+        if address != endpoint.ip:
+            return f"endpoint key {address[:64]!r} is not its endpoint's address"
+        if not 1 <= endpoint.port <= 65535:
+            return f"endpoint port {endpoint.port} is out of range"
+        ips.append(endpoint.ip)
+    if not all(map(_canonical_ip, ips)):
+        return _invalid_address(record)
+    for text in svc.load_balancer_source_ranges:
+        if not _cidr(text):
+            return f"loadBalancerSourceRange {text[:64]!r} is not a CIDR"
+    return None
+
+
+def _invalid_number(record: ServicePortState) -> str | None:
+    svc = record.service
+    for field, value, low in (("port", svc.port, 1), ("nodePort", svc.node_port, 0),
+                              ("healthCheckNodePort", svc.health_check_node_port, 0)):
+        if not low <= value <= 65535:
+            return f"{field} {value} is out of range"
+    return f"sessionAffinity timeout {svc.session_affinity_timeout}s is out of range"
+
+
+def _invalid_address(record: ServicePortState) -> str | None:
     svc = record.service
     addresses: list[tuple[str, str]] = [("clusterIP", a) for a in svc.cluster_ips]
     addresses += [("externalIP", a) for a in svc.external_ips]
     addresses += [("loadBalancer ingress IP", i.ip) for i in svc.load_balancer_ingress]
     addresses += [("endpoint", e.ip) for e in record.endpoints.values()]
-    addresses += [("endpoint key", k) for k in record.endpoints]
     for field, text in addresses:
         if not _canonical_ip(text):
             return f"{field} {text[:64]!r} is not an IP address in canonical form"
-    for text in svc.load_balancer_source_ranges:
-        if not _cidr(text):
-            return f"loadBalancerSourceRange {text[:64]!r} is not a CIDR"
-    ports = [("port", svc.port, 1), ("nodePort", svc.node_port, 0),
-             ("healthCheckNodePort", svc.health_check_node_port, 0)]
-    ports += [("endpoint port", e.port, 1) for e in record.endpoints.values()]
-    for field, value, low in ports:
-        if not low <= value <= 65535:
-            return f"{field} {value} is out of range"
-    if not 0 <= svc.session_affinity_timeout <= MAX_AFFINITY_TIMEOUT:
-        return f"sessionAffinity timeout {svc.session_affinity_timeout}s is out of range"
     return None
 
 
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
-
-
 def _canonical_ip(text: str) -> bool:
-    """An IPv4 address (the common case, by a regular expression: 10x faster than
-    ipaddress) or an IPv6 one, written as ipaddress writes it."""
-    if _IPV4.fullmatch(text):
-        return True
+    """An IPv4 or IPv6 address as inet_pton reads it (no leading zeros, no spaces, no
+    zone): made of hex digits, dots and colons only, so it cannot break a rule."""
     try:
-        return ":" in text and "%" not in text and str(ipaddress.ip_address(text)) == text
-    except ValueError:
+        socket.inet_pton(socket.AF_INET6 if ":" in text else socket.AF_INET, text)
+    except (OSError, ValueError):
         return False
+    return True
 
 
 def _cidr(text: str) -> bool:
