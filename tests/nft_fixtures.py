@@ -28,8 +28,10 @@ def key(name: str, port: str = "http", proto: Protocol = Protocol.TCP) -> Servic
 
 
 def endpoint(ip: str, local: bool = False, port: int = 8080, **flags: bool) -> Endpoint:
-    """An endpoint used for internal and external traffic unless flags say otherwise."""
-    values = {"internal": True, "external": True, "is_local": local, **flags}
+    """An endpoint in every set (internal, external, cluster; local when on this node)
+    unless flags say otherwise."""
+    values = {"internal": True, "external": True, "cluster": True, "is_local": local,
+              "local": local, **flags}
     return Endpoint(ip, port, **values)
 
 

@@ -34,8 +34,11 @@ def record(name: str = "web", cips: tuple[str, ...] = ("10.96.0.1",), eps: tuple
     return ServicePortState(port, {e.ip: e for e in eps})
 
 
-def ep(ip: str, internal: bool = True, external: bool = True) -> Endpoint:
-    return Endpoint(ip, 8080, internal=internal, external=external)
+def ep(ip: str, internal: bool = True, external: bool = True,
+       cluster: bool | None = None) -> Endpoint:
+    """An endpoint; in the cluster set when it is internal unless ``cluster`` says."""
+    return Endpoint(ip, 8080, internal=internal, external=external,
+                    cluster=internal if cluster is None else cluster)
 
 
 def targets(*ips: str) -> tuple[Target, ...]:
@@ -79,7 +82,16 @@ def test_external_addresses_node_ports_and_their_limits() -> None:
     local = replace(r.service, external_traffic_policy=TrafficPolicy.LOCAL)
     short = service_entries(replace(r, service=local), ("192.168.50.2",))
     assert short[Frontend("192.168.50.2", 30080, "TCP")] == Entry.of(targets("10.0.0.1")), \
-        "connections made on the node short-circuit to the internal set"
+        "connections made on the node short-circuit to the cluster set"
+    both = replace(local, internal_traffic_policy=TrafficPolicy.LOCAL)
+    r2 = record(eps=(ep("10.0.0.1", internal=False, external=False, cluster=True),),
+                **{f: getattr(both, f) for f in ("type", "node_port", "external_ips",
+                                                 "internal_traffic_policy",
+                                                 "external_traffic_policy")},
+                has_endpoints=True)
+    short = service_entries(r2, ("192.168.50.2",))
+    assert short[Frontend("192.168.0.9", 80, "TCP")] == Entry.of(targets("10.0.0.1")), \
+        "with no local endpoint (both policies Local) still the cluster set, not nothing"
 
 
 def test_affinity_udp_and_sctp() -> None:

@@ -83,12 +83,20 @@ def test_external_policy_local_short_circuits_pods_and_the_node() -> None:
     assert verdicts(rules, "service-nodeports") == {"tcp . 30080": f"goto {ext_name}"}
 
 
-def test_local_policy_without_local_endpoints_drops_external_traffic_only() -> None:
+def test_local_policy_without_local_endpoints_short_circuits_then_drops() -> None:
+    """The external chain sends pod and node traffic to the cluster set and drops the
+    rest; nothing is dropped before it (kube-proxy's short-circuit)."""
     svc = replace(lb_service(), external_traffic_policy=TrafficPolicy.LOCAL)
     rules = render_service(state_of(svc, endpoint("10.244.2.10", external=False)), CTX4)
-    assert verdicts(rules, "no-endpoint-services") == {"192.168.60.10 . tcp . 80": "drop"}
-    assert verdicts(rules, "no-endpoint-nodeports") == {"tcp . 30080": "drop"}
-    assert "10.96.0.10 . tcp . 80" not in verdicts(rules, "no-endpoint-services")
+    assert not verdicts(rules, "no-endpoint-services")
+    assert not verdicts(rules, "no-endpoint-nodeports")
+    ext_name = names.external_chain(names.service_base(svc.key))
+    ext = rules.chains[ext_name]
+    assert ext[-1] == "drop"
+    assert "fib saddr type local goto" in ext[-2]
+    short = ext[-2].rsplit(" ", 1)[-1]
+    assert rules.chains[short] == ("meta l4proto tcp dnat to 10.244.2.10:8080",)
+    assert verdicts(rules, "service-nodeports") == {"tcp . 30080": f"goto {ext_name}"}
 
 
 def test_source_ranges_allow_lb_ips_when_the_node_is_in_range() -> None:

@@ -84,6 +84,12 @@ def fails(lab: ScenarioLab, client: str, proto: str, host: str, port: int, error
         f"{dict(seen.errors) or dict(seen.names)}")
 
 
+def handles_outside(lab: ScenarioLab) -> bool:
+    """Whether the case handles connections from outside node1 (the socket programs alone
+    see only node1's own)."""
+    return str(lab.backend) != "ebpf-only"
+
+
 def node_addresses(lab: ScenarioLab, node: str = "node1") -> set[str]:
     spec = lab.spec.node(node)
     return {spec.ipv4, spec.ipv6, *spec.gateways}
@@ -212,6 +218,58 @@ def test_external_traffic_policy_local(lab: ScenarioLab) -> None:
     lab.eventually(lambda: fails(lab, "ext-ok", "tcp", "192.168.60.30", 80, "timeout"))
     fails(lab, "ext-ok", "tcp", node.ipv4, 30082, "timeout")
     reach(lab, "client", "tcp", "192.168.60.30", 80, {"pod-c"})
+
+
+def test_external_policy_local_short_circuit_uses_cluster_endpoints(lab: ScenarioLab) -> None:
+    """eTP and iTP Local, endpoints only on node2: traffic from outside to node1's external
+    addresses is dropped, but pods and node1 itself reaching the LB IP or the external IP are
+    short-circuited to the cluster-wide endpoints (not the empty local set), as kube-proxy
+    does in every mode. With a local endpoint, outside traffic uses it alone and the
+    short-circuit still reaches every endpoint."""
+    status = {"loadBalancer": {"ingress": [{"ip": "192.168.60.50"}]}}
+    docs = web_service(lab, "etpsc", ("10.96.14.1",), ("pod-c", "pod-d"), type="LoadBalancer",
+                       ports=[m.port("http", 80, 8080, node_port=30084)],
+                       externalTrafficPolicy="Local", internalTrafficPolicy="Local",
+                       healthCheckNodePort=32084, externalIPs=["192.168.60.51"],
+                       status=status)
+    lab.apply("etpsc.yaml", docs)
+    remote = {"pod-c", "pod-d"}
+    lab.eventually(lambda: reach(lab, "node1", "tcp", "192.168.60.50", 80, remote))
+    reach(lab, "node1", "tcp", "192.168.60.51", 80, remote)
+    reach(lab, "client", "tcp", "192.168.60.50", 80, remote)
+    reach(lab, "client", "tcp", "192.168.60.51", 80, remote)
+    if handles_outside(lab):
+        fails(lab, "ext-ok", "tcp", "192.168.60.50", 80, "timeout")
+        fails(lab, "ext-ok", "tcp", "192.168.60.51", 80, "timeout")
+
+    docs[1] = m.endpoint_slice("etpsc", eps(lab, "pod-a", "pod-c", "pod-d"),
+                               [m.slice_port("http", 8080)], 4)
+    lab.apply("etpsc.yaml", docs)
+    every = {"pod-a", "pod-c", "pod-d"}
+    lab.eventually(lambda: reach(lab, "client", "tcp", "192.168.60.50", 80, every))
+    reach(lab, "node1", "tcp", "192.168.60.51", 80, every)
+    reach(lab, "client", "tcp", "10.96.14.1", 80, {"pod-a"})
+    if handles_outside(lab):
+        reach(lab, "ext-ok", "tcp", "192.168.60.50", 80, {"pod-a"})
+
+
+def test_external_policy_local_without_endpoints_is_rejected(lab: ScenarioLab) -> None:
+    """eTP Local and no endpoint anywhere: every address of the service refuses at once
+    (no endpoints is a reject, not the drop of 'no local endpoint')."""
+    status = {"loadBalancer": {"ingress": [{"ip": "192.168.60.52"}]}}
+    svc = m.service("etpnone", ("10.96.15.1",), [m.port("http", 80, 8080, node_port=30085)],
+                    type="LoadBalancer", externalTrafficPolicy="Local",
+                    healthCheckNodePort=32085, externalIPs=["192.168.60.53"], status=status)
+    lab.apply("etpnone.yaml", [svc])
+    lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.15.1", 80, "refused"))
+    fails(lab, "client", "tcp", "192.168.60.52", 80, "refused")
+    fails(lab, "client", "tcp", "192.168.60.53", 80, "refused")
+    fails(lab, "node1", "tcp", "10.96.15.1", 80, "refused")
+    if handles_outside(lab):
+        node = lab.spec.node("node1")
+        fails(lab, "ext-ok", "tcp", "192.168.60.52", 80, "refused")
+        fails(lab, "ext-ok", "tcp", "192.168.60.53", 80, "refused")
+        fails(lab, "ext-ok", "tcp", node.ipv4, 30085, "refused")
 
 
 def test_internal_traffic_policy_local(lab: ScenarioLab) -> None:

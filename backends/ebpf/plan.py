@@ -102,8 +102,11 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
         ports = [ip for ip in node_ips if _family(ip) == family] if svc.node_port else []
         if not ext and not ports:
             continue
-        if svc.external_policy_local and not svc.internal_policy_local:
-            outside = inside  # local connections short-circuit to the cluster set
+        if svc.external_policy_local:
+            # Every connection a socket hook sees is the node's or its pods': kube-proxy
+            # short-circuits those to the cluster set, whatever the local set holds.
+            cluster = _slots(e for e in eps if e.cluster)
+            outside = inside if cluster == internal else _entry(cluster, has, affinity)
         elif all(e.internal == e.external for e in eps):
             outside = inside
         else:

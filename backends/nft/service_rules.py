@@ -142,12 +142,6 @@ def dnat_target(ep: Endpoint) -> str:
     return f"[{ep.ip}]:{ep.port}" if ":" in ep.ip else f"{ep.ip}:{ep.port}"
 
 
-def usable_endpoints(endpoints: list[Endpoint]) -> list[Endpoint]:
-    """Ready endpoints, else serving terminating ones (kube-proxy's cluster fallback)."""
-    ready = [e for e in endpoints if e.ready]
-    return ready or [e for e in endpoints if e.serving and e.terminating]
-
-
 def _masquerade_rule(ctx: FamilyContext, svc: ServicePort, cip: str, proto: str) -> str | None:
     """Mark off-cluster (or all, with --masquerade-all) traffic to the ClusterIP."""
     match = f"{ctx.ipx} daddr {cip} {proto} dport {svc.port}"
@@ -176,10 +170,12 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
     eps = [e for _, e in sorted(state.endpoints.items()) if (":" in e.ip) == v6]
     internal = [e for e in eps if e.internal]
     external = [e for e in eps if e.external]
-    usable = usable_endpoints(eps)
-    has_eps = svc.has_endpoints and bool(usable or internal or external)
-    cluster = usable if svc.internal_policy_local else internal
+    cluster = [e for e in eps if e.cluster]
+    has_eps = svc.has_endpoints and bool(cluster or internal or external)
     no_eps_verdict = DROP if has_eps else REJECT
+    # eTP Local without a local endpoint: the external chain short-circuits traffic from
+    # pods and from the node to the cluster set and drops the rest itself.
+    short_circuit = svc.external_policy_local and not external and bool(cluster)
     proto, port = b.proto, svc.port
 
     for cip in cips:
@@ -204,7 +200,7 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
         key = f"{addr} . {proto} . {port}"
         if ext_chain:
             b.element("service-ips", key, f"goto {ext_chain}")
-        if not external:
+        if not external and not (ext_chain and short_circuit):
             b.element("no-endpoint-services", key, no_eps_verdict)
 
     ranges = of_family(svc.load_balancer_source_ranges, ctx.family)
@@ -219,13 +215,14 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
         key = f"{proto} . {svc.node_port}"
         if ext_chain:
             b.element("service-nodeports", key, f"goto {ext_chain}")
-        if not external:
+        if not external and not (ext_chain and short_circuit):
             b.element("no-endpoint-nodeports", key, no_eps_verdict)
     return ServiceRules(b.chains, b.sets, tuple(b.elements), frozenset(b.lb_sizes))
 
 
 def _external_chain(b: _Builder, external: list[Endpoint], cluster: list[Endpoint]) -> str:
-    """The entry chain for external traffic (kube-proxy's EXT chain)."""
+    """The entry chain for external traffic (kube-proxy's EXT chain); with eTP Local and
+    no local endpoint it drops what it does not short-circuit to ``cluster``."""
     svc, ctx = b.svc, b.ctx
     policy = ""
     if external:
@@ -242,6 +239,8 @@ def _external_chain(b: _Builder, external: list[Endpoint], cluster: list[Endpoin
             rules.append(f"fib saddr type local goto {short}")
     if policy:
         rules.append(f"goto {policy}")
+    elif svc.external_policy_local:
+        rules.append(DROP)
     name = names.external_chain(b.base)
     b.chains[name] = tuple(rules)
     return name
