@@ -1,0 +1,288 @@
+"""What one client may cost the frontend, over real gRPC: a stream that does not read holds
+one message and is ended after --stream-write-timeout (the SDK resumes), caps on streams
+answer RESOURCE_EXHAUSTED, unary calls stay fast meanwhile, invalid requests are refused."""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from svcproxy.frontend import limits
+from svcproxy.frontend.events import Upsert
+from svcproxy.frontend.limits import MESSAGE_BYTES, Refused, StreamLimits, peer_address
+from svcproxy.frontend.validation import _SUBDOMAIN, check_node_name
+from svcproxy.sdk import client as sdk_client
+from svcproxy.sdk.client import NodeStateClient
+from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
+from tests.conftest import wait_for
+from tests.test_engine import endpoint, service, slice_
+from tests.test_stream import copy_examples, read_batch
+
+# A client that takes in at most HTTP/2's initial 64 KiB window per stream while it does
+# not read (no bandwidth probing to grow it), each channel its own connection.
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65535),
+                ("grpc.use_local_subchannel_pool", 1),
+                ("grpc.max_receive_message_length", 64 << 20)]
+
+
+def bulk(services: int, endpoints: int, ns: str = "bulk") -> list[Upsert]:
+    """``services`` Services with ``endpoints`` endpoints each on node-a."""
+    out = []
+    for s in range(services):
+        ip = f"10.97.{s // 250}.{s % 250 + 1}"
+        out.append(Upsert("Service", service(f"s{s}", ns=ns, ip=ip, target=8080)))
+        eps = [endpoint(ip_of(s * endpoints + e), node="node-a") for e in range(endpoints)]
+        out.append(Upsert("EndpointSlice", slice_(f"s{s}-x", f"s{s}", eps, ns=ns)))
+    return out
+
+
+def ip_of(i: int) -> str:
+    return f"10.{100 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}"
+
+
+def big_service(ip_base: int, count: int, port: int = 8080) -> list[Upsert]:
+    """Service bulk/big with ``count`` endpoints on node-a, target port ``port``."""
+    eps = [endpoint(f"10.{ip_base}.{i // 250}.{i % 250 + 1}", node="node-a")
+           for i in range(count)]
+    return [Upsert("Service", service("big", ns="bulk", ip="10.98.0.1", target=port)),
+            Upsert("EndpointSlice", slice_("big-x", "big", eps, ns="bulk", port=port))]
+
+
+def channel(fe: Any, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+    return grpc.insecure_channel(fe.opts.listen, options=options or SMALL_WINDOW)
+
+
+def refusal(call: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        result = call()
+        for _ in result if not isinstance(result, pb.NodeState) else ():
+            pass
+    return err.value
+
+
+# ---- bounded memory -------------------------------------------------------------
+
+def test_snapshot_is_encoded_as_it_is_written_in_small_messages(frontend_factory,
+                                                                tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    fe.submit(bulk(300, 10))
+    engine = fe.engine
+    msgs = engine.snapshot(engine.view("node-a"))
+    assert not isinstance(msgs, list)  # a generator: one message at a time
+    sizes = [len(m) for m in msgs]
+    assert len(sizes) >= 3 and max(sizes) <= MESSAGE_BYTES + 1024
+    events = [pb.WatchEvent.FromString(m) for m in engine.snapshot(engine.view("node-a"))]
+    assert [e.more for e in events] == [True] * (len(events) - 1) + [False]
+
+
+def test_streams_that_do_not_read_hold_one_message_and_unary_stays_fast(frontend_factory,
+                                                                         tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    fe.submit(bulk(500, 20))
+    snapshot = sum(len(m) for m in fe.engine.snapshot(fe.engine.view("node-a")))
+    assert snapshot > 6 * MESSAGE_BYTES
+    streams = 30
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        # Every stream on one connection: its window fills, and no stream reads.
+        with channel(fe) as ch:
+            api = pb_grpc.NodeStateServiceStub(ch)
+            calls = [api.Watch(pb.WatchRequest(node_name="node-a")) for _ in range(streams)]
+            wait_for(lambda: fe.engine.views["node-a"].watchers == streams)
+            time.sleep(1.0)
+            held = tracemalloc.get_traced_memory()[0] - before
+            with channel(fe) as other:
+                unary = pb_grpc.NodeStateServiceStub(other)
+                took = []
+                for _ in range(5):
+                    start = time.monotonic()
+                    state = unary.GetNodeState(pb.GetNodeStateRequest(node_name="node-a"),
+                                               timeout=10)
+                    took.append(time.monotonic() - start)
+            for call in calls:
+                call.cancel()
+    finally:
+        tracemalloc.stop()
+    assert len(state.services) > 500
+    # Whole snapshots per stream would be streams x snapshot (> 12 MB).
+    assert held < streams * 2.5 * MESSAGE_BYTES, (held, snapshot)
+    assert sorted(took)[2] < 1.0, took
+
+
+# ---- the write timeout ---------------------------------------------------------------
+
+def test_stream_not_read_is_ended_with_unavailable(frontend_factory, tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path),
+                          stream_limits=StreamLimits(write_timeout=0.5))
+    fe.submit(bulk(300, 10))
+    ended = limits.STALLED._value.get()
+    with channel(fe) as ch:
+        call = pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name="node-a"))
+        wait_for(lambda: limits.STALLED._value.get() > ended, timeout=10)
+        wait_for(lambda: fe.engine.views["node-a"].watchers == 0)  # the handler is gone
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in call:
+                pass
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "--stream-write-timeout" in err.value.details()
+    assert "resume" in err.value.details()
+
+
+def test_reading_client_is_never_ended(frontend_factory, tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path),
+                          stream_limits=StreamLimits(write_timeout=0.3))
+    fe.submit(bulk(300, 10))
+    ended = limits.STALLED._value.get()
+    with channel(fe) as ch:
+        call = pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name="node-a"))
+        read_batch(call)
+        for n in range(5):  # idle longer than the timeout between batches
+            time.sleep(0.4)
+            fe.submit(big_service(200, 10 + n))
+            read_batch(call)
+        call.cancel()
+    assert limits.STALLED._value.get() == ended
+
+
+def test_sdk_stalled_is_ended_and_resumes_from_its_revision(frontend_factory, tmp_path,
+                                                            monkeypatch) -> None:
+    monkeypatch.setattr(sdk_client, "CHANNEL_OPTIONS", SMALL_WINDOW)
+    fe = frontend_factory(copy_examples(tmp_path),
+                          stream_limits=StreamLimits(write_timeout=0.5))
+    fe.submit(bulk(20, 2) + big_service(200, 1000))
+    client = NodeStateClient(fe.opts.listen, "node-a")
+    client.start()
+    try:
+        wait_for(client.has_changes)
+        client.take()
+        ended = limits.STALLED._value.get()
+        with client._cond:  # the SDK's reader blocks on its next batch: it stops reading
+            for port in range(8081, 8086):  # > 64 KiB each: the window fills
+                fe.submit(big_service(200, 1000, port=port))
+            wait_for(lambda: limits.STALLED._value.get() > ended, timeout=10)
+        resets = client.resets
+        with channel(fe) as ch:
+            want = pb_grpc.NodeStateServiceStub(ch).GetNodeState(
+                pb.GetNodeStateRequest(node_name="node-a", service="big"))
+
+        def caught_up() -> bool:
+            state = client.take()[0]  # type: ignore[index]
+            big = [s for k, s in state.services.items() if k.name == "big"]
+            return (state.revision >= want.revision and len(big) == 1
+                    and {e.port for e in big[0].endpoints.values()} == {8085})
+
+        wait_for(caught_up, timeout=15)
+        assert client.resets == resets  # resumed from its revision, no snapshot
+    finally:
+        client.stop()
+
+
+# ---- caps ----------------------------------------------------------------------------
+
+def test_streams_beyond_the_per_peer_cap_are_refused(frontend_factory, tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path),
+                          stream_limits=StreamLimits(max_streams_per_peer=2))
+    with channel(fe) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        first = api.Watch(pb.WatchRequest(node_name="node-a"))
+        second = api.WatchCluster(pb.ClusterWatchRequest())
+        read_batch(first)
+        read_batch(second)
+        err = refusal(lambda: api.Watch(pb.WatchRequest(node_name="node-b"), timeout=5))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-streams-per-peer" in err.details()
+        first.cancel()
+
+        def admitted() -> bool:
+            try:
+                read_batch(api.Watch(pb.WatchRequest(node_name="node-b"), timeout=2))
+                return True
+            except grpc.RpcError:
+                return False
+
+        wait_for(admitted)  # the slot is free once gRPC has finished the call
+        second.cancel()
+
+
+def test_streams_beyond_the_total_cap_are_refused(frontend_factory, tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path), stream_limits=StreamLimits(max_streams=1))
+    with channel(fe) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        first = api.Watch(pb.WatchRequest(node_name="node-a"))
+        read_batch(first)
+        err = refusal(lambda: api.WatchCluster(pb.ClusterWatchRequest(), timeout=5))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-streams" in err.details() and "retry" in err.details()
+        first.cancel()
+
+
+def test_peer_address() -> None:
+    assert peer_address("ipv4:10.0.0.1:4242") == "10.0.0.1"
+    assert peer_address("ipv6:[fd00::1]:4242") == "fd00::1"
+    assert peer_address("unix:/run/x.sock") == "unix"
+
+
+# ---- invalid requests ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["", "Node-A", "-a", "a-", "a..b", "a_b", "a" * 254,
+                                  "node a", "nöde"])
+def test_invalid_node_names_are_refused(frontend_factory, tmp_path, name: str) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    with channel(fe) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        for call in (lambda: api.Watch(pb.WatchRequest(node_name=name), timeout=5),
+                     lambda: api.GetNodeState(pb.GetNodeStateRequest(node_name=name),
+                                              timeout=5)):
+            err = refusal(call)
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+            assert "node_name" in err.details()
+
+
+def test_revision_ahead_of_the_frontend_is_refused(frontend_factory, tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    ahead = fe.engine.revision + 10**9
+    with channel(fe) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        for call in (lambda: api.Watch(pb.WatchRequest(node_name="node-a",
+                                                        since_revision=ahead), timeout=5),
+                     lambda: api.WatchCluster(pb.ClusterWatchRequest(since_revision=ahead),
+                                              timeout=5)):
+            err = refusal(call)
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "ahead" in err.details() and "since_revision 0" in err.details()
+        # The frontend's own revision is fine.
+        ok = api.Watch(pb.WatchRequest(node_name="node-a",
+                                       since_revision=fe.engine.revision))
+        threading.Timer(0.5, ok.cancel).start()
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in ok:
+                pass
+        assert err.value.code() == grpc.StatusCode.CANCELLED
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_node_name_check_accepts_exactly_dns1123_subdomains(name: str) -> None:
+    valid = len(name) <= 253 and _SUBDOMAIN.fullmatch(name) is not None and name.isascii()
+    try:
+        check_node_name("Watch", name)
+        accepted = True
+    except Refused as err:
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+        accepted = False
+    assert accepted == valid
+
+
+@given(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?(\.[a-z0-9]{1,10}){0,3}",
+                     fullmatch=True))
+def test_kubernetes_node_names_are_accepted(name: str) -> None:
+    check_node_name("Watch", name)
