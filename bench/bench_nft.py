@@ -163,7 +163,8 @@ def _wait_in_kernel(ns: str, needle: str, timeout: float) -> None:
 
 def edit_latency(edits: int, background: int) -> None:
     print(f"== manifest edit -> rule in the kernel ({edits} edits, {background} other "
-          "services of 10 endpoints, --min-sync-period 0, manifest poll 0.2 s)", flush=True)
+          "services of 10 endpoints, --min-sync-period 0, event-driven manifest source)",
+          flush=True)
     with Netns("e2e") as ns, tempfile.TemporaryDirectory(prefix="spbench") as tmp:
         work = Path(tmp)
         mdir = work / "manifests"

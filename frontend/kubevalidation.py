@@ -103,43 +103,53 @@ class _TooBig(Exception):
 def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Problem | None:
     """Why ``obj`` is too large or deep (expanded, as YAML aliases would be), or None."""
     memo: dict[int, tuple[int, int]] = {}
-    total = [0]
+    max_bytes, max_depth = limits.max_object_bytes, limits.max_depth
 
-    def walk(value: Any, depth: int, where: str) -> tuple[int, int]:
-        if depth > limits.max_depth:
-            raise _TooBig(Problem(where, "too_deep", f"nested deeper than {limits.max_depth} "
-                                  "levels (--max-object-depth)"))
-        if isinstance(value, dict | list):
-            hit = memo.get(id(value))
-            if hit is None:
-                size, height = 2, 0
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                for k, v in items:
-                    if k == "__source__":
-                        continue
-                    ks = len(k) + 3 if isinstance(k, str) else 8
-                    vs, vh = walk(v, depth + 1, f"{where}.{k}" if where else str(k))
-                    size, height = size + ks + vs, max(height, vh + 1)
-                hit = memo[id(value)] = (size, height)
-            elif depth + hit[1] > limits.max_depth:
-                raise _TooBig(Problem(where, "too_deep", f"nested deeper than "
-                                      f"{limits.max_depth} levels (--max-object-depth)"))
+    def walk(value: dict[Any, Any] | list[Any], depth: int) -> tuple[int, int]:
+        if depth > max_depth:
+            raise _TooBig(_DEEP(max_depth))
+        size, height = 2, 0
+        if isinstance(value, dict):
+            try:
+                size += sum(map(len, value)) + 3 * len(value)
+            except TypeError:  # a key that is not text (YAML allows numbers, lists...)
+                size += sum(len(k) + 3 if type(k) is str else 8 for k in value)
+            children: Any = value.values()
         else:
-            hit = (len(value) + 2 if isinstance(value, str | bytes) else 8, 0)
-        total[0] += hit[0]
-        if total[0] > limits.max_object_bytes * 4 or hit[0] > limits.max_object_bytes:
-            raise _TooBig(Problem("", "too_large", f"larger than {limits.max_object_bytes} "
-                                  "bytes once expanded (--max-object-bytes; YAML aliases "
-                                  "count each time they are used)"))
-        return hit
+            children = value
+        for child in children:
+            if type(child) is str:
+                size += len(child) + 2
+            elif isinstance(child, dict | list):
+                hit = memo.get(id(child))
+                if hit is None:
+                    hit = memo[id(child)] = walk(child, depth + 1)
+                elif depth + 1 + hit[1] > max_depth:
+                    raise _TooBig(_DEEP(max_depth))
+                size += hit[0]
+                if hit[1] >= height:
+                    height = hit[1] + 1
+            else:
+                size += len(child) if isinstance(child, bytes) else 8
+        if size > max_bytes:
+            raise _TooBig(Problem("", "too_large", f"larger than {max_bytes} bytes once "
+                                  "expanded (--max-object-bytes; YAML aliases count each "
+                                  "time they are used)"))
+        return size, height
 
     try:
-        walk(obj, 0, "")
+        if isinstance(obj, dict | list):
+            walk(obj, 0)
     except _TooBig as big:
         return big.problem
     except RecursionError:
-        return Problem("", "too_deep", "nested too deeply")
+        return _DEEP(max_depth)
     return None
+
+
+def _DEEP(max_depth: int) -> Problem:  # noqa: N802 - reads as the constant problem it is
+    return Problem("", "too_deep", f"nested deeper than {max_depth} levels "
+                   "(--max-object-depth)")
 
 
 # ---- primitive checks ---------------------------------------------------------------
@@ -194,7 +204,7 @@ class _Checker:
         limit = min(limit, self.limits.max_name_length)
         if len(text) > limit:
             self.err(where, "invalid_name", f"{_shown(text)} is longer than {limit} characters")
-        elif not pattern.fullmatch(text):
+        elif not _matches(pattern, text):
             self.err(where, "invalid_name", f"{_shown(text)} is not a {what}")
         return text
 
@@ -292,12 +302,32 @@ class _Checker:
         return labels, annotations
 
 
+_MATCHED: dict[tuple[int, str], bool] = {}
+
+
+def _matches(pattern: re.Pattern[str], text: str) -> bool:
+    """``pattern.fullmatch(text)``, remembered: node and port names repeat a lot."""
+    key = (id(pattern), text)
+    hit = _MATCHED.get(key)
+    if hit is None:
+        if len(_MATCHED) > 100_000:
+            _MATCHED.clear()
+        hit = _MATCHED[key] = pattern.fullmatch(text) is not None
+    return hit
+
+
 def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """An IP as Kubernetes parses it (IPv4 octets may have leading zeros); None if invalid."""
-    if ":" not in text and text.count(".") == 3:
+    if ":" not in text:
         parts = text.split(".")
-        if all(p.isdigit() and p.isascii() and len(p) <= 3 for p in parts):
-            text = ".".join(str(int(p)) for p in parts)
+        if len(parts) != 4:
+            return None
+        value = 0
+        for part in parts:
+            if not (part.isascii() and part.isdigit() and len(part) <= 3) or int(part) > 255:
+                return None
+            value = value << 8 | int(part)
+        return ipaddress.IPv4Address(value)
     try:
         return ipaddress.ip_address(text)
     except ValueError:
@@ -323,6 +353,8 @@ def endpoint_ip_problem(addr: Any) -> str | None:
     """Why Kubernetes refuses ``addr`` as an endpoint or external IP (ValidateEndpointIP)."""
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
+    if addr.version == 4:
+        return _ipv4_problem(int(addr))
     if addr.is_unspecified:
         return "may not be unspecified (0.0.0.0, ::)"
     if addr.is_loopback:
@@ -331,6 +363,18 @@ def endpoint_ip_problem(addr: Any) -> str | None:
         return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
     if (addr in _LINK_LOCAL_MULTICAST4 if addr.version == 4
             else addr.packed[0] == 0xFF and addr.packed[1] & 0x0F == 0x02):
+        return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
+    return None
+
+
+def _ipv4_problem(n: int) -> str | None:
+    if n == 0:
+        return "may not be unspecified (0.0.0.0, ::)"
+    if n >> 24 == 127:
+        return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    if n >> 16 == 0xA9FE:
+        return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+    if n >> 8 == 0xE00000:
         return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
     return None
 
@@ -563,6 +607,8 @@ def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) ->
     zone = c.string(ep.get("zone"), f"{where}.zone")
     if zone and (len(zone) > 63 or not _QUALIFIED.fullmatch(zone)):
         c.err(f"{where}.zone", "invalid_value", f"{_shown(zone)} is not a valid label value")
+    if ep.get("hints") is None:
+        return
     hints = c.mapping(ep.get("hints"), f"{where}.hints")
     for key, check in (("forZones", _hint_zone), ("forNodes", _hint_node)):
         seen: set[str] = set()
