@@ -34,6 +34,7 @@ from svcproxy.agent.kubeproxy_flags import (
     given_flags,
     normalize_argv,
 )
+from svcproxy.agent.kubeproxy_sysctls import set_mode_sysctls
 
 log = logging.getLogger("svcproxy.kube-proxy")
 
@@ -41,6 +42,10 @@ log = logging.getLogger("svcproxy.kube-proxy")
 MODE_BACKENDS = {"": "iptables", "iptables": "iptables", "ipvs": "ipvs", "nftables": "nft"}
 _ROUTING_FLAGS = ("--config", "--write-config-to", "--proxy-mode")
 API_ENV = "SVCPROXY_API"
+# svcproxy's connection flags may come from the environment too, so that a kube-proxy
+# DaemonSet's argument list stays unchanged.
+ENV_FLAGS = {"api": API_ENV, "api_ca": "SVCPROXY_API_CA", "api_cert": "SVCPROXY_API_CERT",
+             "api_key": "SVCPROXY_API_KEY", "api_token_file": "SVCPROXY_API_TOKEN_FILE"}
 # Flags that apply with --config too (the logging flags as well).
 _ALWAYS_USED = {"config", "write-config-to", "cleanup", "init-only", "hostname-override"}
 
@@ -137,6 +142,9 @@ _HONOURED = {
     "metricsBindAddress", "mode", "detectLocalMode", "detectLocal.bridgeInterface",
     "detectLocal.interfaceNamePrefix", "clusterCIDR", "nodePortAddresses", "oomScoreAdj",
     "logging.verbosity", "logging.format", "featureGates", "bindAddressHardFail",
+    "conntrack.maxPerCore", "conntrack.min", "conntrack.tcpEstablishedTimeout",
+    "conntrack.tcpCloseWaitTimeout", "conntrack.tcpBeLiberal", "conntrack.udpTimeout",
+    "conntrack.udpStreamTimeout",
 }
 _SECTION_FOR = {"iptables": "iptables", "nft": "nftables", "ipvs": "ipvs"}
 _BACKEND_FIELDS = {
@@ -178,8 +186,6 @@ def unhonoured_fields(config: dict[str, Any], backend: str) -> list[str]:
             why = f"does not apply to backend {backend}"
         elif section in ("clientConnection", "configSyncPeriod"):
             why = "the frontend watches the apiserver, not the backend"
-        elif section == "conntrack":
-            why = "svcproxy leaves the kernel's conntrack sysctls as they are"
         else:
             why = "svcproxy cannot honour it"
         lines.append(f"{path}={_show(value)}: {why}; ignored")
@@ -194,8 +200,11 @@ def backend_namespace(config: dict[str, Any], backend: str, parser: argparse.Arg
                       rest: list[str]) -> argparse.Namespace:
     """The backend's parsed flags: svcproxy's own from ``rest``, the rest from ``config``."""
     ns = parser.parse_args(rest)
-    if not any(a == "--api" or a.startswith("--api=") for a in rest) and os.environ.get(API_ENV):
-        ns.api = os.environ[API_ENV]
+    for dest, env in ENV_FLAGS.items():
+        flag = "--" + dest.replace("_", "-")
+        given = any(a == flag or a.startswith(flag + "=") for a in rest)
+        if not given and os.environ.get(env) and hasattr(ns, dest):
+            setattr(ns, dest, os.environ[env] if dest == "api" else Path(os.environ[env]))
     section = config[_SECTION_FOR.get(backend, "iptables")]
     masq = config["nftables" if backend == "nft" else "iptables"]["masqueradeAll"]
     mapped: dict[str, Any] = {
@@ -303,6 +312,7 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
         rest: list[str]) -> int:
     """Choose the backend, warn about what it does not honour, and run it."""
     from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
+    from svcproxy.agent.node_agent import programs_dataplane
     from svcproxy.sdk.plugins import installed_backends
 
     name = forced or backend_for_mode(config["mode"])
@@ -329,13 +339,17 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
     except ConfigError as err:
         return _fail(f"invalid configuration: {err}")
     ns.cleanup = bool(flags.get("cleanup"))
-    if not ns.cleanup:
-        set_oom_score_adj(config["oomScoreAdj"])
-    if flags.get("init-only"):
-        log.info("Initialization done (--init-only)")
-        return 0
     node_config = config_from_args(ns)
     backend = plugin.create(ns, node_config)
+    if not ns.cleanup:
+        set_oom_score_adj(config["oomScoreAdj"])
+        # a backend that programs nothing (dump) needs no sysctls
+        failures = set_mode_sysctls(config, backend.name) if programs_dataplane(backend) else []
+        if flags.get("init-only"):
+            if failures:
+                return _fail("--init-only could not set every sysctl (run it privileged)")
+            log.info("Initialization done (--init-only) for %s", backend.name)
+            return 0
     return run_agent(backend, node_config, ns)
 
 
