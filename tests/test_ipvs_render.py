@@ -146,3 +146,44 @@ def test_external_policy_local_without_local_endpoints_is_dropped_and_mark_freed
     desired.set_plan(state.key, plan, Touched())
     desired.set_plan(state.key, None, Touched())
     assert desired.marks.marks == {} and not desired.claims
+
+
+def test_short_circuit_uses_the_cluster_set_not_the_internal_one() -> None:
+    """iTP and eTP Local: ClusterIP traffic uses the local set, but pods and the node
+    reaching an external address are short-circuited to the cluster-wide set."""
+    state = port_state(
+        "etpitp", "10.96.0.22",
+        [endpoint("10.244.1.2", is_local=False, internal=False, external=False),
+         endpoint("10.244.2.2")],
+        type=ServiceType.LOAD_BALANCER, node_port=30085,
+        external_traffic_policy=TrafficPolicy.LOCAL, internal_traffic_policy=TrafficPolicy.LOCAL,
+        load_balancer_ingress=(LoadBalancerIngress("198.51.100.5"),))
+    desired = Desired()
+    desired.set_plan(state.key, render_port(state, CTX), Touched())
+    assert desired.server(ServiceId("TCP", "10.96.0.22", 80)).dests == {
+        DestId("10.244.2.2", 8080)}
+    mark = desired.marks.get(state.key, 4)
+    assert desired.server(fwmark_service(4, mark)).dests == {
+        DestId("10.244.1.2", 8080), DestId("10.244.2.2", 8080)}
+
+
+def test_external_policy_local_without_any_endpoint_is_not_dropped() -> None:
+    """No endpoint anywhere: the virtual server without real servers refuses; nothing is
+    put in the drop set (which would turn the refusal into a timeout)."""
+    state = port_state("etpnone", "10.96.0.23", [], external_ips=("203.0.113.10",),
+                       type=ServiceType.NODE_PORT, node_port=30086,
+                       external_traffic_policy=TrafficPolicy.LOCAL)
+    plan = render_port(state, CTX)
+    assert not {e for s, e in plan.entries if s == "KUBE-NO-LOCAL-ENDPOINTS"}
+    assert ServiceId("TCP", "203.0.113.10", 80) in {v.spec.id for v in plan.servers}
+
+
+def test_no_virtual_server_on_loopback() -> None:
+    ctx = RenderContext(node_port_ips=("127.0.0.1", "192.168.0.10", "::1"),
+                        node_ips=("192.168.0.10",))
+    state = port_state("np", "10.96.0.24", [endpoint("10.244.1.2")], protocol=Protocol.SCTP,
+                       type=ServiceType.NODE_PORT, node_port=30087)
+    plan = render_port(state, ctx)
+    addresses = {v.spec.id.address for v in plan.servers}
+    assert addresses == {"10.96.0.24", "192.168.0.10"}
+    assert not any("127.0.0.1" in e for _, e in plan.entries)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.lab import manifests as m
 from tests.lab.client import Summary
+from tests.lab.processes import LAN4, LAN6
 from tests.netns.backends import BACKENDS, BackendCase
 from tests.netns.harness import ScenarioLab, missing_requirements
 
@@ -270,6 +271,28 @@ def test_external_policy_local_without_endpoints_is_rejected(lab: ScenarioLab) -
         fails(lab, "ext-ok", "tcp", "192.168.60.52", 80, "refused")
         fails(lab, "ext-ok", "tcp", "192.168.60.53", 80, "refused")
         fails(lab, "ext-ok", "tcp", node.ipv4, 30085, "refused")
+
+
+# kube-proxy's iptables mode serves NodePorts on 127.0.0.1 when --nodeport-addresses holds
+# it (route_localnet); its nftables and IPVS modes never do (no virtual server there).
+LOOPBACK_NODE_PORTS = {"iptables"}
+
+
+def test_node_ports_on_loopback_only_where_kube_proxy_serves_them(lab: ScenarioLab) -> None:
+    docs = web_service(lab, "nplo", ("10.96.16.1",), ("pod-c",), type="NodePort",
+                       ports=[m.port("http", 80, 8080, node_port=30088)])
+    lab.apply("nplo.yaml", docs)
+    node = lab.spec.node("node1")
+    lab.eventually(lambda: reach(lab, "node1", "tcp", node.ipv4, 30088, {"pod-c"}, 3))
+    lab.start_backend("--node-port-addresses", f"127.0.0.0/8,{LAN4}.0/24,{LAN6}:/64")
+    try:
+        lab.eventually(lambda: reach(lab, "node1", "tcp", node.ipv4, 30088, {"pod-c"}, 3))
+        if lab.backend.name in LOOPBACK_NODE_PORTS:
+            lab.eventually(lambda: reach(lab, "node1", "tcp", "127.0.0.1", 30088, {"pod-c"}, 3))
+        else:
+            fails(lab, "node1", "tcp", "127.0.0.1", 30088, "refused")
+    finally:
+        lab.start_backend()
 
 
 def test_internal_traffic_policy_local(lab: ScenarioLab) -> None:

@@ -100,6 +100,8 @@ class _Builder:
         self.persistence = timeout if svc.affinity else 0
         self.internal = state.internal_endpoints()
         self.external = state.external_endpoints()
+        self.cluster = state.cluster_endpoints()
+        self.hairpin = state.hairpin_endpoints()
         self.servers: list[VirtualServer] = []
         self.addresses: set[str] = set()
         self.routes: set[str] = set()
@@ -118,8 +120,9 @@ class _Builder:
         }
 
     def short_circuits(self) -> tuple[ShortCircuit, ...]:
-        """With externalTrafficPolicy Local: pods keep reaching every endpoint, and
-        external traffic without a local endpoint is dropped."""
+        """With externalTrafficPolicy Local: pods and the node keep reaching the cluster
+        set, and other external traffic without a local endpoint is dropped (with no
+        endpoint anywhere the virtual server without real servers refuses it)."""
         if not self.svc.external_policy_local:
             return ()
         result = []
@@ -127,9 +130,9 @@ class _Builder:
             targets = self.external_targets(family)
             if not targets:
                 continue
-            if not _dests(self.external, family):
+            if self.svc.has_endpoints and not _dests(self.external, family):
                 self.entries.update((S.set_name(S.NO_LOCAL_ENDPOINTS, family), t) for t in targets)
-            result.append(ShortCircuit(family, frozenset(targets), _dests(self.internal, family),
+            result.append(ShortCircuit(family, frozenset(targets), _dests(self.cluster, family),
                                        self.scheduler, self.persistence))
         return tuple(result)
 
@@ -149,7 +152,7 @@ def render_port(state: ServicePortState, ctx: RenderContext) -> PortPlan:
     svc = b.svc
     families = sorted({ip_family(ip) for ip in svc.cluster_ips})
     _cluster_ips(b)
-    _loop_back(b, state)
+    _loop_back(b)
     _external_ips(b)
     _load_balancers(b, ctx)
     if svc.node_port and svc.type is not ServiceType.CLUSTER_IP:
@@ -168,11 +171,10 @@ def _cluster_ips(b: _Builder) -> None:
         b.entry(S.IPVS_IPS, ip_family(ip), ip)
 
 
-def _loop_back(b: _Builder, state: ServicePortState) -> None:
+def _loop_back(b: _Builder) -> None:
     """Hairpin: a local endpoint reaching itself through the service is masqueraded."""
-    for e in state.local_endpoints():
-        if e.internal or e.external:
-            b.entry(S.LOOP_BACK, ip_family(e.ip), f"{_ip_port(e.ip, b.proto, e.port)},{e.ip}")
+    for e in b.hairpin:
+        b.entry(S.LOOP_BACK, ip_family(e.ip), f"{_ip_port(e.ip, b.proto, e.port)},{e.ip}")
 
 
 def _external_ips(b: _Builder) -> None:
@@ -202,7 +204,7 @@ def _load_balancers(b: _Builder, ctx: RenderContext) -> None:
         for cidr in ranges:
             b.entry(S.LOAD_BALANCER_SOURCE_CIDR, family, f"{key},{cidr}")
         allowed = {ip} | {n for n in ctx.node_ips if ip_family(n) == family}
-        allowed |= {e.ip for e in b.external if e.is_local and ip_family(e.ip) == family}
+        allowed |= {e.ip for e in b.hairpin if e.external and ip_family(e.ip) == family}
         for source in allowed:
             b.entry(S.LOAD_BALANCER_SOURCE_IP, family, f"{key},{source}")
 
@@ -211,13 +213,14 @@ def _node_ports(b: _Builder, ctx: RenderContext, families: Sequence[int]) -> Non
     svc = b.svc
     local = svc.external_policy_local
     for ip in ctx.node_port_ips:
-        if ip_family(ip) in families:
+        # kube-proxy's IPVS mode never serves NodePorts on loopback.
+        if ip_family(ip) in families and not ipaddress.ip_address(ip).is_loopback:
             b.server(ip, svc.node_port, b.external)
     for family in families:
         if b.proto is Protocol.SCTP:
             base = S.NODE_PORT_LOCAL_SCTP if local else S.NODE_PORT_SCTP
             for ip in ctx.node_port_ips:
-                if ip_family(ip) == family:
+                if ip_family(ip) == family and not ipaddress.ip_address(ip).is_loopback:
                     b.entry(base, family, _ip_port(ip, b.proto, svc.node_port))
             continue
         if b.proto is Protocol.TCP:

@@ -18,8 +18,10 @@ from svcproxy.sdk.backend import Changes, NodeState
 
 
 def endpoint(ip: str, port: int = 8080, **kw: Any) -> Endpoint:
-    fields: dict[str, Any] = {"internal": True, "external": True, "is_local": True}
+    fields: dict[str, Any] = {"internal": True, "external": True, "cluster": True,
+                              "is_local": True}
     fields.update(kw)
+    fields.setdefault("local", fields["is_local"])
     return Endpoint(ip=ip, port=port, **fields)
 
 
