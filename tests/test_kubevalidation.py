@@ -19,8 +19,16 @@ from svcproxy.frontend.kubevalidation import (
     validate_service,
 )
 from svcproxy.frontend.objects import parse_endpoint_slice, parse_node, parse_service
+from svcproxy.frontend.upstream_objects import service_objects
 from svcproxy.frontend.wire import replace_service, set_node
-from svcproxy.model import ServicePortState
+from svcproxy.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+)
 from tests.hostile import (
     ANY_OBJECT,
     HOSTILE_VALUES,
@@ -234,3 +242,15 @@ def test_any_spoiled_object_is_judged_and_what_passes_parses_and_encodes(obj: An
 def test_any_value_at_all_gets_a_verdict(kind: str, value: Any) -> None:
     verdict = validate(kind, value)
     assert not verdict.ok or isinstance(value, dict)
+
+
+def test_what_an_upstream_frontend_sends_passes_the_same_rules() -> None:
+    key = ServicePortKey("shop", "web", "http", Protocol.TCP)
+    port = ServicePort(key, ServiceType.CLUSTER_IP, ("10.96.0.10",), 80, trigger_time=-1e300)
+    eps = {f"10.1.{i // 250}.{i % 250 + 1}": Endpoint(f"10.1.{i // 250}.{i % 250 + 1}", 8080,
+                                                      node_name="node-a")
+           for i in range(2500)}
+    svc, slices = service_objects([ServicePortState(port, eps)])
+    assert validate("Service", svc).ok, validate("Service", svc).summary()
+    assert len(slices) == 3 and all(validate("EndpointSlice", s).ok for s in slices)
+    assert sum(len(s["endpoints"]) for s in slices) == 2500
