@@ -286,3 +286,40 @@ def test_node_name_check_accepts_exactly_dns1123_subdomains(name: str) -> None:
                      fullmatch=True))
 def test_kubernetes_node_names_are_accepted(name: str) -> None:
     check_node_name("Watch", name)
+
+
+def test_stream_workers_share_the_caps_and_feed_snapshots_by_message(tmp_path) -> None:
+    from svcproxy.frontend.main import FrontendOptions
+    from tests.conftest import RunningFrontend
+    from tests.test_stream_workers import own_connection
+
+    fe = RunningFrontend(FrontendOptions(
+        manifests=copy_examples(tmp_path), listen="127.0.0.1:0", metrics_bind_address="",
+        stream_workers=2, stream_limits=StreamLimits(max_streams_per_peer=3))).start()
+    try:
+        fe.submit(bulk(300, 10))
+        wait_for(lambda: fe.frontend.workers is not None and len(fe.frontend.workers.pids) == 1)
+        target = f"127.0.0.1:{fe.frontend.port}"
+        want = fe.engine.view("node-a").records.keys()
+        admitted, refused, channels, calls = 0, [], [], []
+        for _ in range(8):  # own connections: the kernel spreads them over both processes
+            ch = own_connection(target)
+            channels.append(ch)
+            call = pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name="node-a"))
+            calls.append(call)  # open until the end
+            try:
+                batch = read_batch(call)
+            except grpc.RpcError as err:
+                refused.append(err)
+                continue
+            admitted += 1
+            assert len(batch) >= 3  # a snapshot of several messages
+            got = {op.replace_service.service.key.name for ev in batch for op in ev.ops
+                   if op.HasField("replace_service")}
+            assert got == {k.name for k in want}
+        assert admitted == 3
+        assert {e.code() for e in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        for ch in channels:
+            ch.close()
+    finally:
+        fe.stop()
