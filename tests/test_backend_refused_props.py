@@ -48,7 +48,7 @@ ADVERSARIAL = ['"', "'", ";", "\n", "}", "{", "\\", "#", "a b", "é", "\x00", "-
                '" ; flush ruleset ; "', "*nat\nCOMMIT\n", "x" * 300, "ns/name", "..", "-",
                "\u202e", "\U0001f600", "$(reboot)", "%s", ""]
 BAD_IPS = ["10.0.0.1 } ; flush ruleset", "1.2.3.4\n", "999.1.1.1", "fe80::1%eth0;x", "",
-           "10.0.0.01", "abc", "::ffff:1.2.3.4"]
+           "10.0.0.01", "abc", "fd00::g", "1.2.3.4/32"]
 BAD_PORTS = [-1, 0, 65536, 2**31 - 1]
 
 names = st.one_of(st.sampled_from(ADVERSARIAL), st.text(max_size=300),
@@ -85,7 +85,7 @@ def cases(draw: st.DrawFn, index: int) -> Case:
                       session_affinity=SessionAffinity.CLIENT_IP if affinity
                       else SessionAffinity.NONE,
                       session_affinity_timeout=timeout if affinity or flaw == "timeout" else 0)
-    ep = Endpoint(ep_ip, ep_port, internal=True, external=True)
+    ep = Endpoint(ep_ip, ep_port, internal=True, external=True, cluster=True)
     return Case(key, ServicePortState(svc, {ep_ip: ep}), bool(flaw))
 
 
@@ -95,7 +95,7 @@ def states(draw: st.DrawFn) -> tuple[NodeState, list[Case]]:
     unique = list({c.key: c for c in drawn}.values())
     canary = ServicePortKey("canary", "ok", "http", Protocol.TCP)
     svc = ServicePort(canary, cluster_ips=("10.96.6.1",), port=80, has_endpoints=True)
-    ep = Endpoint("10.244.2.1", 8080, internal=True, external=True)
+    ep = Endpoint("10.244.2.1", 8080, internal=True, external=True, cluster=True)
     unique.append(Case(canary, ServicePortState(svc, {ep.ip: ep}), False))
     node = NodeInfo("node1", pod_cidrs=(draw(st.sampled_from(["10.244.1.0/24", *BAD_IPS])),))
     return NodeState("node1", 1, node, {c.key: c.record for c in unique}), unique
@@ -143,7 +143,7 @@ def test_nft_programs_every_valid_service_whatever_the_names(
     # A delta moving every endpoint to another port loads too (bad ports stay bad).
     moved = {k: ServicePortState(r.service, {
         ip: Endpoint(ip, e.port + 1 if 0 < e.port < 65535 else e.port, internal=True,
-                     external=True) for ip, e in r.endpoints.items()})
+                     external=True, cluster=True) for ip, e in r.endpoints.items()})
         for k, r in state.services.items()}
     after = NodeState("node1", 2, state.node, moved)
     backend.sync(after, Changes(frozenset(moved)))

@@ -66,15 +66,23 @@ STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_ann
 IGNORE_ADDR_GONE = frozenset({99, 2, 3, 19})  # EADDRNOTAVAIL, ENOENT, ESRCH, ENODEV
 
 
+MAX_ROUNDS = 3  # syncs again without the refused service ports at most this many times
+
+
 class SyncError(RuntimeError):
-    """Some kernel requests failed; the message lists them."""
+    """Some kernel requests failed; the message lists them (``failures`` has them all)."""
+
+    def __init__(self, message: str, failures: Iterable[Failure] = ()) -> None:
+        super().__init__(message)
+        self.failures = tuple(failures)
 
 
 def _raise_failures(failures: list[Failure]) -> None:
     if failures:
         shown = "; ".join(str(f) for f in failures[:5])
         more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
-        raise SyncError(f"{len(failures)} IPVS/netlink request(s) failed: {shown}{more}")
+        raise SyncError(f"{len(failures)} IPVS/netlink request(s) failed: {shown}{more}",
+                        failures)
 
 
 def ipv6_enabled() -> bool:
@@ -143,11 +151,41 @@ class IpvsBackend(Backend):
         with self.lock:
             self._setup()
             self.refusals.prune(state.services)
-            if changes.full or self.ctx is None or state.node != self.node:
-                self._full_sync(state, self._context(state), changes.reason)
-            else:
-                self._partial_sync(state, changes.services)
+            full = changes.full or self.ctx is None or state.node != self.node
+            reason = changes.reason
+            for round_ in range(MAX_ROUNDS + 1):
+                try:
+                    if full:
+                        self._full_sync(state, self._context(state), reason)
+                    else:
+                        self._partial_sync(state, changes.services)
+                    break
+                except SyncError as err:
+                    owners = self._owners(err.failures, len(state.services))
+                    if owners is None or round_ == MAX_ROUNDS:
+                        raise
+                    log.warning("ipvs: %s; syncing again without the service ports refused",
+                                err)
+                    for key, error in owners.items():
+                        self.refusals.refuse(key, state.services.get(key), error)
+                    # A full sync re-reads the kernel: what the failed one half-created
+                    # for a refused service port is removed.
+                    full, reason = True, "retry"
             self._reap_now()
+
+    def _owners(self, failures: Iterable[Failure], services: int,
+                ) -> dict[ServicePortKey, str] | None:
+        """The service ports whose virtual servers the failed requests were about, with
+        the kernel's error; None when a failure is nobody's (an address, a route) or
+        when too many fail (the node's fault)."""
+        owners: dict[ServicePortKey, str] = {}
+        for failure in failures:
+            claims = self.desired.claims.get(failure.request.sid) if failure.request.sid else None
+            if not claims:
+                return None
+            for key in claims:
+                owners.setdefault(key, str(failure))
+        return owners if len(owners) <= max(10, services // 10) else None
 
     def _addresses(self) -> list[tuple[int, str]]:
         """(ifindex, address) of every address in the namespace (one raw dump: pyroute2
@@ -194,6 +232,11 @@ class IpvsBackend(Backend):
         if record is None:
             self._valid.pop(key, None)
             return None
+        if self.refusals and self.refusals.holds(key, record):
+            # Refused by the kernel (a valid version): withdrawn; for its values: the
+            # last valid version.
+            before = self._valid.get(key)
+            return None if before is record else before
         if self._valid.get(key) is record:
             return record
         reason = invalid_values(record)

@@ -79,21 +79,21 @@ def diff_servers(
         if want is None:
             if have is not None:
                 delta.changes.append(ipvs_request(f"delete virtual server {sid}",
-                                                  genl.del_service(sid)))
+                                                  genl.del_service(sid), sid))
                 delta.servers[sid] = None
                 delta.dests[sid] = None
                 delta.draining_drop |= {k for k in applied.draining if k[0] == sid}
             continue
         if have is None:
             out = delta.creations
-            out.append(ipvs_request(f"add virtual server {sid}", genl.add_service(want.spec)))
+            out.append(ipvs_request(f"add virtual server {sid}", genl.add_service(want.spec), sid))
             delta.servers[sid] = want.spec
             old: Mapping[DestId, int] = {}
         else:
             out = delta.changes
             if have != want.spec:
                 out.append(ipvs_request(f"update virtual server {sid}",
-                                        genl.set_service(want.spec)))
+                                        genl.set_service(want.spec), sid))
                 delta.servers[sid] = want.spec
             old = applied.dests.get(sid, {})
         _diff_dests(sid, want.dests, old, applied, delta, now + grace, out)
@@ -108,21 +108,21 @@ def _diff_dests(sid: ServiceId, want: frozenset[DestId], old: Mapping[DestId, in
         weight = old.get(dest)
         if weight is None:
             out.append(ipvs_request(f"add real server {dest} to {sid}",
-                                    genl.add_dest(sid, dest, 1)))
+                                    genl.add_dest(sid, dest, 1), sid))
         elif weight != 1:
             out.append(ipvs_request(f"restore real server {dest} of {sid}",
-                                    genl.set_dest(sid, dest, 1)))
+                                    genl.set_dest(sid, dest, 1), sid))
         delta.draining_drop.add((sid, dest))
         new[dest] = 1
     for dest in sorted(set(old) - want):
         if sid.protocol == "UDP":
             out.append(ipvs_request(f"delete real server {dest} of {sid}",
-                                    genl.del_dest(sid, dest)))
+                                    genl.del_dest(sid, dest), sid))
             del new[dest]
             delta.draining_drop.add((sid, dest))
         elif old[dest] != 0:
             out.append(ipvs_request(f"drain real server {dest} of {sid}",
-                                    genl.set_dest(sid, dest, 0)))
+                                    genl.set_dest(sid, dest, 0), sid))
             new[dest] = 0
             delta.draining_add[(sid, dest)] = deadline
         elif (sid, dest) not in applied.draining:

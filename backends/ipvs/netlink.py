@@ -42,6 +42,8 @@ class Request:
     msg_type: int = DEFAULT_TYPE
     flags: int = genl.NLM_F_ACK
     ignore: frozenset[int] = frozenset()
+    # The virtual server the request is about (to tell which service port a failure is).
+    sid: genl.ServiceId | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +55,10 @@ class Failure:
         return f"{self.request.what}: {os.strerror(self.errno)}"
 
 
-def ipvs_request(what: str, built: tuple[int, bytes]) -> Request:
-    """A Request for an IPVS (cmd, attrs) pair from ``genl``."""
-    return Request(what, genl.genl_body(*built))
+def ipvs_request(what: str, built: tuple[int, bytes],
+                 sid: genl.ServiceId | None = None) -> Request:
+    """A Request for an IPVS (cmd, attrs) pair from ``genl``, about virtual server ``sid``."""
+    return Request(what, genl.genl_body(*built), sid=sid)
 
 
 def resolve_family() -> int:
