@@ -35,6 +35,7 @@ from svcproxy.agent.kubeproxy_flags import (
     normalize_argv,
 )
 from svcproxy.agent.kubeproxy_sysctls import set_mode_sysctls
+from svcproxy.agent.local_frontend import LocalFrontend
 
 log = logging.getLogger("svcproxy.kube-proxy")
 
@@ -138,6 +139,7 @@ def backend_for_mode(mode: str) -> str:
 
 # Fields every backend honours; per backend, the sections it reads.
 _HONOURED = {
+    "clientConnection.kubeconfig",  # local mode
     "apiVersion", "kind", "hostnameOverride", "bindAddress", "healthzBindAddress",
     "metricsBindAddress", "mode", "detectLocalMode", "detectLocal.bridgeInterface",
     "detectLocal.interfaceNamePrefix", "clusterCIDR", "nodePortAddresses", "oomScoreAdj",
@@ -350,7 +352,29 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
                 return _fail("--init-only could not set every sysctl (run it privileged)")
             log.info("Initialization done (--init-only) for %s", backend.name)
             return 0
-    return run_agent(backend, node_config, ns)
+    local = local_frontend(config, rest) if not ns.cleanup else None
+    if local is None:
+        return run_agent(backend, node_config, ns)
+    try:
+        ns.api = local.start()
+    except Exception as err:  # noqa: BLE001 - reported as the exit status
+        local.stop()
+        return _fail(f"local mode: cannot watch the apiserver: {err}")
+    try:
+        return run_agent(backend, node_config, ns)
+    finally:
+        local.stop()
+
+
+def local_frontend(config: dict[str, Any], rest: list[str]) -> LocalFrontend | None:
+    """Local mode when no frontend address is given (--api, $SVCPROXY_API) and there is a
+    kubeconfig (clientConnection.kubeconfig, --kubeconfig) or in-cluster credentials."""
+    if any(a == "--api" or a.startswith("--api=") for a in rest) or os.environ.get(API_ENV):
+        return None
+    kubeconfig = config["clientConnection"]["kubeconfig"] or None
+    if kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    return LocalFrontend(kubeconfig)
 
 
 if __name__ == "__main__":

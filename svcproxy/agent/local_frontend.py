@@ -1,0 +1,57 @@
+"""Local mode: the frontend's computation in the backend's own process.
+
+With no frontend address and a kubeconfig (or in-cluster credentials), the backend starts
+svcproxy's real frontend (``svcproxy.frontend.main.Frontend``: the apiserver watch and the
+engine) on an event loop in a thread of its own, serving only a unix socket in a private
+directory, and follows it through the SDK's client exactly as in split mode. One DaemonSet
+then replaces kube-proxy without a frontend Deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class LocalFrontend:
+    """``start()`` returns the target to connect to; ``stop()`` undoes everything."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        self.kubeconfig = kubeconfig
+        self._dir = Path(tempfile.mkdtemp(prefix="svcproxy-local-"))
+        self.target = f"unix://{self._dir / 'api.sock'}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name="svcproxy-local-frontend", daemon=True)
+        self._frontend: Any = None
+
+    def start(self, timeout: float = 60.0) -> str:
+        from svcproxy.frontend.main import Frontend, FrontendOptions
+
+        opts = FrontendOptions(listen=self.target, kubeconfig=self.kubeconfig,
+                               in_cluster=self.kubeconfig is None, metrics_bind_address="")
+        self._thread.start()
+
+        async def start() -> None:
+            self._frontend = Frontend(opts)
+            await self._frontend.start()
+
+        asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout)
+        log.info("Local mode: computing this node's state in process from the apiserver (%s)",
+                 self.kubeconfig or "in-cluster config")
+        return self.target
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            if self._frontend is not None:
+                asyncio.run_coroutine_threadsafe(self._frontend.stop(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        shutil.rmtree(self._dir, ignore_errors=True)
