@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from svcproxy.backends.nft import names
-from svcproxy.backends.nft.apply import NftRunner
+from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.sdk import Changes, NodeState
 from tests.netns.harness import missing_requirements
@@ -162,3 +162,16 @@ def test_refused_update_keeps_the_version_the_kernel_took(netns: str) -> None:
     fresh.sync(new, everything(new))
     assert "10.96.0.9" not in listing(netns) and "10.96.0.3" not in listing(netns)
     assert list(fresh.refusals) == [key("c")]
+
+
+def test_a_flushed_ruleset_is_the_nodes_fault_not_the_services(netns: str) -> None:
+    b = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", netns)), families=(4,))
+    first = three()
+    b.sync(first, everything(first))
+    nft(netns, "flush", "ruleset")  # someone else's doing: our table is gone
+    changed = three(b_endpoint="10.244.1.22")
+    with pytest.raises(NftError):
+        b.sync(changed, Changes(frozenset({key("b")})))
+    assert not b.refusals
+    b.sync(changed, everything(changed, "retry"))  # what the agent does next
+    assert "10.244.1.22" in listing(netns) and not b.refusals

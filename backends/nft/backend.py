@@ -28,8 +28,9 @@ from svcproxy.sdk.refusals import (
 from .apply import NftError, NftRunner, Runner
 from .context import FamilyContext, family_context
 from .culprits import named_in_error
-from .names import TABLE
+from .names import TABLE, lb_chain
 from .service_rules import ServiceRules, render_service
+from .skeleton import MAPS, SETS
 from .table_state import Delta, FamilyTable, build_table, commit, full_text, plan_delta
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,11 @@ class NftBackend(Backend):
         except TooManyRefused:
             self._tables = None
             raise err from None
+        if not accepted and self._check(_probe(tables)) is not None:
+            # Everything refused and our own objects are not what we kept (a flushed
+            # ruleset?): the node's fault; the retry rewrites the tables.
+            self._tables = None
+            raise err
         deltas = deltas_of(accepted)
         try:
             self._apply("".join(d.text for d in deltas.values()), time.perf_counter(),
@@ -352,6 +358,18 @@ class NftBackend(Backend):
         )
         self.runner.apply(text)
         self._tables = None
+
+
+def _probe(tables: Mapping[int, FamilyTable]) -> str:
+    """A transaction (to check, never to apply) that fails unless our tables still hold
+    the sets, maps and shared chains the kept state says they do."""
+    lines = []
+    for table in tables.values():
+        ref = f"{table.ctx.ipx} {table.ctx.table}"
+        lines += [f"flush set {ref} {name}" for name in SETS]
+        lines += [f"flush map {ref} {name}" for name in MAPS]
+        lines += [f"flush chain {ref} {lb_chain(n)}" for n in sorted(table.lb_sizes)]
+    return "\n".join(lines) + "\n"
 
 
 def _key(item: Item) -> ServicePortKey:
