@@ -280,6 +280,9 @@ class _Checker:
                 self.err(f"{where}.{k}", "malformed", f"must be a string, not {_shown(val)}")
                 continue
             size += len(k) + len(val)
+            if not val.isascii() and not _is_utf8(val):
+                self.err(f"{where}.{k}", "malformed", "is not valid UTF-8 text")
+                continue
             if values is not None and (len(val) > 63 or not (val == "" or values.fullmatch(val))):
                 self.err(f"{where}.{k}", "invalid_value", f"{_shown(val)} is not a valid "
                          "label value (at most 63 letters, digits, '-', '_' or '.')")
@@ -314,6 +317,14 @@ def _matches(pattern: re.Pattern[str], text: str) -> bool:
             _MATCHED.clear()
         hit = _MATCHED[key] = pattern.fullmatch(text) is not None
     return hit
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -106,6 +106,7 @@ REFUSED_SERVICES = [
     ("metadata.labels", {"app": 5}, "malformed"),
     ("metadata.labels", {"app": "a b"}, "invalid_value"),
     ("metadata.annotations", {"svcproxy.io/x": ["y"]}, "malformed"),
+    ("metadata.annotations", {"svcproxy.io/x": "\ud800"}, "malformed"),  # YAML "\ud800"
     ("status.loadBalancer.ingress", [{"ip": "nope"}], "invalid_ip"),
     ("status.loadBalancer.ingress", [{"ip": "192.0.2.1", "ipMode": "Tunnel"}], "invalid_value"),
 ]
