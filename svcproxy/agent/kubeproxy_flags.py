@@ -235,6 +235,13 @@ class _Merge(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+_METAVARS: dict[Callable[[str], Any], str] = {
+    go_duration: "DURATION", int32: "INT", float32: "FLOAT", string_list: "LIST",
+    ip_address: "IP", ip_port: "IP:PORT", feature_gates: "NAME=BOOL,...",
+    vmodule: "PATTERN=N,...", go_bool: "BOOL",
+}
+
+
 def add_kube_proxy_flags(parser: argparse.ArgumentParser) -> None:
     """Every flag of FLAGS; none has a default, so only given flags are set."""
     group = parser.add_argument_group("kube-proxy's flags (same names, meanings and syntax)")
@@ -244,7 +251,7 @@ def add_kube_proxy_flags(parser: argparse.ArgumentParser) -> None:
         if flag.parse is None:
             kw.update(nargs="?", const=True, type=go_bool, metavar="BOOL")
         else:
-            kw.update(type=flag.parse, metavar=flag.name.split("-")[-1].upper())
+            kw.update(type=flag.parse, metavar=_METAVARS.get(flag.parse, "STRING"))
             if flag.repeat:
                 kw["action"] = _Merge
         group.add_argument(*names, **kw)
