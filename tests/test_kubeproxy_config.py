@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from svcproxy.agent.kubeproxy_cli import (
     backend_namespace,
@@ -274,3 +276,32 @@ def test_kube_proxy_daemonset_arguments_run_unchanged(tmp_path: Path) -> None:
         _stop(backend)
         _stop(frontend)
     assert backend.returncode == 0
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40),
+                     st.floats(allow_nan=False), st.text(max_size=12))
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=8)
+_fields = st.sampled_from(["mode", "iptables", "ipvs", "conntrack", "logging", "featureGates",
+                           "nodePortAddresses", "oomScoreAdj", "clientConnection", "detectLocal",
+                           "bindAddress", "healthzBindAddress", "nope"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_fields, _values, max_size=5))
+def test_hostile_files_are_refused_cleanly(fields: dict) -> None:
+    """Whatever the file holds, it loads or is refused with ConfigError (never a crash)."""
+    base = {"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration"}
+    try:
+        config = load_config(yaml.safe_dump({**base, **fields}))
+    except ConfigError as err:
+        assert str(err)
+    else:
+        assert load_config(encode_config(config)) == config
+
+
+def test_cleanup_through_kube_proxy_flags() -> None:
+    proc = subprocess.run([*SVCPROXY, "backend", "--proxy-mode=dump", "--cleanup"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
