@@ -19,6 +19,7 @@ from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.limits import Refused
 from svcproxy.frontend.validation import check_node_name, invalid
 from svcproxy.frontend.wire import _varint
+from svcproxy.model import ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb
 
 # A page's budget: under gRPC's default 4 MiB receive limit, with room to spare.
@@ -45,6 +46,11 @@ def _unwrap(op: bytes) -> memoryview:
     while op[pos] & 0x80:
         pos += 1
     return memoryview(op)[pos + 1:]
+
+
+def _order(key: ServicePortKey) -> tuple[str, str, str, str]:
+    """Sort order of service ports (a tuple compares ~5x faster than the dataclass)."""
+    return key.namespace, key.name, key.port_name, key.protocol.value
 
 
 def encode_token(revision: int, offset: int) -> str:
@@ -119,9 +125,9 @@ class NodeStatePages:
         engine = self.engine
         view = engine.view(name)
         try:
-            keys = sorted(k for k in view.records
-                          if (not namespace or k.namespace == namespace)
-                          and (not service or k.name == service))
+            keys = sorted((k for k in view.records
+                           if (not namespace or k.namespace == namespace)
+                           and (not service or k.name == service)), key=_order)
             services = [_unwrap(engine.service_op(view.records[k])) for k in keys]
             node = node_to_pb(view.node).SerializeToString() if view.node else b""
             return Listing(revision, node, services)
