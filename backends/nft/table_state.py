@@ -23,6 +23,9 @@ from .service_rules import ServiceRules
 from .skeleton import MAPS, SETS, chain_block, lb_declarations, render_skeleton
 
 ElementId = tuple[str, str]  # (container, key)
+# nft splits a long element list over several netlink messages, and then points an
+# error at the wrong element of the line: lines this short keep its location exact.
+ELEMENTS_PER_LINE = 500
 Applied = tuple[str, ServicePortKey]  # (value, owner)
 
 
@@ -72,7 +75,9 @@ def _element_lines(
             items = by_container[container] = []
         items.append(f"{key} : {value}" if value and add else key)
     head = f"{verb} element {ctx.ipx} {ctx.table}"
-    return [f"{head} {c} {{ {', '.join(items)} }}" for c, items in by_container.items()]
+    return [f"{head} {c} {{ {', '.join(items[i:i + ELEMENTS_PER_LINE])} }}"
+            for c, items in by_container.items()
+            for i in range(0, len(items), ELEMENTS_PER_LINE)]
 
 
 def _table_block(ctx: FamilyContext, parts: Iterable[str]) -> str:

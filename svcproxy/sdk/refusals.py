@@ -143,7 +143,7 @@ K = TypeVar("K")
 R = TypeVar("R")
 
 
-MAX_NAMED = 8  # rounds of dropping the keys an error names before bisecting
+MAX_NAMED = 4  # rounds of dropping the keys an error names before bisecting
 
 
 def isolate_versions(
@@ -155,33 +155,40 @@ def isolate_versions(
 
     ``accepts(items)`` tries exactly ``items`` and returns the error or None. When
     ``named(error)`` says which keys the error of the last try points at (a line of the
-    transaction), those are dropped first (a few rounds, one try each); what still
-    fails is bisected. Each refused key then gets its ``previous`` version back if the
+    transaction), those are set aside first (a few rounds, one try each, while the
+    error moves); what still fails is bisected; then the keys set aside are tried again
+    on top of what was accepted (a tool's pointer may be wrong: nothing is refused on
+    its word alone). Each refused key then gets its ``previous`` version back if the
     dataplane takes that. Returns (key -> version accepted, key -> error for every key
     whose version in ``records`` was refused). Raises TooManyRefused when more than a
     tenth of the records (and more than 10) fail: then the fault is the node's.
     """
     limit = max(10, len(records) // 10)
     remaining = dict(records)
-    refused: dict[K, str] = {}
+    aside: dict[K, str] = {}
     failed: str | None = error
     for _ in range(MAX_NAMED if named is not None else 0):
         keys = [k for k in dict.fromkeys(named(failed)) if k in remaining] if named else []
-        if not keys:
+        if not keys or len(aside) + len(keys) > limit:
             break
         for key in keys:
-            refused[key] = failed
+            aside[key] = failed
             del remaining[key]
-        if len(refused) > limit:
-            raise TooManyRefused(failed)
-        failed = accepts(sorted(remaining.items(), key=_first))
-        if failed is None:
+        before, failed = failed, accepts(sorted(remaining.items(), key=_first))
+        if failed is None or failed == before:
             break
     accepted: list[tuple[K, R]] = sorted(remaining.items(), key=_first)
+    refused: dict[K, str] = {}
     if failed is not None:
-        accepted, more = isolate(accepted, lambda a, g: accepts(a + g), failed,
-                                 limit - len(refused))
+        accepted, more = isolate(accepted, lambda a, g: accepts(a + g), failed, limit)
         refused.update((k, err) for (k, _), err in more)
+    if aside:
+        base = list(accepted)
+        again, guilty = isolate(sorted(((k, records[k]) for k in aside), key=_first),
+                                lambda a, g: accepts(base + a + g), None,
+                                limit - len(refused))
+        accepted += again
+        refused.update((k, aside[k]) for (k, _), _err in guilty)
     older = [(k, old) for k in sorted(refused)  # type: ignore[type-var]
              if (old := previous.get(k)) is not None and old is not records.get(k)]
     if older:
