@@ -52,7 +52,7 @@ def _ip(n: int, first: int) -> str:
 
 
 def endpoint(n: int) -> Endpoint:
-    return Endpoint(_ip(n, 10), 8080, internal=True, external=True)
+    return Endpoint(_ip(n, 10), 8080, internal=True, external=True, cluster=True)
 
 
 def make_service(i: int, endpoints: int, offset: int = 0) -> ServicePortState:

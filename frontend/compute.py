@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from svcproxy.frontend.objects import EndpointSlice, Service, SvcPort
-from svcproxy.frontend.selection import categorize
+from svcproxy.frontend.selection import categorize_by_family
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 
@@ -136,7 +136,7 @@ def node_records(base: ServiceBase, node_name: str, zone: str,
         key = port.service.key
         mine = [e if not (node_name and e.node_name == node_name) else _marked(e, True)
                 for e in port.endpoints]
-        sel = categorize(port.service, mine, node_name, zone)
+        sel = categorize_by_family(port.service, mine, node_name, zone)
         eps = {}
         for e in mine:
             vkey = (key, e.ip, e.is_local, e.ip in sel.internal, e.ip in sel.external,

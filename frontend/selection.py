@@ -95,3 +95,17 @@ def categorize(service: ServicePort, endpoints: Sequence[Endpoint], node_name: s
     has_any = any(e.ready or (e.serving and e.terminating) for e in endpoints)
     return Selection(frozenset(internal), frozenset(external), has_any, frozenset(cluster),
                      frozenset(local))
+
+
+def categorize_by_family(service: ServicePort, endpoints: Sequence[Endpoint], node_name: str,
+                         zone: str) -> Selection:
+    """``categorize`` per IP family, united: each family's proxier in kube-proxy sees only
+    its own endpoints, so topology and the terminating fallback are decided per family."""
+    v6 = [e for e in endpoints if ":" in e.ip]
+    if not v6 or len(v6) == len(endpoints):
+        return categorize(service, endpoints, node_name, zone)
+    a = categorize(service, [e for e in endpoints if ":" not in e.ip], node_name, zone)
+    b = categorize(service, v6, node_name, zone)
+    return Selection(a.internal | b.internal, a.external | b.external,
+                     a.has_endpoints or b.has_endpoints, a.cluster | b.cluster,
+                     a.local | b.local)

@@ -44,7 +44,8 @@ def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
 
 
 def node_state(revision: int, endpoints: int, terminating: bool = False) -> NodeState:
-    eps = {f"10.1.0.{i + 1}": Endpoint(f"10.1.0.{i + 1}", 8080, internal=True, external=True)
+    eps = {f"10.1.0.{i + 1}": Endpoint(f"10.1.0.{i + 1}", 8080, internal=True, external=True,
+                                       cluster=True)
            for i in range(endpoints)}
     web = ServicePortState(ServicePort(KEY, cluster_ips=("10.96.0.1",), port=80,
                                        has_endpoints=bool(eps)), eps)

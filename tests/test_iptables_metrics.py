@@ -69,7 +69,7 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[NodeAgent]:
 
 def state(revision: int, *ips: str) -> NodeState:
     port = ServicePort(KEY, cluster_ips=("172.30.0.1",), port=80, has_endpoints=bool(ips))
-    eps = {ip: Endpoint(ip, 8080, internal=True, external=True) for ip in ips}
+    eps = {ip: Endpoint(ip, 8080, internal=True, external=True, cluster=True) for ip in ips}
     return NodeState("node-a", revision, None, {KEY: ServicePortState(port, eps)})
 
 

@@ -213,7 +213,7 @@ def service(name: str, ip: str, pods: tuple[str, ...], *, port: int = 80, target
     for pod in pods:
         for address in PODS[pod][: 2 if ip6 else 1]:
             eps[address] = Endpoint(address, target, is_local=True, internal=True,
-                                    external=True)
+                                    external=True, cluster=True, local=True)
     return ServicePortState(svc, eps)
 
 

@@ -18,7 +18,7 @@ CFG = FamilyConfig(if_local="-s 10.0.0.0/8", if_not_local="! -s 10.0.0.0/8")
 def svc(i: int, *eps: str) -> ServicePortState:
     key = ServicePortKey("ns", f"svc{i}", "http", Protocol.TCP)
     port = ServicePort(key, cluster_ips=(f"172.30.0.{i}",), port=80, has_endpoints=bool(eps))
-    return ServicePortState(port, {ip: Endpoint(ip, 8080, internal=True, external=True)
+    return ServicePortState(port, {ip: Endpoint(ip, 8080, internal=True, external=True, cluster=True)
                                    for ip in eps})
 
 

@@ -50,7 +50,7 @@ def run(ns: str, *args: str) -> str:
 
 def record(name: str, cip: str, *pods: str) -> ServicePortState:
     svc = ServicePort(key(name), cluster_ips=(cip,), port=80, has_endpoints=bool(pods))
-    eps = {ip: Endpoint(ip, 8080, internal=True, external=True) for ip in pods}
+    eps = {ip: Endpoint(ip, 8080, internal=True, external=True, cluster=True) for ip in pods}
     return ServicePortState(svc, eps)
 
 

@@ -107,7 +107,8 @@ SEED_CONFIG = FamilyConfig(if_local="-s 10.0.0.0/8", if_not_local="! -s 10.0.0.0
 
 
 def endpoints(*ips: str, port: int = 80, **flags: bool) -> dict[str, Endpoint]:
-    chosen = {"internal": True, "external": True} | flags
+    chosen = {"internal": True, "external": True, "cluster": True} | flags
+    chosen.setdefault("local", chosen.get("is_local", False))
     return {ip: Endpoint(ip, port, **chosen) for ip in ips}
 
 

@@ -178,3 +178,15 @@ def test_whole_categorisation_on_the_wire() -> None:
         msg.endpoints[0].cluster = not msg.endpoints[0].cluster
         msg.service.has_local_endpoints = not msg.service.has_local_endpoints
         assert convert.record_term(msg) != term
+
+
+def test_each_family_is_categorised_on_its_own() -> None:
+    """IPv4 has only a terminating endpoint, IPv6 a ready one: each family keeps its own
+    (kube-proxy runs one proxier per family), rather than IPv4 losing its only one."""
+    from svcproxy.frontend.selection import categorize_by_family
+
+    svc = ServicePort(KEY, type=ServiceType.CLUSTER_IP)
+    eps = [ep("10.0.0.1", ready=False, serving=True, term=True), ep("fd00::1")]
+    assert categorize(svc, eps, "me", "a").cluster == {"fd00::1"}
+    both = categorize_by_family(svc, eps, "me", "a")
+    assert both.cluster == both.internal == {"10.0.0.1", "fd00::1"}

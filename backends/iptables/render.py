@@ -70,33 +70,17 @@ class _Selection:
     externally_accessible: bool
 
 
-def _usable(endpoint: Endpoint) -> bool:
-    return endpoint.ready or (endpoint.serving and endpoint.terminating)
-
-
-def _cluster_fallback(endpoints: list[Endpoint]) -> list[Endpoint]:
-    """Cluster endpoints when the frontend did not select them (ITP and ETP both Local)."""
-    ready = [e for e in endpoints if e.ready]
-    return ready or [e for e in endpoints if e.serving and e.terminating]
-
-
 def _select(state: ServicePortState, family: int, external_ips: list[str],
             lb_ips: list[str]) -> _Selection:
     svc = state.service
     mine = [e for _, e in sorted(state.endpoints.items()) if ip_family(e.ip) == family]
-    internal = [e for e in mine if e.internal]
-    external = [e for e in mine if e.external]
     accessible = bool(svc.node_port or external_ips or lb_ips)
     internal_local = svc.internal_policy_local
     external_local = accessible and svc.external_traffic_policy.value == "Local"
-    if not internal_local:
-        cluster = internal
-    elif accessible and not external_local:
-        cluster = external
-    else:
-        cluster = _cluster_fallback(mine)
-    local = internal if internal_local else external
-    has = svc.has_endpoints and any(_usable(e) for e in mine)
+    # The frontend's categorisation, as sent: the cluster-wide and the local set.
+    cluster = [e for e in mine if e.cluster]
+    local = [e for e in mine if e.local]
+    has = svc.has_endpoints and bool(cluster or local)
     return _Selection(
         cluster=cluster, local=local,
         uses_cluster=bool(cluster) and (not internal_local or accessible),
