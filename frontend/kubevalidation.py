@@ -101,41 +101,38 @@ class _TooBig(Exception):
 
 
 def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Problem | None:
-    """Why ``obj`` is too large or deep (expanded, as YAML aliases would be), or None."""
-    memo: dict[int, tuple[int, int]] = {}
-    max_bytes, max_depth = limits.max_object_bytes, limits.max_depth
+    """Why ``obj`` is too large or deep (expanded, as YAML aliases would be), or None.
 
-    def walk(value: dict[Any, Any] | list[Any], depth: int) -> tuple[int, int]:
+    Each visit of a container spends its own size from one budget, so a value shared
+    many times (YAML aliases) is paid for each time and the walk stops within the budget.
+    """
+    budget = [limits.max_object_bytes]
+    max_depth = limits.max_depth
+
+    def walk(value: dict[Any, Any] | list[Any], depth: int) -> None:
         if depth > max_depth:
             raise _TooBig(_DEEP(max_depth))
-        size, height = 2, 0
+        spent = 2
         if isinstance(value, dict):
             try:
-                size += sum(map(len, value)) + 3 * len(value)
-            except TypeError:  # a key that is not text (YAML allows numbers, lists...)
-                size += sum(len(k) + 3 if type(k) is str else 8 for k in value)
+                spent += sum(map(len, value)) + 3 * len(value)
+            except TypeError:  # a key that is not text (YAML allows numbers...)
+                spent += sum(len(k) + 3 if type(k) is str else 8 for k in value)
             children: Any = value.values()
         else:
             children = value
         for child in children:
             if type(child) is str:
-                size += len(child) + 2
+                spent += len(child) + 2
             elif isinstance(child, dict | list):
-                hit = memo.get(id(child))
-                if hit is None:
-                    hit = memo[id(child)] = walk(child, depth + 1)
-                elif depth + 1 + hit[1] > max_depth:
-                    raise _TooBig(_DEEP(max_depth))
-                size += hit[0]
-                if hit[1] >= height:
-                    height = hit[1] + 1
+                walk(child, depth + 1)
             else:
-                size += len(child) if isinstance(child, bytes) else 8
-        if size > max_bytes:
-            raise _TooBig(Problem("", "too_large", f"larger than {max_bytes} bytes once "
-                                  "expanded (--max-object-bytes; YAML aliases count each "
-                                  "time they are used)"))
-        return size, height
+                spent += len(child) if isinstance(child, bytes) else 8
+        budget[0] -= spent
+        if budget[0] < 0:
+            raise _TooBig(Problem("", "too_large", f"larger than {limits.max_object_bytes} "
+                                  "bytes once expanded (--max-object-bytes; YAML aliases "
+                                  "count each time they are used)"))
 
     try:
         if isinstance(obj, dict | list):
@@ -245,28 +242,37 @@ class _Checker:
             return ""
         return value
 
-    def ip(self, value: Any, where: str, forbid: Callable[[Any], str | None] | None = None,
-           family: int = 0) -> int:
-        """The family of a valid IP (0 when refused)."""
+    def ip(self, value: Any, where: str, forbid: str = "", family: int = 0) -> int:
+        """The family of a valid IP (0 when refused); ``forbid``: "endpoint" refuses what
+        Kubernetes refuses for endpoints and external IPs, "cluster" also what no service
+        CIDR holds."""
         text = self.string(value, where, required=True)
         if not text:
             return 0
-        addr = parse_ip(text)
-        if addr is None:
-            self.err(where, "invalid_ip", f"{_shown(text)} is not an IP address")
-            return 0
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            self.err(where, "invalid_ip", f"{text} is an IPv4-mapped IPv6 address; write "
-                     "the IPv4 address")
-            return 0
-        if family and addr.version != family:
+        v4 = _ipv4(text) if ":" not in text else None
+        if v4 is not None:
+            version = 4
+            why = (_ipv4_problem(v4) or (_ipv4_cluster_problem(v4) if forbid == "cluster"
+                                         else None)) if forbid else None
+        else:
+            addr = parse_ip(text)
+            if addr is None:
+                self.err(where, "invalid_ip", f"{_shown(text)} is not an IP address")
+                return 0
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                self.err(where, "invalid_ip", f"{text} is an IPv4-mapped IPv6 address; write "
+                         "the IPv4 address")
+                return 0
+            version = addr.version
+            why = ({"endpoint": endpoint_ip_problem, "cluster": cluster_ip_problem}[forbid](addr)
+                   if forbid else None)
+        if family and version != family:
             self.err(where, "ip_family", f"{text} is not an IPv{family} address")
             return 0
-        why = forbid(addr) if forbid else None
         if why:
             self.err(where, "forbidden_ip", f"{text} {why}")
             return 0
-        return addr.version
+        return version
 
     def meta_map(self, value: Any, where: str, values: re.Pattern[str] | None) -> dict[str, str]:
         """Labels (``values`` set) or annotations: qualified-name keys, string values."""
@@ -327,18 +333,26 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})", re.ASCII)
+
+
+def _ipv4(text: str) -> int | None:
+    """An IPv4 address as an integer (octets may have leading zeros, as Kubernetes
+    allows); None if ``text`` is not one."""
+    m = _IPV4.fullmatch(text)
+    if m is None:
+        return None
+    a, b, c, d = map(int, m.groups())
+    if a > 255 or b > 255 or c > 255 or d > 255:
+        return None
+    return a << 24 | b << 16 | c << 8 | d
+
+
 def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """An IP as Kubernetes parses it (IPv4 octets may have leading zeros); None if invalid."""
     if ":" not in text:
-        parts = text.split(".")
-        if len(parts) != 4:
-            return None
-        value = 0
-        for part in parts:
-            if not (part.isascii() and part.isdigit() and len(part) <= 3) or int(part) > 255:
-                return None
-            value = value << 8 | int(part)
-        return ipaddress.IPv4Address(value)
+        v4 = _ipv4(text)
+        return None if v4 is None else ipaddress.IPv4Address(v4)
     try:
         return ipaddress.ip_address(text)
     except ValueError:
@@ -372,8 +386,7 @@ def endpoint_ip_problem(addr: Any) -> str | None:
         return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
     if addr.is_link_local:
         return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
-    if (addr in _LINK_LOCAL_MULTICAST4 if addr.version == 4
-            else addr.packed[0] == 0xFF and addr.packed[1] & 0x0F == 0x02):
+    if addr.packed[0] == 0xFF and addr.packed[1] & 0x0F == 0x02:
         return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
     return None
 
@@ -390,8 +403,12 @@ def _ipv4_problem(n: int) -> str | None:
     return None
 
 
-_LINK_LOCAL_MULTICAST4 = ipaddress.ip_network("224.0.0.0/24")
-_BROADCAST4 = ipaddress.ip_address("255.255.255.255")
+def _ipv4_cluster_problem(n: int) -> str | None:
+    if n >> 28 == 0xE:
+        return "may not be a multicast address"
+    if n == 0xFFFFFFFF:
+        return "may not be the broadcast address"
+    return None
 
 
 def cluster_ip_problem(addr: Any) -> str | None:
@@ -399,11 +416,9 @@ def cluster_ip_problem(addr: Any) -> str | None:
     why = endpoint_ip_problem(addr)
     if why:
         return why
-    if addr.is_multicast:
-        return "may not be a multicast address"
-    if addr == _BROADCAST4:
-        return "may not be the broadcast address"
-    return None
+    if addr.version == 4:
+        return _ipv4_cluster_problem(int(addr))
+    return "may not be a multicast address" if addr.is_multicast else None
 
 
 def trigger_time_problem(value: Any) -> str | None:
@@ -431,7 +446,7 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
     headless = _cluster_ips(c, spec, stype)
     _service_ports(c, spec, stype, headless)
     for i, ip in enumerate(c.items(spec.get("externalIPs"), "spec.externalIPs")):
-        c.ip(ip, f"spec.externalIPs[{i}]", endpoint_ip_problem)
+        c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")
     _affinity(c, spec)
     c.enum(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
     c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
@@ -460,7 +475,7 @@ def _object(c: _Checker, obj: Any, limits: ObjectLimits) -> bool:
 def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
     """Checks clusterIP/clusterIPs; True for a headless service."""
     single = c.string(spec.get("clusterIP"), "spec.clusterIP")
-    single_family = c.ip(single, "spec.clusterIP", cluster_ip_problem) \
+    single_family = c.ip(single, "spec.clusterIP", "cluster") \
         if single and single != "None" else 0
     ips = c.items(spec.get("clusterIPs"), "spec.clusterIPs", limit=2)
     values = ips or ([single] if single else [])
@@ -470,7 +485,7 @@ def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
         if stype in ("NodePort", "LoadBalancer"):
             c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
         return True
-    families = [c.ip(ip, f"spec.clusterIPs[{i}]", cluster_ip_problem) if ip != single
+    families = [c.ip(ip, f"spec.clusterIPs[{i}]", "cluster") if ip != single
                 else single_family for i, ip in enumerate(ips)]
     if len(families) == 2 and families[0] and families[0] == families[1]:
         c.err("spec.clusterIPs", "ip_family", "two cluster IPs must be of different families")
@@ -603,7 +618,7 @@ def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) ->
         c.err(f"{where}.addresses", "malformed", "must hold at least one address")
     for j, address in enumerate(addresses):
         if address_type in ("IPv4", "IPv6"):
-            c.ip(address, f"{where}.addresses[{j}]", endpoint_ip_problem, int(address_type[-1]))
+            c.ip(address, f"{where}.addresses[{j}]", "endpoint", int(address_type[-1]))
         elif address_type == "FQDN" and (not isinstance(address, str)
                                          or not DNS1123_SUBDOMAIN.fullmatch(address)):
             c.err(f"{where}.addresses[{j}]", "invalid_name", f"{_shown(address)} is not a "
@@ -616,7 +631,7 @@ def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) ->
     if ep.get("hostname") not in (None, ""):
         c.label(ep.get("hostname"), f"{where}.hostname")
     zone = c.string(ep.get("zone"), f"{where}.zone")
-    if zone and (len(zone) > 63 or not _QUALIFIED.fullmatch(zone)):
+    if zone and (len(zone) > 63 or not _matches(_QUALIFIED, zone)):
         c.err(f"{where}.zone", "invalid_value", f"{_shown(zone)} is not a valid label value")
     if ep.get("hints") is None:
         return

@@ -317,6 +317,8 @@ def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> E
     for i, p in enumerate(_list(obj.get("ports"), "ports")):
         where = f"ports[{i}]"
         p = _dict(p, where)
+        if p.get("port") is None:
+            continue  # "all ports": nothing a service port can be resolved to (as kube-proxy)
         ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
                                _port(p.get("port"), where)))
     endpoints = () if address_type == "FQDN" else tuple(
