@@ -340,3 +340,21 @@ def test_edit_latency_is_milliseconds(tmp_path: Path, writer: str) -> None:
     finally:
         source.stop()
     assert sorted(delays)[5] < 0.1, f"median edit latency {sorted(delays)[5] * 1e3:.1f} ms"
+
+
+def test_limit_flags_reach_the_options_and_bad_values_say_what_to_do() -> None:
+    from svcproxy.cli import _with_object_limits, build_parser
+    from svcproxy.frontend.main import FrontendOptions
+
+    args = build_parser().parse_args([
+        "frontend", "--manifests", "/tmp", "--max-object-bytes", "1000",
+        "--max-object-depth", "9", "--max-name-length", "40",
+        "--manifest-max-file-bytes", "2000", "--manifest-max-alias-expansion", "7"])
+    opts = _with_object_limits(FrontendOptions(), args)
+    assert (opts.object_limits.max_object_bytes, opts.object_limits.max_depth,
+            opts.object_limits.max_name_length) == (1000, 9, 40)
+    assert (opts.manifest_limits.max_file_bytes, opts.manifest_limits.max_alias_expansion,
+            opts.manifest_limits.max_depth) == (2000, 7, 9)
+    bad = build_parser().parse_args(["frontend", "--max-object-depth", "0"])
+    with pytest.raises(SystemExit, match="--max-object-depth 1-500"):
+        _with_object_limits(FrontendOptions(), bad)
