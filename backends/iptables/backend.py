@@ -65,8 +65,6 @@ class SyncReport:
 
 
 Records = dict[ServicePortKey, ServicePortState]
-# A culprit named by iptables-restore's error line is tried this many times before bisecting.
-MAX_NAMED = 8
 
 
 @dataclass(slots=True)
@@ -176,7 +174,7 @@ class IptablesBackend(Backend):
         fam.planner.reconfigure(self.family_config(family, state))
         why_full = self._wants_full(family, fam, changes)
         services = self._wanted(fam, state)
-        plan, text, why_full = self._apply(family, fam, services, changes, why_full)
+        plan, text, why_full = self._apply(family, fam, state, services, changes, why_full)
         fam.planner.commit(plan)
         fam.accepted = {k: f[0] for k, f in plan.fragments.items()}
         self._settle(state, fam.accepted)
@@ -215,8 +213,8 @@ class IptablesBackend(Backend):
             if record is not None and applied.get(key) is record:
                 self.refusals.clear(key)
 
-    def _apply(self, family: int, fam: _Family, services: Records, changes: Changes,
-               why_full: str) -> tuple[Plan, str, str]:
+    def _apply(self, family: int, fam: _Family, state: NodeState, services: Records,
+               changes: Changes, why_full: str) -> tuple[Plan, str, str]:
         """Plan and restore; a failed partial restore is retried at once as a full one,
         a failed full one looks for the service ports refused and applies the others."""
         if not why_full:
@@ -229,14 +227,15 @@ class IptablesBackend(Backend):
             except IptablesError as err:
                 self.metrics.restore_failed(partial=True)
                 log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
-                return self._apply(family, fam, services, changes, "partial sync failed")
+                return self._apply(family, fam, state, services, changes,
+                                   "partial sync failed")
             return plan, text, why_full
         plan, text, error = self._try_full(fam, services)
         if error is not None:  # once more, as it was: a transient failure is nobody's fault
             log.warning("IPv%d full sync failed (%s); trying once more", family, error)
             plan, text, error = self._try_full(fam, services)
         if error is not None:
-            plan, text = self._isolate(family, fam, services, plan, text, error)
+            plan, text = self._isolate(family, fam, state, services, plan, text, error)
         return plan, text, why_full
 
     def _try_full(self, fam: _Family, services: Records) -> tuple[Plan, str, str | None]:
@@ -252,45 +251,35 @@ class IptablesBackend(Backend):
             return plan, text, str(err)
         return plan, text, None
 
-    def _isolate(self, family: int, fam: _Family, services: Records, plan: Plan, text: str,
-                 error: str) -> tuple[Plan, str]:
-        """After a refused full restore: drop the service ports iptables-restore names
-        in its error (a few times), else bisect with full restores; apply the others.
-        Raises IptablesError when the fault is the node's (too many refused)."""
+    def _isolate(self, family: int, fam: _Family, state: NodeState, services: Records,
+                 plan: Plan, text: str, error: str) -> tuple[Plan, str]:
+        """After a refused full restore: set aside the service ports iptables-restore names
+        in its error, bisect what still fails (full restores each time), try the ones set
+        aside again; apply the others. Raises IptablesError when the fault is the node's
+        (too many refused)."""
         log.warning("IPv%d full sync failed (%s); looking for the service ports refused",
                     family, error)
-        refused: dict[ServicePortKey, str] = {}
-        remaining = dict(services)
-        for _ in range(MAX_NAMED):
-            named = [k for k in _named_in_error(plan, text, error) if k in remaining]
-            if not named:
-                break
-            for key in named:
-                refused[key] = error
-                del remaining[key]
-            plan, text, failed = self._try_full(fam, remaining)
-            if failed is None:
-                self._record_refused(fam, services, refused)
-                return plan, text
-            error = failed
+        last = [(plan, text)]
+
+        def accepts(items: list[tuple[ServicePortKey, ServicePortState]]) -> str | None:
+            tried, tried_text, failed = self._try_full(fam, dict(items))
+            last[0] = (tried, tried_text)
+            return failed
+
+        def named(failed: str) -> list[ServicePortKey]:
+            return _named_in_error(*last[0], failed)
+
         try:
-            accepted, more = isolate_versions(
-                remaining, fam.accepted, lambda items: self._try_full(fam, dict(items))[2],
-                error)
-        except TooManyRefused:
-            raise IptablesError(error) from None
-        refused.update(more)
+            accepted, refused = isolate_versions(services, fam.accepted, accepts, error, named)
+        except TooManyRefused as err:
+            raise IptablesError(str(err)) from None
         # A failed try may have committed one table of two: write the result once more.
         plan, text, failed = self._try_full(fam, accepted)
         if failed is not None:
             raise IptablesError(failed)
-        self._record_refused(fam, services, refused)
+        for key, why in refused.items():
+            self.refusals.refuse(key, state.services.get(key), why)
         return plan, text
-
-    def _record_refused(self, fam: _Family, services: Records,
-                        refused: dict[ServicePortKey, str]) -> None:
-        for key, error in refused.items():
-            self.refusals.refuse(key, services.get(key), error)
 
     def _all_chains(self, plan: Plan, existing: dict[str, int],
                     present: dict[str, frozenset[str]] | None) -> dict[str, AllChains] | None:
