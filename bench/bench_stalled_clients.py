@@ -35,7 +35,7 @@ import grpc
 
 from svcproxy.frontend import engine as engine_module
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.limits import StreamLimits
+from svcproxy.frontend.limits import MESSAGE_BYTES, StreamLimits
 from svcproxy.frontend.server import NodeStateServicer, start_server
 from svcproxy.frontend.wire import chunk_events
 from svcproxy.v1 import nodestate_pb2 as pb
@@ -163,7 +163,7 @@ async def run(args: argparse.Namespace) -> None:
     uproc.start()
     print(f"{args.streams} streams over {min(args.connections, args.streams)} connections; "
           f"{args.unary} GetNodeState calls per phase", flush=True)
-    report("bounded (encoded as written, 64 KiB messages)",
+    report(f"bounded (encoded as written, {MESSAGE_BYTES >> 10} KiB messages)",
            *await measure(args, target, unary, nodes))
     if args.compare:
         eager_snapshots()

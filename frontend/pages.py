@@ -24,7 +24,7 @@ from svcproxy.v1 import nodestate_pb2 as pb
 
 # A page's budget: under gRPC's default 4 MiB receive limit, with room to spare.
 PAGE_BYTES = 3 << 20
-KEPT_LISTINGS = 16
+KEPT_LISTINGS = 128
 ListingKey = tuple[str, int, str, str]  # node, revision, namespace, service
 
 
@@ -32,7 +32,9 @@ ListingKey = tuple[str, int, str, str]  # node, revision, namespace, service
 class Listing:
     revision: int
     node: bytes  # serialised NodeInfo, b"" when the node is unknown
-    services: list[memoryview]  # serialised ServicePortState, sorted
+    # Serialised replace_service ops (shared with the snapshots), sorted: a listing holds
+    # one reference per service port.
+    services: list[bytes]
 
 
 def _field(number: int, data: bytes) -> bytes:
@@ -93,14 +95,15 @@ class NodeStatePages:
         limit = request.page_size or len(listing.services)
         end, size = offset, 0
         while end < len(listing.services) and end - offset < limit:
-            size += len(listing.services[end]) + 6
+            size += len(listing.services[end]) + 4
             if size > PAGE_BYTES and end > offset:
                 break
             end += 1
         parts = [b"\x08", _varint(listing.revision)]
         if listing.node:
             parts.append(_field(2, listing.node))
-        for data in listing.services[offset:end]:
+        for op in listing.services[offset:end]:
+            data = _unwrap(op)
             parts += (b"\x1a", _varint(len(data)), data)
         if end < len(listing.services):
             parts.append(_field(4, encode_token(listing.revision, end).encode()))
@@ -128,7 +131,7 @@ class NodeStatePages:
             keys = sorted((k for k in view.records
                            if (not namespace or k.namespace == namespace)
                            and (not service or k.name == service)), key=_order)
-            services = [_unwrap(engine.service_op(view.records[k])) for k in keys]
+            services = [engine.service_op(view.records[k]) for k in keys]
             node = node_to_pb(view.node).SerializeToString() if view.node else b""
             return Listing(revision, node, services)
         finally:
