@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
 from svcproxy.backends.ipvs.genl import DestId, ServiceId, fwmark_service
-from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION
-from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
+from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
+from svcproxy.backends.ipvs.render import RenderContext, render_port
 from svcproxy.model import (
     LoadBalancerIngress,
     Protocol,
@@ -17,6 +18,7 @@ from svcproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
+from svcproxy.sdk import NodeConfig, NodeState, resolve_context
 from tests.ipvs.states import endpoint, port_state
 
 CTX = RenderContext("rr", node_port_ips=("192.168.0.10",), node_ips=("192.168.0.10",))
@@ -108,11 +110,27 @@ def test_hairpin_and_sctp_node_ports() -> None:
     assert ("KUBE-NODE-PORT-SCTP-HASH", "192.168.0.10,sctp:30083") in entries
 
 
-def test_node_port_addresses() -> None:
-    node, local = ("192.168.0.10", "fd00::10", "192.168.1.10"), ("127.0.0.1", "10.0.0.5")
-    assert node_port_ips((), node, local) == node
-    assert node_port_ips(("primary",), node, local) == ("192.168.0.10", "fd00::10")
-    assert node_port_ips(("10.0.0.0/8", "127.0.0.0/8"), node, local) == ("127.0.0.1", "10.0.0.5")
+def test_node_port_addresses_come_from_the_node_context() -> None:
+    """CIDRs select from the node context (loopback never a virtual server); a family left
+    open is every address on the node's interfaces but kube-ipvs0's."""
+    backend = IpvsBackend(NodeConfig("n1", node_ips=("192.168.0.10", "fd00::10")),
+                          IpvsOptions(), families=(4,))
+    backend.ifindex = 7
+    on_links = [(1, "192.168.0.10"), (1, "fd00::10"), (2, "10.0.0.5"), (1, "127.0.0.1"),
+                (7, "10.96.0.1")]
+    backend._addresses = lambda: on_links  # type: ignore[method-assign]
+    locals_ = [a for i, a in on_links if i != 7]
+
+    def ctx(**flags: object) -> RenderContext:
+        config = replace(backend.config, **flags)  # type: ignore[arg-type]
+        node = resolve_context(config, None, locals_)
+        return backend._context(NodeState("n1", 1, None, {}, node))
+
+    assert ctx().node_port_ips == ("192.168.0.10", "10.0.0.5", "fd00::10")
+    assert ctx(node_port_addresses=("primary",)).node_port_ips == ("192.168.0.10", "fd00::10")
+    cidrs = ctx(node_port_addresses=("10.0.0.0/8", "127.0.0.0/8", "fd00::/8"))
+    assert cidrs.node_port_ips == ("10.0.0.5", "fd00::10")
+    assert cidrs.node_ips == ("192.168.0.10", "fd00::10")
 
 
 def test_external_policy_local_short_circuits_pods_to_every_endpoint() -> None:

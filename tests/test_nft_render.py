@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.backends.nft import names
-from svcproxy.backends.nft.context import family_context, local_matches, nodeport_ips
+from svcproxy.backends.nft.context import family_context, from_node_context
 from svcproxy.backends.nft.service_rules import ServiceRules, render_service
-from svcproxy.backends.nft.skeleton import lb_declarations
+from svcproxy.backends.nft.skeleton import lb_declarations, render_skeleton
 from svcproxy.backends.nft.table_state import build_table, commit, full_text, plan_delta
 from svcproxy.model import NodeInfo, SessionAffinity, TrafficPolicy
+from svcproxy.sdk import resolve_context
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
 
 CTX4 = family_context(CONFIG, None, 4)
@@ -168,22 +169,33 @@ def test_reassert_keeps_affinity_sets_and_deletes_leftovers() -> None:
     assert "delete table ip svcproxy" in full_text(after)
 
 
-def test_node_ports_default_to_the_primary_ip_and_follow_cidrs() -> None:
+def test_node_ports_from_the_node_context() -> None:
+    """The node context's NodePort addresses, without loopback; a family the CIDRs leave
+    open (None) is every local address but loopback, matched with fib."""
     config = replace(CONFIG, node_ips=("192.168.50.2", "10.244.1.1", "fd00:50::2", "fd00::1"))
-    assert nodeport_ips(config, 4) == ("192.168.50.2",)
-    assert nodeport_ips(config, 6) == ("fd00:50::2",)
-    assert nodeport_ips(replace(config, node_port_addresses=("primary",)), 4) == ("192.168.50.2",)
-    every = replace(config, node_port_addresses=("0.0.0.0/0", "fd00::/16"))
-    assert nodeport_ips(every, 4) == ("192.168.50.2", "10.244.1.1")
-    assert nodeport_ips(every, 6) == ("fd00:50::2", "fd00::1")
+    assert family_context(config, None, 4).nodeport_ips == ("192.168.50.2",)
+    assert family_context(config, None, 6).nodeport_ips == ("fd00:50::2",)
+    cidrs = replace(config, node_port_addresses=("127.0.0.0/8", "192.168.50.0/24"))
+    assert family_context(cidrs, None, 4).nodeport_ips == ("192.168.50.2",)
+    ctx6 = family_context(cidrs, None, 6)
+    assert ctx6.nodeport_ips is None
+    assert "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap " \
+        "@service-nodeports" in render_skeleton(ctx6)
+    node = resolve_context(cidrs, None, ("192.168.50.2", "127.0.0.1"))
+    assert from_node_context(node, 4) == family_context(cidrs, None, 4)
 
 
 def test_local_traffic_detection_modes() -> None:
     prefix = replace(CONFIG, detect_local_mode="InterfaceNamePrefix",
                      pod_interface_name_prefix="veth")
-    assert local_matches(prefix, None, 4) == ('iifname "veth*"', 'iifname != "veth*"')
+    assert family_context(prefix, None, 4).local_match == 'iifname "veth*"'
+    bridge = replace(CONFIG, detect_local_mode="BridgeInterface", pod_bridge_interface="cbr0")
+    assert family_context(bridge, None, 4).nonlocal_match == 'iifname != "cbr0"'
     node = NodeInfo("node1", pod_cidrs=("10.244.1.0/24", "fd00:244:0:1::/64"))
     per_node = replace(CONFIG, detect_local_mode="NodeCIDR")
-    assert local_matches(per_node, node, 6) == (
+    ctx = family_context(per_node, node, 6)
+    assert (ctx.local_match, ctx.nonlocal_match) == (
         "ip6 saddr { fd00:244:0:1::/64 }", "ip6 saddr != { fd00:244:0:1::/64 }")
-    assert local_matches(replace(CONFIG, cluster_cidrs=()), None, 4) == ("", "")
+    assert family_context(replace(CONFIG, cluster_cidrs=()), None, 4).local_match == ""
+    two = replace(CONFIG, cluster_cidrs=("10.244.0.0/16", "10.245.0.0/16"))
+    assert family_context(two, None, 4).local_match == "ip saddr { 10.244.0.0/16, 10.245.0.0/16 }"

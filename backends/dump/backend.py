@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from typing import IO, Any
 
 from google.protobuf.json_format import MessageToDict
@@ -32,11 +33,15 @@ class DumpBackend(Backend):
         if changes.full:
             line["type"] = "snapshot"
             line["node"] = MessageToDict(node_to_pb(state.node)) if state.node else None
+            if state.context is not None:  # the node context the agent resolved
+                line["context"] = asdict(state.context)
             line["services"] = [record_json(state.services[k]) for k in sorted(state.services)]
         else:
             line["type"] = "change"
             if changes.node_changed:
                 line["node"] = MessageToDict(node_to_pb(state.node)) if state.node else None
+                if state.context is not None:
+                    line["context"] = asdict(state.context)
             line["set"] = [record_json(state.services[k])
                            for k in sorted(changes.services) if k in state.services]
             line["deleted"] = [str(k) for k in sorted(changes.services)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, node_port_ips
+from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
 
 from .layout import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
 from .loader import Layout, Programs, remove_pins
@@ -71,15 +71,21 @@ class EbpfBackend(Backend):
         if counter is not None:
             counter.inc()  # type: ignore[attr-defined]
 
-    def _node_ips(self) -> tuple[str, ...]:
-        selected = node_port_ips(self.config.node_port_addresses, self.config.node_ips)
-        return tuple(selected or self.config.node_ips)
+    def _node_ips(self, state: NodeState) -> tuple[str, ...]:
+        """Where NodePorts answer: the node context's addresses (never loopback), the
+        node IPs for a family the CIDRs leave open."""
+        node = state.context or resolve_context(self.config, state.node)
+        ips: list[str] = []
+        for fam in node.families:
+            chosen = fam.node_port_ips_routable
+            ips += fam.node_ips if chosen is None else chosen
+        return tuple(ips)
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         tables = self.start().tables
         assert tables is not None
         start = time.perf_counter()
-        node_ips = self._node_ips()
+        node_ips = self._node_ips(state)
         full = changes.full or tables.applied is None or node_ips != self.node_ips
         if full:
             if node_ips != self.node_ips:

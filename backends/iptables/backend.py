@@ -120,7 +120,7 @@ class IptablesBackend(Backend):
             self._families[family] = _Family(tool, make_probe(tool), Planner(FamilyConfig()))
 
     def family_config(self, family: int, state: NodeState) -> FamilyConfig:
-        return family_config(self.config, state.node, family,
+        return family_config(self.config, state.node, family, context=state.context,
                              masquerade_bit=self.options.masquerade_bit,
                              localhost_nodeports=self._localhost,
                              drop_invalid=self._drop_invalid)

@@ -9,6 +9,7 @@ background check once their connections are gone (or after the bound).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import threading
@@ -36,15 +37,16 @@ from svcproxy.backends.ipvs.netlink import (
     Request,
 )
 from svcproxy.backends.ipvs.options import IpvsOptions
-from svcproxy.backends.ipvs.render import RenderContext, node_port_ips, render_port
+from svcproxy.backends.ipvs.render import RenderContext, render_port
 from svcproxy.sdk import (
     NodeConfig,
+    NodeContext,
     NodeInfo,
     ServicePortKey,
     ServicePortState,
+    ip_family,
     normalize_cidr,
-    normalize_ip,
-    of_family,
+    resolve_context,
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, invalid_values
@@ -102,6 +104,7 @@ class IpvsBackend(Backend):
         self.applied = Applied()
         self.ctx: RenderContext | None = None
         self.node: NodeInfo | None = None
+        self.node_context: NodeContext | None = None
         self.ifindex = 0
         self.ipvs: IpvsNetlink | None = None
         self.route: NetlinkBatch | None = None
@@ -151,7 +154,8 @@ class IpvsBackend(Backend):
         with self.lock:
             self._setup()
             self.refusals.prune(state.services)
-            full = changes.full or self.ctx is None or state.node != self.node
+            full = (changes.full or self.ctx is None or state.node != self.node
+                    or state.context != self.node_context)
             reason = changes.reason
             for round_ in range(MAX_ROUNDS + 1):
                 try:
@@ -204,13 +208,31 @@ class IpvsBackend(Backend):
                     found.add(route[1])
         return found
 
-    def _context(self, state: NodeState) -> RenderContext:
-        node_ips = self.config.node_ips or tuple(  # the frontend's: only addresses pass
-            n for a in (state.node.addresses if state.node else ())
-            if (n := normalize_ip(a)) is not None)
+    def _node_context(self, state: NodeState) -> NodeContext:
+        """The agent's node context, or the same resolution here (a state not from an
+        agent), the addresses of kube-ipvs0 left out."""
+        if state.context is not None:
+            return state.context
         locals_ = [a for index, a in self._addresses() if index != self.ifindex]
-        ports = node_port_ips(self.config.node_port_addresses, node_ips, locals_)
-        return RenderContext(self.options.scheduler, ports, tuple(node_ips))
+        return resolve_context(self.config, state.node, locals_)
+
+    def _context(self, state: NodeState) -> RenderContext:
+        """NodePorts on the node context's addresses (every address of the node's
+        interfaces, kube-ipvs0's aside, for a family the CIDRs leave open), never loopback."""
+        node = self._node_context(state)
+        node_ips: list[str] = []
+        ports: list[str] = []
+        everything: list[str] | None = None
+        for fam in node.families:
+            node_ips += fam.node_ips
+            chosen = fam.node_port_ips_routable
+            if chosen is None:
+                if everything is None:
+                    everything = [a for index, a in self._addresses() if index != self.ifindex]
+                chosen = (*fam.node_ips, *(a for a in everything if ip_family(a) == fam.family))
+            ports += [ip for ip in chosen if not ipaddress.ip_address(ip).is_loopback]
+        return RenderContext(self.options.scheduler, tuple(dict.fromkeys(ports)),
+                             tuple(node_ips))
 
     def _render(self, state: NodeState, keys: Iterable[ServicePortKey],
                 touched: Touched) -> None:
@@ -250,6 +272,7 @@ class IpvsBackend(Backend):
     def _full_sync(self, state: NodeState, ctx: RenderContext, reason: str) -> None:
         started = time.monotonic()
         self.ctx, self.node = ctx, state.node
+        self.node_context = self._node_context(state)
         self.desired = Desired(marks=self.desired.marks)
         self._render(state, state.services, Touched())
         self.desired.release_marks_of_gone_ports()
@@ -263,7 +286,7 @@ class IpvsBackend(Backend):
         entries = self.desired.entries_by_set()
         system.ipset_restore(ipsets.full_restore(entries, self.families))
         self.applied.entries = set(self.desired.entries)
-        self._apply_rules(state.node)
+        self._apply_rules(self.node_context)
         self._bring_up(servers, links)
         log.info("ipvs: full sync (%s) of %d service ports, %d virtual servers in %.3fs",
                  reason, len(state.services), len(self.desired.claims),
@@ -342,21 +365,18 @@ class IpvsBackend(Backend):
         assert self.route is not None
         _raise_failures(self.route.apply(requests))
 
-    def _local_detect(self, family: int, node: NodeInfo | None) -> R.LocalDetect:
-        c = self.config
-        mode = c.detect_local_mode
-        if mode == "NodeCIDR":
-            # The node's pod CIDRs come from the frontend: only well-formed ones reach a rule.
-            cidrs = of_family(node.pod_cidrs if node else (), family)
-            return R.LocalDetect(cidrs=tuple(
-                n for c in cidrs if (n := normalize_cidr(c)) is not None))
-        if mode == "InterfaceNamePrefix" and c.pod_interface_name_prefix:
-            return R.LocalDetect(interfaces=(c.pod_interface_name_prefix + "+",))
-        if mode == "BridgeInterface" and c.pod_bridge_interface:
-            return R.LocalDetect(interfaces=(c.pod_bridge_interface,))
-        return R.LocalDetect(cidrs=tuple(of_family(c.cluster_cidrs, family)))
+    @staticmethod
+    def _local_detect(family: int, node: NodeContext) -> R.LocalDetect:
+        """The node context's local-traffic detection as iptables matches."""
+        local = node.family(family).local_traffic
+        if local.interface and local.mode in ("InterfaceNamePrefix", "BridgeInterface"):
+            return R.LocalDetect(interfaces=(
+                local.interface + "+" if local.by_interface_prefix else local.interface,))
+        # The node's pod CIDRs come from the frontend: only well-formed ones reach a rule.
+        return R.LocalDetect(cidrs=tuple(
+            n for c in local.cidrs if (n := normalize_cidr(c)) is not None))
 
-    def _apply_rules(self, node: NodeInfo | None) -> None:
+    def _apply_rules(self, node: NodeContext) -> None:
         for family in self.families:
             local = self._local_detect(family, node)
             tables = {

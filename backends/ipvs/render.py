@@ -228,23 +228,3 @@ def _node_ports(b: _Builder, ctx: RenderContext, families: Sequence[int]) -> Non
         else:
             base = S.NODE_PORT_LOCAL_UDP if local else S.NODE_PORT_UDP
         b.entry(base, family, str(svc.node_port))
-
-
-def node_port_ips(
-    setting: Sequence[str], node_ips: Sequence[str], local_ips: Sequence[str]
-) -> tuple[str, ...]:
-    """The addresses NodePorts listen on: --node-port-addresses CIDRs matched against the
-    node's local addresses, "primary" for the primary IP per family, () for every node IP."""
-    if not setting:
-        return tuple(dict.fromkeys(node_ips))
-    if tuple(setting) == ("primary",):
-        firsts: dict[int, str] = {}
-        for ip in node_ips:
-            firsts.setdefault(ip_family(ip), ip)
-        return tuple(firsts.values())
-    networks = [ipaddress.ip_network(c) for c in setting]
-    candidates = dict.fromkeys([*node_ips, *local_ips])
-    return tuple(
-        ip for ip in candidates
-        if any(ipaddress.ip_address(ip) in n for n in networks if n.version == ip_family(ip))
-    )

@@ -26,7 +26,7 @@ from svcproxy.sdk.refusals import (
 )
 
 from .apply import NftError, NftRunner, Runner
-from .context import FamilyContext, family_context
+from .context import FamilyContext, from_node_context, node_context
 from .culprits import named_in_error
 from .names import TABLE, lb_chain
 from .service_rules import ServiceRules, render_service
@@ -74,6 +74,8 @@ class NftBackend(Backend):
     """Programs one table per address family (``ip svcproxy``, ``ip6 svcproxy``)."""
 
     name = "nft"
+    # Unset --nodeport-addresses means the primary IPs, as kube-proxy's nftables mode.
+    node_port_default = "primary"
 
     def __init__(
         self,
@@ -94,8 +96,8 @@ class NftBackend(Backend):
 
     def _contexts(self, state: NodeState) -> dict[int, FamilyContext]:
         return {
-            f: _with_table(family_context(self.config, state.node, f), self.table)
-            for f in self.families
+            f: _with_table(from_node_context(node, f), self.table)
+            for node in (node_context(self.config, state),) for f in self.families
         }
 
     def sync(self, state: NodeState, changes: Changes) -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
-from svcproxy.sdk import NodeConfig, NodeInfo, normalize_cidr, of_family
+from svcproxy.sdk import (
+    LocalTraffic,
+    NodeConfig,
+    NodeContext,
+    NodeInfo,
+    NodeState,
+    normalize_cidr,
+    resolve_context,
+)
 
 from .names import TABLE
 
@@ -23,7 +30,8 @@ class FamilyContext:
     nonlocal_match: str = ""
     masquerade_all: bool = False
     node_ips: tuple[str, ...] = ()
-    nodeport_ips: tuple[str, ...] = ()
+    # None: every local address but loopback (``fib daddr type local``).
+    nodeport_ips: tuple[str, ...] | None = ()
     service_cidrs: tuple[str, ...] = ()
     mark: int = MASQUERADE_MARK
 
@@ -42,50 +50,45 @@ def anonymous_set(items: tuple[str, ...] | list[str]) -> str:
     return "{ " + ", ".join(items) + " }"
 
 
-def local_matches(
-    config: NodeConfig, node: NodeInfo | None, family: int
-) -> tuple[str, str]:
+def local_matches(local: LocalTraffic, family: int) -> tuple[str, str]:
     """(match, negated match) for pod-originated traffic, per --detect-local-mode."""
     ipx = "ip" if family == 4 else "ip6"
-    mode = config.detect_local_mode
-    if mode == "InterfaceNamePrefix" and config.pod_interface_name_prefix:
-        name = f'"{config.pod_interface_name_prefix}*"'
+    if local.interface and local.mode in ("InterfaceNamePrefix", "BridgeInterface"):
+        name = f'"{local.interface}*"' if local.by_interface_prefix else f'"{local.interface}"'
         return f"iifname {name}", f"iifname != {name}"
-    if mode == "BridgeInterface" and config.pod_bridge_interface:
-        name = f'"{config.pod_bridge_interface}"'
-        return f"iifname {name}", f"iifname != {name}"
-    if mode == "NodeCIDR":
-        cidrs = of_family(node.pod_cidrs if node else (), family)
-    else:
-        cidrs = of_family(config.cluster_cidrs, family)
     # The node's pod CIDRs come from the frontend: only well-formed ones reach a rule.
-    cidrs = [n for c in cidrs if (n := normalize_cidr(c)) is not None]
+    cidrs = [n for c in local.cidrs if (n := normalize_cidr(c)) is not None]
     if not cidrs:
         return "", ""
     ranges = anonymous_set(cidrs)
     return f"{ipx} saddr {ranges}", f"{ipx} saddr != {ranges}"
 
 
-def nodeport_ips(config: NodeConfig, family: int) -> tuple[str, ...]:
-    """Node IPs accepting NodePorts: --node-port-addresses CIDRs, else the primary IP."""
-    ips = [
-        ip for ip in of_family(config.node_ips, family) if not ipaddress.ip_address(ip).is_loopback
-    ]
-    cidrs = [c for c in config.node_port_addresses if c != "primary"]
-    if not cidrs:
-        return tuple(ips[:1])
-    nets = [ipaddress.ip_network(c, strict=False) for c in of_family(cidrs, family)]
-    return tuple(ip for ip in ips if any(ipaddress.ip_address(ip) in n for n in nets))
+def node_context(config: NodeConfig, state: NodeState) -> NodeContext:
+    """The agent's node context, or (a state not from an agent) the same resolution here,
+    with kube-proxy's nftables default of the primary IP for NodePorts."""
+    if state.context is not None:
+        return state.context
+    return resolve_context(config, state.node, node_port_default="primary")
 
 
 def family_context(config: NodeConfig, node: NodeInfo | None, family: int) -> FamilyContext:
-    local, nonlocal_ = local_matches(config, node, family)
+    """One family's rendering context resolved from the flags alone (tests, benchmarks)."""
+    return from_node_context(
+        resolve_context(config, node, node_port_default="primary"), family)
+
+
+def from_node_context(node: NodeContext, family: int) -> FamilyContext:
+    """One family's rendering context from the node context (NodePorts never on loopback:
+    kube-proxy's nftables mode does not serve them there)."""
+    fam = node.family(family)
+    local, nonlocal_ = local_matches(fam.local_traffic, family)
     return FamilyContext(
         family=family,
         local_match=local,
         nonlocal_match=nonlocal_,
-        masquerade_all=config.masquerade_all,
-        node_ips=tuple(of_family(config.node_ips, family)),
-        nodeport_ips=nodeport_ips(config, family),
-        service_cidrs=tuple(of_family(config.service_cidrs, family)),
+        masquerade_all=node.masquerade_all,
+        node_ips=fam.node_ips,
+        nodeport_ips=fam.node_port_ips_routable,
+        service_cidrs=fam.service_cidrs,
     )

@@ -35,7 +35,9 @@ def _containers(ctx: FamilyContext) -> dict[str, str]:
     svc_key = f"{addr} . inet_proto . inet_service : verdict"
     port_key = "inet_proto . inet_service : verdict"
     nodeports = f"type {addr};"
-    if ctx.nodeport_ips:
+    if ctx.nodeport_ips is None:
+        nodeports += ' comment "unused: NodePorts on every local address";'
+    elif ctx.nodeport_ips:
         nodeports += f" elements = {anonymous_set(ctx.nodeport_ips)};"
     return {
         "cluster-ips": f"type {addr}; comment \"ClusterIPs (other ports are rejected)\";",
@@ -54,6 +56,10 @@ def _helper_chains(ctx: FamilyContext) -> dict[str, tuple[str, ...]]:
     ipx, mark = ctx.ipx, f"0x{ctx.mark:x}"
     dispatch = f"{ipx} daddr . meta l4proto . th dport vmap"
     nodeport = f"{ipx} daddr @nodeport-ips meta l4proto . th dport vmap"
+    if ctx.nodeport_ips is None:  # every local address, never loopback (as kube-proxy)
+        loopback = "127.0.0.0/8" if ctx.family == 4 else "::1"
+        nodeport = (f"fib daddr type local {ipx} daddr != {loopback} "
+                    "meta l4proto . th dport vmap")
     cluster_check = [f"{ipx} daddr @cluster-ips reject"]
     if ctx.service_cidrs:
         cluster_check.append(f"{ipx} daddr {anonymous_set(ctx.service_cidrs)} drop")

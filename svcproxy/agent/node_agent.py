@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import shutil
 
-from svcproxy.agent.addresses import node_port_ips
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.conntrack_cli import ConntrackCleaner
 from svcproxy.agent.conntrack_netlink import Ctnetlink
@@ -14,6 +13,7 @@ from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.healthz import HealthzServer
 from svcproxy.agent.metrics import AgentMetrics, node_families
 from svcproxy.agent.metrics_server import MetricsServer
+from svcproxy.agent.node_context import ContextResolver
 from svcproxy.agent.runner import AfterSync, SyncRunner
 from svcproxy.agent.service_health import ServiceHealthServer
 from svcproxy.agent.source import StateSource
@@ -73,8 +73,11 @@ class NodeAgent:
         self.metrics.attach_backend(backend)
         if hasattr(source, "on_mismatch"):
             source.on_mismatch = lambda _node: self.metrics.state_mismatches.inc()
+        # One node context for the backend (NodePort addresses, local-traffic detection...)
+        # and the health-check node ports alike.
+        self.context = ContextResolver(config, getattr(backend, "node_port_default", "all"))
         self.service_health = ServiceHealthServer(
-            self.health, node_port_ips(config.node_port_addresses, config.node_ips)
+            self.health, self.context(None).health_check_ips
         )
         hooks: list[AfterSync] = []
         if conntrack is not None:
@@ -93,6 +96,7 @@ class NodeAgent:
             after_sync=hooks,
             retry_initial=retry_initial,
             poll=poll,
+            context=self.context,
         )
         self.healthz: HealthzServer | None = None
         self.metrics_server: MetricsServer | None = None

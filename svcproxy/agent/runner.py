@@ -16,12 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.agent.source import StateSource
-from svcproxy.model import ServicePortKey
+from svcproxy.model import NodeInfo, ServicePortKey
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.context import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,10 @@ class SyncRunner:
         retry_initial: float = 1.0,
         poll: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        context: Callable[[NodeInfo | None], NodeContext] | None = None,
     ) -> None:
         self._source = source
+        self._context = context
         self._backend = backend
         self._health = health
         self._metrics = metrics
@@ -152,6 +156,11 @@ class SyncRunner:
             self._retry_at = None
             return
         state = self._latest
+        if self._context is not None:
+            # The node context, resolved once for the backend; a new one is a node change.
+            state = replace(state, context=self._context(state.node))
+            if self._applied is not None and self._applied.context != state.context:
+                self._carry_node = True
         changes = self._next_changes(state, reason)
         start = self._last_start = self._clock()
         try:

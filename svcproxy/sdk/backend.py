@@ -7,16 +7,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
+from svcproxy.sdk.context import NodeContext
 
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """A consistent, immutable copy of one node's state at one revision."""
+    """A consistent, immutable copy of one node's state at one revision.
+
+    ``context`` is the node context the node agent resolved once for every backend
+    (node IPs, NodePort addresses, local-traffic detection); None when the state does
+    not come through an agent (a backend then resolves it with ``resolve_context``).
+    """
 
     node_name: str
     revision: int
     node: NodeInfo | None
     services: Mapping[ServicePortKey, ServicePortState] = field(default_factory=dict)
+    context: NodeContext | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.model import NodeInfo, of_family
+from svcproxy.model import NodeInfo, normalize_ip, of_family
 
 __all__ = ["FamilyContext", "LocalTraffic", "NodeContext", "interface_addresses",
            "resolve_context"]
@@ -156,7 +156,9 @@ def resolve_context(config: NodeConfig, node: NodeInfo | None,
     object's addresses. ``local_addresses`` are every address on the node's interfaces
     (loopback is always assumed present); NodePort CIDRs select among them.
     """
-    node_ips = tuple(config.node_ips) or (tuple(node.addresses) if node else ())
+    # The Node's addresses come from the frontend: only well-formed ones are node IPs.
+    node_ips = tuple(config.node_ips) or tuple(
+        ip for a in (node.addresses if node else ()) if (ip := normalize_ip(a)) is not None)
     families = []
     for family in FAMILIES:
         ips = tuple(of_family(node_ips, family))
