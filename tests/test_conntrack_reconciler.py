@@ -84,3 +84,13 @@ def test_reconciler_deletes_a_stale_flow_from_before_it_started(lab: Lab) -> Non
         assert reconciler.after_sync(None, service(remaining)) == 0
     finally:
         table.close()
+
+
+def test_entries_parse_back_in_both_families() -> None:
+    from svcproxy.agent.conntrack_netlink import add_message, parse_flow
+
+    for f in (flow("10.96.0.10", 53, "10.244.1.5"),
+              Flow(6, 132, "fd00::1", "fd00:96::a", 40000, 5000, "fd00:244::5"),
+              Flow(4, 17, "10.0.0.1", "10.96.0.10", 1, 65535, "10.96.0.10")):
+        message = add_message(f, 5353, 30, 1)
+        assert parse_flow(message, 16, len(message)) == f

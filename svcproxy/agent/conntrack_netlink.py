@@ -104,8 +104,53 @@ def _tuple(data: bytes, start: int, end: int, family: int) -> tuple[str, str, in
     return src, dst, proto, sport, dport
 
 
+# The layout the kernel writes for an IPv4 tuple without a zone: the nested tuple, its
+# IP part (source, destination) and its protocol part (number, ports), each padded to 4.
+_V4_TUPLE = struct.Struct("=HH HH HH4s HH4s HH HHB3x HHH2x HHH2x")
+_V4_TYPES = (CTA_TUPLE_IP | NLA_F_NESTED, 1, 2, CTA_TUPLE_PROTO | NLA_F_NESTED,
+             CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT)
+_V4_LENGTHS = (20, 8, 8, 28, 5, 6, 6)
+
+
+def _v4_tuple(data: bytes, at: int) -> tuple[int, tuple[str, str, int, int, int]] | None:
+    """(type, (src, dst, protocol, sport, dport)) of a plain IPv4 tuple at ``at``, or None
+    when it is laid out otherwise (the generic parser then reads it)."""
+    if at + _V4_TUPLE.size > len(data):
+        return None
+    (length, kind, ip_len, ip_kind, s_len, s_kind, src, d_len, d_kind, dst, p_len, p_kind,
+     n_len, n_kind, proto, sp_len, sp_kind, sport, dp_len, dp_kind, dport) = \
+        _V4_TUPLE.unpack_from(data, at)
+    if length != _V4_TUPLE.size or (ip_kind, s_kind, d_kind, p_kind, n_kind, sp_kind,
+                                    dp_kind) != _V4_TYPES or (ip_len, s_len, d_len, p_len,
+                                                              n_len, sp_len, dp_len) != _V4_LENGTHS:
+        return None
+    return kind & NLA_TYPE_MASK, (socket.inet_ntoa(src), socket.inet_ntoa(dst), proto,
+                                  socket.ntohs(sport), socket.ntohs(dport))
+
+
 def parse_flow(data: bytes, start: int, end: int) -> Flow | None:
     """The Flow of one IPCTNL_MSG_CT_NEW message (header excluded), or None."""
+    if data[start] == socket.AF_INET:
+        at = start + _NFGEN.size
+        orig = _v4_tuple(data, at)
+        reply = _v4_tuple(data, at + _V4_TUPLE.size) if orig else None
+        if orig and reply and orig[0] == CTA_TUPLE_ORIG and reply[0] == CTA_TUPLE_REPLY:
+            (src, dst, proto, sport, dport), rsrc = orig[1], reply[1][0]
+            zone = _zone(data, at + 2 * _V4_TUPLE.size, end)
+            return Flow(4, proto, src, dst, sport, dport, rsrc, zone)
+    return _parse_generic(data, start, end)
+
+
+def _zone(data: bytes, start: int, end: int) -> int:
+    """CTA_ZONE, which the kernel writes right after the tuples when the zone is not 0."""
+    if start + 6 <= end:
+        _length, kind = _NLA.unpack_from(data, start)
+        if kind & NLA_TYPE_MASK == CTA_ZONE:
+            return int(struct.unpack_from("!H", data, start + _NLA.size)[0])
+    return 0
+
+
+def _parse_generic(data: bytes, start: int, end: int) -> Flow | None:
     af = data[start]
     family = 4 if af == socket.AF_INET else 6 if af == socket.AF_INET6 else 0
     if not family:
