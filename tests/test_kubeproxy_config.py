@@ -131,6 +131,9 @@ def test_nftables_sections_and_unhonoured_fields_are_named() -> None:
     ("mode: ipvs\nmode: iptables\n", "duplicate field 'mode'"),
     ("iptables:\n  masqueradeBit: 40\n", "iptables.masqueradeBit: 40 must be within [0, 31]"),
     ("kind: KubeletConfiguration\n", "kind KubeProxyConfiguration"),
+    ("bindAddress: node-1\n", "bindAddress: 'node-1' is not an IP address"),
+    ("healthzBindAddress: 'x:10256'\n", "healthzBindAddress: 'x:10256' is not IP:PORT"),
+    ("metricsBindAddress: '127.0.0.1:99999'\n", "metricsBindAddress: '127.0.0.1:99999'"),
 ])
 def test_bad_files_are_refused_naming_the_field(patch: str, message: str) -> None:
     base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"

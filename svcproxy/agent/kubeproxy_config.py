@@ -10,6 +10,7 @@ compare equal.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -336,6 +337,22 @@ def validate(config: Mapping[str, Any]) -> None:
     oom = config["oomScoreAdj"]
     if not -1000 <= oom <= 1000:
         raise ConfigError(f"oomScoreAdj: {oom} must be within [-1000, 1000]")
+    try:
+        ipaddress.ip_address(config["bindAddress"])
+    except ValueError as err:
+        raise ConfigError(f"bindAddress: {config['bindAddress']!r} is not an IP address") from err
+    for field in ("healthzBindAddress", "metricsBindAddress"):
+        if config[field] and not _ip_port(config[field]):
+            raise ConfigError(f"{field}: {config[field]!r} is not IP:PORT")
+
+
+def _ip_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return port.isdigit() and int(port) <= 65535
 
 
 def format_go_duration(seconds: float) -> str:
