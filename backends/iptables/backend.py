@@ -195,15 +195,15 @@ class IptablesBackend(Backend):
         wanted: Records = {}
         for key, record in state.services.items():
             before = accepted.get(key)
+            chosen: ServicePortState | None = record
             if record is not before:
                 if self.refusals and self.refusals.holds(key, record):
-                    record = before
+                    chosen = before
                 elif (reason := invalid_values(record)) is not None:
                     self.refusals.refuse(key, record, f"invalid value: {reason}")
-                    record = before
-                if record is None:
-                    continue
-            wanted[key] = record
+                    chosen = before
+            if chosen is not None:
+                wanted[key] = chosen
         return wanted
 
     def _settle(self, state: NodeState, applied: Records) -> None:

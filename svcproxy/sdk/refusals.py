@@ -1,8 +1,9 @@
 """One service port's failure stays its own: refusals found, kept and reported.
 
 When the kernel (or the tool in front of it) refuses a transaction, a backend calls
-``isolate`` to split the service ports it carried into those the dataplane takes and
-those it refuses, applies the first, and records the second in its ``Refusals``. A
+``isolate_versions`` (or ``isolate``) to split the service ports it carried into those
+the dataplane takes and those it refuses, applies the first, and records the second in
+its ``Refusals``. A
 refused service port is not retried until its record changes (a new version of the
 Service or its endpoints); the node agent reports the refused ones (log line, metric,
 ``/healthz`` detail) from ``backend.refusals``.
@@ -21,7 +22,7 @@ import socket
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from svcproxy.model import ServicePortKey, ServicePortState
 
@@ -139,7 +140,11 @@ def isolate(items: Sequence[T], accepts: Callable[[list[T], list[T]], str | None
     return accepted, refused
 
 
-K = TypeVar("K")
+class _Ordered(Protocol):
+    def __lt__(self, other: Any, /) -> bool: ...
+
+
+K = TypeVar("K", bound=_Ordered)
 R = TypeVar("R")
 
 
@@ -167,15 +172,17 @@ def isolate_versions(
     remaining = dict(records)
     aside: dict[K, str] = {}
     failed: str | None = error
-    for _ in range(MAX_NAMED if named is not None else 0):
-        keys = [k for k in dict.fromkeys(named(failed)) if k in remaining] if named else []
+    rounds = MAX_NAMED if named is not None else 0
+    while named is not None and failed is not None and rounds:
+        rounds -= 1
+        keys = [k for k in dict.fromkeys(named(failed)) if k in remaining]
         if not keys or len(aside) + len(keys) > limit:
             break
         for key in keys:
             aside[key] = failed
             del remaining[key]
         before, failed = failed, accepts(sorted(remaining.items(), key=_first))
-        if failed is None or failed == before:
+        if failed == before:
             break
     accepted: list[tuple[K, R]] = sorted(remaining.items(), key=_first)
     refused: dict[K, str] = {}
@@ -189,7 +196,7 @@ def isolate_versions(
                                 limit - len(refused))
         accepted += again
         refused.update((k, aside[k]) for (k, _), _err in guilty)
-    older = [(k, old) for k in sorted(refused)  # type: ignore[type-var]
+    older = [(k, old) for k in sorted(refused)
              if (old := previous.get(k)) is not None and old is not records.get(k)]
     if older:
         base = list(accepted)
@@ -245,7 +252,7 @@ def _invalid_address(record: ServicePortState) -> str | None:
     addresses += [("endpoint", e.ip) for e in record.endpoints.values()]
     for field, text in addresses:
         if not _canonical_ip(text):
-            return f"{field} {text[:64]!r} is not an IP address in canonical form"
+            return f"{field} {text[:64]!r} is not an IP address"
     return None
 
 
@@ -264,18 +271,3 @@ def _cidr(text: str) -> bool:
         return "%" not in text and bool(ipaddress.ip_network(text, strict=False))
     except ValueError:
         return False
-
-
-def screen(backend: Refusals, services: Mapping[ServicePortKey, ServicePortState],
-           keys: Iterable[ServicePortKey]) -> set[ServicePortKey]:
-    """The keys among ``keys`` refused up front for their values (recorded in ``backend``)."""
-    bad = set()
-    for key in keys:
-        record = services.get(key)
-        if record is None:
-            continue
-        reason = invalid_values(record)
-        if reason is not None:
-            backend.refuse(key, record, f"invalid value: {reason}")
-            bad.add(key)
-    return bad
