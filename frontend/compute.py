@@ -105,11 +105,13 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
         any(e.hint_zones for e in all_eps))
 
 
-def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str]:
-    """Nodes with the same class get the same records for this service."""
+def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str, str]:
+    """Nodes with the same class get the same records for this service (a node's zone
+    is part of its class: a node moved to another zone selects anew)."""
+    zone = zone if base.uses_zones else ""
     if node_name in base.endpoint_nodes or node_name in base.hinted_nodes:
-        return ("node", node_name)
-    return ("zone", zone if base.uses_zones else "")
+        return ("node", node_name, zone)
+    return ("zone", "", zone)
 
 
 def _marked(ep: Endpoint, is_local: bool, internal: bool = False, external: bool = False,
@@ -156,7 +158,8 @@ class NodeClassCache:
 
     def __init__(self, base: ServiceBase) -> None:
         self.base = base
-        self._by_class: dict[tuple[str, str], Mapping[ServicePortKey, ServicePortState]] = {}
+        self._by_class: dict[tuple[str, str, str],
+                             Mapping[ServicePortKey, ServicePortState]] = {}
         self._variants: EndpointVariants = {}
 
     def records(self, node_name: str, zone: str) -> Mapping[ServicePortKey, ServicePortState]:
