@@ -37,7 +37,8 @@ import grpc
 
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.events import Replace, Upsert
-from svcproxy.frontend.server import start_server
+from svcproxy.frontend.limits import StreamLimits
+from svcproxy.frontend.server import NodeStateServicer, start_server
 from svcproxy.frontend.workers import StreamWorkers
 from svcproxy.sdk.client import CHANNEL_OPTIONS
 from svcproxy.v1 import nodestate_pb2 as pb
@@ -184,9 +185,13 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     engine = Engine()
     engine.loop = asyncio.get_running_loop()
-    server, port = await start_server(engine, args.listen)
+    # Every client connects from 127.0.0.1: the caps must let them all in.
+    servicer = NodeStateServicer(engine, StreamLimits(
+        max_streams=2 * args.clients, max_streams_per_peer=2 * args.clients))
+    server, port = await start_server(engine, args.listen, servicer=servicer)
     target = args.listen if args.listen.startswith("unix:") else f"127.0.0.1:{port}"
-    workers = StreamWorkers(engine, args.stream_workers, target, None, logging.WARNING)
+    workers = StreamWorkers(engine, args.stream_workers, target, None, logging.WARNING,
+                            servicer=servicer)
     workers.start()
     t0 = time.perf_counter()
     engine.submit(make_cluster(args.services, args.endpoints, args.nodes))
