@@ -358,3 +358,37 @@ def test_limit_flags_reach_the_options_and_bad_values_say_what_to_do() -> None:
     bad = build_parser().parse_args(["frontend", "--max-object-depth", "0"])
     with pytest.raises(SystemExit, match="--max-object-depth 1-500"):
         _with_object_limits(FrontendOptions(), bad)
+
+
+def test_apiserver_objects_pass_the_same_rules_and_a_year_one_trigger_time_stops_nothing(
+        frontend_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+    from tests.test_apiserver_source import cluster_ip_service
+    from tests.test_apiserver_source import endpoint_slice as api_slice
+    from tests.test_apiserver_source import node as api_node
+
+    api = FakeApiserver(token="t")
+    try:
+        api.create("Node", api_node("n1"))
+        api.create("Service", cluster_ip_service("web", "10.96.0.10"))
+        year_one = api_slice("web-abc", "web", ["10.0.0.1"])
+        year_one["metadata"]["annotations"] = {TRIGGER: "0001-01-01T00:00:00+01:00"}
+        api.create("EndpointSlice", year_one)
+        api.create("Service", set_path(cluster_ip_service("bad", "10.96.0.11"),
+                                       "spec.ports.0.targetPort", 70000))
+        api.create("EndpointSlice", api_slice("meta-1", "web", ["169.254.169.254"]))
+        before = metrics.REJECTED_OBJECTS.labels("apiserver", "Service", "invalid_port")
+        count = before._value.get()
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, "t")
+        fe = frontend_factory(None, kubeconfig=str(kubeconfig))
+        wait_for(lambda: fe.engine.synced.is_set(), timeout=15)
+        web = ServicePortKey("default", "web", "http", Protocol.TCP)
+        wait_for(lambda: served(fe.engine, web, "n1") is not None)
+        assert set(served(fe.engine, web, "n1").endpoints) == {"10.0.0.1"}
+        assert ("default", "bad") not in fe.engine.services
+        assert before._value.get() == count + 1
+        api.create("Service", cluster_ip_service("later", "10.96.0.12"))  # the watch goes on
+        wait_for(lambda: ("default", "later") in fe.engine.services, timeout=15)
+    finally:
+        api.lists_open.set()
+        api.close()
