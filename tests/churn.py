@@ -216,11 +216,26 @@ class Churn:
         self.rng = random.Random(seed)
         self.names = [f"s{i}" for i in range(services)]
         self.changes = 0
+        # What exists, kept here: asking the stand-in copies every object.
+        self.services: set[str] = set()
+        self.slices: set[str] = set()
+        self.nodes: set[str] = set()
         for name in NODES[:3]:
-            fake.create("Node", _node(name, self.rng))
+            self._create("Node", name, _node(name, self.rng))
         for name in self.names:
-            fake.create("Service", _service(name, self.rng))
-            fake.create("EndpointSlice", _slice(f"{name}-a", name, self.rng))
+            self._create("Service", name, _service(name, self.rng))
+            self._create("EndpointSlice", f"{name}-a", _slice(f"{name}-a", name, self.rng))
+
+    def _held(self, kind: str) -> set[str]:
+        return {"Service": self.services, "EndpointSlice": self.slices, "Node": self.nodes}[kind]
+
+    def _create(self, kind: str, name: str, obj: dict[str, Any]) -> None:
+        self.fake.create(kind, obj)
+        self._held(kind).add(name)
+
+    def _delete(self, kind: str, name: str) -> None:
+        self.fake.delete(kind, {"metadata": {"name": name}})
+        self._held(kind).discard(name)
 
     def step(self) -> None:
         """One change: re-create a service (with a new slice), update or delete one, add,
@@ -228,41 +243,37 @@ class Churn:
         re-zone or delete a node."""
         rng, fake = self.rng, self.fake
         name = rng.choice(self.names)
-        services = fake.objects("Service")
         roll = rng.random()
         if roll < 0.1:
-            if ("default", name) in services:
-                fake.delete("Service", services[("default", name)])
-            for suffix in "ab":
-                obj = fake.objects("EndpointSlice").get(("default", f"{name}-{suffix}"))
-                if obj is not None:
-                    fake.delete("EndpointSlice", obj)
-            fake.create("Service", _service(name, rng))
-            fake.create("EndpointSlice", _slice(f"{name}-a", name, rng))
+            if name in self.services:
+                self._delete("Service", name)
+            for slice_name in (f"{name}-a", f"{name}-b"):
+                if slice_name in self.slices:
+                    self._delete("EndpointSlice", slice_name)
+            self._create("Service", name, _service(name, rng))
+            self._create("EndpointSlice", f"{name}-a", _slice(f"{name}-a", name, rng))
         elif roll < 0.2:
-            if ("default", name) in services:
+            if name in self.services:
                 fake.update("Service", _service(name, rng))
         elif roll < 0.25:
-            if ("default", name) in services:
-                fake.delete("Service", services[("default", name)])
+            if name in self.services:
+                self._delete("Service", name)
         elif roll < 0.9:
             slice_name = f"{name}-{rng.choice('ab')}"
-            exists = ("default", slice_name) in fake.objects("EndpointSlice")
-            if exists and rng.random() < 0.15:
-                fake.delete("EndpointSlice", {"metadata": {"name": slice_name}})
-            elif exists:
+            if slice_name in self.slices and rng.random() < 0.15:
+                self._delete("EndpointSlice", slice_name)
+            elif slice_name in self.slices:
                 fake.update("EndpointSlice", _slice(slice_name, name, rng))
             else:
-                fake.create("EndpointSlice", _slice(slice_name, name, rng))
+                self._create("EndpointSlice", slice_name, _slice(slice_name, name, rng))
         else:
             node = rng.choice(NODES)
-            exists = ("", node) in fake.objects("Node")
-            if exists and rng.random() < 0.3:
-                fake.delete("Node", {"metadata": {"name": node}})
-            elif exists:
+            if node in self.nodes and rng.random() < 0.3:
+                self._delete("Node", node)
+            elif node in self.nodes:
                 fake.update("Node", _node(node, rng))
             else:
-                fake.create("Node", _node(node, rng))
+                self._create("Node", node, _node(node, rng))
         self.changes += 1
 
 

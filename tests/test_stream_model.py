@@ -177,12 +177,14 @@ endpoint_st = st.fixed_dictionaries({
     "zone": st.sampled_from(["z1", "z2"]),
     "conditions": st.fixed_dictionaries({"ready": st.booleans(), "serving": st.booleans(),
                                          "terminating": st.booleans()}),
-    "hints": st.sampled_from([None, {"forZones": [{"name": "z1"}]}]),
-}).map(lambda e: {k: v for k, v in e.items() if v is not None})
+    "hints": st.sampled_from(["z1", "z2"]).map(lambda z: {"forZones": [{"name": z}]}),
+})
 
 
-def _slice(svc: str, index: int, eps: list[dict[str, Any]], ports: list[tuple[str, str, int]]
-           ) -> dict[str, Any]:
+def _slice(svc: str, index: int, eps: list[dict[str, Any]], ports: list[tuple[str, str, int]],
+           hinted: bool) -> dict[str, Any]:
+    if not hinted:
+        eps = [{k: v for k, v in e.items() if k != "hints"} for e in eps]
     if index:
         # Slices of one service never share an address: which copy of a duplicate wins
         # on a tie depends on the order the engine holds the slices in.
@@ -195,7 +197,7 @@ def _slice(svc: str, index: int, eps: list[dict[str, Any]], ports: list[tuple[st
 
 
 slice_st = st.builds(_slice, st.sampled_from(SERVICES), st.integers(0, 1),
-                     st.lists(endpoint_st, max_size=4), ports_st)
+                     st.lists(endpoint_st, max_size=4), ports_st, st.booleans())
 node_st = st.builds(lambda name, zone: {"kind": "Node", "metadata": {
     "name": name, "labels": {"topology.kubernetes.io/zone": zone} if zone else {}}},
     st.sampled_from(NODES), st.sampled_from(["", "z1", "z2"]))
