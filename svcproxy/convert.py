@@ -149,15 +149,31 @@ def service_term(svc: pb.ServicePort) -> int:
 
 def endpoint_term(key: pb.ServicePortKey, ep: pb.Endpoint) -> int:
     """The term of one endpoint of the service port ``key``."""
-    return digest_term(b"e", pb.EndpointOp(service=key, endpoint=ep))
+    return _endpoint_term(_field(1, key.SerializeToString(deterministic=True)), ep)
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """A length-delimited protobuf field (EndpointOp's bytes built without the message)."""
+    head = bytearray([number << 3 | 2])
+    size = len(data)
+    while size > 0x7F:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + data
+
+
+def _endpoint_term(key_field: bytes, ep: pb.Endpoint) -> int:
+    data = b"e" + key_field + _field(2, ep.SerializeToString(deterministic=True))
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 
 def record_term(state: pb.ServicePortState) -> int:
     """The terms of a service port and all of its endpoints."""
-    key = state.service.key
+    key_field = _field(1, state.service.key.SerializeToString(deterministic=True))
     total = service_term(state.service)
     for ep in state.endpoints:
-        total += endpoint_term(key, ep)
+        total += _endpoint_term(key_field, ep)
     return total & DIGEST_MASK
 
 
