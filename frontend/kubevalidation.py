@@ -607,9 +607,40 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
         if p.get("port") is not None:
             c.port(p.get("port"), f"{where}.port")
     kind = address_type if address_type in ADDRESS_TYPES else ""
+    node_limit = min(253, limits.max_name_length)
     for i, raw in enumerate(c.items(obj.get("endpoints"), "endpoints", MAX_SLICE_ENDPOINTS)):
-        _endpoint(c, c.mapping(raw, f"endpoints[{i}]"), f"endpoints[{i}]", kind)
+        if kind != "IPv4" or not _plain_ipv4_endpoint(raw, node_limit):
+            _endpoint(c, c.mapping(raw, f"endpoints[{i}]"), f"endpoints[{i}]", kind)
     return c.v
+
+
+def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> bool:
+    """True for the common shape of a valid IPv4 endpoint, checked without building
+    field paths; anything else (or any doubt) goes through ``_endpoint``, which says why."""
+    if type(ep) is not dict or ep.get("hints") is not None or \
+            ep.get("hostname") not in (None, ""):
+        return False
+    addresses = ep.get("addresses")
+    if type(addresses) is not list or not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES:
+        return False
+    for address in addresses:
+        n = _ipv4(address) if type(address) is str else None
+        if n is None or _ipv4_problem(n) is not None:
+            return False
+    cond = ep.get("conditions")
+    if cond is not None:
+        if type(cond) is not dict:
+            return False
+        for key in ("ready", "serving", "terminating"):
+            if cond.get(key) is not None and type(cond.get(key)) is not bool:
+                return False
+    node = ep.get("nodeName")
+    if node not in (None, "") and not (type(node) is str and len(node) <= node_limit
+                                       and _matches(DNS1123_SUBDOMAIN, node)):
+        return False
+    zone = ep.get("zone")
+    return zone in (None, "") or (type(zone) is str and len(zone) <= 63
+                                  and _matches(_QUALIFIED, zone))
 
 
 def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) -> None:

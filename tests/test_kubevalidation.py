@@ -12,6 +12,7 @@ from svcproxy.frontend.compute import service_base
 from svcproxy.frontend.engine import node_info
 from svcproxy.frontend.kubevalidation import (
     ObjectLimits,
+    _plain_ipv4_endpoint,
     check_size,
     validate,
     validate_endpoint_slice,
@@ -36,6 +37,7 @@ from tests.hostile import (
     node,
     service,
     set_path,
+    spoiled,
 )
 
 REFUSED_SERVICES = [
@@ -255,3 +257,12 @@ def test_what_an_upstream_frontend_sends_passes_the_same_rules() -> None:
     assert validate("Service", svc).ok, validate("Service", svc).summary()
     assert len(slices) == 3 and all(validate("EndpointSlice", s).ok for s in slices)
     assert sum(len(s["endpoints"]) for s in slices) == 2500
+
+
+@settings(max_examples=300, deadline=None)
+@given(spoiled(endpoint_slice()["endpoints"][0]))
+def test_the_fast_path_for_plain_endpoints_accepts_nothing_the_full_rules_refuse(
+        ep: Any) -> None:
+    full = validate_endpoint_slice(endpoint_slice(endpoints=[ep], ips=()))
+    quick = _plain_ipv4_endpoint(ep, 253)
+    assert not quick or full.ok, full.summary()
