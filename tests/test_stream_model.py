@@ -12,11 +12,12 @@ alone, which also checks every digest the server sends.
 
 from __future__ import annotations
 
+import dataclasses
 from hashlib import blake2b
 from typing import Any
 
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from svcproxy.convert import node_to_pb, state_to_pb
@@ -25,6 +26,16 @@ from svcproxy.frontend import views as views_module
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.events import Delete, Event, Replace, Upsert
 from svcproxy.frontend.views import NodeView
+from svcproxy.frontend.wire import (
+    WireOp,
+    coalesce,
+    delete_node,
+    diff_records,
+    replace_service,
+    set_node,
+)
+from svcproxy.model import Endpoint as ModelEndpoint
+from svcproxy.model import NodeInfo, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 
@@ -353,3 +364,51 @@ StreamModel.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestStreamModel = StreamModel.TestCase
+
+
+# ---- coalescing alone, against the ops' documented meaning ------------------------------
+KEYS = [ServicePortKey("default", n, "http", Protocol.TCP) for n in ("p", "q")]
+record_st = st.one_of(st.none(), st.builds(
+    lambda key, port, eps: ServicePortState(
+        ServicePort(key, cluster_ips=("10.96.0.1",), port=port),
+        {ip: ModelEndpoint(ip, 8080, ready=ready) for ip, ready in eps.items()}),
+    st.sampled_from(KEYS), st.sampled_from([80, 81]),
+    st.dictionaries(st.sampled_from(IPS[:4]), st.booleans(), max_size=3)))
+node_op_st = st.one_of(
+    st.builds(lambda n, z: set_node(NodeInfo(n, z)), st.sampled_from(NODES),
+              st.sampled_from(["z1", "z2"])),
+    st.sampled_from(NODES).map(delete_node))
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.dictionaries(st.sampled_from(KEYS), record_st),
+       steps=st.lists(st.tuples(st.sampled_from(KEYS), record_st, st.lists(node_op_st,
+                                                                            max_size=1)),
+                      max_size=12),
+       window=st.tuples(st.integers(0, 12), st.integers(0, 12)))
+def test_coalesced_ops_have_the_effect_of_the_batches(
+        start: dict[ServicePortKey, ServicePortState | None],
+        steps: list[tuple[ServicePortKey, ServicePortState | None, list[WireOp]]],
+        window: tuple[int, int]) -> None:
+    """Applying any window of batches coalesced equals applying them one by one."""
+    held = {k: r for k, r in start.items() if r is not None and r.key == k}
+    batches = []
+    for key, rec, node_ops in steps:
+        if rec is not None and rec.key != key:
+            rec = ServicePortState(dataclasses.replace(rec.service, key=key), rec.endpoints)
+        batches.append(diff_records(held.get(key), rec) + node_ops)
+        held[key] = rec  # type: ignore[assignment]
+    lo, hi = sorted(window)
+    initial = [pb.Op.FromString(replace_service(r).data) for r in start.values()
+               if r is not None]
+
+    def run(groups: list[list[WireOp]]) -> Any:
+        doc = DocClient()
+        doc.apply([pb.WatchEvent(revision=1, ops=initial)])
+        for rev, ops in enumerate(groups, 2):
+            doc.apply([pb.WatchEvent(revision=rev, ops=[pb.Op.FromString(o.data)
+                                                         for o in ops])])
+        return doc.state()
+
+    one_by_one = run(batches)
+    assert run(batches[:lo] + [coalesce(batches[lo:hi])] + batches[hi:]) == one_by_one
