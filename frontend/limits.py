@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -107,12 +108,16 @@ class StreamSlots:
 
 
 class WriteClock:
-    """One stream's write in progress: when it started (0.0: none), read by StallWatch."""
+    """One stream's write in progress: when it started (0.0: none), read by StallWatch;
+    ``now`` is the loop's clock (found once: on Python 3.11 every lookup of the running
+    loop is a getpid system call)."""
 
-    __slots__ = ("task", "started", "stalled")
+    __slots__ = ("task", "now", "started", "stalled")
 
-    def __init__(self, task: asyncio.Task[object] | None) -> None:
+    def __init__(self, task: asyncio.Task[object] | None,
+                 now: Callable[[], float]) -> None:
         self.task = task
+        self.now = now
         self.started = 0.0
         self.stalled = False
 
@@ -132,7 +137,7 @@ class StallWatch:
 
     def register(self) -> WriteClock:
         """A clock for the stream running in the current task."""
-        clock = WriteClock(asyncio.current_task())
+        clock = WriteClock(asyncio.current_task(), asyncio.get_running_loop().time)
         if self.timeout > 0:
             self.clocks.add(clock)
             if self._task is None or self._task.done():

@@ -31,7 +31,7 @@ Resync = Callable[[int], Awaitable[tuple[int, Messages]]]
 async def _write_all(context: grpc.aio.ServicerContext, msgs: Messages,
                      clock: WriteClock) -> None:
     """Write ``msgs`` in order, each write's start on ``clock``."""
-    now = asyncio.get_running_loop().time
+    now = clock.now
     if type(msgs) is not list and isinstance(msgs, AsyncIterator):
         async for msg in msgs:
             clock.started = now()
@@ -52,16 +52,22 @@ async def write_stream(context: grpc.aio.ServicerContext, view: NodeView, cursor
     """
     await _write_all(context, first, clock)
     del first
+    now = clock.now
     while True:
         await view.wait_change(cursor)
         msgs = view.messages_since(cursor)
         if msgs is None:
-            cursor, msgs = await resync(cursor)
-        else:
-            metrics.CLIENT_LAG.observe(view.batches_after(cursor) - 1)
-            cursor = view.revision
-        await _write_all(context, msgs, clock)
-        del msgs
+            cursor, resent = await resync(cursor)
+            await _write_all(context, resent, clock)
+            del resent
+            continue
+        metrics.CLIENT_LAG.observe(view.batches_after(cursor) - 1)
+        cursor = view.revision
+        # The fan-out's path: the batch's messages are shared by every stream at cursor.
+        for msg in msgs:
+            clock.started = now()
+            await context.write(msg)
+        clock.started = 0.0
 
 
 class WatchServicer(ABC):
