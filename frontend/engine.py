@@ -294,13 +294,15 @@ class Engine:
     def _publish_service(self, svc: ObjKey, pending: dict[str, list[WireOp]]) -> None:
         old_cache = self.caches.get(svc)
         old_keys = {p.service.key for p in (old_cache.base if old_cache else EMPTY_BASE).ports}
+        synced = self.synced.is_set()
         try:
             base = service_base(self.services.get(svc),
                                 (self.slices[k] for k in self.slices_of.get(svc, ())),
                                 self.proxy_name)
             cache = NodeClassCache(base)
-            news = {v.name: cache.records(v.name, self._zone(v.name))
-                    for v in self.views.values()}
+            memo: dict[tuple[int, int], Any] = {}
+            plan = [self._view_change(view, old_keys, cache, synced, memo)
+                    for view in self.views.values()]
         except Exception:  # noqa: BLE001 - one service's failure stays its own
             log.exception("computing service %s/%s failed: it keeps its previous records "
                           "until it changes again", *svc)
@@ -312,16 +314,25 @@ class Engine:
             self.caches.pop(svc, None)
         if not self.slices_of.get(svc):
             self.slices_of.pop(svc, None)
-        # The diff of each (old, new) pair of record objects, computed once for every view
-        # of a node class; the objects are held so that their ids are not reused.
-        memo: dict[tuple[int, int], tuple[object, object, list[WireOp], int]] = {}
-        for view in self.views.values():
-            new = news[view.name]
-            if not self.synced.is_set():
-                # Nothing has been served yet: the first snapshot carries it all.
-                view.set_records(old_keys, new)
-                continue
-            ops = pending.setdefault(view.name, [])
+        for view, new, ops, deltas in plan:
+            if synced:
+                # Nothing has been served before sync: the first snapshot carries it all.
+                pending.setdefault(view.name, []).extend(ops)
+                for delta in deltas:
+                    _add_digest(view, delta)
+            view.set_records(old_keys, new)
+
+    def _view_change(self, view: NodeView, old_keys: set[Any], cache: NodeClassCache,
+                     synced: bool, memo: dict[tuple[int, int], Any]
+                     ) -> tuple[NodeView, Any, list[WireOp], list[int]]:
+        """What a service's new version does to one view, changing nothing yet: its new
+        records, the ops and the digest deltas. ``memo`` holds the diff of each (old, new)
+        pair of record objects, computed once for every view of a node class; it keeps
+        the objects so that their ids are not reused."""
+        new = cache.records(view.name, self._zone(view.name))
+        ops: list[WireOp] = []
+        deltas: list[int] = []
+        if synced:
             for key in old_keys | new.keys():
                 old_rec, new_rec = view.records.get(key), new.get(key)
                 if old_rec == new_rec:
@@ -332,8 +343,8 @@ class Engine:
                     diff, delta = diff_with_digest(old_rec, new_rec, self.record_term)
                     hit = memo[pair] = (old_rec, new_rec, diff, delta)
                 ops += hit[2]
-                _add_digest(view, hit[3])
-            view.set_records(old_keys, new)
+                deltas.append(hit[3])
+        return view, new, ops, deltas
 
     # ---- streams -------------------------------------------------------
     def catch_up(self, view: NodeView, since: int) -> tuple[int, Iterable[bytes]]:

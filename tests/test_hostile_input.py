@@ -392,3 +392,23 @@ def test_apiserver_objects_pass_the_same_rules_and_a_year_one_trigger_time_stops
     finally:
         api.lists_open.set()
         api.close()
+
+
+def test_an_op_that_cannot_be_encoded_freezes_its_service_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    eng = synced_engine(service(), endpoint_slice(), node(),
+                        service("api", ip="10.96.0.2"), endpoint_slice("api-1", "api"))
+    real = engine_module.diff_with_digest
+
+    def broken(old, new, term):  # type: ignore[no-untyped-def]
+        if (new or old).service.key.name == "web":
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real(old, new, term)
+
+    monkeypatch.setattr(engine_module, "diff_with_digest", broken)
+    revision = eng.view("node-a").revision
+    eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.9",))),
+                Upsert("EndpointSlice", endpoint_slice("api-1", "api", ips=("10.244.2.9",)))])
+    api = ServicePortKey("shop", "api", "http", Protocol.TCP)
+    assert set(served(eng, api).endpoints) == {"10.244.2.9"}
+    assert set(served(eng).endpoints) == {"10.244.1.5"}, "records and ops stay consistent"
+    assert eng.view("node-a").revision > revision
