@@ -234,6 +234,12 @@ def _many(count: int) -> list[object]:
     ]
 
 
+def _node_ipv4_addresses(lab: IpvsLab) -> set[str]:
+    lines = ns_exec(lab.node, "ip", "-4", "-o", "addr", "show").splitlines()
+    return {line.split()[3].split("/")[0] for line in lines
+            if line.split()[1] not in ("lo", "kube-ipvs0")}
+
+
 def _our_rules() -> int:
     chains = sorted(set(R.NAT_CHAINS) | set(R.FILTER_CHAINS) | set(R.MANGLE_CHAINS))
     return sum(R.count_rules(system.iptables_save(4, t), chains) for t in R.TABLES)
@@ -246,7 +252,11 @@ def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, mak
     assert small > 20
     d.sync(*_many(1000))
     assert lab.on_node(_our_rules) == small
-    assert len(d.services()) == 2000, "a ClusterIP and a node-address NodePort per service"
+    nodeports = {sid.address for sid in d.services() if sid.port == 30999}
+    assert nodeports == _node_ipv4_addresses(lab), (
+        "no --node-port-addresses: NodePorts on every address of the node (kube-ipvs0's and "
+        "loopback aside), as kube-proxy")
+    assert len(d.services()) == 1000 * (1 + len(nodeports)), "a ClusterIP and the NodePorts"
     assert len(lab.on_node(system.link_addresses, d.backend.ifindex)) == 1000
     assert "30999" in ns_exec(lab.node, "ipset", "list", "KUBE-NODE-PORT-TCP")
     assert lab.names("10.97.3.250", 80, 1) == [f"pod{1 + 999 % 3}"]

@@ -228,7 +228,8 @@ class IpvsBackend(Backend):
             chosen = fam.node_port_ips_routable
             if chosen is None:
                 if everything is None:
-                    everything = [a for index, a in self._addresses() if index != self.ifindex]
+                    everything = [a for index, a in self._addresses() if index != self.ifindex
+                                  and not ipaddress.ip_address(a).is_link_local]
                 chosen = (*fam.node_ips, *(a for a in everything if ip_family(a) == fam.family))
             ports += [ip for ip in chosen if not ipaddress.ip_address(ip).is_loopback]
         return RenderContext(self.options.scheduler, tuple(dict.fromkeys(ports)),
