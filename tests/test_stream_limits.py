@@ -167,10 +167,14 @@ def test_sdk_stalled_is_ended_and_resumes_from_its_revision(frontend_factory, tm
         wait_for(client.has_changes)
         client.take()
         ended = limits.STALLED._value.get()
+        port = 8080
         with client._cond:  # the SDK's reader blocks on its next batch: it stops reading
-            for port in range(8081, 8086):  # > 64 KiB each: the window fills
+            deadline = time.monotonic() + 20
+            while limits.STALLED._value.get() == ended:  # ~60 KiB a change: the window fills
+                assert time.monotonic() < deadline, "the stream was never ended"
+                port += 1
                 fe.submit(big_service(200, 1000, port=port))
-            wait_for(lambda: limits.STALLED._value.get() > ended, timeout=10)
+                time.sleep(0.1)
         resets = client.resets
         with channel(fe) as ch:
             want = pb_grpc.NodeStateServiceStub(ch).GetNodeState(
@@ -180,7 +184,7 @@ def test_sdk_stalled_is_ended_and_resumes_from_its_revision(frontend_factory, tm
             state = client.take()[0]  # type: ignore[index]
             big = [s for k, s in state.services.items() if k.name == "big"]
             return (state.revision >= want.revision and len(big) == 1
-                    and {e.port for e in big[0].endpoints.values()} == {8085})
+                    and {e.port for e in big[0].endpoints.values()} == {port})
 
         wait_for(caught_up, timeout=15)
         assert client.resets == resets  # resumed from its revision, no snapshot
