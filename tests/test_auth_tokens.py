@@ -206,9 +206,17 @@ def test_the_backend_cli_sends_its_token_file(fe, api: FakeApiserver, tmp_path: 
         assert ours.stdout is not None
         state = json.loads(ours.stdout.readline())
         assert state["node"]["name"] == "node-a" and state["services"]
+        assert theirs.stderr is not None
+        refused = ""
+        deadline = time.monotonic() + 30
+        while "PERMISSION_DENIED" not in refused and time.monotonic() < deadline:
+            line = theirs.stderr.readline()
+            if not line:
+                break
+            refused += line
     finally:
         for proc in (ours, theirs):
             proc.terminate()
-        _, err = theirs.communicate(timeout=10)
+        theirs.communicate(timeout=10)
         ours.communicate(timeout=10)
-    assert "PERMISSION_DENIED" in err
+    assert "PERMISSION_DENIED" in refused

@@ -142,9 +142,12 @@ def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
 
         eventually(lambda: serves(set(EPS4[:2])), why=logs)
         # The nft backend runs in the same agent for the packet path (the default).
-        tables = subprocess.run(["ip", "netns", "exec", world.ns, "nft", "list", "tables"],
-                                capture_output=True, text=True).stdout
-        assert "ip svcproxy" in tables, tables
+        def nft_programmed() -> None:
+            tables = subprocess.run(["ip", "netns", "exec", world.ns, "nft", "list", "tables"],
+                                    capture_output=True, text=True).stdout
+            assert "ip svcproxy" in tables, tables
+
+        eventually(nft_programmed, why=logs)
         held = [client.call(op="hold", id=str(i), host="10.96.1.1", port=80)["name"]
                 for i in range(4)]
         results: list[Any] = []

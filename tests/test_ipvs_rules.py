@@ -115,5 +115,6 @@ def test_without_ipvs_the_backend_falls_back_to_iptables(caplog) -> None:
         pytest.skip("this kernel has IPVS: nothing to fall back from")
     backend = cli.create(_args(), NodeConfig(node_name="n1"))
     assert backend.name != "ipvs"
-    assert type(backend).__module__.startswith("svcproxy.backends.iptables")
+    assert type(backend._inner).__module__.startswith("svcproxy.backends.iptables")
+    assert backend.health_details["ipvsFallback"]["runningMode"] == backend.name
     assert "Falling back to the iptables backend" in caplog.text
