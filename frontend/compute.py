@@ -90,7 +90,9 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
     """The node-independent part of a service's records."""
     if svc is None or not is_proxied(svc, proxy_name):
         return EMPTY_BASE
-    slices = [s for s in slices if s.address_type != "FQDN"]
+    # By name: where two slices hold one address with equal conditions, the same copy
+    # wins on every frontend, whatever order the slices arrived in.
+    slices = sorted((s for s in slices if s.address_type != "FQDN"), key=lambda s: s.name)
     trigger = max((s.trigger_time for s in slices), default=0.0)
     ports = []
     for port in svc.ports:

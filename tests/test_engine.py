@@ -76,6 +76,16 @@ def test_duplicate_address_keeps_non_terminating_copy() -> None:
     assert ep.ready and not ep.terminating
 
 
+def test_duplicate_address_with_equal_conditions_is_the_same_whatever_the_order() -> None:
+    """Two frontends given the same slices in another order serve the same endpoint."""
+    svc = parse_service(service("web"))
+    a = parse_endpoint_slice(slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
+    b = parse_endpoint_slice(slice_("b", "web", [endpoint("10.0.0.1", node="n2")]))
+    got = {compute.service_base(svc, order).ports[0].endpoints[0].node_name
+           for order in ([a, b], [b, a])}
+    assert got == {"n1"}
+
+
 def test_dual_stack_slices_and_loose_input_normalised() -> None:
     eng = engine_with(
         service("web", ip="10.96.000.010", clusterIPs=["10.96.000.010", "fd00::0010"],
