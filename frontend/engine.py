@@ -21,6 +21,7 @@ from svcproxy.frontend import metrics
 from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
 from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
 from svcproxy.frontend.gctuning import settle_long_lived_state
+from svcproxy.frontend.initial import InitialFill, TermCache
 from svcproxy.frontend.intake import Intake
 from svcproxy.frontend.kubevalidation import object_key
 from svcproxy.frontend.limits import MESSAGE_BYTES
@@ -72,6 +73,8 @@ class Engine:
         self.revision = int(time.time() * 1e6)
         self.views: dict[str, NodeView] = {CLUSTER_VIEW: self._new_view(CLUSTER_VIEW)}
         self._listed: set[Kind] = set()
+        # Services changed before sync: computed once, at sync (nothing is served before).
+        self._dirty: set[ObjKey] = set()
         self.synced = asyncio.Event()
         self._snapshot_ops: dict[int, tuple[ServicePortState, WireOp]] = {}
         self._terms: dict[int, tuple[ServicePortState, int]] = {}
@@ -165,14 +168,39 @@ class Engine:
             self._upsert(kind, obj, touched)
 
     def _start_serving(self) -> None:
-        """At sync: no revision before it can be resumed from (records changed silently
-        until now), and every view's digest is computed once."""
+        """At sync: no revision before it can be resumed from, each service listed is
+        computed once (per node class) and every view gets its records and digest once."""
         self.revision += 1
+        fill = InitialFill({name: self._zone(name) for name in self.views})
+        for svc in self._dirty:
+            self._compute_initial(svc, fill)
+        self._dirty.clear()
+        terms = TermCache()
         for view in self.views.values():
             view.history.clear()
             view.history_ops = 0
             view.history_start = view.revision = self.revision
-            view.digest = self._digest(view)
+            view.records, total = fill.view(view.name, terms)
+            view.digest = (self._nodes_term(view) + total) & DIGEST_MASK
+
+    def _compute_initial(self, svc: ObjKey, fill: InitialFill) -> None:
+        """Compute one service for sync; a failure leaves it out alone (logged, counted)."""
+        try:
+            cache = NodeClassCache(service_base(
+                self.services.get(svc), (self.slices[k] for k in self.slices_of.get(svc, ())),
+                self.proxy_name))
+            fill.add(cache)
+        except Exception:  # noqa: BLE001 - one service's failure stays its own
+            log.exception("computing service %s/%s failed: it is served without it until "
+                          "it changes again", *svc)
+            metrics.SERVICE_ERRORS.inc()
+            return
+        if cache.base.ports:
+            self.caches[svc] = cache
+        else:
+            self.caches.pop(svc, None)
+        if not self.slices_of.get(svc):
+            self.slices_of.pop(svc, None)
 
     # ---- computation ---------------------------------------------------
     def _new_view(self, name: str) -> NodeView:
@@ -189,10 +217,14 @@ class Engine:
 
     def _digest(self, view: NodeView) -> int:
         """The state digest of ``view`` computed from scratch."""
-        nodes = list(view.nodes.values()) + ([view.node] if view.node else [])
-        total = sum(node_term(node_to_pb(n)) for n in nodes)
+        total = self._nodes_term(view)
         total += sum(self.record_term(r) for r in view.records.values())
         return total & DIGEST_MASK
+
+    def _nodes_term(self, view: NodeView) -> int:
+        """The digest terms of the nodes in ``view`` (unmasked)."""
+        nodes = list(view.nodes.values()) + ([view.node] if view.node else [])
+        return sum(node_term(node_to_pb(n)) for n in nodes)
 
     def _zone(self, name: str) -> str:
         node = self.nodes.get(name)
@@ -240,8 +272,11 @@ class Engine:
                 self.view(name)
         pending: dict[str, list[WireOp]] = {}
         self._publish_nodes(touched.nodes, pending)
-        for svc in touched.services:
-            self._publish_service(svc, pending)
+        if self.synced.is_set():
+            for svc in touched.services:
+                self._publish_service(svc, pending)
+        else:
+            self._dirty |= touched.services
         changed = {n: ops for n, ops in pending.items() if ops}
         if not changed:
             return
