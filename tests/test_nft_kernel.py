@@ -17,7 +17,7 @@ from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.backends.nft.libnft import LibNftRunner
 from svcproxy.model import Protocol, SessionAffinity
-from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk import Changes, NodeState, resolve_context
 from tests.lab.netns import call_in
 from tests.netns.harness import missing_requirements
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
@@ -129,6 +129,23 @@ def test_a_bad_service_is_refused_alone_and_retried_when_it_changes(netns: str) 
     b.sync(fixed, Changes(frozenset({key("bad")})))
     assert not b.refusals
     assert "10.96.0.2" in nft(netns, "list", "table", "ip", names.TABLE)
+
+
+def test_node_ports_on_every_local_address_load(netns: str) -> None:
+    """A node context with NodePorts on every address (an agent whose backend asks for
+    kube-proxy's "all", as ebpf composed with nft does, or --nodeport-addresses 0.0.0.0/0)
+    loads in both families and matches NodePorts with fib (nft once refused the tables:
+    a duplicated comment in the nodeport-ips set)."""
+    svc = state_of(lb_service(), endpoint("10.244.1.10"), endpoint("fd00:244::a"))
+    plain = node_state(svc)
+    state = replace(plain, context=resolve_context(CONFIG, plain.node, node_port_default="all"))
+    b = backend(netns)
+    b.sync(state, everything(state))
+    assert not b.refusals
+    for ipx, loopback in (("ip", "127.0.0.0/8"), ("ip6", "::1")):
+        chain = nft(netns, "list", "chain", ipx, names.TABLE, "services")
+        assert f"fib daddr type local {ipx} daddr != {loopback}" in chain
+        assert "unused" in nft(netns, "list", "set", ipx, names.TABLE, "nodeport-ips")
 
 
 def test_cleanup_deletes_only_our_tables(netns: str) -> None:

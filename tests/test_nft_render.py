@@ -181,6 +181,9 @@ def test_node_ports_from_the_node_context() -> None:
     assert ctx6.nodeport_ips is None
     assert "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap " \
         "@service-nodeports" in render_skeleton(ctx6)
+    for ctx in (ctx6, family_context(cidrs, None, 4)):
+        nodeport_set = next(ln for ln in render_skeleton(ctx).splitlines() if "nodeport-ips" in ln)
+        assert nodeport_set.count("comment") == 1, "nft refuses a second comment"
     node = resolve_context(cidrs, None, ("192.168.50.2", "127.0.0.1"))
     assert from_node_context(node, 4) == family_context(cidrs, None, 4)
 

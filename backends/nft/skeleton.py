@@ -34,15 +34,15 @@ def _containers(ctx: FamilyContext) -> dict[str, str]:
     addr = ctx.addr_type
     svc_key = f"{addr} . inet_proto . inet_service : verdict"
     port_key = "inet_proto . inet_service : verdict"
-    nodeports = f"type {addr};"
-    if ctx.nodeport_ips is None:
-        nodeports += ' comment "unused: NodePorts on every local address";'
-    elif ctx.nodeport_ips:
-        nodeports += f" elements = {anonymous_set(ctx.nodeport_ips)};"
+    # One comment per set: nft refuses a second one ("This statement is duplicated").
+    nodeports = f'type {addr}; comment "unused: NodePorts on every local address";'
+    if ctx.nodeport_ips is not None:
+        elements = f" elements = {anonymous_set(ctx.nodeport_ips)};" if ctx.nodeport_ips else ""
+        nodeports = f'type {addr};{elements} comment "IPs that accept NodePort traffic";'
     return {
         "cluster-ips": f"type {addr}; comment \"ClusterIPs (other ports are rejected)\";",
         "hairpin": f'type {addr} . {addr}; comment "endpoint . endpoint: pod reaching itself";',
-        "nodeport-ips": nodeports + ' comment "IPs that accept NodePort traffic";',
+        "nodeport-ips": nodeports,
         "service-ips": f'type {svc_key}; comment "ClusterIP, ExternalIP and LB IP traffic";',
         "service-nodeports": f'type {port_key}; comment "NodePort traffic";',
         "no-endpoint-services": f'type {svc_key}; comment "drop or reject: no endpoints";',
