@@ -94,7 +94,8 @@ class TermCache:
         key_pb = None
         for ep in rec.endpoints.values():
             known = self._endpoints.get(id(ep))
-            if known is None or known[0] is not ep or known[1] != svc.key:
+            if known is None or known[0] is not ep or (known[1] is not svc.key
+                                                       and known[1] != svc.key):
                 if key_pb is None:
                     key_pb = key_to_pb(svc.key)
                 known = self._endpoints[id(ep)] = (ep, svc.key,
