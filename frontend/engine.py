@@ -20,7 +20,7 @@ from svcproxy.convert import DIGEST_MASK, node_term, node_to_pb, record_term, st
 from svcproxy.frontend import metrics
 from svcproxy.frontend.compute import EMPTY_BASE, NodeClassCache, service_base
 from svcproxy.frontend.events import KINDS, Delete, Event, Kind, Replace, Upsert
-from svcproxy.frontend.gctuning import settle_long_lived_state
+from svcproxy.frontend.gctuning import collector_paused, settle_long_lived_state
 from svcproxy.frontend.initial import InitialFill, TermCache
 from svcproxy.frontend.intake import Intake
 from svcproxy.frontend.kubevalidation import object_key
@@ -91,6 +91,13 @@ class Engine:
 
     def submit(self, events: Iterable[Event]) -> None:
         """Apply one batch of source events and publish the resulting changes."""
+        if self.synced.is_set():
+            self._submit(events)
+        else:
+            with collector_paused():
+                self._submit(events)
+
+    def _submit(self, events: Iterable[Event]) -> None:
         touched = _Touched()
         for ev in events:
             try:
