@@ -9,8 +9,6 @@ others are always programmed.
 
 from __future__ import annotations
 
-import os
-import random
 import re
 import subprocess
 from collections.abc import Iterator
@@ -40,7 +38,7 @@ from svcproxy.model import (
 )
 from svcproxy.sdk import Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, invalid_values, isolate, isolate_versions
-from tests.netns.harness import missing_requirements
+from tests.netns.harness import missing_requirements, scratch_netns
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("192.168.50.2",),
                     service_cidrs=("10.96.0.0/16",))
@@ -108,12 +106,8 @@ _why = missing_requirements()
 def netns() -> Iterator[str]:
     if _why:
         pytest.skip(_why)
-    name = f"sphostile{os.getpid()}-{random.randrange(1 << 30):x}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("sphostile") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def run(ns: str, *argv: str) -> str:

@@ -8,8 +8,6 @@ base chain ("Operation not supported"), in every transaction that writes c.
 
 from __future__ import annotations
 
-import os
-import random
 import subprocess
 from collections.abc import Iterator
 
@@ -20,7 +18,7 @@ from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
-from tests.netns.harness import missing_requirements
+from tests.netns.harness import missing_requirements, scratch_netns
 
 pytestmark = pytest.mark.netns
 _why = missing_requirements()
@@ -35,12 +33,8 @@ def key(name: str) -> ServicePortKey:
 def netns() -> Iterator[str]:
     if _why:
         pytest.skip(_why)
-    name = f"spiptref{os.getpid()}-{random.randrange(1 << 30):x}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("spiptref") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def run(ns: str, *args: str) -> str:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import random
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -19,7 +17,7 @@ from svcproxy.backends.nft.libnft import LibNftRunner
 from svcproxy.model import Protocol, SessionAffinity
 from svcproxy.sdk import Changes, NodeState, resolve_context
 from tests.lab.netns import call_in
-from tests.netns.harness import missing_requirements
+from tests.netns.harness import missing_requirements, scratch_netns
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
@@ -30,12 +28,8 @@ _why = missing_requirements()
 def netns() -> Iterator[str]:
     if _why:
         pytest.skip(_why)
-    name = f"spnft{os.getpid()}-{random.randrange(1 << 30):x}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("spnft") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def nft(ns: str, *args: str) -> str:

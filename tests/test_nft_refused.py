@@ -8,8 +8,6 @@ test adds to the backend's table, or appends at the apply boundary) already hold
 from __future__ import annotations
 
 import logging
-import os
-import random
 import subprocess
 from collections.abc import Iterator
 
@@ -19,7 +17,7 @@ from svcproxy.backends.nft import names
 from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.sdk import Changes, NodeState
-from tests.netns.harness import missing_requirements
+from tests.netns.harness import missing_requirements, scratch_netns
 from tests.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
@@ -31,12 +29,8 @@ CONFLICT = "10.96.0.3 . tcp . 80 : drop"  # the ClusterIP of service "c", anothe
 def netns() -> Iterator[str]:
     if _why:
         pytest.skip(_why)
-    name = f"sprefused{os.getpid()}-{random.randrange(1 << 30):x}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("sprefused") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def nft(ns: str, *args: str) -> str:

@@ -7,11 +7,13 @@ behaviour shows up (``eventually``); nothing is restarted between changes.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,6 +29,17 @@ from .socket_level import SocketLevel
 
 T = TypeVar("T")
 NODE = "node1"
+
+
+@contextmanager
+def scratch_netns(prefix: str = "spns") -> Iterator[str]:
+    """An empty network namespace of its own, deleted afterwards (also on failure)."""
+    name = f"{prefix}{os.getpid()}-{random.randrange(1 << 30):x}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def missing_requirements() -> str:
