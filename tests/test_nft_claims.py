@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from svcproxy.backends.nft.context import family_context
 from svcproxy.backends.nft.service_rules import render_service
-from svcproxy.backends.nft.table_state import build_table, commit, plan_delta
+from svcproxy.backends.nft.claims import build_table, commit, plan_delta
 from svcproxy.model import ServiceType
 from tests.nft_fixtures import CONFIG, endpoint, key, service, state_of
 
@@ -24,7 +24,7 @@ def test_removing_an_endpoint_of_a_node_port_service_leaves_what_a_full_sync_wou
     assert len(hairpin) > len(set(hairpin))  # the same element twice in one service port
     table = build_table(CTX, {key("np"): rules})
     after = replace(before, endpoints={"10.244.1.11": before.endpoints["10.244.1.11"]})
-    delta = plan_delta(table, {key("np"): render_service(after, CTX)})
+    delta = plan_delta(table, {key("np"): rules}, {key("np"): render_service(after, CTX)})
     assert "delete element ip svcproxy hairpin { 10.244.1.10 . 10.244.1.10 }" in delta.text
     commit(table, delta)
     fresh = build_table(CTX, {key("np"): render_service(after, CTX)})  # type: ignore[dict-item]

@@ -163,20 +163,47 @@ def test_same_port_on_tcp_udp_and_sctp_loads(netns: str) -> None:
         assert f"10.96.0.10 . {proto} . 80" in listing
 
 
-def test_periodic_resync_keeps_affinity_state(netns: str) -> None:
+class Counting(NftRunner):
+    """An NftRunner that counts the transactions it applies."""
+
+    applied: int = 0
+
+    def apply(self, text: str) -> None:
+        object.__setattr__(self, "applied", self.applied + 1)
+        super().apply(text)
+
+
+def test_periodic_resync_with_nothing_changed_writes_nothing(netns: str) -> None:
+    """A resync is a diff against what was applied: no transaction when nothing changed
+    (so a change behind it never waits for a rewrite), affinity state kept; a change
+    that comes with it is applied as a delta of that service port alone."""
     svc = service("web", session_affinity=SessionAffinity.CLIENT_IP)
     plain = state_of(service("db", "10.96.0.11"), endpoint("10.244.1.11"), endpoint("fd00::b"))
     state = node_state(state_of(svc, endpoint("10.244.1.10")), plain)
-    b = backend(netns)
+    runner = Counting(("ip", "netns", "exec", netns))
+    b = NftBackend(CONFIG, runner)
     b.sync(state, everything(state))
     full = kernel_content(netns)
     aff = names.affinity_set(names.service_base(svc.key), "10.244.1.10", 8080, 10800)
     nft(netns, "add", "element", "ip", names.TABLE, aff, "{ 192.168.50.100 }")
+    before = runner.applied
     b.sync(state, Changes(frozenset(state.services), full=True, reason="periodic"))
-    assert b.last and b.last.mode == "reassert"
+    assert runner.applied == before
     assert "192.168.50.100" in nft(netns, "list", "set", "ip", names.TABLE, aff)
+    moved = state_of(plain.service, endpoint("10.244.1.12"), endpoint("fd00::b"))
+    changed = replace(state, services={**state.services, moved.key: moved}, revision=2)
+    b.sync(changed, Changes(frozenset(changed.services), full=True, reason="periodic"))
+    assert runner.applied == before + 1 and b.last and b.last.mode == "delta"
+    assert b.last.services == 1
     nft(netns, "flush", "set", "ip", names.TABLE, aff)
-    assert kernel_content(netns) == full
+    fresh = f"{netns}f"
+    subprocess.run(["ip", "netns", "add", fresh], check=True)
+    try:
+        backend(fresh).sync(changed, everything(changed))
+        assert kernel_content(netns) == kernel_content(fresh)
+    finally:
+        subprocess.run(["ip", "netns", "del", fresh], check=False)
+    assert kernel_content(netns) != full
 
 
 def test_libnftables_runner_matches_nft_f(netns: str) -> None:

@@ -8,7 +8,7 @@ from svcproxy.backends.nft import names
 from svcproxy.backends.nft.context import family_context, from_node_context
 from svcproxy.backends.nft.service_rules import ServiceRules, render_service
 from svcproxy.backends.nft.skeleton import lb_declarations, render_skeleton
-from svcproxy.backends.nft.table_state import build_table, commit, full_text, plan_delta
+from svcproxy.backends.nft.claims import build_table, commit, full_text, plan_delta
 from svcproxy.model import NodeInfo, SessionAffinity, TrafficPolicy
 from svcproxy.sdk import resolve_context
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
@@ -128,9 +128,10 @@ def test_ipv6_rules_only_for_services_with_an_ipv6_cluster_ip() -> None:
 def test_delta_of_one_endpoint_touches_only_that_service() -> None:
     a = state_of(service("a", "10.96.0.1"), endpoint("10.244.1.10"), endpoint("10.244.1.11"))
     b = state_of(service("b", "10.96.0.2"), endpoint("10.244.1.12"), endpoint("10.244.1.13"))
-    table = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (a, b)})
+    applied = {r.key: render_service(r, CTX4) for r in (a, b)}
+    table = build_table(CTX4, applied)
     swapped = state_of(a.service, endpoint("10.244.1.10"), endpoint("10.244.1.20"))
-    delta = plan_delta(table, {a.key: render_service(swapped, CTX4)})
+    delta = plan_delta(table, applied, {a.key: render_service(swapped, CTX4)})
     assert sorted(delta.text.splitlines()) == sorted([
         "delete element ip svcproxy endpoints-2 { 10.96.0.1 . tcp . 80 . 1 }",
         "delete element ip svcproxy hairpin { 10.244.1.11 . 10.244.1.11 }",
@@ -138,9 +139,10 @@ def test_delta_of_one_endpoint_touches_only_that_service() -> None:
         "add element ip svcproxy hairpin { 10.244.1.20 . 10.244.1.20 }",
     ])
     commit(table, delta)
-    assert plan_delta(table, {a.key: render_service(swapped, CTX4)}).empty
-    shrunk = plan_delta(table, {a.key: render_service(state_of(a.service, endpoint("10.244.1.10")),
-                                                      CTX4)})
+    applied.update(delta.services)
+    assert plan_delta(table, applied, {a.key: render_service(swapped, CTX4)}).empty
+    shrunk = plan_delta(table, applied, {
+        a.key: render_service(state_of(a.service, endpoint("10.244.1.10")), CTX4)})
     assert "map endpoints-1" in shrunk.text and "chain lb-1" in shrunk.text
     assert "10.96.0.1 . tcp . 80 : goto lb-1" in shrunk.text
 
@@ -148,25 +150,25 @@ def test_delta_of_one_endpoint_touches_only_that_service() -> None:
 def test_shared_cluster_ip_element_stays_while_one_port_remains() -> None:
     http = state_of(service("web", key=key("web", "http")), endpoint("10.244.1.10"))
     dns = state_of(service("web", key=key("web", "dns"), port=53), endpoint("10.244.1.10"))
-    table = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (http, dns)})
-    delta = plan_delta(table, {dns.key: None})
+    applied = {r.key: render_service(r, CTX4) for r in (http, dns)}
+    table = build_table(CTX4, applied)
+    delta = plan_delta(table, applied, {dns.key: None})
     assert "delete element ip svcproxy cluster-ips" not in delta.text
     commit(table, delta)
-    last = plan_delta(table, {http.key: None})
+    del applied[dns.key]
+    last = plan_delta(table, applied, {http.key: None})
     assert "delete element ip svcproxy cluster-ips { 10.96.0.10 }" in last.text
 
 
-def test_reassert_keeps_affinity_sets_and_deletes_leftovers() -> None:
+def test_a_full_text_replaces_the_table_with_every_object_and_element() -> None:
     a = state_of(service("a", "10.96.0.1", session_affinity=SessionAffinity.CLIENT_IP),
                  endpoint("10.244.1.10"))
     b = state_of(service("b", "10.96.0.2"), endpoint("10.244.1.12"))
-    before = build_table(CTX4, {r.key: render_service(r, CTX4) for r in (a, b)})
-    after = build_table(CTX4, {a.key: render_service(a, CTX4)})
-    text = full_text(after, before)
-    assert "delete table" not in text and "flush table ip svcproxy" in text
-    assert "flush set ip svcproxy affinity" not in text
-    assert "delete chain ip svcproxy lb-1" in text and "delete map ip svcproxy endpoints-1" in text
-    assert "delete table ip svcproxy" in full_text(after)
+    applied = {r.key: render_service(r, CTX4) for r in (a, b)}
+    text = full_text(build_table(CTX4, applied), applied)
+    assert text.startswith("add table ip svcproxy\ndelete table ip svcproxy\n")
+    assert "map endpoints-1" in text and "chain lb-1" in text
+    assert "10.96.0.1 . tcp . 80 : goto" in text and "10.96.0.2 . tcp . 80 : goto lb-1" in text
 
 
 def test_node_ports_from_the_node_context() -> None:

@@ -1,4 +1,12 @@
-"""The nftables backend: render the node's state, apply it in one ``nft -f`` transaction."""
+"""The nftables backend: render -> diff -> apply (the SDK's ``StagedBackend``), each apply
+one ``nft -f`` transaction.
+
+* render: one service port's rules in each family (pure, ``render_service``);
+* diff: the SDK's, against what the last successful apply left (``self.applied``), so a
+  periodic resync with nothing changed renders nothing and writes nothing;
+* apply: a rebuild replaces the tables (first sync, after a failure, a new node
+  context); otherwise the changed service ports' chains, sets and elements only.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from svcproxy.sdk import (
-    Backend,
     Changes,
+    Delta,
     NodeConfig,
     NodeState,
     ServicePortKey,
     ServicePortState,
+    StagedBackend,
 )
 from svcproxy.sdk.refusals import (
     Refusals,
@@ -26,31 +35,31 @@ from svcproxy.sdk.refusals import (
 )
 
 from .apply import NftError, NftRunner, Runner
-from .context import FamilyContext, from_node_context, node_context
+from .claims import Delta as TableDelta
+from .claims import FamilyTable, build_table, commit, full_text, plan_delta
+from .context import NODE_PORT_DEFAULT, FamilyContext, from_node_context, node_context
 from .culprits import named_in_error
 from .names import TABLE, lb_chain
 from .service_rules import ServiceRules, render_service
 from .skeleton import MAPS, SETS
-from .table_state import Delta, FamilyTable, build_table, commit, full_text, plan_delta
 
 log = logging.getLogger(__name__)
 
 FAMILIES = (4, 6)
 
+# What one service port holds in each family's table (in ``families`` order).
+PerFamily = tuple[ServiceRules | None, ...]
+
 
 @dataclass(frozen=True, slots=True)
 class SyncReport:
-    """What the last sync did (for logs and benchmarks)."""
+    """What the last transaction did (for logs and benchmarks)."""
 
-    mode: str  # "replace", "reassert" or "delta"
+    mode: str  # "replace" (a rebuild) or "delta"
     services: int
     text_bytes: int
     render_seconds: float
     apply_seconds: float
-
-
-Records = dict[ServicePortKey, ServicePortState]
-Item = tuple[ServicePortKey, ServicePortState]
 
 
 def render_all(state: NodeState, ctx: FamilyContext) -> dict[ServicePortKey, ServiceRules]:
@@ -70,173 +79,221 @@ def render_records(
     return result
 
 
-class NftBackend(Backend):
+class FamilyView(Mapping[ServicePortKey, ServiceRules]):
+    """One family's rules of per-family values (read only; what ``plan_delta`` reads as
+    what each service port applied)."""
+
+    def __init__(self, values: Mapping[ServicePortKey, PerFamily], index: int) -> None:
+        self._values = values
+        self._index = index
+
+    def __getitem__(self, key: ServicePortKey) -> ServiceRules:
+        rules = self._values[key][self._index]
+        if rules is None:
+            raise KeyError(key)
+        return rules
+
+    def __iter__(self) -> Iterator[ServicePortKey]:
+        i = self._index
+        return (k for k, v in self._values.items() if v[i] is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class NftBackend(StagedBackend[PerFamily]):
     """Programs one table per address family (``ip svcproxy``, ``ip6 svcproxy``)."""
 
     name = "nft"
-    # Unset --nodeport-addresses means the primary IPs, as kube-proxy's nftables mode.
-    node_port_default = "primary"
+    node_port_default = NODE_PORT_DEFAULT
 
     def __init__(
         self,
         config: NodeConfig,
         runner: Runner | None = None,
-        families: Iterable[int] = FAMILIES,
+        families: tuple[int, ...] | list[int] = FAMILIES,
         table: str = TABLE,
     ) -> None:
+        super().__init__()
         self.config = config
         self.runner: Runner = runner or NftRunner()
         self.families = tuple(families)
         self.table = table
+        # The claims of the applied rules per family; None: the tables are unknown.
         self._tables: dict[int, FamilyTable] | None = None
-        # The record of every service port in the tables (what the kernel accepted).
-        self._accepted: Records = {}
+        self._contexts: dict[int, FamilyContext] = {}
+        self._state: NodeState | None = None
+        self._retried: set[ServicePortKey] = set()
         self.refusals = Refusals(self.name)
         self.last: SyncReport | None = None
 
-    def _contexts(self, state: NodeState) -> dict[int, FamilyContext]:
-        return {
-            f: _with_table(from_node_context(node, f), self.table)
-            for node in (node_context(self.config, state),) for f in self.families
-        }
+    def _family_contexts(self, state: NodeState) -> dict[int, FamilyContext]:
+        node = node_context(self.config, state, self.node_port_default)
+        return {f: _with_table(from_node_context(node, f), self.table) for f in self.families}
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         with _collector_paused():
-            self._sync(state, changes)
+            self.refusals.prune(state.services)
+            self._state, self._retried = state, set()
+            super().sync(state, changes)
+            # A refused service port whose new version was applied is no longer refused.
+            for key in self._retried:
+                if not self.refusals.holds(key, state.services.get(key)):
+                    self.refusals.clear(key)
 
-    def _sync(self, state: NodeState, changes: Changes) -> None:
-        self.refusals.prune(state.services)
-        contexts = self._contexts(state)
+    def diff(self, state: NodeState, changes: Changes) -> Delta[ServicePortKey, PerFamily]:
+        """The SDK's diff; a new node context (local traffic detection, node IPs, service
+        CIDRs) changes the tables' skeleton: everything is rebuilt."""
+        contexts = self._family_contexts(state)
         tables = self._tables
-        same_context = tables is not None and all(
-            tables[f].ctx == ctx for f, ctx in contexts.items()
-        )
-        if tables is None or not same_context:
+        if tables is None or any(tables[f].ctx != c for f, c in contexts.items()):
             if tables is not None:
                 log.info("Node configuration changed (local traffic detection, node IPs or "
                          "service CIDRs): rewriting tables %s", self.table)
-            self._full(state, contexts, previous=None)
-        elif changes.full:
-            self._full(state, contexts, previous=tables)
-        else:
-            self._delta(state, tables, changes.services)
+            self.applied.invalidate()
+        self._contexts = contexts
+        return super().diff(state, changes)
 
-    def _wanted(self, state: NodeState, key: ServicePortKey) -> ServicePortState | None:
-        """The record to program for ``key``: the state's, unless this very version was
-        refused (or has values no rule may hold): then the last accepted one, if any."""
-        record = state.services.get(key)
-        accepted = self._accepted.get(key)
-        if record is accepted:
-            return record
-        if self.refusals and self.refusals.holds(key, record):
-            return accepted
-        if record is not None:
-            reason = invalid_values(record)
-            if reason is not None:
-                self.refusals.refuse(key, record, f"invalid value: {reason}")
-                return accepted
-        return record
+    def render(self, state: NodeState, record: ServicePortState) -> PerFamily | None:
+        """The record's rules in each family; a version refused (or with values no rule
+        may hold) keeps what was applied for the service port."""
+        key = record.key
+        if self.refusals:
+            if self.refusals.holds(key, record):
+                return self.applied.get(key)
+            if key in self.refusals:
+                self._retried.add(key)
+        reason = invalid_values(record)
+        if reason is not None:
+            self.refusals.refuse(key, record, f"invalid value: {reason}")
+            return self.applied.get(key)
+        rules = tuple(render_service(record, self._contexts[f]) for f in self.families)
+        return rules if any(r is not None for r in rules) else None
 
-    def _full(
-        self,
-        state: NodeState,
-        contexts: dict[int, FamilyContext],
-        previous: dict[int, FamilyTable] | None,
-    ) -> None:
-        """Rewrite both tables; replace them unless ``previous`` says what is there."""
+    def apply(self, delta: Delta[ServicePortKey, PerFamily]
+              ) -> Delta[ServicePortKey, PerFamily] | None:
+        """One transaction; when the kernel refuses it, the service ports it refuses are
+        found and left out, and the others applied (the part applied is returned)."""
         start = time.perf_counter()
-        records: Records = {}
-        for key in state.services:
-            record = self._wanted(state, key)
-            if record is not None:
-                records[key] = record
-        rendered = {f: render_records(records, ctx) for f, ctx in contexts.items()}
-        tables = {f: build_table(ctx, rendered[f]) for f, ctx in contexts.items()}
-        text = "".join(
-            full_text(t, previous[f] if previous else None) for f, t in tables.items()
-        )
-        mode = "reassert" if previous else "replace"
         try:
-            self._apply(text, start, mode, len(state.services))
+            if delta.rebuild:
+                return self._rebuild(delta, start)
+            return self._update(delta, start)
+        except BaseException:
+            self._tables = None
+            raise
+
+    def _rebuild(self, delta: Delta[ServicePortKey, PerFamily], start: float
+                 ) -> Delta[ServicePortKey, PerFamily] | None:
+        """Replace the tables by ``delta.set``."""
+        values = dict(sorted(delta.set.items(), key=_key))
+        tables, text = self._full(values)
+        try:
+            self._apply(text, start, "replace", len(values))
         except NftError as err:
-            records, rendered = self._isolate_full(
-                state, records, contexts, rendered, previous, text, err)
-            tables = {f: build_table(ctx, rendered[f]) for f, ctx in contexts.items()}
+            values = self._isolate_full(values, text, err)
+            tables, _ = self._full(values)
         self._tables = tables
-        self._accepted = records
-        self._settle(state, records)
-        # The kept tables are long-lived and acyclic: keep the cyclic collector off them.
+        # The kept rules are long-lived and acyclic: keep the cyclic collector off them.
         gc.freeze()
+        return None if len(values) == len(delta.set) else Delta(True, values)
 
-    @staticmethod
-    def _full_text(
-        contexts: Mapping[int, FamilyContext],
-        rendered: Mapping[int, Mapping[ServicePortKey, ServiceRules]],
-        previous: dict[int, FamilyTable] | None,
-    ) -> str:
-        return "".join(
-            full_text(build_table(ctx, rendered[f]), previous[f] if previous else None)
-            for f, ctx in contexts.items()
-        )
+    def _full(self, values: Mapping[ServicePortKey, PerFamily]
+              ) -> tuple[dict[int, FamilyTable], str]:
+        """The claims and the text of tables holding exactly ``values``."""
+        tables: dict[int, FamilyTable] = {}
+        text = []
+        for i, f in enumerate(self.families):
+            view = FamilyView(values, i)
+            tables[f] = build_table(self._contexts[f], view)
+            text.append(full_text(tables[f], view))
+        return tables, "".join(text)
 
-    def _isolate_full(
-        self,
-        state: NodeState,
-        records: Records,
-        contexts: dict[int, FamilyContext],
-        rendered: dict[int, dict[ServicePortKey, ServiceRules]],
-        previous: dict[int, FamilyTable] | None,
-        text: str,
-        err: NftError,
-    ) -> tuple[Records, dict[int, dict[ServicePortKey, ServiceRules]]]:
-        """After a refused full transaction: find the refused service ports (new
-        versions first, then their last accepted versions), apply the rest; return
-        the records applied and their rules. Raises ``err`` when even the fixed
-        objects are refused."""
-        cache: dict[tuple[int, ServicePortKey], tuple[ServicePortState, ServiceRules | None]]
-        cache = {}
-
-        def rules_of(f: int, key: ServicePortKey, record: ServicePortState) -> ServiceRules | None:
-            if records.get(key) is record:
-                return rendered[f].get(key)
-            hit = cache.get((f, key))
-            if hit is None or hit[0] is not record:
-                hit = cache[(f, key)] = (record, render_service(record, contexts[f]))
-            return hit[1]
-
-        def chosen(items: list[Item]) -> dict[int, dict[ServicePortKey, ServiceRules]]:
-            ordered = sorted(items, key=_key)
-            return {
-                f: {k: r for k, rec in ordered if (r := rules_of(f, k, rec)) is not None}
-                for f in contexts
-            }
-
+    def _isolate_full(self, values: dict[ServicePortKey, PerFamily], text: str,
+                      err: NftError) -> dict[ServicePortKey, PerFamily]:
+        """After a refused rebuild: find the refused service ports and apply the others;
+        return what was applied. Raises ``err`` when even the fixed objects are refused."""
         last = [text]
 
-        def text_of(items: list[Item]) -> str:
-            last[0] = self._full_text(contexts, chosen(items), previous)
+        def text_of(items: list[tuple[ServicePortKey, PerFamily]]) -> str:
+            last[0] = self._full(dict(items))[1]
             return last[0]
 
         def named(error: str) -> list[ServicePortKey]:
-            return named_in_error(last[0], error, rendered.values())
+            views = [FamilyView(values, i) for i in range(len(self.families))]
+            return named_in_error(last[0], error, views)
 
-        if self._check(self._full_text(contexts, chosen([]), previous)) is not None:
-            self._tables = None
+        if self._check(self._full({})[1]) is not None:
             raise err
         try:
             accepted, refused = isolate_versions(
-                records, self._accepted, lambda items: self._check(text_of(items)), str(err),
-                named)
+                values, {}, lambda items: self._check(text_of(items)), str(err), named)
         except TooManyRefused:
-            self._tables = None
             raise err from None
-        items = sorted(accepted.items())
-        start = time.perf_counter()
-        self._apply(text_of(items), start, "replace" if previous is None else "reassert",
-                    len(items))
-        for key, error in refused.items():
-            self.refusals.refuse(key, state.services.get(key), error)
-        return accepted, chosen(items)
+        applied = dict(sorted(accepted.items(), key=_key))
+        self._apply(text_of(list(applied.items())), time.perf_counter(), "replace",
+                    len(applied))
+        self._refuse(refused.items())
+        return applied
+
+    def _update(self, delta: Delta[ServicePortKey, PerFamily], start: float
+                ) -> Delta[ServicePortKey, PerFamily] | None:
+        """Rewrite only what the changed service ports own."""
+        tables = self._tables
+        assert tables is not None, "a delta without tables: diff rebuilds then"
+        updates: dict[ServicePortKey, PerFamily | None] = dict.fromkeys(delta.removed)
+        updates.update(delta.set)
+        old = {f: FamilyView(self.applied, i) for i, f in enumerate(self.families)}
+        per = {f: {k: None if v is None else v[i] for k, v in updates.items()}
+               for i, f in enumerate(self.families)}
+        deltas = {f: plan_delta(t, old[f], per[f]) for f, t in tables.items()}
+        done: Delta[ServicePortKey, PerFamily] | None = None
+        try:
+            self._apply("".join(d.text for d in deltas.values()), start, "delta", len(updates))
+        except NftError as err:
+            deltas, keys = self._isolate_delta(tables, old, per, err)
+            done = Delta(False, _only(delta.set, keys), _only(delta.removed, keys),
+                         _only(delta.previous, keys))
+        for f, d in deltas.items():
+            commit(tables[f], d)
+        return done
+
+    def _isolate_delta(
+        self,
+        tables: dict[int, FamilyTable],
+        old: Mapping[int, Mapping[ServicePortKey, ServiceRules]],
+        per: Mapping[int, Mapping[ServicePortKey, ServiceRules | None]],
+        err: NftError,
+    ) -> tuple[dict[int, TableDelta], list[ServicePortKey]]:
+        """After a refused delta: find the refused service ports (they keep what the
+        kernel holds for them), apply the others; return the deltas and keys applied."""
+
+        def deltas_of(keys: list[ServicePortKey]) -> dict[int, TableDelta]:
+            return {f: plan_delta(t, old[f], {k: per[f][k] for k in keys})
+                    for f, t in tables.items()}
+
+        def accepts(accepted: list[ServicePortKey], group: list[ServicePortKey]) -> str | None:
+            return self._check("".join(d.text for d in deltas_of([*accepted, *group]).values()))
+
+        keys = sorted(per[self.families[0]])
+        try:
+            accepted, refused = isolate(keys, accepts, str(err), max(10, len(keys) // 10))
+        except TooManyRefused:
+            raise err from None
+        if not accepted and self._check(_probe(tables)) is not None:
+            # Everything refused and our own objects are not what we kept (a flushed
+            # ruleset?): the node's fault; the retry rewrites the tables.
+            raise err
+        deltas = deltas_of(accepted)
+        self._apply("".join(d.text for d in deltas.values()), time.perf_counter(),
+                    "delta", len(accepted))
+        self._refuse(refused)
+        return deltas, accepted
+
+    def _refuse(self, refused: Iterable[tuple[ServicePortKey, str]]) -> None:
+        state = self._state
+        for key, error in refused:
+            self.refusals.refuse(key, state.services.get(key) if state else None, error)
 
     def _check(self, text: str) -> str | None:
         try:
@@ -245,112 +302,26 @@ class NftBackend(Backend):
             return str(err)
         return None
 
-    def _settle(self, state: NodeState, records: Mapping[ServicePortKey, ServicePortState]
-                ) -> None:
-        """Service ports applied as they are in the state are no longer refused."""
-        if not self.refusals:
-            return
-        for key in list(self.refusals):
-            record = state.services.get(key)
-            if record is None and key not in records or (
-                    record is not None and records.get(key) is record):
-                self.refusals.clear(key)
-
-    def _delta(
-        self,
-        state: NodeState,
-        tables: dict[int, FamilyTable],
-        keys: Iterable[ServicePortKey],
-    ) -> None:
-        """Rewrite only what the changed service ports own."""
-        start = time.perf_counter()
-        wanted = {k: self._wanted(state, k) for k in keys}
-        rendered: dict[int, dict[ServicePortKey, ServiceRules | None]] = {
-            f: {k: render_service(r, t.ctx) if r is not None else None
-                for k, r in wanted.items()}
-            for f, t in tables.items()
-        }
-        deltas = {f: plan_delta(t, rendered[f]) for f, t in tables.items()}
-        text = "".join(d.text for d in deltas.values())
-        applied: Iterable[ServicePortKey] = wanted
-        try:
-            self._apply(text, start, "delta", len(wanted), forget=False)
-        except NftError as err:
-            deltas, applied = self._isolate_delta(state, tables, wanted, rendered, err)
-        for f, delta in deltas.items():
-            commit(tables[f], delta)
-        for key in applied:
-            record = wanted[key]
-            if record is None:
-                self._accepted.pop(key, None)
-            else:
-                self._accepted[key] = record
-        self._settle(state, self._accepted)
-
-    def _isolate_delta(
-        self,
-        state: NodeState,
-        tables: dict[int, FamilyTable],
-        wanted: dict[ServicePortKey, ServicePortState | None],
-        rendered: dict[int, dict[ServicePortKey, ServiceRules | None]],
-        err: NftError,
-    ) -> tuple[dict[int, Delta], list[ServicePortKey]]:
-        """After a refused delta: find the refused service ports (they keep what the
-        kernel holds for them), apply the others; return the deltas and keys applied."""
-
-        def deltas_of(keys: list[ServicePortKey]) -> dict[int, Delta]:
-            return {f: plan_delta(t, {k: rendered[f][k] for k in keys})
-                    for f, t in tables.items()}
-
-        def accepts(accepted: list[ServicePortKey], group: list[ServicePortKey]) -> str | None:
-            return self._check("".join(d.text for d in deltas_of([*accepted, *group]).values()))
-
-        try:
-            accepted, refused = isolate(sorted(wanted), accepts, str(err),
-                                        max(10, len(wanted) // 10))
-        except TooManyRefused:
-            self._tables = None
-            raise err from None
-        if not accepted and self._check(_probe(tables)) is not None:
-            # Everything refused and our own objects are not what we kept (a flushed
-            # ruleset?): the node's fault; the retry rewrites the tables.
-            self._tables = None
-            raise err
-        deltas = deltas_of(accepted)
-        try:
-            self._apply("".join(d.text for d in deltas.values()), time.perf_counter(),
-                        "delta", len(accepted), forget=False)
-        except NftError:
-            self._tables = None
-            raise
-        for key, error in refused:
-            self.refusals.refuse(key, state.services.get(key), error)
-        return deltas, accepted
-
-    def _apply(self, text: str, start: float, mode: str, services: int,
-               forget: bool = True) -> None:
+    def _apply(self, text: str, start: float, mode: str, services: int) -> None:
         rendered = time.perf_counter()
         try:
             self.runner.apply(text)
         except NftError:
-            if forget:
-                self._tables = None
             log.warning("nft %s transaction of %d bytes was refused; nothing of it was "
                         "applied; looking for the service ports refused", mode, len(text))
-            raise
-        except Exception:
-            self._tables = None
             raise
         done = time.perf_counter()
         self.last = SyncReport(mode, services, len(text), rendered - start, done - rendered)
         log.debug(
-            "nft %s sync of %d service ports: %d bytes, render %.1f ms, apply %.1f ms",
+            "nft %s sync of %d service ports: %d bytes, diff %.1f ms, apply %.1f ms",
             mode, services, len(text), 1e3 * (rendered - start), 1e3 * (done - rendered),
         )
 
-    def applied_tables(self) -> dict[int, FamilyTable]:
-        """What the last successful sync left in each family's table (read only)."""
-        return dict(self._tables or {})
+    def applied_text(self) -> str:
+        """The text that writes what the last successful sync left, whole (benchmarks)."""
+        tables = self._tables or {}
+        return "".join(full_text(tables[f], FamilyView(self.applied, i))
+                       for i, f in enumerate(self.families) if f in tables)
 
     def cleanup(self) -> None:
         """Delete our tables (and nothing else); fine if they do not exist."""
@@ -358,8 +329,14 @@ class NftBackend(Backend):
             f"add table {fam} {self.table}\ndelete table {fam} {self.table}\n"
             for fam in ("ip" if f == 4 else "ip6" for f in self.families)
         )
-        self.runner.apply(text)
         self._tables = None
+        self.applied.invalidate()
+        self.runner.apply(text)
+
+
+def _only(items: Mapping[ServicePortKey, PerFamily], keys: list[ServicePortKey]
+          ) -> dict[ServicePortKey, PerFamily]:
+    return {k: items[k] for k in keys if k in items}
 
 
 def _probe(tables: Mapping[int, FamilyTable]) -> str:
@@ -374,7 +351,7 @@ def _probe(tables: Mapping[int, FamilyTable]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _key(item: Item) -> ServicePortKey:
+def _key(item: tuple[ServicePortKey, object]) -> ServicePortKey:
     return item[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from svcproxy.sdk import (
     LocalTraffic,
@@ -17,6 +18,12 @@ from svcproxy.sdk import (
 from .names import TABLE
 
 MASQUERADE_MARK = 0x4000
+
+NodePortDefault = Literal["all", "primary"]
+# Without --nodeport-addresses NodePorts answer on the primary node IPs, as in kube-proxy's
+# nftables mode: the one place this backend's default is set (the agent reads it from
+# the backend, a composition from its members).
+NODE_PORT_DEFAULT: NodePortDefault = "primary"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,18 +71,19 @@ def local_matches(local: LocalTraffic, family: int) -> tuple[str, str]:
     return f"{ipx} saddr {ranges}", f"{ipx} saddr != {ranges}"
 
 
-def node_context(config: NodeConfig, state: NodeState) -> NodeContext:
+def node_context(config: NodeConfig, state: NodeState,
+                 node_port_default: NodePortDefault = NODE_PORT_DEFAULT) -> NodeContext:
     """The agent's node context, or (a state not from an agent) the same resolution here,
-    with kube-proxy's nftables default of the primary IP for NodePorts."""
+    with the NodePort default the agent uses for this backend."""
     if state.context is not None:
         return state.context
-    return resolve_context(config, state.node, node_port_default="primary")
+    return resolve_context(config, state.node, node_port_default=node_port_default)
 
 
 def family_context(config: NodeConfig, node: NodeInfo | None, family: int) -> FamilyContext:
     """One family's rendering context resolved from the flags alone (tests, benchmarks)."""
     return from_node_context(
-        resolve_context(config, node, node_port_default="primary"), family)
+        resolve_context(config, node, node_port_default=NODE_PORT_DEFAULT), family)
 
 
 def from_node_context(node: NodeContext, family: int) -> FamilyContext:

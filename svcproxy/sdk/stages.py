@@ -144,8 +144,14 @@ class StagedBackend(Backend, Generic[V]):
         """What the dataplane must hold for one service port (None: nothing)."""
 
     @abstractmethod
-    def apply(self, delta: Delta[ServicePortKey, V]) -> None:
-        """Change the dataplane by ``delta``; raise if it was not (fully) applied."""
+    def apply(self, delta: Delta[ServicePortKey, V]) -> Delta[ServicePortKey, V] | None:
+        """Change the dataplane by ``delta``; raise if it was not applied.
+
+        Return None when all of it was applied. A dataplane that refused some items
+        alone (and took the others) returns the part it took, a delta of the same kind:
+        the refused items keep their applied value (a rebuild: none) and are not rendered
+        again until their record changes.
+        """
 
     def diff(self, state: NodeState, changes: Changes) -> Delta[ServicePortKey, V]:
         """Render what may have changed and compare it with what is applied."""
@@ -182,14 +188,15 @@ class StagedBackend(Backend, Generic[V]):
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         delta = self.diff(state, changes)
+        done: Delta[ServicePortKey, V] | None = None
         if delta:
             try:
-                self.apply(delta)
+                done = self.apply(delta)
             except BaseException:
                 self.applied.invalidate()
                 self._sources = {}
                 raise
-        self.applied.commit(delta)
+        self.applied.commit(delta if done is None else done)
         self._remember()
 
     def _remember(self) -> None:

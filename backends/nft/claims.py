@@ -1,13 +1,14 @@
-"""What the backend applied to one family's table, and the nft text that changes it.
+"""The claims the applied rules add up to in one family's table, and the nft text
+that changes them.
 
-Kept after every successful apply so that the next change is computed from it
-(never from a kernel dump): a full text rewrites the table; a delta text touches
-only the chains, sets and elements of the service ports that changed.
-
-Elements may be claimed by several service ports (a ClusterIP in
-``cluster-ips``, a pod in ``hairpin``, or a misconfigured duplicate address):
-each element counts its claims and remembers whose value was applied; the
-element goes when the last claim does.
+What each service port applied is the SDK's ``Applied`` (the backend's render ->
+diff -> apply); this module keeps only what nft needs on top of it to write a
+delta: elements may be claimed by several service ports (a ClusterIP in
+``cluster-ips``, a pod in ``hairpin``, or a misconfigured duplicate address), so
+each element counts its claims and remembers whose value was applied (the element
+goes when the last claim does), and each shared ``lb-N`` chain counts its users.
+A full text writes the whole table; a delta text touches only the chains, sets and
+elements of the service ports that changed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from svcproxy.sdk import ServicePortKey
 from .context import FamilyContext
 from .names import lb_chain, lb_map
 from .service_rules import ServiceRules
-from .skeleton import MAPS, SETS, chain_block, lb_declarations, render_skeleton
+from .skeleton import chain_block, lb_declarations, render_skeleton
 
 ElementId = tuple[str, str]  # (container, key)
 # nft splits a long element list over several netlink messages, and then points an
@@ -31,10 +32,9 @@ Applied = tuple[str, ServicePortKey]  # (value, owner)
 
 @dataclass(slots=True)
 class FamilyTable:
-    """The applied content of one family's table."""
+    """The claims of one family's table (derived from the applied rules)."""
 
     ctx: FamilyContext
-    services: dict[ServicePortKey, ServiceRules] = field(default_factory=dict)
     claims: dict[ElementId, int] = field(default_factory=dict)
     applied: dict[ElementId, Applied] = field(default_factory=dict)
     lb_users: dict[int, int] = field(default_factory=dict)  # lb-N size -> service ports
@@ -46,7 +46,8 @@ class FamilyTable:
 
 @dataclass(slots=True)
 class Delta:
-    """A planned change of one FamilyTable: its nft text and the state after it."""
+    """A planned change of one FamilyTable: its nft text, the service ports' rules it
+    writes (None: removed) and the claims after it."""
 
     text: str
     services: dict[ServicePortKey, ServiceRules | None]
@@ -86,8 +87,9 @@ def _table_block(ctx: FamilyContext, parts: Iterable[str]) -> str:
 
 
 def build_table(ctx: FamilyContext, services: Mapping[ServicePortKey, ServiceRules]) -> FamilyTable:
-    """The state a full sync produces."""
-    table = FamilyTable(ctx, dict(services))
+    """The claims of ``services`` written whole (the first claimant in their order owns
+    a shared element)."""
+    table = FamilyTable(ctx)
     claims, applied = table.claims, table.applied
     for key, rules in services.items():
         for n in rules.lb_sizes:
@@ -102,31 +104,17 @@ def build_table(ctx: FamilyContext, services: Mapping[ServicePortKey, ServiceRul
     return table
 
 
-def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
-    """Text writing the whole table in one transaction.
-
-    Without ``previous`` the table is deleted first (a clean slate). With the
-    state applied before (same context), its objects are flushed and rewritten
-    instead, so affinity sets keep their contents, and its leftovers are deleted.
-    """
+def full_text(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules]) -> str:
+    """Text replacing the whole table by ``services`` (whose claims ``table`` holds) in one
+    transaction: the table is deleted first (a clean slate)."""
     ctx = table.ctx
     ref = f"{ctx.ipx} {ctx.table}"
     sets: dict[str, str] = {}
     chains: dict[str, tuple[str, ...]] = {}
-    for rules in table.services.values():
+    for rules in services.values():
         sets.update(rules.sets)
         chains.update(rules.chains)
-    lines = [f"add table {ref}"]
-    if previous is None:
-        lines.append(f"delete table {ref}")
-    else:
-        lines.append(f"flush table {ref}")
-        lines += [f"flush set {ref} {c}" for c in ("nodeport-ips", *SETS)]
-        lines += [f"flush map {ref} {c}" for c in MAPS]
-        # Recreated, not flushed: nft 1.0.6 cannot add the lb-N rule against a
-        # typeof map it read back from the kernel ("conflicting protocols").
-        lines += [f"delete chain {ref} {lb_chain(n)}" for n in sorted(previous.lb_sizes)]
-        lines += [f"delete map {ref} {lb_map(n)}" for n in sorted(previous.lb_sizes)]
+    lines = [f"add table {ref}", f"delete table {ref}"]
     body = [render_skeleton(ctx)]
     for n in sorted(table.lb_sizes):
         body += lb_declarations(ctx, n)
@@ -134,18 +122,16 @@ def full_text(table: FamilyTable, previous: FamilyTable | None = None) -> str:
     body += [chain_block(n, r) for n, r in chains.items()]
     lines.append(_table_block(ctx, body))
     lines += _element_lines(ctx, "add", ((eid, v) for eid, (v, _) in table.applied.items()))
-    if previous is not None:
-        old_chains = {n for r in previous.services.values() for n in r.chains}
-        old_sets = {n for r in previous.services.values() for n in r.sets}
-        lines += [f"delete chain {ref} {n}" for n in sorted(old_chains - chains.keys())]
-        lines += [f"delete set {ref} {n}" for n in sorted(old_sets - sets.keys())]
     return "\n".join(lines) + "\n"
 
 
 def plan_delta(
-    table: FamilyTable, updates: Mapping[ServicePortKey, ServiceRules | None]
+    table: FamilyTable,
+    old: Mapping[ServicePortKey, ServiceRules],
+    updates: Mapping[ServicePortKey, ServiceRules | None],
 ) -> Delta:
-    """The text and resulting state for replacing some service ports' rules.
+    """The text and resulting claims for replacing some service ports' rules; ``old`` is
+    what every service port applied (``table``'s claims add it up).
 
     Shared ``lb-N`` objects are created with their first user and deleted
     with their last, so the result equals what a full sync would write.
@@ -162,11 +148,11 @@ def plan_delta(
     wanted: dict[ElementId, dict[ServicePortKey, str]] = {}
     users: dict[int, int] = {}
     for key, new in updates.items():
-        old = table.services.get(key)
-        if old == new:
+        before = old.get(key)
+        if before == new:
             continue
         changed[key] = new
-        old_chains = old.chains if old else {}
+        old_chains = before.chains if before else {}
         new_chains_of = new.chains if new else {}
         for name, rules in new_chains_of.items():
             if name not in old_chains:
@@ -174,22 +160,22 @@ def plan_delta(
             elif old_chains[name] != rules:
                 changed_chains[name] = rules
         removed_chains += [n for n in old_chains if n not in new_chains_of]
-        old_sets = old.sets if old else {}
+        old_sets = before.sets if before else {}
         new_sets_of = new.sets if new else {}
         new_sets.update({n: d for n, d in new_sets_of.items() if n not in old_sets})
         removed_sets += [n for n in old_sets if n not in new_sets_of]
-        for n in old.lb_sizes if old else ():
+        for n in before.lb_sizes if before else ():
             users[n] = users.get(n, table.lb_users.get(n, 0)) - 1
         for n in new.lb_sizes if new else ():
             users[n] = users.get(n, table.lb_users.get(n, 0)) + 1
-        old_claims, new_claims = _claims_of(old), _claims_of(new)
+        old_claims, new_claims = _claims_of(before), _claims_of(new)
         for eid in old_claims.keys() - new_claims.keys():
             count_change[eid] = count_change.get(eid, 0) - 1
         for eid, value in new_claims.items():
             if eid not in old_claims:
                 count_change[eid] = count_change.get(eid, 0) + 1
             wanted.setdefault(eid, {})[key] = value
-    for eid in old_claims_touched(table, changed):
+    for eid in old_claims_touched(old, changed):
         count_change.setdefault(eid, 0)
 
     claims: dict[ElementId, int] = {}
@@ -200,7 +186,7 @@ def plan_delta(
         count = table.claims.get(eid, 0) + delta
         claims[eid] = count
         have = table.applied.get(eid)
-        want = _winner(table, changed, wanted.get(eid, {}), eid, have) if count else None
+        want = _winner(old, changed, wanted.get(eid, {}), eid, have) if count else None
         if want == have:
             continue
         applied[eid] = want
@@ -230,17 +216,18 @@ def plan_delta(
 
 
 def old_claims_touched(
-    table: FamilyTable, changed: Mapping[ServicePortKey, ServiceRules | None]
+    old: Mapping[ServicePortKey, ServiceRules],
+    changed: Mapping[ServicePortKey, ServiceRules | None],
 ) -> set[ElementId]:
     """Elements the changed service ports claimed before (their value may change hands)."""
     touched: set[ElementId] = set()
     for key in changed:
-        touched |= _claims_of(table.services.get(key)).keys()
+        touched |= _claims_of(old.get(key)).keys()
     return touched
 
 
 def _winner(
-    table: FamilyTable,
+    old: Mapping[ServicePortKey, ServiceRules],
     changed: Mapping[ServicePortKey, ServiceRules | None],
     wanted: Mapping[ServicePortKey, str],
     eid: ElementId,
@@ -256,7 +243,7 @@ def _winner(
     if wanted:
         owner, value = next(iter(wanted.items()))
         return (value, owner)
-    for key, rules in table.services.items():  # rare: the owner left a shared element
+    for key, rules in old.items():  # rare: the owner left a shared element
         if key not in changed:
             value = _claims_of(rules).get(eid)
             if value is not None:
@@ -265,12 +252,7 @@ def _winner(
 
 
 def commit(table: FamilyTable, delta: Delta) -> None:
-    """Record a delta as applied."""
-    for key, rules in delta.services.items():
-        if rules is None:
-            table.services.pop(key, None)
-        else:
-            table.services[key] = rules
+    """Record a delta's claims as applied (its rules are the caller's to record)."""
     for eid, count in delta.claims.items():
         if count:
             table.claims[eid] = count
