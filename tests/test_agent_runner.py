@@ -175,6 +175,39 @@ def test_sync_period_forces_full_resyncs_without_changes(start: Callable[..., Ru
     assert all(0.28 <= g <= 0.6 for g in gaps), gaps
 
 
+def test_a_change_due_with_a_resync_goes_first_as_its_own_partial_sync(
+    start: Callable[..., Running],
+) -> None:
+    """A change that meets the periodic resync does not wait for it (nor ride in it)."""
+    r = start(sync_period=0.4, min_sync_period=0.0)
+    r.source.push(state(1))
+    assert until(lambda: len(r.backend.synced()) == 1)
+    r.backend.gate.clear()
+    r.source.push(state(2), [key(0)])
+    assert until(lambda: r.source.takes >= 2)  # the sync of key 0 is under way, blocked
+    time.sleep(0.5)  # the resync falls due meanwhile
+    r.source.push(state(3), [key(1)])
+    r.backend.gate.set()
+    assert until(lambda: any(c.changes.reason == "periodic" for c in r.backend.synced()[2:]))
+    after = [c.changes for c in r.backend.synced()[2:]]
+    assert after[0].reason == "changes" and not after[0].full
+    assert after[0].services == {key(1)}
+    assert after[1].reason == "periodic" and after[1].full
+
+
+def test_a_resync_does_not_hold_back_the_next_change(start: Callable[..., Running]) -> None:
+    """--min-sync-period spaces the syncs that apply changes; a resync is not one."""
+    r = start(sync_period=0.25, min_sync_period=0.6)
+    r.source.push(state(1))
+    assert until(lambda: sum(c.changes.reason == "periodic" for c in r.backend.synced()) >= 3)
+    pushed = time.monotonic()
+    r.source.push(state(2), [key(0)])
+    assert until(lambda: r.backend.synced()[-1].state.revision == 2)
+    first = next(c for c in r.backend.synced() if c.state.revision == 2)
+    assert first.changes.reason == "changes" and not first.changes.full
+    assert first.at - pushed < 0.2
+
+
 def test_failed_sync_is_retried_as_full_sync_with_backoff(start: Callable[..., Running]) -> None:
     r = start(min_sync_period=0.0, retry_initial=0.15)
     r.source.push(state(1))

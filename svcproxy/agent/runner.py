@@ -1,8 +1,12 @@
 """The sync runner: when to call ``Backend.sync`` and with what (kube-proxy's sync loop).
 
 * Changes are applied no more often than ``min_sync_period`` (between the
-  starts of two syncs); whatever arrives meanwhile is coalesced into one sync.
-* A full sync runs at least every ``sync_period``.
+  starts of two syncs that apply changes); whatever arrives meanwhile is coalesced
+  into one sync.
+* A full sync runs at least every ``sync_period``. It never delays a change: changes
+  that are due when it is go first, as their own partial sync, and it does not count
+  against ``min_sync_period``. (For a ``StagedBackend`` the resync itself is a diff
+  against what was applied: with nothing changed it writes nothing.)
 * A failed sync is retried as a full sync after an exponential backoff
   (never sooner than ``min_sync_period``, at most ``sync_period``); the
   changes it carried are folded into the retry.
@@ -66,6 +70,7 @@ class SyncRunner:
 
         self._dirty = False
         self._last_start: float | None = None
+        self._last_change_start: float | None = None
         self._last_full: float | None = None
         self._retry_at: float | None = None
         self._backoff = retry_initial
@@ -88,19 +93,29 @@ class SyncRunner:
         """Sync until ``stop`` is called."""
         while not self._stop.is_set():
             now = self._clock()
+            self._notice()
             due, reason = self._next_due(now)
             if due is not None and due <= now:
                 self._sync(reason)
             else:
                 self._idle(None if due is None else due - now)
 
+    def _notice(self) -> None:
+        """Notice changes that came during the last sync (before a resync may be due)."""
+        if not self._dirty and self._source.wait(0):
+            self._dirty = True
+            self._queued()
+
     def _next_due(self, now: float) -> tuple[float | None, str]:
-        """When the next sync is due, and why."""
+        """When the next sync is due, and why (changes that are due go before a resync)."""
         if self._retry_at is not None:
             return self._retry_at, "retry"
         candidates: list[tuple[float, str]] = []
         if self._dirty:
-            start = now if self._last_start is None else self._last_start + self._min_period
+            last = self._last_change_start
+            start = now if last is None else last + self._min_period
+            if start <= now:
+                return start, "changes"
             candidates.append((start, "changes"))
         if self._last_full is not None:
             candidates.append((self._last_full + self._sync_period, "periodic"))
@@ -163,6 +178,8 @@ class SyncRunner:
                 self._carry_node = True
         changes = self._next_changes(state, reason)
         start = self._last_start = self._clock()
+        if reason != "periodic":
+            self._last_change_start = start
         try:
             self._backend.sync(state, changes)
         except Exception as err:  # noqa: BLE001 - any backend failure is retried
