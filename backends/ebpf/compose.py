@@ -22,6 +22,18 @@ class Composed(Backend):
         self.name = "+".join(b.name for b in self.backends)
 
     @property
+    def node_port_default(self) -> str:
+        """Where NodePorts answer without --nodeport-addresses, for the agent's one node
+        context: what the members declare (the nft packet path: kube-proxy nftables'
+        primary node IPs), so each gets the context it gets alone; "all" if none does."""
+        declared = {d for b in self.backends if (d := getattr(b, "node_port_default", None))}
+        if len(declared) > 1:
+            raise ValueError(f"{self.name}: the backends disagree on where NodePorts answer "
+                             f"by default ({', '.join(sorted(declared))}); pass "
+                             "--nodeport-addresses")
+        return declared.pop() if declared else "all"
+
+    @property
     def last_sync_full(self) -> bool | None:
         return getattr(self.primary, "last_sync_full", None)
 
