@@ -90,33 +90,53 @@ def sync(node_agent: NodeAgent, new: NodeState, changes: Changes) -> None:
     node_agent.metrics.synced(None, new, changes.services, changes.full, 0.01, ())
 
 
+TOTAL = "kubeproxy_sync_proxy_rules_iptables_total"
+LAST = "kubeproxy_sync_proxy_rules_iptables_last"
+NAT, FILTER = '{ip_family="IPv4",table="nat"}', '{ip_family="IPv4",table="filter"}'
+V4 = '{ip_family="IPv4"}'
+
+
+def rule_lines(text: str, table: str) -> int:
+    """-A lines of one table in an iptables-restore input."""
+    if f"*{table}\n" not in text:
+        return 0
+    body = text.split(f"*{table}\n", 1)[1].split("COMMIT", 1)[0]
+    return sum(1 for line in body.splitlines() if line.startswith(("-A ", "-I ")))
+
+
 def test_rule_counts_per_table_follow_full_and_partial_syncs(agent: NodeAgent) -> None:
     sync(agent, state(1, "10.1.0.1", "10.1.0.2"), Changes(full=True, reason="initial"))
-    nat = metric(agent, "kubeproxy_sync_proxy_rules_iptables_total", '{table="nat"}')
+    nat = metric(agent, TOTAL, NAT)
     full_text = FakeIptables.restored[-1]
-    nat_text = full_text.split("*nat\n", 1)[1].split("COMMIT", 1)[0]
-    assert nat == sum(1 for line in nat_text.splitlines() if line.startswith("-A "))
-    assert metric(agent, "kubeproxy_sync_proxy_rules_iptables_total", '{table="filter"}') > 0
+    assert nat == sum(1 for line in full_text.split("*nat\n", 1)[1].split("COMMIT", 1)[0]
+                      .splitlines() if line.startswith("-A "))
+    assert metric(agent, TOTAL, FILTER) > 0
+    # iptables_last: what the sync wrote (the full one: everything, jump rules included)
+    assert metric(agent, LAST, NAT) == rule_lines(full_text, "nat") >= nat
+    assert metric(agent, LAST, FILTER) == rule_lines(full_text, "filter") > 0
     sync(agent, state(2, "10.1.0.1"), Changes(services=frozenset({KEY})))
     # one KUBE-SEP chain (2 rules) and one probability rule fewer
-    assert metric(agent, "kubeproxy_sync_proxy_rules_iptables_total", '{table="nat"}') == nat - 3
+    assert metric(agent, TOTAL, NAT) == nat - 3
+    # the partial sync rewrote the KUBE-SVC chain only: its masquerade rule and one jump
+    assert metric(agent, LAST, NAT) == rule_lines(FakeIptables.restored[-1], "nat") == 2
+    assert metric(agent, LAST, FILTER) == 0
 
 
 def test_restore_failures_are_counted_partial_ones_apart(agent: NodeAgent) -> None:
     name = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
     partial = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
-    assert metric(agent, name) == 0 and metric(agent, partial) == 0
+    assert metric(agent, name, V4) == 0 and metric(agent, partial, V4) == 0
     sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
     FakeIptables.fail = 1  # the partial restore fails; the full one it falls back to works
     sync(agent, state(2, "10.1.0.2"), Changes(services=frozenset({KEY})))
-    assert metric(agent, name) == 1 and metric(agent, partial) == 1
+    assert metric(agent, name, V4) == 1 and metric(agent, partial, V4) == 1
     FakeIptables.fail = 1  # a full restore that fails once is tried once more
     sync(agent, state(3, "10.1.0.3"), Changes(full=True, reason="retry"))
-    assert metric(agent, name) == 2 and metric(agent, partial) == 1
+    assert metric(agent, name, V4) == 2 and metric(agent, partial, V4) == 1
     FakeIptables.fail = 100  # every restore fails: the node's fault, not the service's
     with pytest.raises(IptablesError):
         sync(agent, state(4, "10.1.0.4"), Changes(full=True, reason="retry"))
-    assert metric(agent, name) > 3 and metric(agent, partial) == 1
+    assert metric(agent, name, V4) > 3 and metric(agent, partial, V4) == 1
     assert not agent.runner._backend.refusals  # type: ignore[attr-defined]
 
 

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import pytest
+
+from svcproxy.backends.iptables import backend as backend_module
 from svcproxy.backends.iptables import names
+from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.cleanup import cleanup_text
 from svcproxy.backends.iptables.jumps import JUMPS, insert_lines
-from svcproxy.backends.iptables.planner import Plan, Planner
+from svcproxy.backends.iptables.planner import Plan, Planner, Rendered, render
 from svcproxy.backends.iptables.render import FamilyConfig
-from svcproxy.backends.iptables.restore import parse_save, restore_text
+from svcproxy.backends.iptables.restore import SavedTable, parse_save, restore_text
 from svcproxy.backends.iptables.tool import failing_lines
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
+from svcproxy.sdk import Applied, Changes, Delta, NodeConfig, NodeState
 
 CFG = FamilyConfig(if_local="-s 10.0.0.0/8", if_not_local="! -s 10.0.0.0/8")
 
@@ -22,10 +27,24 @@ def svc(i: int, *eps: str) -> ServicePortState:
                                    for ip in eps})
 
 
-def synced(*states: ServicePortState) -> Planner:
-    planner = Planner(CFG)
-    planner.commit(planner.plan({s.key: s for s in states}, None))
-    return planner
+def value(state: ServicePortState) -> Rendered:
+    return render(state, (CFG,))
+
+
+class Synced:
+    """A planner and the SDK's applied state after a full sync of ``states``."""
+
+    def __init__(self, *states: ServicePortState) -> None:
+        self.planner = Planner(CFG)
+        self.applied: Applied[ServicePortKey, Rendered] = Applied()
+        values = {s.key: value(s) for s in states}
+        self.applied.commit(Delta(True, values))
+        self.planner.commit(self.planner.full(values))
+
+    def plan(self, *changed: ServicePortState, full: bool = False) -> Plan:
+        """The partial plan of the SDK's delta to ``changed`` (``full``: all there is)."""
+        delta = self.applied.diff({s.key: value(s) for s in changed}, full=full)
+        return self.planner.partial(self.applied, delta)
 
 
 def written(plan: Plan, table: str = "nat") -> set[str]:
@@ -34,9 +53,9 @@ def written(plan: Plan, table: str = "nat") -> set[str]:
 
 def test_endpoint_change_rewrites_only_that_services_chains() -> None:
     a, b = svc(1, "10.1.0.1", "10.1.0.2"), svc(2, "10.2.0.1")
-    planner = synced(a, b)
+    synced = Synced(a, b)
     a2 = svc(1, "10.1.0.1", "10.1.0.3")
-    plan = planner.plan({a.key: a2, b.key: b}, [a.key])
+    plan = synced.plan(a2)
     old_sep = names.endpoint_chain(a.key, a.endpoints["10.1.0.2"])
     new_sep = names.endpoint_chain(a.key, a2.endpoints["10.1.0.3"])
     assert written(plan) == {names.SVC_PREFIX + names.service_hash(a.key), new_sep}
@@ -44,65 +63,104 @@ def test_endpoint_change_rewrites_only_that_services_chains() -> None:
     assert written(plan, "filter") == set()
     text = restore_text(plan.tables)
     assert "svc2" not in text and names.SERVICES not in text
+    assert plan.written() == {"filter": 0, "nat": 5}  # KUBE-SVC (3 rules), one KUBE-SEP (2)
 
 
 def test_nothing_changed_writes_nothing() -> None:
     a = svc(1, "10.1.0.1")
-    planner = synced(a)
-    plan = planner.plan({a.key: a}, [a.key])
+    plan = Synced(a).plan(svc(1, "10.1.0.1"))
     assert plan.empty() and restore_text(plan.tables) == ""
 
 
 def test_new_service_adds_its_chains_and_rewrites_kube_services() -> None:
     a, b = svc(1, "10.1.0.1"), svc(2, "10.2.0.1")
-    planner = synced(a)
-    plan = planner.plan({a.key: a, b.key: b}, [b.key])
+    plan = Synced(a).plan(b)
     assert names.SERVICES in written(plan)
     assert plan.tables["nat"].write[names.SERVICES].count("cluster IP") == 2
     assert all("svc1" not in text for c, text in plan.tables["nat"].write.items()
                if c != names.SERVICES)
 
 
-def test_deleted_service_chains_are_deleted_even_when_not_listed() -> None:
+def test_a_service_gone_from_the_state_has_its_chains_deleted() -> None:
     a, b = svc(1, "10.1.0.1"), svc(2, "10.2.0.1")
-    planner = synced(a, b)
-    plan = planner.plan({a.key: a}, [])
+    plan = Synced(a, b).plan(a, full=True)
     gone = names.SVC_PREFIX + names.service_hash(b.key)
     assert gone in plan.tables["nat"].delete
     assert "-X " + gone in restore_text(plan.tables)
+    assert "172.30.0.2" not in plan.tables["nat"].write[names.SERVICES]
 
 
 def test_losing_all_endpoints_moves_the_service_to_a_filter_reject() -> None:
     a = svc(1, "10.1.0.1")
-    planner = synced(a)
-    plan = planner.plan({a.key: svc(1)}, [a.key])
+    plan = Synced(a).plan(svc(1))
     assert "REJECT" in plan.tables["filter"].write[names.SERVICES]
     assert names.SVC_PREFIX + names.service_hash(a.key) in plan.tables["nat"].delete
 
 
 def test_nothing_is_adopted_before_commit() -> None:
     a = svc(1, "10.1.0.1")
-    planner = synced(a)
-    planner.plan({a.key: svc(1, "10.9.9.9")}, [a.key])
-    again = planner.plan({a.key: svc(1, "10.9.9.9")}, [a.key])
-    assert not again.empty()
+    synced = Synced(a)
+    synced.plan(svc(1), full=True)
+    again = synced.plan(svc(1), full=True)
+    assert not again.empty() and "REJECT" in again.tables["filter"].write[names.SERVICES]
 
 
 def test_full_plan_deletes_stale_service_chains_but_no_foreign_chain() -> None:
     a = svc(1, "10.1.0.1")
     existing = frozenset({"KUBE-SVC-STALE0000000000", "KUBE-SEP-STALE0000000000", "MY-CHAIN",
                           "DOCKER"})
-    plan = Planner(CFG).plan({a.key: a}, None, existing)
+    plan = Planner(CFG).full({a.key: value(a)}, existing)
     assert plan.full
     assert plan.tables["nat"].delete == ["KUBE-SEP-STALE0000000000", "KUBE-SVC-STALE0000000000"]
 
 
-def test_crossing_the_large_cluster_threshold_rewrites_everything() -> None:
+class RecordingIptables:
+    """Records restores instead of running iptables (an empty kernel)."""
+
+    restored: list[str] = []
+
+    def __init__(self, family: int, mode: str, prefix: tuple[str, ...] = ()) -> None:
+        self.family, self.mode, self.prefix = family, mode, prefix
+
+    def restore(self, text: str) -> None:
+        RecordingIptables.restored.append(text)
+
+    def save_tables(self) -> dict[str, SavedTable]:
+        return {}
+
+    def chain_exists(self, table: str, chain: str) -> bool:
+        return True
+
+
+class NoSysctl:
+    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
+        self.prefix = prefix
+
+    def get(self, name: str) -> str | None:
+        return None
+
+    def set(self, name: str, value: str) -> None:
+        pass
+
+
+def test_crossing_the_large_cluster_threshold_rewrites_everything(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend_module, "Iptables", RecordingIptables)
+    monkeypatch.setattr(backend_module, "Sysctl", NoSysctl)
+    RecordingIptables.restored = []
+    be = IptablesBackend(NodeConfig("n", cluster_cidrs=("10.0.0.0/8",)),
+                         IptablesOptions(mode="nft", families=(4,), localhost_nodeports=False))
     small = [svc(i, f"10.{i}.0.1") for i in range(1, 3)]
-    planner = synced(*small)
+    first = NodeState("n", 1, None, {s.key: s for s in small})
+    be.sync(first, Changes(full=True, reason="initial"))
+    assert "ns/svc1:http -> 10.1.0.1" in RecordingIptables.restored[-1]  # endpoint comments
     big = svc(3, *(f"10.3.{i // 250}.{i % 250 + 1}" for i in range(1000)))
-    plan = planner.plan({s.key: s for s in [*small, big]}, [big.key])
-    assert plan.full and plan.large
+    be.sync(NodeState("n", 2, None, {s.key: s for s in [*small, big]}),
+            Changes(frozenset({big.key})))
+    assert [r.full for r in be.reports] == [True]
+    text = RecordingIptables.restored[-1]
+    assert names.SVC_PREFIX + names.service_hash(small[0].key) in text
+    assert "ns/svc1:http -> 10.1.0.1" not in text  # no endpoint comments above 1,000
 
 
 SAVED = """# Generated by iptables-save

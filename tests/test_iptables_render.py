@@ -85,7 +85,7 @@ SEED_EXTERNAL_IP_NAT = [
 
 # ---------------------------------------------------------------------------
 
-from svcproxy.backends.iptables.planner import Planner  # noqa: E402
+from svcproxy.backends.iptables.planner import Planner, large_cluster, render  # noqa: E402
 from svcproxy.backends.iptables.render import FamilyConfig, render_service  # noqa: E402
 from svcproxy.backends.iptables.restore import restore_text  # noqa: E402
 from svcproxy.model import (  # noqa: E402
@@ -120,7 +120,8 @@ def state(eps: dict[str, Endpoint], **fields: object) -> ServicePortState:
 
 def rules(states: list[ServicePortState], cfg: FamilyConfig = SEED_CONFIG) -> dict[str, list[str]]:
     """Rule lines per table of a full sync of these service ports."""
-    plan = Planner(cfg).plan({s.key: s for s in states}, None)
+    large = large_cluster(states)
+    plan = Planner(cfg).full({s.key: render(s, (cfg,), large) for s in states})
     tables: dict[str, list[str]] = {}
     table = ""
     for line in restore_text(plan.tables).splitlines():

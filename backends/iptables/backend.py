@@ -1,4 +1,12 @@
-"""The iptables backend: kube-proxy's iptables mode driven by the node's state."""
+"""The iptables backend: kube-proxy's iptables mode driven by the node's state.
+
+Built as any backend on the SDK is: a ``StagedBackend`` whose ``render`` stage turns a
+service port into its rules in every family (``planner.Rendered``), the SDK's ``diff``
+stage compares them with what is applied, and the ``apply`` stage writes the delta
+with one ``iptables-restore --noflush`` per family. What the kernel holds is the SDK's
+``self.applied``; the backend keeps only what derives from it (each family's top-level
+chains and rule counts, in its ``Planner``).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -16,8 +24,16 @@ from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.familyconfig import family_config, localhost_nodeports_allowed
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
-from svcproxy.backends.iptables.metrics import IptablesMetrics
-from svcproxy.backends.iptables.planner import Plan, Planner
+from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
+from svcproxy.backends.iptables.planner import (
+    Plan,
+    Planner,
+    Rendered,
+    Values,
+    after,
+    large_cluster,
+    render,
+)
 from svcproxy.backends.iptables.render import FamilyConfig
 from svcproxy.backends.iptables.restore import (
     ALL_CHAINS_MIN,
@@ -29,8 +45,8 @@ from svcproxy.backends.iptables.restore import (
 )
 from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
-from svcproxy.sdk import NodeConfig, ServicePortKey, ServicePortState
-from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk import Delta, NodeConfig, ServicePortKey, ServicePortState, StagedBackend
+from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, TooManyRefused, invalid_values, isolate_versions
 
 log = logging.getLogger(__name__)
@@ -62,28 +78,25 @@ class SyncReport:
     rendered: int
     restore_bytes: int
     seconds: float
-
-
-Records = dict[ServicePortKey, ServicePortState]
+    written: dict[str, int] | None = None  # rules written per table
 
 
 @dataclass(slots=True)
 class _Family:
+    family: int
     tool: Iptables
     probe: Probe
     planner: Planner
-    last_full: float = 0.0
-    # The record of every service port whose rules are in the kernel (what it accepted).
-    accepted: Records = field(default_factory=dict)
 
 
-class IptablesBackend(Backend):
+class IptablesBackend(StagedBackend[Rendered]):
     """Programs the filter and nat tables as kube-proxy's iptables proxier does."""
 
     name = "iptables"
 
     def __init__(self, config: NodeConfig, options: IptablesOptions | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self.config = config
         self.options = options or IptablesOptions()
         self.clock = clock
@@ -91,10 +104,19 @@ class IptablesBackend(Backend):
         self.reports: list[SyncReport] = []
         self.last_sync_full: bool | None = None
         self.metrics = IptablesMetrics()
+        self.refusals = Refusals(self.name)
         self._families: dict[int, _Family] = {}
         self._localhost = False
         self._drop_invalid = True
-        self.refusals = Refusals(self.name)
+        self._large = False
+        self._configs: tuple[FamilyConfig, ...] = ()
+        self._last_full = 0.0
+        self._why = ""
+        self._rendered = 0
+        self._reports: dict[int, SyncReport] = {}
+        # The last full restore tried (values, family index, text): what the line numbers
+        # of its error refer to.
+        self._last_try: tuple[Values, int, str] | None = None
 
     def _start(self) -> None:
         """Pick the iptables mode and set the sysctls, once."""
@@ -115,9 +137,10 @@ class IptablesBackend(Backend):
         self._drop_invalid = liberal in (None, "0")
         if not self._drop_invalid:
             log.info("nf_conntrack_tcp_be_liberal is set: not dropping INVALID packets")
-        for family in families:
+        for index, family in enumerate(families):
             tool = Iptables(family, self.mode, opts.prefix)
-            self._families[family] = _Family(tool, make_probe(tool), Planner(FamilyConfig()))
+            self._families[family] = _Family(family, tool, make_probe(tool),
+                                             Planner(FamilyConfig(family=family), index))
 
     def family_config(self, family: int, state: NodeState) -> FamilyConfig:
         return family_config(self.config, state.node, family, context=state.context,
@@ -127,159 +150,199 @@ class IptablesBackend(Backend):
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         """The agent's hook: export kube-proxy's iptables metrics in its registry."""
-        self.metrics = IptablesMetrics(registry)
+        self.metrics = IptablesMetrics(registry, [ip_family(f) for f in self.options.families])
+
+    # -- the stages: prepare, render (SDK: diff), apply -------------------------------
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         if not self._families:
             self._start()
-        self.reports = []
+        self.reports, self._reports = [], {}
         self.last_sync_full = None
+        self._rendered = 0
         self.refusals.prune(state.services)
-        errors: list[str] = []
-        for family, fam in self._families.items():
-            try:
-                self._sync_family(family, fam, state, changes)
-            except (IptablesError, OSError) as err:
-                fam.planner.forget()
-                errors.append(f"IPv{family}: {err}")
-        self.last_sync_full = any(r.full for r in self.reports)
-        self.metrics.set_rules(f.planner.rules for f in self._families.values())
-        if errors:
-            raise IptablesError("; ".join(errors))
+        self._prepare(state, changes)
+        try:
+            super().sync(state, changes)
+        finally:
+            self._finish()
+        self._settle(state)
 
-    def _wants_full(self, family: int, fam: _Family, changes: Changes) -> str:
-        """Why this family needs a full sync, or "" for a partial one.
+    def _prepare(self, state: NodeState, changes: Changes) -> None:
+        """What render reads (each family's config, the large-cluster mode), and whether
+        everything must be rewritten: then the applied state is dropped (a rebuild)."""
+        why = ""
+        for fam in self._families.values():
+            if fam.planner.reconfigure(self.family_config(fam.family, state)):
+                why = why or "configuration changed"
+        self._configs = tuple(f.planner.cfg for f in self._families.values())
+        large = large_cluster(state.services.values())
+        if large != self._large:
+            self._large = large
+            why = why or "large-cluster threshold crossed"
+        if not self.applied.known:
+            self._why = "first sync" if changes.reason != "retry" else "retry"
+            return
+        self._why = why or self._wants_full(changes)
+        if self._why:
+            self.applied.invalidate()
 
-        Canaries are probed on the periodic sync only (kube-proxy probes once per
-        sync period too); a partial sync that fails because our chains were
-        flushed meanwhile falls back to a full one at once.
+    def _wants_full(self, changes: Changes) -> str:
+        """Why everything must be rewritten although the applied state is known, or "".
+
+        Canaries are probed on the periodic sync only (kube-proxy probes once per sync
+        period too); a partial sync that fails because our chains were flushed
+        meanwhile falls back to a full one at once.
         """
-        if not fam.planner.synced:
-            return "first sync" if changes.reason != "retry" else "retry"
         if changes.full and changes.reason not in ("periodic", "changes"):
             return changes.reason
         if changes.reason != "periodic":
             return ""
-        if self.clock() - fam.last_full >= self.options.full_sync_interval:
+        if self.clock() - self._last_full >= self.options.full_sync_interval:
             return "hourly resync"
-        if not fam.probe():
-            log.warning("IPv%d %s canary chain is gone: someone flushed iptables (a firewall "
-                        "reload?); rewriting all rules", family, names.CANARY)
-            return "canary gone"
+        for family, fam in self._families.items():
+            if not fam.probe():
+                log.warning("IPv%d %s canary chain is gone: someone flushed iptables (a "
+                            "firewall reload?); rewriting all rules", family, names.CANARY)
+                return "canary gone"
         return ""
 
-    def _sync_family(self, family: int, fam: _Family, state: NodeState,
-                     changes: Changes) -> None:
+    def render(self, state: NodeState, record: ServicePortState) -> Rendered | None:
+        """One service port's rules in every family; a version refused before (or with
+        values no rule may hold) renders as what is applied."""
+        key = record.key
+        if self.refusals and self.refusals.holds(key, record):
+            return self.applied.get(key)
+        if (reason := invalid_values(record)) is not None:
+            self.refusals.refuse(key, record, f"invalid value: {reason}")
+            return self.applied.get(key)
+        self._rendered += 1
+        return render(record, self._configs, self._large)
+
+    def apply(self, delta: Delta[ServicePortKey, Rendered]) -> Delta[ServicePortKey,
+                                                                        Rendered] | None:
+        """Restore the delta, family by family: a partial restore that fails is retried
+        at once as a full one; a full one that fails twice looks for the service ports
+        refused and applies the others (returning what it applied)."""
+        families = list(self._families.values())
+        if delta.rebuild:
+            return self._apply_full(delta.set, families)
+        failed = [fam for fam in families if not self._apply_partial(fam, delta)]
+        if not failed:
+            return None
+        return self._apply_full(after(self.applied, delta), failed)
+
+    def _apply_partial(self, fam: _Family, delta: Delta[ServicePortKey, Rendered]) -> bool:
+        """One family's partial restore; False when a full one must follow."""
+        if not fam.planner.synced:
+            return False
         start = self.clock()
-        fam.planner.reconfigure(self.family_config(family, state))
-        why_full = self._wants_full(family, fam, changes)
-        services = self._wanted(fam, state)
-        plan, text, why_full = self._apply(family, fam, state, services, changes, why_full)
-        fam.planner.commit(plan)
-        fam.accepted = {k: f[0] for k, f in plan.fragments.items()}
-        self._settle(state, fam.accepted)
-        if plan.full:
-            fam.last_full = start
-        report = _report(family, plan, len(text), self.clock() - start)
-        self.reports.append(report)
-        log.log(logging.INFO if plan.full else logging.DEBUG,
-                "IPv%d %s sync (%s): wrote %d chains, deleted %d, rendered %d service ports "
-                "in %.3fs", family, "full" if plan.full else "partial",
-                why_full or changes.reason, report.chains_written, report.chains_deleted,
-                report.rendered, report.seconds)
-
-    def _wanted(self, fam: _Family, state: NodeState) -> Records:
-        """The record to program per service port: the state's, unless this very version
-        was refused (or has values no rule may hold): then the last accepted one."""
-        accepted = fam.accepted
-        wanted: Records = {}
-        for key, record in state.services.items():
-            before = accepted.get(key)
-            chosen: ServicePortState | None = record
-            if record is not before:
-                if self.refusals and self.refusals.holds(key, record):
-                    chosen = before
-                elif (reason := invalid_values(record)) is not None:
-                    self.refusals.refuse(key, record, f"invalid value: {reason}")
-                    chosen = before
-            if chosen is not None:
-                wanted[key] = chosen
-        return wanted
-
-    def _settle(self, state: NodeState, applied: Records) -> None:
-        """Service ports applied as they are in the state are no longer refused."""
-        for key in list(self.refusals):
-            record = state.services.get(key)
-            if record is not None and applied.get(key) is record:
-                self.refusals.clear(key)
-
-    def _apply(self, family: int, fam: _Family, state: NodeState, services: Records,
-               changes: Changes, why_full: str) -> tuple[Plan, str, str]:
-        """Plan and restore; a failed partial restore is retried at once as a full one,
-        a failed full one looks for the service ports refused and applies the others."""
-        if not why_full:
-            plan = fam.planner.plan(services, changes.services)
-            text = restore_text(plan.tables, self._all_chains(plan, dict(fam.planner.chains),
-                                                              None))
-            try:
-                if text:
-                    fam.tool.restore(text)
-            except IptablesError as err:
-                self.metrics.restore_failed(partial=True)
-                log.warning("IPv%d partial sync failed (%s); rewriting all rules", family, err)
-                return self._apply(family, fam, state, services, changes,
-                                   "partial sync failed")
-            return plan, text, why_full
-        plan, text, error = self._try_full(fam, services)
-        if error is not None:  # once more, as it was: a transient failure is nobody's fault
-            log.warning("IPv%d full sync failed (%s); trying once more", family, error)
-            plan, text, error = self._try_full(fam, services)
-        if error is not None:
-            plan, text = self._isolate(family, fam, state, services, plan, text, error)
-        return plan, text, why_full
-
-    def _try_full(self, fam: _Family, services: Records) -> tuple[Plan, str, str | None]:
-        """One full restore of ``services``: its plan, text and error (None: applied)."""
-        plan, present = self._full_plan(fam, services)
-        existing = {table: len(chains) for table, chains in present.items()}
-        text = restore_text(plan.tables, self._all_chains(plan, existing, present))
+        plan = fam.planner.partial(self.applied, delta)
+        text = restore_text(plan.tables, self._all_chains(plan, dict(fam.planner.chains), None))
         try:
             if text:
                 fam.tool.restore(text)
         except IptablesError as err:
-            self.metrics.restore_failed(partial=False)
-            return plan, text, str(err)
-        return plan, text, None
+            self.metrics.restore_failed(fam.family, partial=True)
+            log.warning("IPv%d partial sync failed (%s); rewriting all rules", fam.family, err)
+            self._why = "partial sync failed"
+            return False
+        self._adopt(fam, plan, text, start)
+        return True
 
-    def _isolate(self, family: int, fam: _Family, state: NodeState, services: Records,
-                 plan: Plan, text: str, error: str) -> tuple[Plan, str]:
+    def _apply_full(self, values: Values, families: list[_Family],
+                    ) -> Delta[ServicePortKey, Rendered] | None:
+        """Full restores of ``values`` (None: all of it applied), once more after a
+        failure (a transient one is nobody's fault), then the isolation of the refused."""
+        start = self.clock()
+        error = self._try_full(values, families)
+        if error is not None:
+            log.warning("Full sync failed (%s); trying once more", error)
+            error = self._try_full(values, families)
+        if error is None:
+            if len(families) == len(self._families):
+                self._last_full = start
+            return None
+        return self._isolate(values, error)
+
+    def _try_full(self, values: Values, families: Iterable[_Family]) -> str | None:
+        """One full restore of ``values`` per family: the first error, or None."""
+        for fam in families:
+            start = self.clock()
+            plan, present = self._full_plan(fam, values)
+            existing = {table: len(chains) for table, chains in present.items()}
+            text = restore_text(plan.tables, self._all_chains(plan, existing, present))
+            self._last_try = (values, fam.planner.index, text)
+            try:
+                if text:
+                    fam.tool.restore(text)
+            except IptablesError as err:
+                self.metrics.restore_failed(fam.family, partial=False)
+                fam.planner.forget()
+                return str(err)
+            self._adopt(fam, plan, text, start)
+        return None
+
+    def _isolate(self, values: Values, error: str) -> Delta[ServicePortKey, Rendered]:
         """After a refused full restore: set aside the service ports iptables-restore names
-        in its error, bisect what still fails (full restores each time), try the ones set
-        aside again; apply the others. Raises IptablesError when the fault is the node's
-        (too many refused)."""
-        log.warning("IPv%d full sync failed (%s); looking for the service ports refused",
-                    family, error)
-        last = [(plan, text)]
+        in its error, bisect what still fails (full restores of every family each time),
+        try the ones set aside again; apply the others. Raises IptablesError when the
+        fault is the node's (too many refused)."""
+        log.warning("Full sync failed (%s); looking for the service ports refused", error)
+        families = list(self._families.values())
 
-        def accepts(items: list[tuple[ServicePortKey, ServicePortState]]) -> str | None:
-            tried, tried_text, failed = self._try_full(fam, dict(items))
-            last[0] = (tried, tried_text)
-            return failed
+        def accepts(items: list[tuple[ServicePortKey, Rendered]]) -> str | None:
+            return self._try_full(dict(items), families)
 
         def named(failed: str) -> list[ServicePortKey]:
-            return _named_in_error(*last[0], failed)
+            return _named_in_error(*self._last_try, failed) if self._last_try else []
 
         try:
-            accepted, refused = isolate_versions(services, fam.accepted, accepts, error, named)
+            accepted, refused = isolate_versions(values, self.applied, accepts, error, named)
         except TooManyRefused as err:
             raise IptablesError(str(err)) from None
         # A failed try may have committed one table of two: write the result once more.
-        plan, text, failed = self._try_full(fam, accepted)
+        failed = self._try_full(accepted, families)
         if failed is not None:
             raise IptablesError(failed)
+        self._last_full = self.clock()
         for key, why in refused.items():
-            self.refusals.refuse(key, state.services.get(key), why)
-        return plan, text
+            self.refusals.refuse(key, values[key].record, why)
+        return Delta(True, accepted)
+
+    def _adopt(self, fam: _Family, plan: Plan, text: str, start: float) -> None:
+        """The kernel took ``plan``: the planner adopts it and the sync is reported."""
+        fam.planner.commit(plan)
+        written = sum(len(t.write) for t in plan.tables.values())
+        deleted = sum(len(t.delete) for t in plan.tables.values())
+        self._reports[fam.family] = SyncReport(
+            fam.family, plan.full, written, deleted, self._rendered, len(text),
+            self.clock() - start, plan.written())
+
+    def _finish(self) -> None:
+        """Reports (an untouched family: nothing written), logs and rule metrics."""
+        for family, fam in self._families.items():
+            report = self._reports.get(family)
+            if report is None:
+                report = SyncReport(family, False, 0, 0, self._rendered, 0, 0.0, {})
+            self.reports.append(report)
+            log.log(logging.INFO if report.full else logging.DEBUG,
+                    "IPv%d %s sync (%s): wrote %d chains, deleted %d, rendered %d service "
+                    "ports in %.3fs", family, "full" if report.full else "partial",
+                    self._why or "changes", report.chains_written, report.chains_deleted,
+                    report.rendered, report.seconds)
+            if fam.planner.synced:
+                self.metrics.set_rules(family, fam.planner.rules)
+            self.metrics.set_last(family, report.written or {})
+        self.last_sync_full = any(r.full for r in self.reports)
+
+    def _settle(self, state: NodeState) -> None:
+        """Service ports applied as they are in the state are no longer refused."""
+        for key in list(self.refusals):
+            record = state.services.get(key)
+            value = self.applied.get(key)
+            if record is not None and value is not None and value.record is record:
+                self.refusals.clear(key)
 
     def _all_chains(self, plan: Plan, existing: dict[str, int],
                     present: dict[str, frozenset[str]] | None) -> dict[str, AllChains] | None:
@@ -289,14 +352,13 @@ class IptablesBackend(Backend):
             return None
         return all_chains_options(plan.tables, existing, present, ALL_CHAINS_MIN)
 
-    def _full_plan(self, fam: _Family, services: Records,
+    def _full_plan(self, fam: _Family, values: Values,
                    ) -> tuple[Plan, dict[str, frozenset[str]]]:
         """Everything, plus stale-chain deletion, jump rules and canaries; and the chains
         each table holds now."""
         saved = fam.tool.save_tables()
         nat_saved = saved.get(NAT)
-        plan = fam.planner.plan(services, None,
-                                nat_saved.chains if nat_saved else frozenset())
+        plan = fam.planner.full(values, nat_saved.chains if nat_saved else frozenset())
         jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(fam.planner.cfg) else ())
         for table in (FILTER, NAT):
             plan.tables[table].lines.extend(insert_lines(jumps, table, saved.get(table)))
@@ -326,14 +388,17 @@ class IptablesBackend(Backend):
                     errors.append(f"IPv{family} {mode}: {err}")
         for fam in self._families.values():
             fam.planner.forget()
+        self.applied.invalidate()
         if errors:
             raise IptablesError("; ".join(errors))
 
 
-def _named_in_error(plan: Plan, text: str, error: str) -> list[ServicePortKey]:
-    """The service ports owning a chain named on the input lines the error points at."""
-    owners = {chain: key for key, (_, rules) in plan.fragments.items() if rules is not None
-              for chain in rules.chains}
+def _named_in_error(values: Values, index: int, text: str,
+                    error: str) -> list[ServicePortKey]:
+    """The service ports owning a chain named on the input lines the error points at (of
+    ``text``, the restore of ``values`` in the family at ``index``)."""
+    owners = {chain: key for key, value in values.items()
+              if (rules := value.rules[index]) is not None for chain in rules.chains}
     lines = text.splitlines()
     found: list[ServicePortKey] = []
     for number in re.findall(r"line:? (\d+)", error):
@@ -344,12 +409,6 @@ def _named_in_error(plan: Plan, text: str, error: str) -> list[ServicePortKey]:
                 if key is not None and key not in found:
                     found.append(key)
     return found
-
-
-def _report(family: int, plan: Plan, size: int, seconds: float) -> SyncReport:
-    written = sum(len(t.write) for t in plan.tables.values())
-    deleted = sum(len(t.delete) for t in plan.tables.values())
-    return SyncReport(family, plan.full, written, deleted, plan.rendered, size, seconds)
 
 
 def _ipv6_available(sysctl: Sysctl) -> bool:

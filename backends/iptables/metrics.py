@@ -1,4 +1,5 @@
-"""kube-proxy's iptables-mode metrics (names and help as pkg/proxy/metrics)."""
+"""kube-proxy's iptables-mode metrics (names, help and labels as pkg/proxy/metrics, with
+the ``ip_family`` label kube-proxy puts on them since its proxiers are split per family)."""
 
 from __future__ import annotations
 
@@ -7,39 +8,62 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
-class IptablesMetrics:
-    """The iptables backend's own metrics, in the agent's registry once it hands one over."""
+def ip_family(family: int) -> str:
+    """4 -> "IPv4", kube-proxy's label value."""
+    return f"IPv{family}"
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+class IptablesMetrics:
+    """The iptables backend's own metrics, in the agent's registry once it hands one over.
+
+    The failure counters of ``families`` are exported at 0 from the start (a dashboard's
+    rate() needs the series before the first failure); the rule gauges once synced.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 families: Iterable[str] = ()) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.rules_total = Gauge(
             "kubeproxy_sync_proxy_rules_iptables_total",
             "Total number of iptables rules owned by kube-proxy",
-            ["table"],
+            ["ip_family", "table"],
+            registry=r,
+        )
+        self.rules_last = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            ["ip_family", "table"],
             registry=r,
         )
         self.restore_failures = Counter(
             "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
             "Cumulative proxy iptables restore failures",
+            ["ip_family"],
             registry=r,
         )
         self.partial_restore_failures = Counter(
             "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
             "Cumulative proxy iptables partial restore failures",
+            ["ip_family"],
             registry=r,
         )
+        for name in families:
+            self.restore_failures.labels(ip_family=name)
+            self.partial_restore_failures.labels(ip_family=name)
 
-    def restore_failed(self, partial: bool) -> None:
+    def restore_failed(self, family: int, partial: bool) -> None:
         """Count one failed iptables-restore (every failure; partial ones also apart)."""
-        self.restore_failures.inc()
+        self.restore_failures.labels(ip_family=ip_family(family)).inc()
         if partial:
-            self.partial_restore_failures.inc()
+            self.partial_restore_failures.labels(ip_family=ip_family(family)).inc()
 
-    def set_rules(self, per_family: Iterable[Mapping[str, int]]) -> None:
-        """Rules in our chains per table, summed over the IP families."""
-        totals: dict[str, int] = {}
-        for rules in per_family:
-            for table, count in rules.items():
-                totals[table] = totals.get(table, 0) + count
-        for table, count in totals.items():
-            self.rules_total.labels(table=table).set(count)
+    def set_rules(self, family: int, rules: Mapping[str, int]) -> None:
+        """Rules in our chains per table, in one family."""
+        for table, count in rules.items():
+            self.rules_total.labels(ip_family=ip_family(family), table=table).set(count)
+
+    def set_last(self, family: int, written: Mapping[str, int]) -> None:
+        """Rules the last sync wrote in the filter and nat tables, in one family."""
+        for table in ("filter", "nat"):
+            self.rules_last.labels(ip_family=ip_family(family), table=table).set(
+                written.get(table, 0))
