@@ -343,16 +343,19 @@ class FakeApiserver:
         return 200, body
 
     def _list_items(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
-        """Sorted copies of the objects, without kind/apiVersion as in a real list."""
-        items = []
-        for key in sorted(self._state.objects[kind]):
-            if namespace is not None and key[0] != namespace:
-                continue
-            item = copy.deepcopy(self._state.objects[kind][key])
-            item.pop("kind", None)
-            item.pop("apiVersion", None)
-            items.append(item)
-        return items
+        """The objects, sorted, without kind/apiVersion as in a real list.
+
+        A stored object is never changed in place (an update stores a new copy), so the
+        snapshot shares everything below the top level, as the apiserver's watch cache
+        serves its immutable objects: a deep copy per list made the stand-in take 2.3 s
+        to list 10,000 EndpointSlices, longer than the client it serves.
+        """
+        objects = self._state.objects[kind]
+        return [
+            {k: v for k, v in objects[key].items() if k not in ("kind", "apiVersion")}
+            for key in sorted(objects)
+            if namespace is None or key[0] == namespace
+        ]
 
     def watch(
         self, res: _Resource, namespace: str | None, params: dict[str, str], send: _Sender
