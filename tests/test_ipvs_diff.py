@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from svcproxy.backends.ipvs import genl
 from svcproxy.backends.ipvs.desired import Desired, Touched
-from svcproxy.backends.ipvs.diff import Applied, diff_servers, reap
+from svcproxy.backends.ipvs.diff import Kernel, diff_servers, reap
 from svcproxy.backends.ipvs.genl import DestId, DestStats, ServiceId
 from svcproxy.backends.ipvs.render import RenderContext, render_port
 from svcproxy.model import Protocol, ServicePortState
@@ -19,7 +19,7 @@ SID = ServiceId("TCP", "10.96.0.10", 80)
 def _desired(*states) -> Desired:
     desired = Desired()
     for state in states:
-        desired.set_plan(state.key, render_port(state, CTX), Touched())
+        desired.replace(state.key, None, render_port(state, CTX), Touched())
     return desired
 
 
@@ -27,15 +27,15 @@ def _web(*ips: str, protocol: Protocol = Protocol.TCP):
     return port_state("web", "10.96.0.10", [endpoint(ip) for ip in ips], protocol=protocol)
 
 
-def _applied(desired: Desired) -> Applied:
-    applied = Applied()
+def _applied(desired: Desired) -> Kernel:
+    applied = Kernel()
     diff_servers(desired.claims, desired, applied, 0, 60).commit(applied)
     return applied
 
 
 def test_first_sync_adds_the_service_then_each_real_server() -> None:
     desired = _desired(_web("10.244.1.2", "10.244.2.2"))
-    delta = diff_servers(desired.claims, desired, Applied(), 0, 60)
+    delta = diff_servers(desired.claims, desired, Kernel(), 0, 60)
     assert [r.body[0] for r in delta.requests] == [
         genl.CMD_NEW_SERVICE, genl.CMD_NEW_DEST, genl.CMD_NEW_DEST]
 
@@ -46,7 +46,7 @@ def test_new_servers_come_after_the_changes_of_existing_ones() -> None:
     other = port_state("other", "10.96.0.11", [endpoint("10.244.1.3")])
     desired = Desired()
     for port in (_web("10.244.2.2"), other):
-        desired.set_plan(port.key, render_port(port, RenderContext("rr")), Touched())
+        desired.replace(port.key, None, render_port(port, RenderContext("rr")), Touched())
     delta = diff_servers(set(desired.claims) | set(applied.servers), desired, applied, 0, 60)
     assert [r.body[0] for r in delta.changes] == [genl.CMD_NEW_DEST, genl.CMD_SET_DEST]
     assert [r.body[0] for r in delta.creations] == [genl.CMD_NEW_SERVICE, genl.CMD_NEW_DEST]
@@ -83,7 +83,8 @@ def test_udp_real_servers_are_deleted_at_once() -> None:
 def test_scheduler_change_updates_in_place_and_deleted_service_goes() -> None:
     applied = _applied(_desired(_web("10.244.1.2")))
     wrr = Desired()
-    wrr.set_plan(_web().key, render_port(_web("10.244.1.2"), RenderContext("wrr")), Touched())
+    wrr.replace(_web().key, None, render_port(_web("10.244.1.2"), RenderContext("wrr")),
+                Touched())
     assert [r.body[0] for r in diff_servers({SID}, wrr, applied, 0, 60).requests] == [
         genl.CMD_SET_SERVICE]
     assert [r.body[0] for r in diff_servers({SID}, Desired(), applied, 0, 60).requests] == [
@@ -105,8 +106,8 @@ def test_shared_addresses_stay_until_the_last_port_goes() -> None:
     b = ServicePortState(replace(b.service, key=https), b.endpoints)
     desired = _desired(a, b)
     touched = Touched()
-    desired.set_plan(a.key, None, touched)
+    desired.replace(a.key, render_port(a, CTX), None, touched)
     assert "10.96.0.20" in touched.addresses
     assert "10.96.0.20" in desired.addresses
-    desired.set_plan(b.key, None, Touched())
+    desired.replace(b.key, render_port(b, CTX), None, Touched())
     assert "10.96.0.20" not in desired.addresses

@@ -2,9 +2,10 @@
 
 No IPVS on this kernel: the IPVS socket is a stand-in that keeps virtual servers
 and refuses to create one address (as a kernel without the scheduler asked for
-would, ENOENT); ipsets and iptables are no-ops. What is checked is the backend's
-part: the other service ports are programmed, the refused one is withdrawn whole
-(nothing half-created stays), reported, and retried only when it changes.
+would, ENOENT); ipsets and iptables are recorded (tests/ipvs/standin.py). What is
+checked is the backend's part: the other service ports are programmed, the refused
+one is withdrawn whole (nothing half-created stays), reported, and retried only when
+it changes.
 """
 
 from __future__ import annotations
@@ -15,70 +16,21 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend, SyncError
-from svcproxy.backends.ipvs.genl import DestStats, ServiceId, ServiceSpec
 from svcproxy.backends.ipvs.netlink import Failure, Request
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
+from tests.ipvs.standin import StandInIpvs, stand_in
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.100.0.1",))
 REFUSED = "10.96.0.3"
 
 
-class StandInIpvs:
-    """Virtual servers by id; creating one at ``REFUSED`` fails, like a missing scheduler."""
-
-    def __init__(self) -> None:
-        self.servers: dict[ServiceId, ServiceSpec] = {}
-        self.sent: list[str] = []
-
-    def apply(self, requests: Sequence[Request]) -> list[Failure]:
-        failures = []
-        for request in requests:
-            self.sent.append(request.what)
-            sid = request.sid
-            if sid is None:
-                continue
-            if request.what.startswith("add virtual server"):
-                if sid.address == REFUSED:
-                    failures.append(Failure(request, errno.ENOENT))
-                    continue
-                self.servers[sid] = ServiceSpec(sid)
-            elif request.what.startswith("delete virtual server"):
-                self.servers.pop(sid, None)
-            elif sid not in self.servers:
-                failures.append(Failure(request, errno.ESRCH))
-        return failures
-
-    def services(self) -> list[ServiceSpec]:
-        return list(self.servers.values())
-
-    def dests(self, service: ServiceId) -> list[DestStats]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-class StandInRoute:
-    def apply(self, requests: Sequence[Request]) -> list[Failure]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[IpvsBackend]:
-    for name in ("ipset_restore", "iptables_restore"):
-        monkeypatch.setattr(system, name, lambda *args: None)
-    monkeypatch.setattr(system, "iptables_save", lambda *args: "")
     b = IpvsBackend(CONFIG, IpvsOptions(), families=(4,))
-    b.ipvs, b.route, b.ifindex = StandInIpvs(), StandInRoute(), 7  # type: ignore[assignment]
-    monkeypatch.setattr(b, "_addresses", lambda: [])
-    monkeypatch.setattr(b, "_local_routes", lambda: set())
+    stand_in(b, monkeypatch, StandInIpvs(refuse={REFUSED}))
     yield b
 
 
@@ -113,7 +65,7 @@ def test_the_others_are_programmed_and_the_refused_one_withdrawn(backend: IpvsBa
     assert isinstance(ipvs, StandInIpvs)
     ipvs.sent.clear()
     backend.sync(first, Changes(frozenset({key("a")})))
-    assert not [w for w in ipvs.sent if REFUSED in w]
+    assert not [r for r in ipvs.sent if REFUSED in r.what]
 
     # A new version of c is tried: at another address it is programmed.
     moved = state(c_ip="10.96.0.4")

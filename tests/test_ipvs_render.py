@@ -18,7 +18,7 @@ from svcproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
-from svcproxy.sdk import NodeConfig, NodeState, resolve_context
+from svcproxy.sdk import NodeConfig, resolve_context
 from tests.ipvs.states import endpoint, port_state
 
 CTX = RenderContext("rr", node_port_ips=("192.168.0.10",), node_ips=("192.168.0.10",))
@@ -124,7 +124,7 @@ def test_node_port_addresses_come_from_the_node_context() -> None:
     def ctx(**flags: object) -> RenderContext:
         config = replace(backend.config, **flags)  # type: ignore[arg-type]
         node = resolve_context(config, None, locals_)
-        return backend._context(NodeState("n1", 1, None, {}, node))
+        return backend._context(node)
 
     assert ctx().node_port_ips == ("192.168.0.10", "10.0.0.5", "fd00::10")
     assert ctx(node_port_addresses=("primary",)).node_port_ips == ("192.168.0.10", "fd00::10")
@@ -141,7 +141,7 @@ def test_external_policy_local_short_circuits_pods_to_every_endpoint() -> None:
         external_traffic_policy=TrafficPolicy.LOCAL,
         load_balancer_ingress=(LoadBalancerIngress("198.51.100.4"),))
     desired = Desired()
-    desired.set_plan(state.key, render_port(state, CTX), Touched())
+    desired.replace(state.key, None, render_port(state, CTX), Touched())
     mark = desired.marks.get(state.key, 4)
     assert is_our_fwmark(mark) and not mark & 0x4000
     everyone = {DestId("10.244.1.2", 8080), DestId("10.244.2.2", 8080)}
@@ -161,8 +161,8 @@ def test_external_policy_local_without_local_endpoints_is_dropped_and_mark_freed
     plan = render_port(state, CTX)
     assert ("KUBE-NO-LOCAL-ENDPOINTS", "203.0.113.9,tcp:80") in plan.entries
     desired = Desired()
-    desired.set_plan(state.key, plan, Touched())
-    desired.set_plan(state.key, None, Touched())
+    desired.replace(state.key, None, plan, Touched())
+    desired.replace(state.key, plan, None, Touched())
     assert desired.marks.marks == {} and not desired.claims
 
 
@@ -177,7 +177,7 @@ def test_short_circuit_uses_the_cluster_set_not_the_internal_one() -> None:
         external_traffic_policy=TrafficPolicy.LOCAL, internal_traffic_policy=TrafficPolicy.LOCAL,
         load_balancer_ingress=(LoadBalancerIngress("198.51.100.5"),))
     desired = Desired()
-    desired.set_plan(state.key, render_port(state, CTX), Touched())
+    desired.replace(state.key, None, render_port(state, CTX), Touched())
     assert desired.server(ServiceId("TCP", "10.96.0.22", 80)).dests == {
         DestId("10.244.2.2", 8080)}
     mark = desired.marks.get(state.key, 4)

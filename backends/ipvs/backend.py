@@ -1,10 +1,13 @@
 """The IPVS backend: node state -> virtual servers, kube-ipvs0 addresses, ipsets, rules.
 
-A full sync (first, periodic, after a failure) reads the IPVS services and the
-addresses on kube-ipvs0 back from the kernel and rewrites every ipset and the
-fixed iptables rules; a partial sync re-renders only the changed service ports
-and sends only the difference. Draining real servers are deleted by a small
-background check once their connections are gone (or after the bound).
+Built as any backend on the SDK is (``StagedBackend``): ``render`` turns one service
+port into its ``PortPlan`` (pure), ``diff`` (the SDK's) compares the plans with the
+applied ones, which the SDK tracks, and ``apply`` programs the difference. A rebuild
+(first sync, any full sync, a new node context, after a failure) reads the IPVS
+services and the addresses on kube-ipvs0 back from the kernel and rewrites every
+ipset and the fixed iptables rules; otherwise only the changed service ports are
+rendered and only their difference is sent. Draining real servers are deleted by a
+small background check once their connections are gone (or after the bound).
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
 from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
 from svcproxy.backends.ipvs.diff import (
-    Applied,
     IpvsDelta,
+    Kernel,
     diff_members,
     diff_servers,
     reap,
@@ -37,18 +40,20 @@ from svcproxy.backends.ipvs.netlink import (
     Request,
 )
 from svcproxy.backends.ipvs.options import IpvsOptions
-from svcproxy.backends.ipvs.render import RenderContext, render_port
+from svcproxy.backends.ipvs.render import PortPlan, RenderContext, render_port
 from svcproxy.sdk import (
+    Delta,
     NodeConfig,
     NodeContext,
     NodeInfo,
     ServicePortKey,
     ServicePortState,
+    StagedBackend,
     ip_family,
     normalize_cidr,
     resolve_context,
 )
-from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, invalid_values
 
 log = logging.getLogger(__name__)
@@ -91,20 +96,30 @@ def ipv6_enabled() -> bool:
     return os.path.exists("/proc/net/if_inet6")
 
 
-class IpvsBackend(Backend):
+_NOTHING = object()
+
+
+class IpvsBackend(StagedBackend[PortPlan]):
+    """render (one service port's plan) -> diff (the SDK's, against ``applied``) ->
+    apply (the plans' difference as IPVS, address, ipset and rule changes)."""
+
     name = "ipvs"
 
     def __init__(self, config: NodeConfig, options: IpvsOptions,
                  families: Iterable[int] | None = None) -> None:
+        super().__init__()
         self.config = config
         self.options = options
         self.families = tuple(families) if families else ((4, 6) if ipv6_enabled() else (4,))
         self.lock = threading.Lock()
         self.desired = Desired()
-        self.applied = Applied()
+        self.kernel = Kernel()
         self.ctx: RenderContext | None = None
-        self.node: NodeInfo | None = None
         self.node_context: NodeContext | None = None
+        # What the render context was computed from: (state.node, state.context).
+        self._basis: tuple[NodeInfo | None, NodeContext | None] | object = _NOTHING
+        self._reason = "initial"
+        self._unsure = True  # the real servers' weights must be read back from the kernel
         self.ifindex = 0
         self.ipvs: IpvsNetlink | None = None
         self.route: NetlinkBatch | None = None
@@ -151,18 +166,23 @@ class IpvsBackend(Backend):
     # -- sync --------------------------------------------------------------------------
 
     def sync(self, state: NodeState, changes: Changes) -> None:
+        """render -> diff -> apply (``StagedBackend.sync``); a full sync, a new node or
+        node context, or a previous failure rebuilds; the kernel's refusal of some
+        virtual servers refuses their service ports and syncs again without them."""
         with self.lock:
             self._setup()
             self.refusals.prune(state.services)
-            full = (changes.full or self.ctx is None or state.node != self.node
-                    or state.context != self.node_context)
-            reason = changes.reason
+            self._forget_gone(state, changes)
+            basis = (state.node, state.context)
+            if changes.full or basis != self._basis or not self.applied.known:
+                self.node_context = self._node_context(state)
+                self.ctx = self._context(self.node_context)
+                self._basis = basis
+                self._reason = changes.reason
+                self.applied.invalidate()  # rebuild: everything rendered, the kernel read
             for round_ in range(MAX_ROUNDS + 1):
                 try:
-                    if full:
-                        self._full_sync(state, self._context(state), reason)
-                    else:
-                        self._partial_sync(state, changes.services)
+                    super().sync(state, changes)
                     break
                 except SyncError as err:
                     owners = self._owners(err.failures, len(state.services))
@@ -172,10 +192,19 @@ class IpvsBackend(Backend):
                                 err)
                     for key, error in owners.items():
                         self.refusals.refuse(key, state.services.get(key), error)
-                    # A full sync re-reads the kernel: what the failed one half-created
-                    # for a refused service port is removed.
-                    full, reason = True, "retry"
+                    # The failed apply left ``applied`` unknown: the next one rebuilds and
+                    # removes what it half-created for a refused service port.
+                    self._reason = "retry"
             self._reap_now()
+
+    def _forget_gone(self, state: NodeState, changes: Changes) -> None:
+        """Drop the last valid versions of service ports that are gone."""
+        if changes.full:
+            self._valid = {k: r for k, r in self._valid.items() if k in state.services}
+            return
+        for key in changes.services:
+            if key not in state.services:
+                self._valid.pop(key, None)
 
     def _owners(self, failures: Iterable[Failure], services: int,
                 ) -> dict[ServicePortKey, str] | None:
@@ -216,10 +245,9 @@ class IpvsBackend(Backend):
         locals_ = [a for index, a in self._addresses() if index != self.ifindex]
         return resolve_context(self.config, state.node, locals_)
 
-    def _context(self, state: NodeState) -> RenderContext:
+    def _context(self, node: NodeContext) -> RenderContext:
         """NodePorts on the node context's addresses (every address of the node's
         interfaces, kube-ipvs0's aside, for a family the CIDRs leave open), never loopback."""
-        node = self._node_context(state)
         node_ips: list[str] = []
         ports: list[str] = []
         everything: list[str] | None = None
@@ -235,18 +263,21 @@ class IpvsBackend(Backend):
         return RenderContext(self.options.scheduler, tuple(dict.fromkeys(ports)),
                              tuple(node_ips))
 
-    def _render(self, state: NodeState, keys: Iterable[ServicePortKey],
-                touched: Touched) -> None:
+    # -- render ------------------------------------------------------------------------
+
+    def render(self, state: NodeState, record: ServicePortState) -> PortPlan | None:
+        """One service port's virtual servers, addresses, routes and ipset entries (its
+        last valid version when this one is refused; None: nothing)."""
         assert self.ctx is not None
-        for key in keys:
-            sps = self._screened(key, state.services.get(key))
-            plan = render_port(sps, self.ctx) if sps is not None else None
-            if plan is not None:
-                for warning in plan.warnings:
-                    if warning not in self.warned:
-                        self.warned.add(warning)
-                        log.warning("%s", warning)
-            self.desired.set_plan(key, plan, touched)
+        screened = self._screened(record.key, record)
+        if screened is None:
+            return None
+        plan = render_port(screened, self.ctx)
+        for warning in plan.warnings:
+            if warning not in self.warned:
+                self.warned.add(warning)
+                log.warning("%s", warning)
+        return plan
 
     def _screened(self, key: ServicePortKey, record: ServicePortState | None,
                   ) -> ServicePortState | None:
@@ -270,40 +301,58 @@ class IpvsBackend(Backend):
         self.refusals.clear(key)
         return record
 
-    def _full_sync(self, state: NodeState, ctx: RenderContext, reason: str) -> None:
+    # -- apply -------------------------------------------------------------------------
+
+    def apply(self, delta: Delta[ServicePortKey, PortPlan]) -> None:
+        """Program the plans' difference (a rebuild: make the kernel hold exactly
+        ``delta.set``); raises SyncError when the kernel refused something."""
+        try:
+            if delta.rebuild:
+                self._rebuild(delta.set)
+            else:
+                self._update(delta)
+        except BaseException:
+            self._unsure = True  # requests may have been sent and not recorded
+            raise
+
+    def _rebuild(self, plans: Mapping[ServicePortKey, PortPlan]) -> None:
         started = time.monotonic()
-        self.ctx, self.node = ctx, state.node
-        self.node_context = self._node_context(state)
         self.desired = Desired(marks=self.desired.marks)
-        self._render(state, state.services, Touched())
-        self.desired.release_marks_of_gone_ports()
+        for key, plan in plans.items():
+            self.desired.replace(key, None, plan, Touched())
+        self.desired.release_marks_except(plans)
         for line in self.desired.conflicts():
             log.warning("address conflict: %s", line)
-        self._read_kernel(refresh_dests=reason in ("initial", "retry"))
-        servers = self._server_delta(set(self.desired.claims) | set(self.applied.servers))
-        links = self._link_delta(set(self.desired.addresses) | self.applied.addresses,
-                                 set(self.desired.routes) | self.applied.routes)
+        self._read_kernel(refresh_dests=self._unsure)
+        servers = self._server_delta(set(self.desired.claims) | set(self.kernel.servers))
+        links = self._link_delta(set(self.desired.addresses) | self.kernel.addresses,
+                                 set(self.desired.routes) | self.kernel.routes)
         self._take_away(servers, links)
         entries = self.desired.entries_by_set()
         system.ipset_restore(ipsets.full_restore(entries, self.families))
-        self.applied.entries = set(self.desired.entries)
+        self.kernel.entries = set(self.desired.entries)
+        assert self.node_context is not None
         self._apply_rules(self.node_context)
         self._bring_up(servers, links)
+        self._unsure = False
         log.info("ipvs: full sync (%s) of %d service ports, %d virtual servers in %.3fs",
-                 reason, len(state.services), len(self.desired.claims),
+                 self._reason, len(plans), len(self.desired.claims),
                  time.monotonic() - started)
 
-    def _partial_sync(self, state: NodeState, keys: Iterable[ServicePortKey]) -> None:
+    def _update(self, delta: Delta[ServicePortKey, PortPlan]) -> None:
         touched = Touched()
-        self._render(state, keys, touched)
+        for key, old in delta.removed.items():
+            self.desired.replace(key, old, None, touched)
+        for key, plan in delta.set.items():
+            self.desired.replace(key, delta.previous.get(key), plan, touched)
         servers = self._server_delta(touched.servers)
         links = self._link_delta(touched.addresses, touched.routes)
         self._take_away(servers, links)
         want = {e for e in touched.entries if e in self.desired.entries}
-        have = {e for e in touched.entries if e in self.applied.entries}
+        have = {e for e in touched.entries if e in self.kernel.entries}
         add, remove = want - have, have - want
         system.ipset_restore(ipsets.delta_restore(_by_set(add), _by_set(remove)))
-        self.applied.entries = (self.applied.entries - remove) | add
+        self.kernel.entries = (self.kernel.entries - remove) | add
         self._bring_up(servers, links)
 
     # -- kernel state ------------------------------------------------------------------
@@ -312,18 +361,18 @@ class IpvsBackend(Backend):
         """Reload what the kernel holds (services we own, kube-ipvs0 addresses, routes)."""
         assert self.ipvs is not None
         kernel = {s.id: s for s in self.ipvs.services() if self._owned(s.id)}
-        known = {} if refresh_dests else self.applied.dests
+        known = {} if refresh_dests else self.kernel.dests
         dests = {}
         for sid in kernel:
             if sid in known:
                 dests[sid] = known[sid]
             else:
                 dests[sid] = {d.id: d.weight for d in self.ipvs.dests(sid)}
-        self.applied.servers = kernel
-        self.applied.dests = dests
-        self.applied.draining = {k: v for k, v in self.applied.draining.items() if k[0] in kernel}
-        self.applied.addresses = {a for index, a in self._addresses() if index == self.ifindex}
-        self.applied.routes = self._local_routes() - self.applied.addresses
+        self.kernel.servers = kernel
+        self.kernel.dests = dests
+        self.kernel.draining = {k: v for k, v in self.kernel.draining.items() if k[0] in kernel}
+        self.kernel.addresses = {a for index, a in self._addresses() if index == self.ifindex}
+        self.kernel.routes = self._local_routes() - self.kernel.addresses
 
     # Order of a sync: what goes away first (addresses unbound, virtual servers deleted,
     # real servers of the remaining ones changed), then the ipsets and rules, then what
@@ -332,34 +381,34 @@ class IpvsBackend(Backend):
     # firewall), and a removed one is unreachable before its entries go.
 
     def _server_delta(self, ids: Iterable[ServiceId]) -> IpvsDelta:
-        return diff_servers(ids, self.desired, self.applied, time.monotonic(),
+        return diff_servers(ids, self.desired, self.kernel, time.monotonic(),
                             self.options.graceful_termination_timeout)
 
     def _link_delta(self, addresses: set[str], routes: set[str]) -> LinkDelta:
-        add_a, del_a = _touched_diff(addresses, self.desired.addresses, self.applied.addresses)
-        add_r, del_r = _touched_diff(routes, self.desired.routes, self.applied.routes)
+        add_a, del_a = _touched_diff(addresses, self.desired.addresses, self.kernel.addresses)
+        add_r, del_r = _touched_diff(routes, self.desired.routes, self.kernel.routes)
         return LinkDelta(add_a, del_a, add_r, del_r)
 
     def _take_away(self, servers: IpvsDelta, links: LinkDelta) -> None:
         """Unbind addresses, remove local routes, send the changes of existing servers."""
         self._send_links(links.unbind_requests(self.ifindex, self.options.interface))
-        self.applied.addresses -= links.del_addresses
-        self.applied.routes -= links.del_routes
+        self.kernel.addresses -= links.del_addresses
+        self.kernel.routes -= links.del_routes
         self._send_servers(servers.changes)
 
     def _bring_up(self, servers: IpvsDelta, links: LinkDelta) -> None:
         """Create the new virtual servers, bind addresses, add local routes."""
         self._send_servers(servers.creations)
-        servers.commit(self.applied)
+        servers.commit(self.kernel)
         self._send_links(links.bind_requests(self.ifindex, self.options.interface))
-        self.applied.addresses |= links.add_addresses
-        self.applied.routes |= links.add_routes
+        self.kernel.addresses |= links.add_addresses
+        self.kernel.routes |= links.add_routes
 
     def _send_servers(self, requests: list[Request]) -> None:
         assert self.ipvs is not None
         failures = self.ipvs.apply(requests)
         if failures:
-            self.applied.dests.clear()
+            self.kernel.dests.clear()
         _raise_failures(failures)
 
     def _send_links(self, requests: list[Request]) -> None:
@@ -393,20 +442,20 @@ class IpvsBackend(Backend):
 
     def _reap_now(self) -> None:
         """Delete draining real servers that have no connections left or ran out of time."""
-        if not self.applied.draining or self.ipvs is None:
+        if not self.kernel.draining or self.ipvs is None:
             return
         stats: dict[tuple[ServiceId, genl.DestId], genl.DestStats | None] = {}
-        for sid in {k[0] for k in self.applied.draining}:
+        for sid in {k[0] for k in self.kernel.draining}:
             found = {d.id: d for d in self.ipvs.dests(sid)}
-            for key in self.applied.draining:
+            for key in self.kernel.draining:
                 if key[0] == sid:
                     stats[key] = found.get(key[1])
-        done = reap(self.applied.draining, stats, time.monotonic())
+        done = reap(self.kernel.draining, stats, time.monotonic())
         present = [k for k in done if stats.get(k) is not None]
         failures = self.ipvs.apply(reap_requests(present))
         for key in done:
-            self.applied.draining.pop(key, None)
-            self.applied.dests.get(key[0], {}).pop(key[1], None)
+            self.kernel.draining.pop(key, None)
+            self.kernel.dests.get(key[0], {}).pop(key[1], None)
         for failure in failures:
             log.warning("ipvs: %s", failure)
         for sid, dest in done:

@@ -1,13 +1,18 @@
-"""The node's desired IPVS programming, kept up to date one service port at a time (pure).
+"""The node's desired IPVS objects, indexed from the service ports' plans (pure).
 
-Each service port's plan is added and removed as a whole; addresses and ipset
-entries are reference-counted because several ports (and services) can share
-them. Every update reports what it touched so that only that is diffed.
+The plans themselves are the SDK's applied state (``StagedBackend.applied``, one
+``PortPlan`` per service port); this index turns them into kernel objects: virtual
+servers by id (with the ports that claim them), reference-counted addresses, routes
+and ipset entries (several ports and services share them), and the firewall marks
+allocated to the externalTrafficPolicy=Local short-circuits. Each change swaps one
+port's previous plan for its new one and reports what it touched, so that only that
+is diffed against the kernel.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 
 from svcproxy.backends.ipvs import ipsets as S
@@ -70,31 +75,33 @@ class MarkAllocator:
 
 @dataclass(slots=True)
 class Desired:
-    plans: dict[ServicePortKey, PortPlan] = field(default_factory=dict)
+    """Every kernel object the applied plans want (see the module's docstring)."""
+
     claims: dict[ServiceId, dict[ServicePortKey, VirtualServer]] = field(default_factory=dict)
     addresses: Counter[str] = field(default_factory=Counter)
     routes: Counter[str] = field(default_factory=Counter)
     entries: Counter[tuple[str, str]] = field(default_factory=Counter)
     marks: MarkAllocator = field(default_factory=MarkAllocator)
 
-    def set_plan(self, key: ServicePortKey, plan: PortPlan | None, touched: Touched) -> None:
-        """Replace the plan of one service port (None removes it)."""
-        old = self.plans.pop(key, None)
+    def replace(self, key: ServicePortKey, old: PortPlan | None, new: PortPlan | None,
+                touched: Touched) -> None:
+        """Swap the plan of one service port: ``old`` (what the index holds for it, the
+        applied plan) for ``new`` (None: none)."""
         if old is not None:
-            touched.add_plan(old)
-            self._count(key, old, -1)
-        needed = {c.family for c in plan.short_circuits} if plan is not None else set()
+            marked = self._with_marks(key, old)
+            touched.add_plan(marked)
+            self._count(key, marked, -1)
+        needed = {c.family for c in new.short_circuits} if new is not None else set()
         self.marks.release(key, needed)
-        if plan is not None:
-            plan = self._with_marks(key, plan)
-            touched.add_plan(plan)
-            self.plans[key] = plan
-            self._count(key, plan, +1)
+        if new is not None:
+            marked = self._with_marks(key, new)
+            touched.add_plan(marked)
+            self._count(key, marked, +1)
 
-    def release_marks_of_gone_ports(self) -> None:
-        """Free the marks of service ports that have no plan (after a full re-render)."""
+    def release_marks_except(self, keys: Container[ServicePortKey]) -> None:
+        """Free the marks of service ports not in ``keys`` (after a rebuild)."""
         for key, _family in list(self.marks.marks):
-            if key not in self.plans:
+            if key not in keys:
                 self.marks.release(key, set())
 
     def _with_marks(self, key: ServicePortKey, plan: PortPlan) -> PortPlan:

@@ -1,4 +1,8 @@
-"""What to send to the kernel to go from the applied IPVS state to the desired one (pure).
+"""What to send to the kernel to go from what it holds to the desired objects (pure).
+
+``Kernel`` mirrors the IPVS objects the kernel holds for this backend, object by object
+(read back on every rebuild); the per-service-port applied state is the SDK's
+(``StagedBackend.applied``), translated into objects by ``desired.Desired``.
 
 Removed real servers of a surviving virtual server are not deleted at once:
 they get weight 0 (no new connections) and are remembered as draining, with a
@@ -20,8 +24,9 @@ Draining = tuple[ServiceId, DestId]
 
 
 @dataclass(slots=True)
-class Applied:
-    """What this backend believes the kernel holds."""
+class Kernel:
+    """What the kernel holds of this backend's objects (real servers with their weights,
+    draining ones with their deadlines)."""
 
     servers: dict[ServiceId, ServiceSpec] = field(default_factory=dict)
     dests: dict[ServiceId, dict[DestId, int]] = field(default_factory=dict)
@@ -33,7 +38,7 @@ class Applied:
 
 @dataclass(slots=True)
 class IpvsDelta:
-    """Requests plus the applied state they lead to (committed only on success).
+    """Requests plus what the kernel holds after them (committed only on success).
 
     ``changes`` (deleted virtual servers, and the updates and real servers of those
     that stay) go before the sync's ipset and rule changes; ``creations`` (new
@@ -52,37 +57,37 @@ class IpvsDelta:
         """Every request, in the order they are sent."""
         return self.changes + self.creations
 
-    def commit(self, applied: Applied) -> None:
+    def commit(self, kernel: Kernel) -> None:
         for sid, spec in self.servers.items():
             if spec is None:
-                applied.servers.pop(sid, None)
+                kernel.servers.pop(sid, None)
             else:
-                applied.servers[sid] = spec
+                kernel.servers[sid] = spec
         for sid, dests in self.dests.items():
             if dests is None:
-                applied.dests.pop(sid, None)
+                kernel.dests.pop(sid, None)
             else:
-                applied.dests[sid] = dests
+                kernel.dests[sid] = dests
         for key in self.draining_drop:
-            applied.draining.pop(key, None)
-        applied.draining.update(self.draining_add)
+            kernel.draining.pop(key, None)
+        kernel.draining.update(self.draining_add)
 
 
 def diff_servers(
-    ids: Iterable[ServiceId], desired: Desired, applied: Applied, now: float, grace: float
+    ids: Iterable[ServiceId], desired: Desired, kernel: Kernel, now: float, grace: float
 ) -> IpvsDelta:
     """Requests for the virtual servers ``ids`` (and their real servers)."""
     delta = IpvsDelta()
     for sid in sorted(ids):
         want = desired.server(sid)
-        have = applied.servers.get(sid)
+        have = kernel.servers.get(sid)
         if want is None:
             if have is not None:
                 delta.changes.append(ipvs_request(f"delete virtual server {sid}",
                                                   genl.del_service(sid), sid))
                 delta.servers[sid] = None
                 delta.dests[sid] = None
-                delta.draining_drop |= {k for k in applied.draining if k[0] == sid}
+                delta.draining_drop |= {k for k in kernel.draining if k[0] == sid}
             continue
         if have is None:
             out = delta.creations
@@ -95,13 +100,13 @@ def diff_servers(
                 out.append(ipvs_request(f"update virtual server {sid}",
                                         genl.set_service(want.spec), sid))
                 delta.servers[sid] = want.spec
-            old = applied.dests.get(sid, {})
-        _diff_dests(sid, want.dests, old, applied, delta, now + grace, out)
+            old = kernel.dests.get(sid, {})
+        _diff_dests(sid, want.dests, old, kernel, delta, now + grace, out)
     return delta
 
 
 def _diff_dests(sid: ServiceId, want: frozenset[DestId], old: Mapping[DestId, int],
-                applied: Applied, delta: IpvsDelta, deadline: float,
+                kernel: Kernel, delta: IpvsDelta, deadline: float,
                 out: list[Request]) -> None:
     new = dict(old)
     for dest in sorted(want):
@@ -125,9 +130,9 @@ def _diff_dests(sid: ServiceId, want: frozenset[DestId], old: Mapping[DestId, in
                                     genl.set_dest(sid, dest, 0), sid))
             new[dest] = 0
             delta.draining_add[(sid, dest)] = deadline
-        elif (sid, dest) not in applied.draining:
+        elif (sid, dest) not in kernel.draining:
             delta.draining_add[(sid, dest)] = deadline
-    if new != old or sid not in applied.dests:
+    if new != old or sid not in kernel.dests:
         delta.dests[sid] = new
 
 
@@ -144,7 +149,7 @@ def reap(
 
 
 def reap_requests(keys: Iterable[Draining]) -> list[Request]:
-    return [ipvs_request(f"delete drained real server {d} of {sid}", genl.del_dest(sid, d))
+    return [ipvs_request(f"delete drained real server {d} of {sid}", genl.del_dest(sid, d), sid)
             for sid, d in keys]
 
 
