@@ -7,6 +7,10 @@ writes its own Services (own ClusterIPs) and EndpointSlices, asserts what
 real connections see, changes the manifests and asserts again, without
 restarting anything. Pods answer with their name, the source address they
 saw and the port they were reached on.
+
+The ``-local`` cases run the backend in local mode (kube-proxy's flags, a kubeconfig, no
+frontend address) against the stand-in apiserver holding the same objects; after each
+scenario the state it follows must equal the frontend's for node1 in split mode.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ def _scenario_applies(request: pytest.FixtureRequest, lab: ScenarioLab) -> None:
     reason = lab.backend.skip_reason(request.node.originalname)
     if reason:
         pytest.skip(f"not for {lab.backend.name}: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _local_state_equals_split_mode(lab: ScenarioLab) -> Iterator[None]:
+    yield
+    if lab.backend.local and lab.agent is not None:
+        lab.assert_same_state()
 
 
 def eps(lab: ScenarioLab, *pods: str, family: int = 4, **conditions: Any) -> list[m.Doc]:
@@ -385,6 +396,23 @@ def test_masquerade_all_flag(lab: ScenarioLab) -> None:
         assert client.ipv4 not in seen.sources, dict(seen.names)
 
     lab.eventually(masqueraded)
+
+
+def test_local_mode_follows_the_apiserver_and_a_difference_is_caught(lab: ScenarioLab
+                                                                    ) -> None:
+    """Local mode programs what the apiserver holds (not the frontend's files), and the
+    comparison every local scenario ends with fails when the states differ."""
+    if lab.backend.local is False or lab.apiserver is None:
+        pytest.skip("compares local mode with split mode")
+    docs = web_service(lab, "onlylocal", ("10.96.17.1",), ("pod-b",))
+    lab.apiserver.apply("onlylocal.yaml", docs)  # not in the frontend's manifests
+    try:
+        lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.17.1", 80, {"pod-b"}, 3))
+        with pytest.raises(AssertionError, match="only in the second: lab/onlylocal:http"):
+            lab.assert_same_state(timeout=2)
+    finally:
+        lab.apiserver.delete("onlylocal.yaml")
+    lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.17.1", 80, "timeout"))
 
 
 def test_cleanup_removes_only_what_the_backend_owns(lab: ScenarioLab) -> None:

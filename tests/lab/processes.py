@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .plan import CLUSTER_CIDRS, LAN4, LAN6, SERVICE_CIDRS
@@ -21,10 +22,14 @@ class Process:
     argv: list[str]
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    # Changes to this process's environment (None: unset).
+    env: dict[str, str | None] = field(default_factory=dict)
 
     def start(self) -> Process:
+        env = {k: v for k, v in {**os.environ, **self.env}.items() if v is not None}
         with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                          env=env)
         return self
 
     def alive(self) -> bool:
@@ -69,6 +74,42 @@ def backend_argv(
         "--node-port-addresses", f"{LAN4}.0/24,{LAN6}:/64",
         "--min-sync-period", "0",
         *extra,
+    ]
+
+
+# kube-proxy's --proxy-mode of each backend (any other backend is its own mode name).
+PROXY_MODES = {"nft": "nftables", "iptables": "iptables", "ipvs": "ipvs"}
+# The lab's backend flags -> kube-proxy's names of them.
+KUBE_PROXY_NAMES = {"--node-port-addresses": "--nodeport-addresses"}
+
+
+def local_backend_argv(
+    ns: str, name: str, kubeconfig: Path, node: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """``svcproxy backend`` in local mode inside ``ns``, as a kube-proxy DaemonSet runs it:
+    kube-proxy's flags, no frontend address, a kubeconfig; the lab's cluster flags as in
+    ``backend_argv`` (``extra`` may name them as ``backend_argv`` does)."""
+    flags = {
+        "--nodeport-addresses": f"{LAN4}.0/24,{LAN6}:/64",
+        "--iptables-min-sync-period": "0s",
+        "--ipvs-min-sync-period": "0s",
+    }
+    rest: list[str] = []
+    given = list(extra)
+    while given:
+        flag = KUBE_PROXY_NAMES.get(given[0], given[0])
+        if flag in flags:
+            flags[flag] = given[1]
+            given = given[2:]
+        else:
+            rest.append(given.pop(0))
+    return [
+        "ip", "netns", "exec", ns, *SVCPROXY, "backend",
+        f"--proxy-mode={PROXY_MODES.get(name, name)}", f"--kubeconfig={kubeconfig}",
+        f"--hostname-override={node}", f"--cluster-cidr={','.join(CLUSTER_CIDRS)}",
+        *(f"{flag}={value}" for flag, value in flags.items()),
+        "--service-cidr", ",".join(SERVICE_CIDRS),
+        *rest,
     ]
 
 

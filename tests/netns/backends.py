@@ -21,6 +21,9 @@ class BackendCase:
     # Scenario (test function name) -> why it does not apply to this backend.
     not_applicable: tuple[tuple[str, str], ...] = ()
     label: str = ""  # the test id, when one backend runs in two cases
+    # Local mode: no frontend address, a kubeconfig of the stand-in apiserver; the backend
+    # computes its node's state in process (and the scenarios check it equals split mode's).
+    local: bool = False
 
     def __str__(self) -> str:
         return self.label or self.name
@@ -36,6 +39,8 @@ _OUTSIDE = ("also checks connections from outside the node, which no socket hook
 BACKENDS: tuple[BackendCase, ...] = (
     BackendCase("nft"),
     BackendCase("iptables"),
+    BackendCase("nft", local=True, label="nft-local"),
+    BackendCase("iptables", local=True, label="iptables-local"),
     BackendCase("ebpf", socket_level=True, not_applicable=(
         ("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
         ("test_masquerade_all_flag", _SOCKET_NO_NAT),

@@ -2,6 +2,9 @@
 
 Tests write manifests, then poll with real traffic until the expected
 behaviour shows up (``eventually``); nothing is restarted between changes.
+In local mode the backend runs the frontend's computation itself, from the stand-in
+apiserver holding the same objects as the manifests; the frontend still runs on the
+manifests, so the two computations' states can be compared (``assert_same_state``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
+
 from tests.lab import manifests
+from tests.lab.apiserver import LabApiserver
 from tests.lab.client import Summary, probe, summarize
 from tests.lab.echo import EchoServer
+from tests.lab.nodestate import differences, node_state
 from tests.lab.plan import SERVER_PORTS, LabSpec, standard_spec
-from tests.lab.processes import Process, backend_argv, frontend, wait_for_path
+from tests.lab.processes import (
+    Process,
+    backend_argv,
+    frontend,
+    local_backend_argv,
+    wait_for_path,
+)
 from tests.lab.topology import Lab
 
 from .backends import BackendCase
@@ -68,6 +81,7 @@ class ScenarioLab:
         self.servers: list[EchoServer] = []
         self.frontend: Process | None = None
         self.agent: Process | None = None
+        self.apiserver: LabApiserver | None = None  # local mode's
         self.sockets: SocketLevel | None = None
         if backend.socket_level:
             on_node = {self.lab.ns(NODE)} | {self.lab.ns(p.name) for p in self.spec.pods
@@ -80,11 +94,13 @@ class ScenarioLab:
 
     def start(self) -> ScenarioLab:
         self.manifests.mkdir()
-        manifests.write(self.manifests, "nodes.yaml", [
+        self.lab.build()
+        if self.backend.local:
+            self.apiserver = LabApiserver(self.lab.ns(NODE), self.dir)
+        self.apply("nodes.yaml", [
             manifests.node(self.spec.node("node1"), zone="zone-a"),
             manifests.node(self.spec.node("node2"), zone="zone-b"),
         ])
-        self.lab.build()
         self.servers = [
             EchoServer(self.lab.ns(p.name), p.name, SERVER_PORTS).start() for p in self.spec.pods
         ]
@@ -99,30 +115,44 @@ class ScenarioLab:
         """(Re)start the backend process on node1 with the case's flags plus ``extra``."""
         if self.agent is not None:
             self.agent.stop()
-        argv = backend_argv(
-            self.lab.ns(NODE), self.backend.name, f"unix://{self.socket}", NODE,
-            (*self.backend.extra_args, *extra),
-        )
+        self.agent = Process(self._backend_argv(*extra), self.dir / "backend.log",
+                             env=self._backend_env()).start()
+
+    def _backend_argv(self, *extra: str) -> list[str]:
+        flags = (*self.backend.extra_args, *extra)
+        if self.apiserver is not None:
+            argv = local_backend_argv(self.lab.ns(NODE), self.backend.name,
+                                      self.apiserver.kubeconfig, NODE, flags)
+        else:
+            argv = backend_argv(self.lab.ns(NODE), self.backend.name,
+                                f"unix://{self.socket}", NODE, flags)
         if self.sockets is not None:
             argv = self.sockets.backend_argv(argv)
-        self.agent = Process(argv, self.dir / "backend.log").start()
+        return argv
+
+    def _backend_env(self) -> dict[str, str | None]:
+        """Local mode: nothing naming a frontend or in-cluster credentials, and the private
+        directory of its frontend's socket under the lab's (``local_target``)."""
+        if self.apiserver is None:
+            return {}
+        return {"SVCPROXY_API": None, "KUBERNETES_SERVICE_HOST": None,
+                "TMPDIR": str(self.dir)}
 
     def run_backend_cleanup(self) -> subprocess.CompletedProcess[bytes]:
         """``svcproxy backend NAME --cleanup`` on node1 (the running one is stopped first)."""
         if self.agent is not None:
             self.agent.stop()
-        argv = backend_argv(
-            self.lab.ns(NODE), self.backend.name, f"unix://{self.socket}", NODE,
-            (*self.backend.extra_args, "--cleanup"),
-        )
-        if self.sockets is not None:
-            argv = self.sockets.backend_argv(argv)
-        return subprocess.run(argv, capture_output=True, timeout=60)
+            self.agent = None
+        env = {k: v for k, v in {**os.environ, **self._backend_env()}.items() if v is not None}
+        return subprocess.run(self._backend_argv("--cleanup"), capture_output=True, timeout=60,
+                              env=env)
 
     def stop(self) -> None:
         for proc in (self.agent, self.frontend):
             if proc is not None:
                 proc.stop()
+        if self.apiserver is not None:
+            self.apiserver.close()
         for server in self.servers:
             server.stop()
         if self.sockets is not None:
@@ -141,9 +171,39 @@ class ScenarioLab:
 
     def apply(self, filename: str, docs: Sequence[manifests.Doc]) -> None:
         manifests.write(self.manifests, filename, docs)
+        if self.apiserver is not None:
+            self.apiserver.apply(filename, list(docs))
 
     def delete(self, filename: str) -> None:
         manifests.remove(self.manifests, filename)
+        if self.apiserver is not None:
+            self.apiserver.delete(filename)
+
+    # local mode
+
+    def local_target(self) -> str:
+        """The unix socket the running local-mode backend's own frontend serves."""
+        found = sorted(self.dir.glob("svcproxy-local-*/api.sock"),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise AssertionError(f"no local-mode frontend socket under {self.dir}\n{self.logs()}")
+        return f"unix://{found[-1]}"
+
+    def assert_same_state(self, timeout: float = 20.0) -> None:
+        """The state the local-mode backend follows equals what the frontend serves node1
+        from the same objects in split mode (polled until both have caught up)."""
+        split = f"unix://{self.socket}"
+
+        def same() -> None:
+            try:
+                lines = differences(node_state(split, NODE),
+                                    node_state(self.local_target(), NODE))
+            except grpc.RpcError as err:
+                raise AssertionError(f"GetNodeState: {err}") from None
+            assert not lines, "local mode (second) differs from split mode (first):\n" + (
+                "\n".join(lines[:20]))
+
+        self.eventually(same, timeout)
 
     # traffic
 
