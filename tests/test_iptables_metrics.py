@@ -54,10 +54,26 @@ class FakeSysctl:
         pass
 
 
+class FakeNfacct:
+    """nfacct objects in memory (the tests without a namespace touch no kernel state)."""
+
+    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
+        self.counts: dict[str, int] = {}
+
+    def create(self, name: str) -> None:
+        self.counts.setdefault(name, 0)
+
+    def packets(self, name: str) -> int:
+        if name not in self.counts:
+            raise FileNotFoundError(2, "No such file or directory")
+        return self.counts[name]
+
+
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[NodeAgent]:
     monkeypatch.setattr(backend_module, "Iptables", FakeIptables)
     monkeypatch.setattr(backend_module, "Sysctl", FakeSysctl)
+    monkeypatch.setattr(backend_module, "Nfacct", FakeNfacct)
     FakeIptables.fail, FakeIptables.restored = 0, []
     config = NodeConfig("node-a", cluster_cidrs=("10.0.0.0/8",))
     backend = IptablesBackend(config, IptablesOptions(mode="nft", families=(4,),

@@ -462,3 +462,58 @@ def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
     assert _rules_only(lab.iptables_save(4)) == _rules_only(before4)
     assert sum("*nat\n-S\n" in text for text in texts) >= 3  # 2 full syncs, the cleanup
     assert counted in lab.iptables_save(4, counters=True).splitlines()
+
+
+# A TCP segment with SYN and FIN set: conntrack marks it INVALID (no valid flag combination).
+INVALID_SENDER = r"""
+import socket, struct, sys
+src, dst, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def checksum(data):
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+s.bind((src, 0))
+for i in range(count):
+    tcp = struct.pack("!HHIIBBHHH", 40000 + i, 8080, 1, 0, 5 << 4, 0x03, 65535, 0, 0)
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", checksum(pseudo + tcp)) + tcp[18:]
+    s.sendto(tcp, (dst, 0))
+"""
+
+
+def _counters(registry: object) -> dict[str, float]:
+    """kube-proxy's nfacct metrics in an exposition of ``registry``."""
+    from prometheus_client import generate_latest
+
+    found = {}
+    for line in generate_latest(registry).decode().splitlines():  # type: ignore[arg-type]
+        if line.startswith("kubeproxy_iptables_"):
+            name, value = line.split()
+            found[name] = float(value)
+    return found
+
+
+def test_nfacct_counters_count_real_packets(lab: Lab) -> None:
+    """kube-proxy's two nfacct counters, referenced from the rules, read through netlink
+    into /metrics: each connection to a NodePort on 127.0.0.1 is counted once (a NodePort
+    on the node's IP is not); each conntrack-INVALID packet forwarded is dropped and
+    counted."""
+    from prometheus_client import CollectorRegistry
+
+    web = service("web", "172.30.0.10", ("pod-a",), node_port=30080)
+    be = backend(lab)
+    registry = CollectorRegistry()
+    be.register_metrics(registry)
+    assert _counters(registry) == {}  # no counter in the kernel yet: nothing exported
+    be.sync(node_state(web), full())
+    save = lab.iptables_save()
+    assert "ct_state_invalid_dropped_pkts" in save and "localhost_nps_accepted_pkts" in save
+    localhost = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
+    invalid = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
+    assert _counters(registry) == {localhost: 0.0, invalid: 0.0}
+    assert lab.connect(lab.node, "127.0.0.1", 30080, count=3) == ["pod-a 10.244.1.1"] * 3
+    assert lab.connect(lab.client, NODE_IP, 30080, count=2) == ["pod-a 10.244.1.1"] * 2
+    ns_run(lab.client, sys.executable, "-c", INVALID_SENDER, "192.168.50.2", "10.244.1.2", "4")
+    assert lab.connect(lab.client, "172.30.0.10", 80) == ["pod-a 10.244.1.1"]
+    assert _counters(registry) == {localhost: 3.0, invalid: 4.0}

@@ -143,10 +143,26 @@ class NoSysctl:
         pass
 
 
+class FakeNfacct:
+    """nfacct objects in memory (the tests without a namespace touch no kernel state)."""
+
+    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
+        self.counts: dict[str, int] = {}
+
+    def create(self, name: str) -> None:
+        self.counts.setdefault(name, 0)
+
+    def packets(self, name: str) -> int:
+        if name not in self.counts:
+            raise FileNotFoundError(2, "No such file or directory")
+        return self.counts[name]
+
+
 def test_crossing_the_large_cluster_threshold_rewrites_everything(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backend_module, "Iptables", RecordingIptables)
     monkeypatch.setattr(backend_module, "Sysctl", NoSysctl)
+    monkeypatch.setattr(backend_module, "Nfacct", FakeNfacct)
     RecordingIptables.restored = []
     be = IptablesBackend(NodeConfig("n", cluster_cidrs=("10.0.0.0/8",)),
                          IptablesOptions(mode="nft", families=(4,), localhost_nodeports=False))

@@ -25,6 +25,7 @@ from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.familyconfig import family_config, localhost_nodeports_allowed
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
+from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct
 from svcproxy.backends.iptables.planner import (
     Plan,
     Planner,
@@ -108,6 +109,8 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._families: dict[int, _Family] = {}
         self._localhost = False
         self._drop_invalid = True
+        self._nfacct = Nfacct(self.options.prefix)
+        self._counters = False  # kube-proxy's nfacct counters exist: rules reference them
         self._large = False
         self._configs: tuple[FamilyConfig, ...] = ()
         self._last_full = 0.0
@@ -137,20 +140,35 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._drop_invalid = liberal in (None, "0")
         if not self._drop_invalid:
             log.info("nf_conntrack_tcp_be_liberal is set: not dropping INVALID packets")
+        self._counters = self._make_counters()
         for index, family in enumerate(families):
             tool = Iptables(family, self.mode, opts.prefix)
             self._families[family] = _Family(family, tool, make_probe(tool),
                                              Planner(FamilyConfig(family=family), index))
 
+    def _make_counters(self) -> bool:
+        """Create kube-proxy's nfacct objects; False (rules without them) if the kernel
+        has no nfacct."""
+        try:
+            for name in COUNTERS:
+                self._nfacct.create(name)
+        except OSError as err:
+            log.warning("Cannot create the nfacct counters %s (%s): the rules count nothing "
+                        "and kubeproxy_iptables_*_packets_total are not exported",
+                        ", ".join(COUNTERS), err)
+            return False
+        return True
+
     def family_config(self, family: int, state: NodeState) -> FamilyConfig:
         return family_config(self.config, state.node, family, context=state.context,
                              masquerade_bit=self.options.masquerade_bit,
                              localhost_nodeports=self._localhost,
-                             drop_invalid=self._drop_invalid)
+                             drop_invalid=self._drop_invalid, nfacct=self._counters)
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         """The agent's hook: export kube-proxy's iptables metrics in its registry."""
-        self.metrics = IptablesMetrics(registry, [ip_family(f) for f in self.options.families])
+        self.metrics = IptablesMetrics(registry, [ip_family(f) for f in self.options.families],
+                                       self._nfacct.packets)
 
     # -- the stages: prepare, render (SDK: diff), apply -------------------------------
 

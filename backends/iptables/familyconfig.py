@@ -48,7 +48,7 @@ def localhost_nodeports_allowed(config: NodeConfig, wanted: bool) -> bool:
 def family_config(config: NodeConfig, node: NodeInfo | None, family: int, *,
                   context: NodeContext | None = None, masquerade_bit: int = 14,
                   localhost_nodeports: bool = False, drop_invalid: bool = True,
-                  random_fully: bool = True) -> FamilyConfig:
+                  random_fully: bool = True, nfacct: bool = False) -> FamilyConfig:
     """Everything but the services that shapes one family's rules, from the node context
     the agent resolved (``context``), else resolved here from the flags and the node."""
     node_context = context if context is not None else resolve_context(config, node)
@@ -66,4 +66,5 @@ def family_config(config: NodeConfig, node: NodeInfo | None, family: int, *,
         random_fully=random_fully,
         drop_invalid=drop_invalid,
         service_cidrs=fam.service_cidrs,
+        nfacct=nfacct,
     )

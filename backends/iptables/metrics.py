@@ -3,9 +3,24 @@ the ``ip_family`` label kube-proxy puts on them since its proxiers are split per
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from svcproxy.backends.iptables.nfacct import INVALID_DROPPED, LOCALHOST_NODEPORTS
+
+log = logging.getLogger(__name__)
+
+# nfacct object -> kube-proxy's metric (without _total) and help.
+NFACCT_METRICS = {
+    INVALID_DROPPED: ("kubeproxy_iptables_ct_state_invalid_dropped_packets",
+                      "packets dropped by iptables to work around conntrack problems"),
+    LOCALHOST_NODEPORTS: ("kubeproxy_iptables_localhost_nodeports_accepted_packets",
+                          "Number of packets accepted on nodeports of loopback interface"),
+}
 
 
 def ip_family(family: int) -> str:
@@ -21,7 +36,8 @@ class IptablesMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 families: Iterable[str] = ()) -> None:
+                 families: Iterable[str] = (),
+                 nfacct: Callable[[str], int] | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.rules_total = Gauge(
             "kubeproxy_sync_proxy_rules_iptables_total",
@@ -50,6 +66,8 @@ class IptablesMetrics:
         for name in families:
             self.restore_failures.labels(ip_family=name)
             self.partial_restore_failures.labels(ip_family=name)
+        if nfacct is not None:
+            r.register(NfacctCounters(nfacct))
 
     def restore_failed(self, family: int, partial: bool) -> None:
         """Count one failed iptables-restore (every failure; partial ones also apart)."""
@@ -67,3 +85,25 @@ class IptablesMetrics:
         for table in ("filter", "nat"):
             self.rules_last.labels(ip_family=ip_family(family), table=table).set(
                 written.get(table, 0))
+
+
+class NfacctCounters(Collector):
+    """kube-proxy's nfacct counters, read from the kernel at each scrape (a counter that
+    cannot be read is left out, as kube-proxy does, and logged once)."""
+
+    def __init__(self, packets: Callable[[str], int]) -> None:
+        self.packets = packets
+        self._failed: set[str] = set()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for counter, (name, text) in NFACCT_METRICS.items():
+            try:
+                value = self.packets(counter)
+            except (OSError, ValueError) as err:
+                if counter not in self._failed:
+                    self._failed.add(counter)
+                    log.warning("Cannot read the nfacct counter %s (%s): %s_total is not "
+                                "exported until it can be", counter, err, name)
+                continue
+            self._failed.discard(counter)
+            yield CounterMetricFamily(name, text, value=value)

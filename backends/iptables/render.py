@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.names import quote
+from svcproxy.backends.iptables.nfacct import LOCALHOST_NODEPORTS
 from svcproxy.sdk import Endpoint, ServicePortState, ip_family, of_family
 
 LARGE_CLUSTER_ENDPOINTS = 1000
@@ -36,6 +37,8 @@ class FamilyConfig:
     random_fully: bool = True
     drop_invalid: bool = True
     service_cidrs: tuple[str, ...] = ()
+    # kube-proxy's nfacct counters exist: rules reference them (see nfacct).
+    nfacct: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,12 @@ class _Renderer:
         if not self.svc.node_port:
             return
         port_match = f"-m {self.proto} -p {self.proto} --dport {self.svc.node_port}"
+        cfg = self.cfg
+        if self.sel.has_endpoints and cfg.nfacct and cfg.family == 4 and cfg.localhost_nodeports:
+            # Counted apart (kube-proxy's localhost_nps_accepted_pkts); then the rule below.
+            self.blocks["nat_nodeports"].append(
+                f"-A {names.NODEPORTS} {self._comment(self.name)} -d 127.0.0.0/8 {port_match} "
+                f"-m nfacct --nfacct-name {LOCALHOST_NODEPORTS} -j {self.ext_chain}")
         if self.sel.has_endpoints:
             self.blocks["nat_nodeports"].append(
                 f"-A {names.NODEPORTS} {self._comment(self.name)} {port_match} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from svcproxy.backends.iptables import names
+from svcproxy.backends.iptables.nfacct import INVALID_DROPPED
 from svcproxy.backends.iptables.render import FamilyConfig, ServiceRules
 
 FILTER = "filter"
@@ -92,7 +93,8 @@ def _postrouting_rules(cfg: FamilyConfig) -> str:
 
 def _forward_rules(cfg: FamilyConfig) -> str:
     mark = cfg.masquerade_mark
-    invalid = (f"-A {names.FORWARD} -m conntrack --ctstate INVALID -j DROP\n"
+    counted = f"-m nfacct --nfacct-name {INVALID_DROPPED} " if cfg.nfacct else ""
+    invalid = (f"-A {names.FORWARD} -m conntrack --ctstate INVALID {counted}-j DROP\n"
                if cfg.drop_invalid else "")
     return (invalid
             + f'-A {names.FORWARD} -m comment --comment "kubernetes forwarding rules" '

@@ -1,0 +1,169 @@
+"""kube-proxy's nfacct counters: named packet counters in the kernel (nfnetlink_acct).
+
+kube-proxy creates two accounting objects and references them from its rules with
+``-m nfacct --nfacct-name NAME``: ``ct_state_invalid_dropped_pkts`` on the KUBE-FORWARD
+rule dropping conntrack-INVALID packets, and ``localhost_nps_accepted_pkts`` on the
+KUBE-NODEPORTS rules of NodePorts reached on 127.0.0.0/8. Its /metrics reads them back
+as ``kubeproxy_iptables_ct_state_invalid_dropped_packets_total`` and
+``kubeproxy_iptables_localhost_nodeports_accepted_packets_total``.
+
+This is a small client of the nfnetlink_acct protocol (NETLINK_NETFILTER, subsystem
+7): create an object, read its packet count. With a command prefix ``ip netns exec NS``
+(tests, benchmarks) the socket is opened inside that namespace: a short-lived thread
+enters it (setns changes only the calling thread's namespace) and the socket stays
+bound to it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+
+INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
+LOCALHOST_NODEPORTS = "localhost_nps_accepted_pkts"
+COUNTERS = (INVALID_DROPPED, LOCALHOST_NODEPORTS)
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_ACCT = 7
+MSG_NEW, MSG_GET = 0, 1
+NLMSG_ERROR = 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+NFACCT_NAME, NFACCT_PKTS = 1, 2
+NAME_MAX = 32
+CLONE_NEWNET = 0x40000000
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr
+_GENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
+_ATTR = struct.Struct("=HH")
+
+
+class NfacctError(OSError):
+    """The kernel refused an nfacct request (or has no nfacct)."""
+
+
+def netns_path(prefix: Sequence[str]) -> str | None:
+    """The namespace a command prefix runs in (``ip netns exec NAME``), None: ours."""
+    if len(prefix) >= 4 and tuple(prefix[:3]) == ("ip", "netns", "exec"):
+        return f"/run/netns/{prefix[3]}"
+    return None
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    data = _ATTR.pack(_ATTR.size + len(payload), kind) + payload
+    return data + b"\0" * (-len(data) % 4)
+
+
+def _name(name: str) -> bytes:
+    raw = name.encode() + b"\0"
+    if len(raw) > NAME_MAX:
+        raise ValueError(f"nfacct name {name!r} is longer than {NAME_MAX - 1} bytes")
+    return _attr(NFACCT_NAME, raw)
+
+
+def _attrs(data: bytes) -> dict[int, bytes]:
+    found: dict[int, bytes] = {}
+    offset = 0
+    while offset + _ATTR.size <= len(data):
+        length, kind = _ATTR.unpack_from(data, offset)
+        if length < _ATTR.size:
+            break
+        found[kind & 0x3FFF] = data[offset + _ATTR.size:offset + length]
+        offset += (length + 3) & ~3
+    return found
+
+
+class Nfacct:
+    """nfacct objects of one network namespace."""
+
+    def __init__(self, prefix: Sequence[str] = ()) -> None:
+        self._path = netns_path(prefix)
+        self._sock: socket.socket | None = None
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            self._sock = _open_in(self._path)
+        return self._sock
+
+    def _request(self, msg: int, flags: int, payload: bytes) -> list[tuple[int, bytes]]:
+        """Send one request; the messages of the answer, up to its ACK or error."""
+        with self._lock:
+            sock = self._socket()
+            self._seq += 1
+            body = _GENMSG.pack(socket.AF_UNSPEC, 0, 0) + payload
+            kind = (NFNL_SUBSYS_ACCT << 8) | msg
+            sock.send(_HEADER.pack(_HEADER.size + len(body), kind, NLM_F_REQUEST | flags,
+                                   self._seq, 0) + body)
+            return self._answer(sock, self._seq)
+
+    @staticmethod
+    def _answer(sock: socket.socket, seq: int) -> list[tuple[int, bytes]]:
+        replies: list[tuple[int, bytes]] = []
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, kind, _flags, got, _pid = _HEADER.unpack_from(data, offset)
+                body = data[offset + _HEADER.size:offset + length]
+                offset += (length + 3) & ~3
+                if got != seq:
+                    continue
+                if kind == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", body)[0]
+                    if code:
+                        raise NfacctError(code, os.strerror(code))
+                    return replies
+                replies.append((kind, body))
+                return replies
+
+    def create(self, name: str) -> None:
+        """Make the object ``name`` (an existing one is kept, with its counts)."""
+        try:
+            self._request(MSG_NEW, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK, _name(name))
+        except NfacctError as err:
+            if err.errno != errno.EEXIST:
+                raise
+
+    def packets(self, name: str) -> int:
+        """Packets counted by ``name`` so far."""
+        for _, body in self._request(MSG_GET, 0, _name(name)):
+            value = _attrs(body[_GENMSG.size:]).get(NFACCT_PKTS)
+            if value is not None:
+                return int(struct.unpack(">Q", value)[0])
+        raise NfacctError(errno.ENODATA, f"nfacct {name}: no packet count in the answer")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+def _open_in(path: str | None) -> socket.socket:
+    """A NETLINK_NETFILTER socket of the namespace at ``path`` (None: this one)."""
+    if path is None:
+        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    result: list[socket.socket | BaseException] = []
+
+    def enter() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(path, "rb") as ns:
+                if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
+                    code = ctypes.get_errno()
+                    raise NfacctError(code, f"setns {path}: {os.strerror(code)}")
+            result.append(socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            result.append(err)
+
+    thread = threading.Thread(target=enter, name="nfacct-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
