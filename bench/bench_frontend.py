@@ -36,10 +36,10 @@ from typing import Any
 import grpc
 
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.events import Replace, Upsert
-from svcproxy.frontend.limits import StreamLimits
-from svcproxy.frontend.server import NodeStateServicer, start_server
-from svcproxy.frontend.workers import StreamWorkers
+from svcproxy.frontend.serving.limits import StreamLimits
+from svcproxy.frontend.serving.server import NodeStateServicer, start_server
+from svcproxy.frontend.serving.workers import StreamWorkers
+from svcproxy.frontend.sources.events import Replace, Upsert
 from svcproxy.sdk.client import CHANNEL_OPTIONS
 from svcproxy.v1 import nodestate_pb2 as pb
 

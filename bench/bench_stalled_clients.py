@@ -33,11 +33,11 @@ from typing import Any
 
 import grpc
 
-from svcproxy.frontend import engine as engine_module
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.limits import MESSAGE_BYTES, StreamLimits
-from svcproxy.frontend.server import NodeStateServicer, start_server
-from svcproxy.frontend.wire import chunk_events
+from svcproxy.frontend.publication.snapshots import Snapshots
+from svcproxy.frontend.publication.wire import MESSAGE_BYTES, chunk_events
+from svcproxy.frontend.serving.limits import StreamLimits
+from svcproxy.frontend.serving.server import NodeStateServicer, start_server
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 
@@ -99,10 +99,10 @@ def unary_process(target: str, nodes: list[str], calls: int, conn: Any) -> None:
 
 def eager_snapshots() -> None:
     """The behaviour before: every message of a snapshot encoded up front, 1 MiB each."""
-    def snapshot(self: Engine, view: Any, reset: bool = False) -> list[bytes]:
-        return list(chunk_events(self.revision, self.snapshot_ops(view), reset=reset,
+    def snapshot(self: Snapshots, view: Any, reset: bool = False) -> list[bytes]:
+        return list(chunk_events(self.changelog.revision, self.snapshot_ops(view), reset=reset,
                                  limit=1 << 20))
-    engine_module.Engine.snapshot = snapshot  # type: ignore[method-assign]
+    Snapshots.snapshot = snapshot  # type: ignore[method-assign]
 
 
 async def measure(args: argparse.Namespace, target: str, unary: Any,

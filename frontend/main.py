@@ -11,17 +11,17 @@ from pathlib import Path
 import grpc
 from prometheus_client import start_http_server
 
-from svcproxy.frontend.auth import AuthConfig, check_listen
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.guard import CallGuard
-from svcproxy.frontend.intake import Intake
-from svcproxy.frontend.kubevalidation import ObjectLimits
-from svcproxy.frontend.limits import StreamLimits
-from svcproxy.frontend.manifests import ManifestLimits, ManifestSource
-from svcproxy.frontend.readiness import Readiness
-from svcproxy.frontend.server import NodeStateServicer, TLSFiles, start_server
-from svcproxy.frontend.upstream import UpstreamSource
-from svcproxy.frontend.workers import StreamWorkers, tcp_address
+from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
+from svcproxy.frontend.serving.access.guard import CallGuard
+from svcproxy.frontend.serving.limits import StreamLimits
+from svcproxy.frontend.serving.readiness import Readiness
+from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, start_server
+from svcproxy.frontend.serving.workers import StreamWorkers, tcp_address
+from svcproxy.frontend.sources.intake import Intake
+from svcproxy.frontend.sources.kubevalidation import ObjectLimits
+from svcproxy.frontend.sources.manifests import ManifestLimits, ManifestSource
+from svcproxy.frontend.sources.upstream import UpstreamSource
 from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def _start_source(opts: FrontendOptions, engine: Engine) -> object:
                                 opts.upstream_credentials, opts.upstream_token)
         log.info("following the cluster watch of the frontend at %s", opts.upstream)
     else:
-        from svcproxy.frontend.apiserver import ApiserverSource
+        from svcproxy.frontend.sources.apiserver import ApiserverSource
 
         source = ApiserverSource(engine.submit_threadsafe, kubeconfig=opts.kubeconfig)
         log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
@@ -129,7 +129,7 @@ class Frontend:
 
 async def run_frontend(opts: FrontendOptions) -> int:
     """Serve until SIGINT/SIGTERM."""
-    from svcproxy.frontend.apiserver import ApiserverConfigError
+    from svcproxy.frontend.sources.apiserver import ApiserverConfigError
 
     try:
         frontend = Frontend(opts)

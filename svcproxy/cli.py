@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from svcproxy.frontend.auth import AuthConfig
     from svcproxy.frontend.main import FrontendOptions
+    from svcproxy.frontend.serving.access.auth import AuthConfig
     from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
 
@@ -144,8 +144,8 @@ def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
 def _with_object_limits(opts: FrontendOptions, args: argparse.Namespace) -> FrontendOptions:
     import dataclasses
 
-    from svcproxy.frontend.kubevalidation import ObjectLimits
-    from svcproxy.frontend.manifests import ManifestLimits
+    from svcproxy.frontend.sources.kubevalidation import ObjectLimits
+    from svcproxy.frontend.sources.manifests import ManifestLimits
 
     sizes = (args.max_object_bytes, args.max_name_length, args.manifest_max_file_bytes)
     if min(sizes) < 1 or args.manifest_max_alias_expansion < 0 or \
@@ -230,9 +230,9 @@ def _list_backends(_args: argparse.Namespace) -> int:
 
 
 def _run_frontend(args: argparse.Namespace) -> int:
-    from svcproxy.frontend.limits import StreamLimits
     from svcproxy.frontend.main import FrontendOptions, run_frontend
-    from svcproxy.frontend.server import TLSFiles
+    from svcproxy.frontend.serving.limits import StreamLimits
+    from svcproxy.frontend.serving.server import TLSFiles
     from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
     tls = None
@@ -267,7 +267,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
 
 
 def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:
-    from svcproxy.frontend.auth import AuthConfig, check_listen
+    from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
 
     client_certs = bool(args.tls_client_ca)
     if client_certs and not tls:

@@ -21,7 +21,7 @@ import grpc
 
 from svcproxy.convert import node_from_pb, state_from_pb
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.events import Replace
+from svcproxy.frontend.sources.events import Replace
 from svcproxy.model import ServicePortKey, ServicePortState
 from svcproxy.sdk.client import EPOCH_KEY, NodeStateClient, open_channel, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from svcproxy.frontend.events import Event
 from svcproxy.frontend.main import Frontend, FrontendOptions
+from svcproxy.frontend.sources.events import Event
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0,

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from svcproxy.frontend.apiserver import ApiserverConfigError, ApiserverSource
-from svcproxy.frontend.apiserver_backoff import Backoff, BackoffPolicy
-from svcproxy.frontend.apiserver_resources import object_ref
-from svcproxy.frontend.events import KINDS, Delete, Event, Replace, Upsert
+from svcproxy.frontend.sources.apiserver import ApiserverConfigError, ApiserverSource
+from svcproxy.frontend.sources.apiserver_backoff import Backoff, BackoffPolicy
+from svcproxy.frontend.sources.apiserver_resources import object_ref
+from svcproxy.frontend.sources.events import KINDS, Delete, Event, Replace, Upsert
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 
 TOKEN = "s3cret"
 FAST = BackoffPolicy(initial=0.05, cap=0.5)
-LOGGER = "svcproxy.frontend.apiserver"
+LOGGER = "svcproxy.frontend.sources.apiserver"
 
 Key = tuple[str, str, str]
 

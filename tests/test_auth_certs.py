@@ -16,9 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from svcproxy.frontend import auth_metrics
-from svcproxy.frontend.auth import AuthConfig
-from svcproxy.frontend.server import TLSFiles
+from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.frontend.serving.access.auth import AuthConfig
+from svcproxy.frontend.serving.server import TLSFiles
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.pki import CA, Issued

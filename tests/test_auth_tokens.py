@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from svcproxy.frontend.auth import AuthConfig
+from svcproxy.frontend.serving.access.auth import AuthConfig
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.credentials import TokenFile
 from svcproxy.v1 import nodestate_pb2 as pb

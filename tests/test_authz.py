@@ -8,14 +8,14 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from svcproxy.frontend.auth import (
+from svcproxy.frontend.serving.access.auth import (
     ANONYMOUS_IDENTITY,
     Identity,
     bearer_token,
     check_listen,
     is_local,
 )
-from svcproxy.frontend.authz import authorize
+from svcproxy.frontend.serving.access.authz import authorize
 
 names = st.text(string.ascii_lowercase + string.digits + "-.:", min_size=1, max_size=20)
 methods = st.sampled_from(["Watch", "GetNodeState", "ListNodes", "WatchCluster"])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 
-from svcproxy.frontend.auth import AuthConfig
-from svcproxy.frontend.events import Upsert
-from svcproxy.frontend.server import TLSFiles
+from svcproxy.frontend.serving.access.auth import AuthConfig
+from svcproxy.frontend.serving.server import TLSFiles
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.credentials import ClientTLS
 from svcproxy.v1 import nodestate_pb2 as pb

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from svcproxy.frontend import compute, metrics
+from svcproxy.frontend import metrics
+from svcproxy.frontend.computation import compute
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.events import Delete, Replace, Upsert
-from svcproxy.frontend.objects import ParseError, parse_endpoint_slice, parse_service
+from svcproxy.frontend.sources.events import Delete, Replace, Upsert
+from svcproxy.frontend.store.objects import ParseError, parse_endpoint_slice, parse_service
 from svcproxy.model import Protocol, ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb
 

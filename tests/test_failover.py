@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from svcproxy.frontend.epoch import EPOCH_KEY
-from svcproxy.frontend.events import Upsert
+from svcproxy.frontend.serving.epoch import EPOCH_KEY
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc

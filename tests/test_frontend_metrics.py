@@ -6,8 +6,8 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from svcproxy.frontend.events import Upsert
 from svcproxy.frontend.main import start_metrics
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from tests.conftest import wait_for
 from tests.test_stream import copy_examples, web_slice

@@ -18,13 +18,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from svcproxy.frontend import engine as engine_module
 from svcproxy.frontend import metrics
+from svcproxy.frontend.computation import records as records_module
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.events import Event, Replace, Upsert
-from svcproxy.frontend.intake import Intake
-from svcproxy.frontend.kubevalidation import object_key, validate
-from svcproxy.frontend.manifests import ManifestLimits, ManifestSource
+from svcproxy.frontend.publication import changelog as changelog_module
+from svcproxy.frontend.sources.events import Event, Replace, Upsert
+from svcproxy.frontend.sources.intake import Intake
+from svcproxy.frontend.sources.kubevalidation import object_key, validate
+from svcproxy.frontend.sources.manifests import ManifestLimits, ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
 from tests.conftest import wait_for
 from tests.hostile import ANY_OBJECT, endpoint_slice, node, service, set_path
@@ -87,14 +88,14 @@ def test_bad_edit_keeps_the_last_valid_version_logged_once_and_counted(caplog) -
 def test_unexpected_error_computing_one_service_freezes_it_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     eng = synced_engine(service(), endpoint_slice(), node(),
                         service("api", ip="10.96.0.2"), endpoint_slice("api-1", "api"))
-    real = engine_module.service_base
+    real = records_module.service_base
 
     def broken(svc, slices, proxy_name=""):  # type: ignore[no-untyped-def]
         if svc is not None and svc.name == "web":
             raise RuntimeError("a bug in the computation")
         return real(svc, slices, proxy_name)
 
-    monkeypatch.setattr(engine_module, "service_base", broken)
+    monkeypatch.setattr(records_module, "service_base", broken)
     errors = metrics.SERVICE_ERRORS._value.get()
     eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.9",))),
                 Upsert("EndpointSlice", endpoint_slice("api-1", "api", ips=("10.244.2.9",)))])
@@ -102,7 +103,7 @@ def test_unexpected_error_computing_one_service_freezes_it_alone(monkeypatch) ->
     assert set(served(eng, api).endpoints) == {"10.244.2.9"}, "the rest of the batch goes on"
     assert set(served(eng).endpoints) == {"10.244.1.5"}, "the failing service is frozen"
     assert metrics.SERVICE_ERRORS._value.get() == errors + 1
-    monkeypatch.setattr(engine_module, "service_base", real)
+    monkeypatch.setattr(records_module, "service_base", real)
     eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.10",)))])
     assert set(served(eng).endpoints) == {"10.244.1.10"}
 
@@ -405,14 +406,14 @@ def test_apiserver_objects_pass_the_same_rules_and_a_year_one_trigger_time_stops
 def test_an_op_that_cannot_be_encoded_freezes_its_service_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     eng = synced_engine(service(), endpoint_slice(), node(),
                         service("api", ip="10.96.0.2"), endpoint_slice("api-1", "api"))
-    real = engine_module.diff_with_digest
+    real = changelog_module.diff_with_digest
 
     def broken(old, new, term):  # type: ignore[no-untyped-def]
         if (new or old).service.key.name == "web":
             raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
         return real(old, new, term)
 
-    monkeypatch.setattr(engine_module, "diff_with_digest", broken)
+    monkeypatch.setattr(changelog_module, "diff_with_digest", broken)
     revision = eng.view("node-a").revision
     eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.9",))),
                 Upsert("EndpointSlice", endpoint_slice("api-1", "api", ips=("10.244.2.9",)))])

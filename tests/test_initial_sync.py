@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from svcproxy.frontend import compute, metrics
-from svcproxy.frontend import engine as engine_module
+from svcproxy.frontend import metrics
+from svcproxy.frontend.computation import compute
+from svcproxy.frontend.computation import records as records_module
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.events import Replace
+from svcproxy.frontend.sources.events import Replace
 
 NODES = [{"metadata": {"name": f"n{i}", "labels": {"topology.kubernetes.io/zone": f"z{i % 3}"}}}
          for i in range(10)]
@@ -64,7 +65,7 @@ def test_every_view_at_sync_equals_publishing_change_by_change() -> None:
     for name, view in eng.views.items():
         assert timeless(view.records) == timeless(live.views[name].records), name
         assert len(view.records) == 80
-        assert view.digest == eng._digest(view), name
+        assert view.digest == eng.changelog.digests.of(view), name
 
 
 def test_before_sync_no_service_is_computed_per_view(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -84,14 +85,14 @@ def test_before_sync_no_service_is_computed_per_view(monkeypatch) -> None:  # ty
 
 
 def test_a_service_failing_at_sync_is_left_out_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    real = engine_module.service_base
+    real = records_module.service_base
 
     def broken(svc: Any, *args: Any, **kwargs: Any) -> Any:
         if svc is not None and svc.name == "s5":
             raise RuntimeError("boom")
         return real(svc, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "service_base", broken)
+    monkeypatch.setattr(records_module, "service_base", broken)
     errors = metrics.SERVICE_ERRORS._value.get()
     services, slices = cluster(12)
     eng = cold_start(services, slices)
@@ -99,8 +100,8 @@ def test_a_service_failing_at_sync_is_left_out_alone(monkeypatch) -> None:  # ty
     for view in eng.views.values():
         names = {k.name for k in view.records}
         assert "s5" not in names and len(names) == 11
-        assert view.digest == eng._digest(view)
-    monkeypatch.setattr(engine_module, "service_base", real)
+        assert view.digest == eng.changelog.digests.of(view)
+    monkeypatch.setattr(records_module, "service_base", real)
     services[5]["spec"]["ports"][0]["port"] = 8000
     eng.submit([Replace("Service", services)])  # type: ignore[arg-type]
     assert all(any(k.name == "s5" for k in v.records) for v in eng.views.values())

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from svcproxy.frontend.compute import service_base
-from svcproxy.frontend.engine import node_info
-from svcproxy.frontend.kubevalidation import (
+from svcproxy.frontend.computation.compute import service_base
+from svcproxy.frontend.publication.wire import replace_service, set_node
+from svcproxy.frontend.sources.kubevalidation import (
     ObjectLimits,
     _plain_ipv4_endpoint,
     check_size,
@@ -19,9 +19,9 @@ from svcproxy.frontend.kubevalidation import (
     validate_node,
     validate_service,
 )
-from svcproxy.frontend.objects import parse_endpoint_slice, parse_node, parse_service
-from svcproxy.frontend.upstream_objects import service_objects
-from svcproxy.frontend.wire import replace_service, set_node
+from svcproxy.frontend.sources.upstream_objects import service_objects
+from svcproxy.frontend.store.objects import parse_endpoint_slice, parse_node, parse_service
+from svcproxy.frontend.store.store import node_info
 from svcproxy.model import (
     Endpoint,
     Protocol,

@@ -71,7 +71,7 @@ def test_object_moved_between_files_is_not_deleted(frontend_factory, tmp_path: P
     revision = fe.engine.revision
     (d / "moved.yaml").write_text((d / "api.yaml").read_text())
     (d / "api.yaml").unlink()
-    wait_for(lambda: fe.engine._listed and fe.frontend._source._seen is not None
+    wait_for(lambda: fe.engine.store.listed and fe.frontend._source._seen is not None
              and (d / "moved.yaml") in fe.frontend._source._seen
              and (d / "api.yaml") not in fe.frontend._source._seen)
     fe.submit([])  # runs after the source's pending batches on the loop

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import pytest
 
-from svcproxy.frontend.events import Upsert
 from svcproxy.frontend.main import FrontendOptions
-from svcproxy.frontend.pages import encode_token
+from svcproxy.frontend.serving.pages import encode_token
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import RunningFrontend

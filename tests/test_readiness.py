@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from svcproxy.frontend import auth_metrics
+from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import wait_for

@@ -11,7 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from svcproxy.frontend.events import Upsert
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from tests.conftest import wait_for
 from tests.test_stream import copy_examples, web_slice

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from svcproxy.frontend.selection import categorize
+from svcproxy.frontend.computation.selection import categorize
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServiceType, TrafficPolicy
 
 KEY = ServicePortKey("ns", "svc", "http", "TCP")  # type: ignore[arg-type]
@@ -152,7 +152,7 @@ def test_whole_categorisation_on_the_wire() -> None:
     """node_records marks every set on the endpoints and has_local_endpoints on the port;
     all of it survives the proto and changes the digest term."""
     from svcproxy import convert
-    from svcproxy.frontend.compute import PortBase, ServiceBase, node_records
+    from svcproxy.frontend.computation.compute import PortBase, ServiceBase, node_records
 
     svc = ServicePort(KEY, type=ServiceType.LOAD_BALANCER, external_traffic_policy=L,
                       has_endpoints=True)
@@ -183,7 +183,7 @@ def test_whole_categorisation_on_the_wire() -> None:
 def test_each_family_is_categorised_on_its_own() -> None:
     """IPv4 has only a terminating endpoint, IPv6 a ready one: each family keeps its own
     (kube-proxy runs one proxier per family), rather than IPv4 losing its only one."""
-    from svcproxy.frontend.selection import categorize_by_family
+    from svcproxy.frontend.computation.selection import categorize_by_family
 
     svc = ServicePort(KEY, type=ServiceType.CLUSTER_IP)
     eps = [ep("10.0.0.1", ready=False, serving=True, term=True), ep("fd00::1")]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from svcproxy.frontend.events import Upsert
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.model import Protocol, ServicePortKey
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from svcproxy.frontend import limits
-from svcproxy.frontend.events import Upsert
-from svcproxy.frontend.limits import MESSAGE_BYTES, Refused, StreamLimits, peer_address
-from svcproxy.frontend.validation import _SUBDOMAIN, check_node_name
+from svcproxy.frontend.publication.wire import MESSAGE_BYTES
+from svcproxy.frontend.serving import limits
+from svcproxy.frontend.serving.limits import Refused, StreamLimits, peer_address
+from svcproxy.frontend.serving.validation import _SUBDOMAIN, check_node_name
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk import client as sdk_client
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb

@@ -21,12 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from svcproxy.convert import node_to_pb, state_to_pb
-from svcproxy.frontend import engine as engine_module
-from svcproxy.frontend import views as views_module
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.events import Delete, Event, Replace, Upsert
-from svcproxy.frontend.views import NodeView
-from svcproxy.frontend.wire import (
+from svcproxy.frontend.publication import snapshots as snapshots_module
+from svcproxy.frontend.publication import views as views_module
+from svcproxy.frontend.publication.views import NodeView
+from svcproxy.frontend.publication.wire import (
     WireOp,
     coalesce,
     delete_node,
@@ -34,6 +33,7 @@ from svcproxy.frontend.wire import (
     replace_service,
     set_node,
 )
+from svcproxy.frontend.sources.events import Delete, Event, Replace, Upsert
 from svcproxy.model import Endpoint as ModelEndpoint
 from svcproxy.model import NodeInfo, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.client import NodeStateClient
@@ -230,14 +230,14 @@ class StreamModel(RuleBasedStateMachine):
         super().__init__()
         # Small messages, so batches are split (more=true), and a short history, so
         # resumes also end in resets.
-        self._limits = (views_module.MESSAGE_BYTES, engine_module.MESSAGE_BYTES)
-        views_module.MESSAGE_BYTES = engine_module.MESSAGE_BYTES = 300
+        self._limits = (views_module.MESSAGE_BYTES, snapshots_module.MESSAGE_BYTES)
+        views_module.MESSAGE_BYTES = snapshots_module.MESSAGE_BYTES = 300
         self.engine = Engine(history_limit=12)
         self.clients: list[Client] = []
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def teardown(self) -> None:
-        views_module.MESSAGE_BYTES, engine_module.MESSAGE_BYTES = self._limits
+        views_module.MESSAGE_BYTES, snapshots_module.MESSAGE_BYTES = self._limits
 
     @initialize(objs=st.lists(st.one_of(service_st, slice_st, node_st), max_size=6))
     def sync(self, objs: list[dict[str, Any]]) -> None:

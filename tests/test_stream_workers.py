@@ -14,8 +14,8 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from svcproxy.frontend.events import Upsert
-from svcproxy.frontend.workers import StreamWorkers
+from svcproxy.frontend.serving.workers import StreamWorkers
+from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from svcproxy.frontend.auth import AuthConfig
-from svcproxy.frontend.server import TLSFiles
+from svcproxy.frontend.serving.access.auth import AuthConfig
+from svcproxy.frontend.serving.server import TLSFiles
 from svcproxy.sdk.client import NodeStateClient
 from tests.conftest import wait_for
 from tests.test_stream import copy_examples

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from svcproxy.convert import state_from_pb
-from svcproxy.frontend.events import Delete, Upsert
 from svcproxy.frontend.main import FrontendOptions
+from svcproxy.frontend.sources.events import Delete, Upsert
 from svcproxy.model import ServicePortKey, ServicePortState
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc

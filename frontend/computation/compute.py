@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from svcproxy.frontend.objects import EndpointSlice, Service, SvcPort
-from svcproxy.frontend.selection import categorize_by_family
+from svcproxy.frontend.computation.selection import categorize_by_family
+from svcproxy.frontend.store.objects import EndpointSlice, Service, SvcPort
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 

@@ -18,7 +18,7 @@ from svcproxy.convert import (
     service_term,
     service_to_pb,
 )
-from svcproxy.frontend.compute import NodeClassCache
+from svcproxy.frontend.computation.compute import NodeClassCache
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 Records = Mapping[ServicePortKey, ServicePortState]

@@ -12,9 +12,11 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 
-from svcproxy.frontend.limits import MESSAGE_BYTES
-from svcproxy.frontend.wire import WireOp, chunk_events, coalesce
+from svcproxy.frontend.publication.wire import MESSAGE_BYTES, WireOp, chunk_events, coalesce
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
+
+# The name of the cluster's view (every node, every service, no node's selection).
+CLUSTER_VIEW = ""
 
 
 class NodeView:

@@ -24,11 +24,6 @@ import grpc
 from prometheus_client import Counter as MetricCounter
 
 log = logging.getLogger(__name__)
-# The largest Watch message (bar a single bigger op): a stream whose client does not read
-# holds the message it is writing (in gRPC and in Python), so this is what a stalled
-# stream costs. 16 KiB is HTTP/2's default frame size, so a message is one frame; smaller
-# messages only add gRPC's per-message cost (a 4 MB snapshot: ~260 messages, ~20 ms).
-MESSAGE_BYTES = 16 << 10
 
 REFUSED = MetricCounter("svcproxy_frontend_watch_refused_total",
                         "Watch and WatchCluster streams refused because a cap was reached, "

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from svcproxy.convert import node_to_pb
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.limits import Refused
-from svcproxy.frontend.validation import check_node_name, invalid
-from svcproxy.frontend.wire import _varint
+from svcproxy.frontend.publication.wire import _varint
+from svcproxy.frontend.serving.limits import Refused
+from svcproxy.frontend.serving.validation import check_node_name, invalid
 from svcproxy.model import ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb
 

@@ -20,9 +20,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from svcproxy.convert import node_to_pb
-from svcproxy.frontend.engine import CLUSTER_VIEW, Engine, known_nodes
-from svcproxy.frontend.guard import CallGuard
-from svcproxy.frontend.limits import (
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
+from svcproxy.frontend.serving.access.guard import CallGuard
+from svcproxy.frontend.serving.access.tls import dynamic_server_credentials
+from svcproxy.frontend.serving.limits import (
     Refused,
     StallWatch,
     StreamLimits,
@@ -30,11 +32,9 @@ from svcproxy.frontend.limits import (
     WriteClock,
     peer_address,
 )
-from svcproxy.frontend.pages import NodeStatePages
-from svcproxy.frontend.stream import Messages, WatchServicer, write_stream
-from svcproxy.frontend.tls import dynamic_server_credentials
-from svcproxy.frontend.validation import check_since
-from svcproxy.frontend.views import NodeView
+from svcproxy.frontend.serving.pages import NodeStatePages
+from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
+from svcproxy.frontend.serving.validation import check_since
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class NodeStateServicer(WatchServicer):
 
 
 def list_nodes(engine: Engine) -> pb.ListNodesResponse:
-    return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in known_nodes(engine)],
+    return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in engine.store.known_nodes()],
                                 revision=engine.revision)
 
 

@@ -16,10 +16,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 import grpc
 
 from svcproxy.frontend import metrics
-from svcproxy.frontend.engine import CLUSTER_VIEW
-from svcproxy.frontend.limits import STALLED, Refused, StallWatch, WriteClock, stalled_status
-from svcproxy.frontend.validation import check_node_name
-from svcproxy.frontend.views import NodeView
+from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
+from svcproxy.frontend.serving.limits import (
+    STALLED,
+    Refused,
+    StallWatch,
+    WriteClock,
+    stalled_status,
+)
+from svcproxy.frontend.serving.validation import check_node_name
 from svcproxy.v1 import nodestate_pb2 as pb
 
 Messages = Iterable[bytes] | AsyncIterator[bytes]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from svcproxy.frontend.limits import INVALID, Refused
+from svcproxy.frontend.serving.limits import INVALID, Refused
 
 # A Kubernetes node name is a DNS-1123 subdomain.
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

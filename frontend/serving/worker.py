@@ -18,15 +18,16 @@ from multiprocessing.connection import Connection
 import grpc
 from grpc_health.v1 import _async as health_aio
 
-from svcproxy.frontend import auth_metrics, metrics
+from svcproxy.frontend import metrics
 from svcproxy.frontend.gctuning import tune_for_streaming
-from svcproxy.frontend.guard import CallGuard
-from svcproxy.frontend.limits import Refused, StallWatch, WriteClock, peer_address
-from svcproxy.frontend.pipe import Message, Pipe
-from svcproxy.frontend.readiness import API_NAMES, SERVING, not_serving
-from svcproxy.frontend.server import TLSFiles, api_handler, serve_api
-from svcproxy.frontend.stream import Messages, WatchServicer, write_stream
-from svcproxy.frontend.views import NodeView
+from svcproxy.frontend.publication.views import NodeView
+from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.frontend.serving.access.guard import CallGuard
+from svcproxy.frontend.serving.limits import Refused, StallWatch, WriteClock, peer_address
+from svcproxy.frontend.serving.pipe import Message, Pipe
+from svcproxy.frontend.serving.readiness import API_NAMES, SERVING, not_serving
+from svcproxy.frontend.serving.server import TLSFiles, api_handler, serve_api
+from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
 
 log = logging.getLogger(__name__)
 METRICS_INTERVAL = 1.0  # seconds between a worker's metrics reports

@@ -26,14 +26,15 @@ from functools import partial
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from svcproxy.frontend import auth_metrics, metrics
+from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
-from svcproxy.frontend.guard import CallGuard
-from svcproxy.frontend.limits import Refused
-from svcproxy.frontend.pipe import Message, Pipe
-from svcproxy.frontend.server import NodeStateServicer, TLSFiles, list_nodes
-from svcproxy.frontend.wire import WireOp
-from svcproxy.frontend.worker import WorkerConfig, worker_main
+from svcproxy.frontend.publication.wire import WireOp
+from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.frontend.serving.access.guard import CallGuard
+from svcproxy.frontend.serving.limits import Refused
+from svcproxy.frontend.serving.pipe import Message, Pipe
+from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, list_nodes
+from svcproxy.frontend.serving.worker import WorkerConfig, worker_main
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
 from .events import Delete, Event, Kind, Replace, Sink, Upsert
 
-log = logging.getLogger("svcproxy.frontend.apiserver")
+log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 
 HTTP_GONE = 410
 

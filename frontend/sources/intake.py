@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from svcproxy.frontend import metrics
-from svcproxy.frontend.kubevalidation import (
+from svcproxy.frontend.sources.kubevalidation import (
     DEFAULT_LIMITS,
     ObjectLimits,
     Problem,
@@ -21,7 +21,7 @@ from svcproxy.frontend.kubevalidation import (
     object_key,
     validate,
 )
-from svcproxy.frontend.objects import (
+from svcproxy.frontend.store.objects import (
     EndpointSlice,
     Node,
     ParseError,

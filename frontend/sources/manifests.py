@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from svcproxy.frontend.events import KINDS, Delete, Event, Replace, Sink, Upsert
-from svcproxy.frontend.intake import refuse_file
-from svcproxy.frontend.kubevalidation import Problem
+from svcproxy.frontend.sources.events import KINDS, Delete, Event, Replace, Sink, Upsert
+from svcproxy.frontend.sources.intake import refuse_file
+from svcproxy.frontend.sources.kubevalidation import Problem
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".yaml", ".yml", ".json")

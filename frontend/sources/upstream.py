@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from svcproxy.frontend.events import Delete, Event, Replace, Upsert
-from svcproxy.frontend.upstream_objects import Obj, node_object, service_objects
+from svcproxy.frontend.sources.events import Delete, Event, Replace, Upsert
+from svcproxy.frontend.sources.upstream_objects import Obj, node_object, service_objects
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient

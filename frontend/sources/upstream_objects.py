@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from svcproxy.frontend.kubevalidation import MAX_SLICE_ENDPOINTS
-from svcproxy.frontend.objects import (
+from svcproxy.frontend.sources.kubevalidation import MAX_SLICE_ENDPOINTS
+from svcproxy.frontend.store.objects import (
     SERVICE_NAME_LABEL,
     TO_BE_DELETED_TAINT,
     TRIGGER_TIME_ANNOTATION,

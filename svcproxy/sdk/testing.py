@@ -163,8 +163,8 @@ class FakeCluster:
 
     async def _start(self) -> None:
         from svcproxy.frontend.engine import Engine
-        from svcproxy.frontend.events import Replace
-        from svcproxy.frontend.server import start_server
+        from svcproxy.frontend.serving.server import start_server
+        from svcproxy.frontend.sources.events import Replace
 
         self._engine = Engine(proxy_name=self._proxy_name)
         self._engine.loop = asyncio.get_running_loop()
@@ -201,21 +201,21 @@ class FakeCluster:
     # ---- the cluster's objects ------------------------------------------
     def apply(self, *objects: Objects) -> None:
         """Create or update objects (as ``kubectl apply``); published when this returns."""
-        from svcproxy.frontend.events import Upsert
+        from svcproxy.frontend.sources.events import Upsert
 
         events = [Upsert(o["kind"], o) for o in objects_of(*objects)]
         self._on_loop(lambda: self._engine.submit(events))
 
     def delete(self, *objects: Objects) -> None:
         """Delete objects, named by their kind, namespace and name."""
-        from svcproxy.frontend.events import Delete
+        from svcproxy.frontend.sources.events import Delete
 
         events = [Delete(*_identity(o)) for o in objects_of(*objects)]
         self._on_loop(lambda: self._engine.submit(events))
 
     def replace(self, *objects: Objects) -> None:
         """Make these the cluster's only objects (a relist)."""
-        from svcproxy.frontend.events import Replace
+        from svcproxy.frontend.sources.events import Replace
 
         objs = objects_of(*objects)
         events = [Replace(k, [o for o in objs if o["kind"] == k]) for k in KINDS]

@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from svcproxy.frontend import auth_metrics
-from svcproxy.frontend.auth import Authenticator, Identity, Unauthenticated
+from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.frontend.serving.access.auth import Authenticator, Identity, Unauthenticated
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from svcproxy.frontend.auth import AuthConfig, Authenticator
-from svcproxy.frontend.authz import AuthInterceptor
-from svcproxy.frontend.epoch import EpochInterceptor, new_epoch
+from svcproxy.frontend.serving.access.auth import AuthConfig, Authenticator
+from svcproxy.frontend.serving.access.authz import AuthInterceptor
+from svcproxy.frontend.serving.epoch import EpochInterceptor, new_epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +21,8 @@ class CallGuard:
         """Outermost first: who is calling, then the epoch of a resume."""
         tokens = None
         if self.auth.tokens:
-            from svcproxy.frontend.apiserver import load_api_client
-            from svcproxy.frontend.tokenreview import TokenReviewer
+            from svcproxy.frontend.serving.access.tokenreview import TokenReviewer
+            from svcproxy.frontend.sources.apiserver import load_api_client
 
             tokens = TokenReviewer(load_api_client(self.auth.token_kubeconfig),
                                    str(self.auth.token_audience), self.auth.token_cache_ttl)

@@ -24,8 +24,8 @@ from typing import Any
 from kubernetes.client import AuthenticationV1Api, CoreV1Api, V1TokenReview, V1TokenReviewSpec
 from kubernetes.client.exceptions import ApiException
 
-from svcproxy.frontend import auth_metrics
-from svcproxy.frontend.auth import Identity, Unauthenticated
+from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.frontend.serving.access.auth import Identity, Unauthenticated
 
 log = logging.getLogger(__name__)
 EXTRA = "authentication.kubernetes.io/"

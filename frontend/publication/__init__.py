@@ -1,0 +1,2 @@
+"""Publication: the views, their revisioned changelog, digests, coalescing and the wire
+encoding of changes and snapshots."""

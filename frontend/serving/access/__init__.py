@@ -1,0 +1,1 @@
+"""Access: who calls (certificates, tokens) and what they may read (authorization, TLS)."""

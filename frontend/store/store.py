@@ -1,0 +1,144 @@
+"""The cluster as the sources sent it: Services, EndpointSlices and Nodes, parsed and typed.
+
+``Store.apply`` takes a batch of source events, lets the intake validate and parse each
+object (a refused one is left out alone) and keeps the result; it answers with what the
+batch touched (services and nodes whose state may have changed), for the computation.
+Nothing here computes or publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from svcproxy.frontend import metrics
+from svcproxy.frontend.sources.events import KINDS, Delete, Event, Kind, Replace, Upsert
+from svcproxy.frontend.sources.intake import Intake
+from svcproxy.frontend.sources.kubevalidation import object_key
+from svcproxy.frontend.store.objects import EndpointSlice, Node, Service
+from svcproxy.model import NodeInfo
+
+log = logging.getLogger(__name__)
+ObjKey = tuple[str, str]
+
+
+def node_info(node: Node) -> NodeInfo:
+    """What the views carry of a Node."""
+    return NodeInfo(node.name, node.zone, node.pod_cidrs, node.addresses, node.labels,
+                    node.terminating)
+
+
+@dataclass
+class Touched:
+    """What one batch changed: services (by namespace, name) and nodes (by name)."""
+
+    services: set[ObjKey] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+
+
+class Store:
+    """The objects as received; an object equal to the one kept touches nothing."""
+
+    def __init__(self, intake: Intake | None = None) -> None:
+        self.services: dict[ObjKey, Service] = {}
+        self.slices: dict[ObjKey, EndpointSlice] = {}
+        self.slices_of: dict[ObjKey, set[ObjKey]] = {}
+        self.nodes: dict[str, Node] = {}
+        self.listed: set[Kind] = set()
+        # Validates every object whatever the source (main.py sets its source and limits).
+        self.intake = intake or Intake()
+
+    @property
+    def listed_all(self) -> bool:
+        """Whether every kind has been listed once (the cluster is known)."""
+        return self.listed >= set(KINDS)
+
+    def slices_for(self, svc: ObjKey) -> Iterator[EndpointSlice]:
+        """The endpoint slices of service ``svc``."""
+        return (self.slices[k] for k in self.slices_of.get(svc, ()))
+
+    def zone(self, name: str) -> str:
+        """The zone of node ``name`` ("" when unknown)."""
+        node = self.nodes.get(name)
+        return node.zone if node else ""
+
+    def known_nodes(self) -> list[NodeInfo]:
+        """Every node, by name."""
+        return [node_info(self.nodes[n]) for n in sorted(self.nodes)]
+
+    def apply(self, events: Iterable[Event]) -> Touched:
+        """Apply one batch; an event that fails unexpectedly is logged, counted and skipped."""
+        touched = Touched()
+        for ev in events:
+            try:
+                if isinstance(ev, Replace):
+                    self._replace(ev.kind, ev.objs, touched)
+                    self.listed.add(ev.kind)
+                elif isinstance(ev, Upsert):
+                    self._upsert(ev.kind, ev.obj, touched)
+                elif isinstance(ev, Delete):
+                    self._delete(ev.kind, (ev.namespace, ev.name), touched)
+            except Exception:  # noqa: BLE001 - one event's failure must not lose the batch
+                log.exception("unexpected error applying %s; the rest of the batch goes on",
+                              type(ev).__name__)
+                metrics.REJECTED_OBJECTS.labels(self.intake.source, ev.kind,
+                                                "internal_error").inc()
+            metrics.WATCH_EVENTS.labels(type(ev).__name__.lower()).inc()
+        return touched
+
+    def _parse(self, kind: Kind, obj: dict[str, Any]) -> Service | EndpointSlice | Node | None:
+        """The object validated and parsed, or None (refused alone, logged and counted)."""
+        ns, name = object_key(kind, obj)
+        served = (name in self.nodes if kind == "Node" else
+                  (ns, name) in (self.services if kind == "Service" else self.slices))
+        return self.intake.parse(kind, obj, served)
+
+    def _upsert(self, kind: Kind, obj: dict[str, Any], touched: Touched) -> None:
+        parsed = self._parse(kind, obj)
+        if isinstance(parsed, Service):
+            if self.services.get(parsed.key) != parsed:
+                self.services[parsed.key] = parsed
+                touched.services.add(parsed.key)
+        elif isinstance(parsed, EndpointSlice):
+            old = self.slices.get(parsed.key)
+            if old is not None and old.service_name != parsed.service_name:
+                self._delete("EndpointSlice", parsed.key, touched)
+                old = None
+            if old is None or (old.ports, old.endpoints) != (parsed.ports, parsed.endpoints):
+                self.slices[parsed.key] = parsed
+                svc = (parsed.namespace, parsed.service_name)
+                self.slices_of.setdefault(svc, set()).add(parsed.key)
+                touched.services.add(svc)
+        elif isinstance(parsed, Node):
+            if self.nodes.get(parsed.name) != parsed:
+                self.nodes[parsed.name] = parsed
+                touched.nodes.add(parsed.name)
+
+    def _delete(self, kind: Kind, key: ObjKey, touched: Touched) -> None:
+        if kind == "Service":
+            if self.services.pop(key, None) is not None:
+                touched.services.add(key)
+        elif kind == "EndpointSlice":
+            old = self.slices.pop(key, None)
+            if old is not None:
+                svc = (old.namespace, old.service_name)
+                names = self.slices_of.get(svc, set())
+                names.discard(key)
+                if not names:
+                    self.slices_of.pop(svc, None)
+                touched.services.add(svc)
+        elif self.nodes.pop(key[1], None) is not None:
+            touched.nodes.add(key[1])
+
+    def _replace(self, kind: Kind, objs: list[dict[str, Any]], touched: Touched) -> None:
+        store: dict[Any, Any] = {"Service": self.services, "EndpointSlice": self.slices,
+                                 "Node": self.nodes}[kind]
+        listed = {object_key(kind, o) for o in objs}
+        for key in list(store):
+            full = ("", key) if kind == "Node" else key
+            if full not in listed:
+                self._delete(kind, full, touched)
+        for obj in objs:
+            self._upsert(kind, obj, touched)

@@ -1,0 +1,1 @@
+"""Tests of the frontend's pieces, each alone (store, computation, publication)."""

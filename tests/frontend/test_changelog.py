@@ -1,0 +1,70 @@
+"""The changelog alone: views, revisions, history, digests and listeners."""
+
+from __future__ import annotations
+
+from svcproxy.frontend.computation.records import ServiceRecords
+from svcproxy.frontend.publication.changelog import Changelog
+from svcproxy.frontend.publication.views import CLUSTER_VIEW
+from svcproxy.frontend.sources.events import Event, Replace, Upsert
+from svcproxy.frontend.store.store import Store
+from svcproxy.v1 import nodestate_pb2 as pb
+from tests.test_engine import KEY, endpoint, node, service, slice_
+
+
+def _changelog() -> tuple[Store, Changelog]:
+    store = Store()
+    return store, Changelog(store, ServiceRecords(store), history_limit=100)
+
+
+def _apply(store: Store, log: Changelog, *events: Event) -> None:
+    log.publish(store.apply(events))
+
+
+def _started() -> tuple[Store, Changelog]:
+    store, log = _changelog()
+    _apply(store, log, Replace("Node", [node("n1")]), Replace("Service", [service("web")]),
+           Replace("EndpointSlice", [slice_("web-1", "web", [endpoint("10.0.0.1", "n1")])]))
+    log.start()
+    return store, log
+
+
+def test_before_start_nothing_is_computed_and_start_fills_every_view_once() -> None:
+    store, log = _changelog()
+    _apply(store, log, Upsert("Node", node("n1")), Upsert("Service", service("web")))
+    assert log.view("n1").records == {} and not log.records.caches
+    log.start()
+    for name in ("n1", CLUSTER_VIEW):
+        view = log.views[name]
+        assert set(view.records) == {KEY}
+        assert view.history_start == view.revision == log.revision and not view.history
+        assert view.digest == log.digests.of(view)
+
+
+def test_a_change_is_one_revision_of_the_views_it_changed_told_to_listeners() -> None:
+    store, log = _started()
+    heard: list[tuple[int, set[str]]] = []
+    log.listeners.append(lambda rev, changed: heard.append((rev, set(changed))))
+    before = log.revision
+    _apply(store, log, Upsert("EndpointSlice",
+                              slice_("web-1", "web", [endpoint("10.0.0.2", "n1")])))
+    assert log.revision == before + 1 and heard == [(log.revision, {"n1", CLUSTER_VIEW})]
+    view = log.views["n1"]
+    rev, ops = view.history[-1]
+    assert rev == log.revision and ops
+    assert {pb.Op.FromString(op.data).WhichOneof("op") for op in ops} <= {
+        "set_endpoint", "delete_endpoint", "replace_service", "set_service"}
+    assert set(view.records[KEY].endpoints) == {"10.0.0.2"}
+    assert view.digest == log.digests.of(view)
+    _apply(store, log, Upsert("Service", service("web")))
+    assert log.revision == before + 1  # nothing changed: no revision
+
+
+def test_a_view_made_again_after_release_cannot_be_resumed_from_its_old_revisions() -> None:
+    _, log = _started()
+    view = log.watch("n9")
+    old = view.revision
+    log.unwatch(view)
+    assert "n9" not in log.views
+    again = log.view("n9")
+    assert again is not view and not again.can_resume(old)
+    assert set(again.records) == {KEY} and again.digest == log.digests.of(again)

@@ -1,0 +1,57 @@
+"""The store alone: objects kept as received, what each batch touched, refusals alone."""
+
+from __future__ import annotations
+
+from svcproxy.frontend import metrics
+from svcproxy.frontend.sources.events import Delete, Replace, Upsert
+from svcproxy.frontend.sources.intake import Intake
+from svcproxy.frontend.store.store import Store
+from tests.test_engine import endpoint, node, service, slice_
+
+WEB = ("default", "web")
+
+
+def test_a_change_touches_its_service_and_an_equal_object_touches_nothing() -> None:
+    store = Store()
+    touched = store.apply([Upsert("Service", service("web")),
+                           Upsert("EndpointSlice", slice_("web-1", "web", [endpoint("10.0.0.1")]))])
+    assert touched.services == {WEB} and not touched.nodes
+    assert store.services[WEB].name == "web"
+    assert [s.name for s in store.slices_for(WEB)] == ["web-1"]
+    again = store.apply([Upsert("Service", service("web"))])
+    assert not again.services and not again.nodes
+
+
+def test_a_slice_moved_to_another_service_touches_both_and_leaves_the_old_one() -> None:
+    store = Store()
+    store.apply([Upsert("EndpointSlice", slice_("s-1", "web", [endpoint("10.0.0.1")]))])
+    touched = store.apply([Upsert("EndpointSlice", slice_("s-1", "api", [endpoint("10.0.0.1")]))])
+    assert touched.services == {WEB, ("default", "api")}
+    assert list(store.slices_for(WEB)) == [] and WEB not in store.slices_of
+    assert [s.name for s in store.slices_for(("default", "api"))] == ["s-1"]
+
+
+def test_a_replace_drops_what_it_does_not_list_and_counts_as_listed() -> None:
+    store = Store()
+    store.apply([Upsert("Node", node("n1", "z1")), Upsert("Node", node("n2"))])
+    assert not store.listed_all
+    touched = store.apply([Replace("Node", [node("n1", "z2")]), Replace("Service", []),
+                           Replace("EndpointSlice", [])])
+    assert touched.nodes == {"n1", "n2"} and set(store.nodes) == {"n1"}
+    assert store.zone("n1") == "z2" and store.zone("n2") == ""
+    assert [n.name for n in store.known_nodes()] == ["n1"]
+    assert store.listed_all
+    assert store.apply([Delete("Node", "", "n1")]).nodes == {"n1"} and not store.nodes
+
+
+def _refused(source: str) -> float:
+    return sum(s.value for m in metrics.REJECTED_OBJECTS.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels["source"] == source)
+
+
+def test_an_invalid_object_is_refused_alone_and_counted() -> None:
+    store = Store(Intake("store-test"))
+    touched = store.apply([Upsert("Service", service("bad", ip="not-an-ip")),
+                           Upsert("Service", service("web"))])
+    assert touched.services == {WEB} and set(store.services) == {WEB}
+    assert _refused("store-test") == 1
