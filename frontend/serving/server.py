@@ -2,7 +2,7 @@
 
 Reflection and the standard health service are on, so grpcurl can list,
 describe and call everything. Watch streams are sent as pre-serialised bytes
-(see wire.py); each stream is its own coroutine reading shared history from
+(see publication/wire.py); each stream is its own coroutine reading shared history from
 its own cursor, so a slow client never delays another.
 """
 
