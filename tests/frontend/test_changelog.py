@@ -68,3 +68,13 @@ def test_a_view_made_again_after_release_cannot_be_resumed_from_its_old_revision
     again = log.view("n9")
     assert again is not view and not again.can_resume(old)
     assert set(again.records) == {KEY} and again.digest == log.digests.of(again)
+
+
+def test_a_node_change_is_published_to_its_view_and_the_clusters_with_their_digests() -> None:
+    store, log = _started()
+    _apply(store, log, Upsert("Node", node("n1", "z2")))
+    for name in ("n1", CLUSTER_VIEW):
+        view = log.views[name]
+        ops = [pb.Op.FromString(op.data) for op in view.history[-1][1]]
+        assert [op.set_node.zone for op in ops if op.WhichOneof("op") == "set_node"] == ["z2"]
+        assert view.digest == log.digests.of(view)
