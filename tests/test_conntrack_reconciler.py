@@ -1,14 +1,20 @@
 """The conntrack reconciler's decision (pure) and its run against a real conntrack table in a
 namespace this test creates: a stale flow from before the backend started is deleted, valid
-ones stay."""
+ones stay; under many syncs it runs at most once per interval and a flow made stale still
+goes within the interval."""
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
 
 from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
 from svcproxy.agent.conntrack_reconciler import ConntrackReconciler, stale_flows
 from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
+from tests.conftest import wait_for
 from tests.test_agent_conntrack_netns import PODS, SERVICE_IP, Lab, dnat_to, lab, service
 
 __all__ = ["lab"]  # the namespaces fixture
@@ -72,7 +78,8 @@ def test_reconciler_deletes_a_stale_flow_from_before_it_started(lab: Lab) -> Non
         tcp = Flow(4, 6, "10.200.0.9", SERVICE_IP, 41000, 53, PODS[first])
         assert table.add([(valid, 5353), (other, 53), (tcp, 5353)]) == 3
         metrics = AgentMetrics(families=("IPv4",))
-        reconciler = ConntrackReconciler(lambda: Ctnetlink(lab.ns("node")), families=(4,))
+        reconciler = ConntrackReconciler(lambda: Ctnetlink(lab.ns("node")), families=(4,),
+                                         min_interval=0)
         reconciler.metrics = metrics
         assert reconciler.after_sync(None, service(remaining)) == 1  # a fresh start: no old
         left = table.dump(4, 17)
@@ -94,3 +101,79 @@ def test_entries_parse_back_in_both_families() -> None:
               Flow(4, 17, "10.0.0.1", "10.96.0.10", 1, 65535, "10.96.0.10")):
         message = add_message(f, 5353, 30, 1)
         assert parse_flow(message, 16, len(message)) == f
+
+
+def test_many_syncs_run_it_at_most_once_per_interval_and_a_stale_flow_still_goes(lab: Lab
+                                                                                 ) -> None:
+    """Syncs every 10 ms (--min-sync-period 0 under churn) for 2.5 intervals: the first runs
+    at once, then at most one run per interval; the sync that makes a flow stale is the last
+    one, and the flow is deleted when the interval is over all the same."""
+    interval = 1.0
+    lab.nft(dnat_to("pod1", "pod2"))
+    first = lab.ask()
+    assert first in PODS, first
+    remaining = "pod2" if first == "pod1" else "pod1"
+    both = service("pod1", "pod2")
+    reconciler = ConntrackReconciler(lambda: Ctnetlink(lab.ns("node")), families=(4,),
+                                     min_interval=interval)
+    try:
+        reconciler.after_sync(None, both)
+        assert reconciler.runs == 1, "the first sync reconciles at once"
+        start, syncs = time.monotonic(), 0
+        while time.monotonic() - start < 2.5 * interval:
+            reconciler.after_sync(both, both)
+            syncs += 1
+            time.sleep(0.01)
+        elapsed = time.monotonic() - start
+        assert syncs >= 50
+        assert 2 <= reconciler.runs <= 2 + elapsed / interval, (reconciler.runs, syncs)
+
+        lab.nft(dnat_to(remaining))
+        assert lab.ask() == first, "the stale entry keeps the flow on the removed endpoint"
+        made_stale = time.monotonic()
+        reconciler.after_sync(both, service(remaining))
+        wait_for(lambda: PODS[first] not in lab.entries(), timeout=interval + 10)
+        assert time.monotonic() - made_stale < interval + 2.0
+        assert lab.ask() == remaining
+    finally:
+        reconciler.close()
+
+
+class StandInTable:
+    """The conntrack table in memory; counts dumps."""
+
+    def __init__(self, flows: list[Flow]) -> None:
+        self.flows = list(flows)
+        self.dumps = 0
+        self.lock = threading.Lock()
+
+    def dump(self, family: int, protocol: int) -> list[Flow]:
+        with self.lock:
+            self.dumps += 1
+            return [f for f in self.flows if f.family == family and f.protocol == protocol]
+
+    def delete(self, flows: Iterable[Flow]) -> int:
+        gone = set(flows)
+        with self.lock:
+            before = len(self.flows)
+            self.flows = [f for f in self.flows if f not in gone]
+            return before - len(self.flows)
+
+
+def test_a_deferred_run_sees_every_change_since_the_last_run() -> None:
+    """A service port deleted by a sync inside the interval, then syncs that no longer name
+    it: the deferred run still deletes its flows (it compares with the state it last
+    reconciled, not with the previous sync's)."""
+    dns = state((DNS, "10.96.0.10", 53, 0, {"10.244.1.5": True}))
+    gone = flow("10.96.0.10", 53, "10.244.1.5")
+    table = StandInTable([gone])
+    reconciler = ConntrackReconciler(lambda: table, families=(4,), min_interval=0.3)
+    try:
+        assert reconciler.after_sync(None, dns) == 0
+        assert reconciler.after_sync(dns, state()) == 0  # deferred
+        assert reconciler.after_sync(state(), state()) == 0
+        assert table.flows == [gone]
+        wait_for(lambda: not table.flows, timeout=5)
+        assert reconciler.runs == 2 and table.dumps == 2 * 2  # UDP and SCTP per run
+    finally:
+        reconciler.close()

@@ -122,7 +122,9 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     sync.add_argument(
         "--min-sync-period", type=duration, default=1.0, metavar="DURATION",
         help="minimum time between two syncs; changes arriving meanwhile are applied "
-        "together. 0 applies every change at once (default 1s)",
+        "together. 0 applies every change at once (default 1s). The conntrack reconciler "
+        "(a dump of the whole UDP/SCTP table) runs after syncs at most once per this "
+        "period, and at most once a second",
     )
     sync.add_argument(
         "--cleanup", action="store_true",
@@ -283,7 +285,7 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
             config,
             healthz_address=_address(args.healthz_bind_address, HEALTHZ_PORT),
             metrics_address=_address(args.metrics_bind_address, METRICS_PORT),
-            conntrack=default_conntrack_cleaner() if dataplane else None,
+            conntrack=default_conntrack_cleaner(config.min_sync_period) if dataplane else None,
             health_check_node_ports=dataplane,
         )
     except OSError as err:

@@ -1,4 +1,4 @@
-"""The conntrack reconciler: after every sync, delete the UDP/SCTP flows the state made stale.
+"""The conntrack reconciler: after syncs, delete the UDP/SCTP flows the state made stale.
 
 Unlike a cleanup of the changes seen since start, it compares the whole table with the
 whole state, so flows left behind while the backend was down are found too (as kube-proxy's
@@ -12,11 +12,19 @@ reconciler does). A flow towards a service IP:port or node port is stale when
 Flows the per-change rules name (svcproxy.agent.conntrack: a deleted service port, an
 endpoint that stopped serving) are deleted too. The decision is pure (``stale_flows``);
 the table is read and written over ctnetlink (svcproxy.agent.conntrack_netlink).
+
+A run dumps the whole table (0.3-0.8 s at 10,000 entries), so it is rate-limited as
+kube-proxy's is by its sync rate: the first sync reconciles at once (flows stale from before
+the start go then), later ones at most once per ``min_interval`` - max(--min-sync-period,
+1 s), kube-proxy's default bound - against the newest state. A sync that comes sooner
+leaves the run for when the interval is over (a timer, unless another sync comes first),
+so a flow made stale is deleted within ``min_interval`` of the sync that made it so.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol as TypingProtocol
@@ -33,6 +41,8 @@ from svcproxy.sdk.backend import NodeState
 
 log = logging.getLogger(__name__)
 
+# The least time between two runs, whatever --min-sync-period (kube-proxy's default of it).
+MIN_INTERVAL = 1.0
 PROTOCOL_NUMBERS = {Protocol.UDP: 17, Protocol.SCTP: 132}
 _BY_NUMBER = {n: p for p, n in PROTOCOL_NUMBERS.items()}
 
@@ -93,30 +103,114 @@ class Table(TypingProtocol):
 
 
 class ConntrackReconciler:
-    """The after-sync hook; ``metrics`` (AgentMetrics) gets kube-proxy's reconciler metrics."""
+    """The after-sync hook; ``metrics`` (AgentMetrics) gets kube-proxy's reconciler metrics.
+    ``runs`` counts the runs (each over every family)."""
 
     def __init__(self, table: Callable[[], Table] = Ctnetlink,
-                 families: tuple[int, ...] = (4, 6)) -> None:
+                 families: tuple[int, ...] = (4, 6), min_interval: float = MIN_INTERVAL) -> None:
         self._open = table
         self._table: Table | None = None
         self._families = families
+        self.min_interval = min_interval
         self.metrics: object = None
+        self.runs = 0
+        self._lock = threading.Lock()  # guards the fields below
+        self._running = False
+        self._last_start: float | None = None
+        # Per family, the state its last successful run reconciled: the next run also
+        # deletes the flows the changes since then name (a deleted service port...).
+        self._reconciled: dict[int, NodeState | None] = {}
+        self._latest: NodeState | None = None  # the newest synced state, not yet reconciled
+        self._timer: threading.Timer | None = None
+        self._closed = False
 
     def after_sync(self, old: NodeState | None, new: NodeState) -> int:
-        """Reconcile every family; a failure is logged and retried at the next sync."""
+        """Reconcile against ``new`` now if the last run started ``min_interval`` ago or
+        more (always on the first sync), else once the interval is over; the number of
+        entries deleted now."""
+        with self._lock:
+            if self._closed:
+                return 0
+            if self._last_start is None:
+                self._reconciled = dict.fromkeys(self._families, old)
+            self._latest = new
+            if not self._may_start():
+                return 0
+            state = self._take()
+        return self._run(state)
+
+    def close(self) -> None:
+        """No more runs (the agent is stopping)."""
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _may_start(self) -> bool:
+        """Whether a run may start now; if not, one is due later (caller holds the lock):
+        when the running one ends, or by a timer when the interval is over."""
+        if self._running:
+            return False
+        wait = self._remaining()
+        if wait <= 0:
+            return True
+        self._schedule(wait)
+        return False
+
+    def _remaining(self) -> float:
+        """Seconds until a run may start (caller holds the lock)."""
+        if self._last_start is None:
+            return 0.0
+        return self._last_start + self.min_interval - time.monotonic()
+
+    def _schedule(self, wait: float) -> None:
+        """A run after ``wait`` seconds, unless one is scheduled (caller holds the lock)."""
+        if self._timer is None:
+            log.debug("Conntrack reconciliation deferred by %.3fs (at most one run per %gs)",
+                      wait, self.min_interval)
+            self._timer = threading.Timer(wait, self._deferred)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _take(self) -> NodeState:
+        """Start a run over the newest state (caller holds the lock)."""
+        state, self._latest = self._latest, None
+        assert state is not None
+        self._running = True
+        self._last_start = time.monotonic()
+        self.runs += 1
+        return state
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._closed or self._latest is None or not self._may_start():
+                return
+            state = self._take()
+        self._run(state)
+
+    def _run(self, new: NodeState) -> int:
+        """Reconcile every family; a failure is logged and retried at the next run."""
         deleted = 0
-        for family in self._families:
-            start = time.monotonic()
-            try:
-                n = self._reconcile(family, old, new)
-            except OSError as err:
-                log.error("Conntrack reconciliation (IPv%d) failed: %s", family, err)
-                self._table = None
-                continue
-            deleted += n
-            record = getattr(self.metrics, "conntrack_reconciled", None)
-            if callable(record):
-                record(family, time.monotonic() - start, n)
+        try:
+            for family in self._families:
+                start = time.monotonic()
+                try:
+                    n = self._reconcile(family, self._reconciled.get(family), new)
+                except OSError as err:
+                    log.error("Conntrack reconciliation (IPv%d) failed: %s", family, err)
+                    self._table = None
+                    continue
+                self._reconciled[family] = new
+                deleted += n
+                record = getattr(self.metrics, "conntrack_reconciled", None)
+                if callable(record):
+                    record(family, time.monotonic() - start, n)
+        finally:
+            with self._lock:
+                self._running = False
+                if self._latest is not None and not self._closed:
+                    self._schedule(max(0.0, self._remaining()))  # a sync came meanwhile
         return deleted
 
     def _reconcile(self, family: int, old: NodeState | None, new: NodeState) -> int:

@@ -8,7 +8,7 @@ import shutil
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.conntrack_cli import ConntrackCleaner
 from svcproxy.agent.conntrack_netlink import Ctnetlink
-from svcproxy.agent.conntrack_reconciler import ConntrackReconciler
+from svcproxy.agent.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.healthz import HealthzServer
 from svcproxy.agent.metrics import AgentMetrics, node_families
@@ -24,12 +24,14 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 
-def default_conntrack_cleaner() -> ConntrackReconciler | ConntrackCleaner | None:
-    """The netlink conntrack reconciler; when ctnetlink cannot be opened, the
-    conntrack(8)-based cleaner of changes, or None (with a warning) without the tool."""
+def default_conntrack_cleaner(min_sync_period: float = MIN_INTERVAL
+                              ) -> ConntrackReconciler | ConntrackCleaner | None:
+    """The netlink conntrack reconciler, run at most once per max(``min_sync_period``, 1 s);
+    when ctnetlink cannot be opened, the conntrack(8)-based cleaner of changes, or None
+    (with a warning) without the tool."""
     try:
         Ctnetlink().close()
-        return ConntrackReconciler()
+        return ConntrackReconciler(min_interval=max(MIN_INTERVAL, min_sync_period))
     except OSError as err:
         log.warning("ctnetlink unavailable (%s): stale UDP/SCTP flows are cleaned per change "
                     "with conntrack(8) only, not reconciled against the table", err)
@@ -80,6 +82,7 @@ class NodeAgent:
             self.health, self.context(None).health_check_ips
         )
         hooks: list[AfterSync] = []
+        self.conntrack = conntrack
         if conntrack is not None:
             if isinstance(conntrack, ConntrackReconciler):
                 conntrack.metrics = self.metrics
@@ -120,7 +123,9 @@ class NodeAgent:
         self.runner.stop()
 
     def close(self) -> None:
-        """Close every port the agent opened."""
+        """Close every port the agent opened; no conntrack reconciliation after."""
+        if isinstance(self.conntrack, ConntrackReconciler):
+            self.conntrack.close()
         self.service_health.close()
         for server in (self.healthz, self.metrics_server):
             if server is not None:
