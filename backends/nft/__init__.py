@@ -22,11 +22,12 @@ Structure (kube-proxy's nftables mode, leaner where it pays):
 * Session affinity keeps a chain and a timed set per endpoint, as kube-proxy.
 * Hairpin traffic is masqueraded in postrouting via the ``hairpin`` set.
 
-Updates: the first sync (and any sync after a failure) replaces the tables in
-one transaction; later syncs send only the changed elements and chains,
-computed from the state kept after the last successful apply (never from a
-kernel dump); a periodic full resync flushes and rewrites everything except
-the affinity sets' contents. Why fewer objects: nft reads every chain and set
+Updates: render -> diff -> apply on the SDK's ``StagedBackend``. The first sync
+(and any sync after a failure, or with a new node context) replaces the tables in
+one transaction; later syncs send only the changed elements and chains, diffed
+against what the last successful apply left (the SDK's ``Applied``; never a
+kernel dump); a periodic resync is the same diff, so with nothing changed it
+writes nothing and never holds a change back. Why fewer objects: nft reads every chain and set
 of the table before each transaction, so the object count, not the change
 size, bounds the cost of a small update. Small transactions go through
 libnftables in-process (``--nft-api lib``), large ones through ``nft -f -``.
