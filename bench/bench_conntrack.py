@@ -2,7 +2,11 @@
 
 Prints, side by side: dumping the table over svcproxy's ctnetlink client and over
 pyroute2's Conntrack (its per-entry cost, measured on fewer entries), deciding which
-flows are stale (pure), and deleting them in batches. Run as root:
+flows are stale (pure), and deleting them in batches. Then a burst of syncs (one every
+10 ms for 5 s, the table at ENTRIES valid flows) through the reconciler as it was (a run in
+every sync) and as it is (rate-limited: at most once a second, later runs on a thread of
+their own): runs, their time in the table, the sync thread's time in the hook.
+Run as root:
     .venv/bin/python bench/bench_conntrack.py [ENTRIES]
 """
 
@@ -13,12 +17,13 @@ import sys
 import time
 
 from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
-from svcproxy.agent.conntrack_reconciler import stale_flows
+from svcproxy.agent.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler, stale_flows
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
 
 NS = "svcp-bench-ct"
 PYROUTE2_SAMPLE = 1000
+BURST, SYNC_EVERY = 5.0, 0.01
 
 
 def node_state(services: int) -> NodeState:
@@ -79,9 +84,72 @@ def main(entries: int) -> None:
         ours = (t1 - t0) / len(dumped)
         print(f"pyroute2 Conntrack dump:    {per * 1e6:7.0f} us/entry over {sample} entries "
               f"(x{per / ours:.0f} ours; {per * len(dumped):.1f} s for {len(dumped)})")
+        table.add([(Flow(4, 17, f"10.2.{i // 250 % 250}.{i % 250 + 1}", flow.orig_dst,
+                         30000 + i // 62500, 53, flow.reply_src), 5353)
+                   for i, (flow, _) in enumerate(flows) if i % 2 == 1])
+        print(f"burst of syncs every {SYNC_EVERY * 1000:.0f} ms for {BURST:.0f} s, "
+              f"{len(table.dump(4, 17))} valid entries:")
+        for label, limited in (("in every sync", False), ("rate-limited", True)):
+            burst(label, limited, state)
         table.close()
     finally:
         subprocess.run(["ip", "netns", "del", NS], check=False)
+
+
+class Timed:
+    """A Ctnetlink that adds up the time spent in dumps and deletes."""
+
+    def __init__(self) -> None:
+        self.table = Ctnetlink(NS)
+        self.seconds = 0.0
+
+    def dump(self, family: int, protocol: int) -> list[Flow]:
+        t0 = time.perf_counter()
+        try:
+            return self.table.dump(family, protocol)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def delete(self, flows: list[Flow]) -> int:
+        t0 = time.perf_counter()
+        try:
+            return self.table.delete(flows)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def every_sync(timed: Timed, state: NodeState) -> None:
+    """The hook as it was: a whole run (both protocols) in every sync."""
+    flows = [f for proto in (17, 132) for f in timed.dump(4, proto)]
+    stale = stale_flows(flows, state, state)
+    if stale:
+        timed.delete(stale)
+
+
+def burst(label: str, limited: bool, state: NodeState) -> None:
+    """Syncs every SYNC_EVERY for BURST seconds, each followed by the reconciler's hook."""
+    timed = Timed()
+    reconciler = ConntrackReconciler(lambda: timed, families=(4,), min_interval=MIN_INTERVAL)
+    syncs, hook, runs = 0, 0.0, 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < BURST:
+        t0 = time.perf_counter()
+        if limited:
+            reconciler.after_sync(state, state)
+        else:
+            every_sync(timed, state)
+            runs += 1
+        hook += time.perf_counter() - t0
+        syncs += 1
+        time.sleep(SYNC_EVERY)
+    wall = time.perf_counter() - start
+    time.sleep(MIN_INTERVAL + 0.5)  # a deferred run finishes
+    reconciler.close()
+    timed.table.close()
+    runs = reconciler.runs if limited else runs
+    print(f"  {label:14s} {syncs:4d} syncs, {runs:3d} runs, {timed.seconds:5.2f} s in the table "
+          f"({timed.seconds / max(runs, 1):.2f} s/run); sync thread in the hook {hook:5.2f} s "
+          f"of {wall:.1f} s")
 
 
 if __name__ == "__main__":

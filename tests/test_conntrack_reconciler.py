@@ -72,14 +72,14 @@ def test_reconciler_deletes_a_stale_flow_from_before_it_started(lab: Lab) -> Non
     lab.nft(dnat_to(remaining))
     assert lab.ask() == first, "the stale entry keeps the flow on the removed endpoint"
     table = Ctnetlink(lab.ns("node"))
+    reconciler = ConntrackReconciler(lambda: Ctnetlink(lab.ns("node")), families=(4,),
+                                     min_interval=0)
     try:
         valid = Flow(4, 17, "10.200.0.9", SERVICE_IP, 41000, 53, PODS[remaining])
         other = Flow(4, 17, "10.200.0.9", "10.50.0.1", 41000, 53, "10.50.0.1")
         tcp = Flow(4, 6, "10.200.0.9", SERVICE_IP, 41000, 53, PODS[first])
         assert table.add([(valid, 5353), (other, 53), (tcp, 5353)]) == 3
         metrics = AgentMetrics(families=("IPv4",))
-        reconciler = ConntrackReconciler(lambda: Ctnetlink(lab.ns("node")), families=(4,),
-                                         min_interval=0)
         reconciler.metrics = metrics
         assert reconciler.after_sync(None, service(remaining)) == 1  # a fresh start: no old
         left = table.dump(4, 17)
@@ -88,8 +88,11 @@ def test_reconciler_deletes_a_stale_flow_from_before_it_started(lab: Lab) -> Non
         assert any(f.orig_dport == 53 for f in table.dump(4, 6)), "TCP is left alone"
         assert lab.ask() == remaining
         assert metrics.conntrack_deleted_total.labels(ip_family="IPv4")._value.get() == 1
-        assert reconciler.after_sync(None, service(remaining)) == 0
+        reconciler.after_sync(None, service(remaining))  # later runs: on their own thread
+        wait_for(lambda: reconciler.runs == 2)
+        assert metrics.conntrack_deleted_total.labels(ip_family="IPv4")._value.get() == 1
     finally:
+        reconciler.close()
         table.close()
 
 

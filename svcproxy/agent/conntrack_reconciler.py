@@ -14,11 +14,11 @@ endpoint that stopped serving) are deleted too. The decision is pure (``stale_fl
 the table is read and written over ctnetlink (svcproxy.agent.conntrack_netlink).
 
 A run dumps the whole table (0.3-0.8 s at 10,000 entries), so it is rate-limited as
-kube-proxy's is by its sync rate: the first sync reconciles at once (flows stale from before
-the start go then), later ones at most once per ``min_interval`` - max(--min-sync-period,
-1 s), kube-proxy's default bound - against the newest state. A sync that comes sooner
-leaves the run for when the interval is over (a timer, unless another sync comes first),
-so a flow made stale is deleted within ``min_interval`` of the sync that made it so.
+kube-proxy's is by its sync rate: the first sync reconciles at once, in the sync (flows
+stale from before the start go then); later syncs start a run on a thread of its own, at
+most once per ``min_interval`` - max(--min-sync-period, 1 s), kube-proxy's default bound -
+against the newest state then, so the next sync never waits for a dump. A flow made stale
+is deleted within ``min_interval`` (plus one run) of the sync that made it so.
 """
 
 from __future__ import annotations
@@ -125,17 +125,18 @@ class ConntrackReconciler:
         self._closed = False
 
     def after_sync(self, old: NodeState | None, new: NodeState) -> int:
-        """Reconcile against ``new`` now if the last run started ``min_interval`` ago or
-        more (always on the first sync), else once the interval is over; the number of
-        entries deleted now."""
+        """On the first sync reconcile now and return the number of entries deleted;
+        afterwards start a run on its own thread as soon as the interval allows, and
+        return 0."""
         with self._lock:
             if self._closed:
                 return 0
-            if self._last_start is None:
-                self._reconciled = dict.fromkeys(self._families, old)
             self._latest = new
-            if not self._may_start():
+            if self._last_start is not None:
+                if not self._running:
+                    self._schedule(max(0.0, self._remaining()))
                 return 0
+            self._reconciled = dict.fromkeys(self._families, old)
             state = self._take()
         return self._run(state)
 
@@ -146,17 +147,6 @@ class ConntrackReconciler:
             if self._timer is not None:
                 self._timer.cancel()
 
-    def _may_start(self) -> bool:
-        """Whether a run may start now; if not, one is due later (caller holds the lock):
-        when the running one ends, or by a timer when the interval is over."""
-        if self._running:
-            return False
-        wait = self._remaining()
-        if wait <= 0:
-            return True
-        self._schedule(wait)
-        return False
-
     def _remaining(self) -> float:
         """Seconds until a run may start (caller holds the lock)."""
         if self._last_start is None:
@@ -166,7 +156,7 @@ class ConntrackReconciler:
     def _schedule(self, wait: float) -> None:
         """A run after ``wait`` seconds, unless one is scheduled (caller holds the lock)."""
         if self._timer is None:
-            log.debug("Conntrack reconciliation deferred by %.3fs (at most one run per %gs)",
+            log.debug("Conntrack reconciliation in %.3fs (at most one run per %gs)",
                       wait, self.min_interval)
             self._timer = threading.Timer(wait, self._deferred)
             self._timer.daemon = True
@@ -184,7 +174,10 @@ class ConntrackReconciler:
     def _deferred(self) -> None:
         with self._lock:
             self._timer = None
-            if self._closed or self._latest is None or not self._may_start():
+            if self._closed or self._latest is None or self._running:
+                return  # a running one schedules the next when it ends
+            if self._remaining() > 0:
+                self._schedule(self._remaining())
                 return
             state = self._take()
         self._run(state)
