@@ -36,6 +36,7 @@ NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 NFACCT_NAME, NFACCT_PKTS = 1, 2
 NAME_MAX = 32
 CLONE_NEWNET = 0x40000000
+TIMEOUT = 5.0  # seconds for the kernel's answer (it always answers: data, ACK or error)
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _GENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
 _ATTR = struct.Struct("=HH")
@@ -88,6 +89,7 @@ class Nfacct:
     def _socket(self) -> socket.socket:
         if self._sock is None:
             self._sock = _open_in(self._path)
+            self._sock.settimeout(TIMEOUT)
         return self._sock
 
     def _request(self, msg: int, flags: int, payload: bytes) -> list[tuple[int, bytes]]:
