@@ -71,16 +71,22 @@ class FakeNfacct:
 
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[NodeAgent]:
-    monkeypatch.setattr(backend_module, "Iptables", FakeIptables)
-    monkeypatch.setattr(backend_module, "Sysctl", FakeSysctl)
     monkeypatch.setattr(backend_module, "Nfacct", FakeNfacct)
-    FakeIptables.fail, FakeIptables.restored = 0, []
-    config = NodeConfig("node-a", cluster_cidrs=("10.0.0.0/8",))
-    backend = IptablesBackend(config, IptablesOptions(mode="nft", families=(4,),
-                                                      localhost_nodeports=False))
-    node_agent = NodeAgent(FakeSource(), backend, config, metrics_address=("127.0.0.1", 0))
+    backend = agent_backend(monkeypatch)
+    node_agent = NodeAgent(FakeSource(), backend, backend.config,
+                           metrics_address=("127.0.0.1", 0))
     yield node_agent
     node_agent.close()
+
+
+def agent_backend(monkeypatch: pytest.MonkeyPatch) -> IptablesBackend:
+    """The backend with the iptables programs and sysctls faked (nfacct: as patched)."""
+    monkeypatch.setattr(backend_module, "Iptables", FakeIptables)
+    monkeypatch.setattr(backend_module, "Sysctl", FakeSysctl)
+    FakeIptables.fail, FakeIptables.restored = 0, []
+    config = NodeConfig("node-a", cluster_cidrs=("10.0.0.0/8",))
+    return IptablesBackend(config, IptablesOptions(mode="nft", families=(4,),
+                                                   localhost_nodeports=False))
 
 
 def state(revision: int, *ips: str) -> NodeState:
@@ -166,3 +172,32 @@ def test_full_and_partial_durations_count_what_the_backend_did(agent: NodeAgent)
     periodic = Changes(services=frozenset({KEY}), full=True, reason="periodic")
     sync(agent, state(1, "10.1.0.1"), periodic)
     assert metric(agent, full, v4) == 1 and metric(agent, partial, v4) == 1
+
+
+def test_without_nfacct_the_rules_count_nothing_and_the_counters_are_left_out(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    class NoNfacct(FakeNfacct):
+        def create(self, name: str) -> None:
+            raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(backend_module, "Nfacct", NoNfacct)
+    backend = agent_backend(monkeypatch)
+    node_agent = NodeAgent(FakeSource(), backend, backend.config,
+                           metrics_address=("127.0.0.1", 0))
+    try:
+        sync(node_agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
+        assert "KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP" in FakeIptables.restored[-1]
+        assert "nfacct" not in FakeIptables.restored[-1]
+        assert metric(node_agent, TOTAL, NAT) > 0
+        with pytest.raises(AssertionError):
+            metric(node_agent, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total")
+        assert any("Cannot create the nfacct counters" in r.getMessage() for r in caplog.records)
+    finally:
+        node_agent.close()
+
+
+def test_with_nfacct_the_invalid_drop_is_counted(agent: NodeAgent) -> None:
+    sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
+    assert ("KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name "
+            "ct_state_invalid_dropped_pkts -j DROP") in FakeIptables.restored[-1]
+    assert metric(agent, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total") == 0
