@@ -1,6 +1,6 @@
 """The views' first state, built once at sync.
 
-Before sync nothing is served, so the engine computes no service per view: at sync
+Before sync nothing is served, so no service is computed per view: at sync
 ``InitialFill`` takes each service once (its ``NodeClassCache``) and gives every view
 its records and their digest. A view gets a copy of its zone's shared records, then
 the records of the few services whose endpoints or hints name its node.

@@ -1,4 +1,4 @@
-"""The engine's door: every object is validated, parsed, or refused alone here.
+"""The store's door: every object is validated, parsed, or refused alone here.
 
 Whatever the source, an object passes Kubernetes' rules (kubevalidation.py) before
 it is parsed; a refused one is logged once (source, file, object, field, reason) and
@@ -47,7 +47,7 @@ def describe(kind: str, obj: Any) -> str:
 
 
 class Intake:
-    """Validates and parses objects for one engine; ``source`` labels its metric."""
+    """Validates and parses objects for one store; ``source`` labels its metric."""
 
     def __init__(self, source: str = "apiserver", limits: ObjectLimits = DEFAULT_LIMITS) -> None:
         self.source = source
