@@ -113,7 +113,7 @@ def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Problem | Non
         if depth > max_depth:
             raise _TooBig(_DEEP(max_depth))
         spent = 2
-        if isinstance(value, dict):
+        if type(value) is dict:
             try:
                 spent += sum(map(len, value)) + 3 * len(value)
             except TypeError:  # a key that is not text (YAML allows numbers...)
@@ -122,8 +122,11 @@ def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Problem | Non
         else:
             children = value
         for child in children:
-            if type(child) is str:
+            kind = type(child)
+            if kind is str:
                 spent += len(child) + 2
+            elif kind is dict or kind is list:
+                walk(child, depth + 1)
             elif isinstance(child, dict | list):
                 walk(child, depth + 1)
             else:

@@ -8,6 +8,7 @@ raises ``ParseError`` with a reason a person can act on.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -166,10 +167,24 @@ def _port(value: Any, where: str, allow_zero: bool = False) -> int:
     return value
 
 
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_CANONICAL_IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
+
+
+def canonical_ip(text: str) -> str | None:
+    """``normalize_ip``, with IPv4 already in canonical form (nearly every address) taken
+    as it is."""
+    if _CANONICAL_IPV4.fullmatch(text):
+        return text
+    return normalize_ip(text)
+
+
 def _ips(values: list[Any], where: str) -> tuple[str, ...]:
+    if len(values) == 1 and type(values[0]) is str and _CANONICAL_IPV4.fullmatch(values[0]):
+        return (values[0],)
     out = []
     for value in values:
-        ip = normalize_ip(str(value))
+        ip = canonical_ip(str(value))
         if ip is None:
             raise ParseError(f"{where}: {value!r} is not an IP address")
         out.append(ip)
@@ -284,8 +299,24 @@ def parse_time(text: Any) -> float:
     return seconds if seconds > 0 else 0.0
 
 
-def _slice_endpoint(ep: dict[str, Any], where: str) -> SliceEndpoint:
-    cond = _dict(ep.get("conditions"), f"{where}.conditions")
+def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
+    cond = ep.get("conditions")
+    if ep.get("hints") is None and type(cond) is dict:
+        # The common shape, read without building field paths for error messages.
+        ready = cond.get("ready")
+        ready = True if ready is None else bool(ready)
+        serving = cond.get("serving")
+        addresses = ep.get("addresses")
+        return SliceEndpoint(
+            addresses=_ips(addresses if type(addresses) is list
+                           else _list(addresses, f"endpoints[{i}].addresses"),
+                           f"endpoints[{i}].addresses"),
+            ready=ready, serving=ready if serving is None else bool(serving),
+            terminating=bool(cond.get("terminating") or False),
+            node_name=str(ep.get("nodeName") or ""), zone=str(ep.get("zone") or ""),
+            hint_zones=(), hint_nodes=())
+    where = f"endpoints[{i}]"
+    cond = _dict(cond, f"{where}.conditions")
     hints = _dict(ep.get("hints"), f"{where}.hints")
     ready = cond.get("ready")
     ready = True if ready is None else bool(ready)
@@ -322,7 +353,7 @@ def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> E
         ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
                                _port(p.get("port"), where)))
     endpoints = () if address_type == "FQDN" else tuple(
-        _slice_endpoint(_dict(ep, f"endpoints[{i}]"), f"endpoints[{i}]")
+        _slice_endpoint(_dict(ep, f"endpoints[{i}]"), i)
         for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")))
     trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
     return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,
@@ -341,7 +372,7 @@ def parse_node(obj: dict[str, Any]) -> Node:
     addresses = tuple(dict.fromkeys(
         ip for a in _list(status.get("addresses"), "status.addresses")
         if _dict(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")
-        and (ip := normalize_ip(str(a.get("address", "")))) is not None))
+        and (ip := canonical_ip(str(a.get("address", "")))) is not None))
     taints = _list(spec.get("taints"), "spec.taints")
     terminating = bool(meta.get("deletionTimestamp")) or any(
         _dict(t, "spec.taints").get("key") == TO_BE_DELETED_TAINT for t in taints)
