@@ -13,6 +13,31 @@ import pytest
 
 from svcproxy.frontend.main import Frontend, FrontendOptions
 from svcproxy.frontend.sources.events import Event
+from tests import root_sysctls
+
+
+def _untouched(before: dict[str, str], during: str) -> None:
+    diff = root_sysctls.changed(before, root_sysctls.read())
+    if diff:
+        root_sysctls.restore(diff)
+        pytest.fail(f"the root network namespace's sysctls changed during {during} (put "
+                    f"back): {diff}", pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _root_namespace_sysctls_untouched_by_the_session() -> Iterator[None]:
+    """As below, around the whole run (module fixtures such as the scenario labs too)."""
+    before = root_sysctls.read()
+    yield
+    _untouched(before, "this test session")
+
+
+@pytest.fixture(autouse=True)
+def _root_namespace_sysctls_untouched() -> Iterator[None]:
+    """No test writes the machine's own network sysctls (only those of namespaces it made)."""
+    before = root_sysctls.read()
+    yield
+    _untouched(before, "this test")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0,
