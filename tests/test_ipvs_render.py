@@ -115,11 +115,7 @@ def test_node_port_addresses_come_from_the_node_context() -> None:
     open is every address on the node's interfaces but kube-ipvs0's."""
     backend = IpvsBackend(NodeConfig("n1", node_ips=("192.168.0.10", "fd00::10")),
                           IpvsOptions(), families=(4,))
-    backend.ifindex = 7
-    on_links = [(1, "192.168.0.10"), (1, "fd00::10"), (2, "10.0.0.5"), (1, "127.0.0.1"),
-                (7, "10.96.0.1")]
-    backend._addresses = lambda: on_links  # type: ignore[method-assign]
-    locals_ = [a for i, a in on_links if i != 7]
+    locals_ = ["192.168.0.10", "fd00::10", "10.0.0.5", "127.0.0.1", "fe80::1"]
 
     def ctx(**flags: object) -> RenderContext:
         config = replace(backend.config, **flags)  # type: ignore[arg-type]

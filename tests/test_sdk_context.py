@@ -63,6 +63,21 @@ def test_loopback_node_ports_are_marked_and_can_be_left_out() -> None:
     assert not ctx.family(6).node_port_ips_routable  # None: every address, as given
 
 
+def test_every_node_port_address_named_for_a_backend_that_lists_them() -> None:
+    """IPVS needs one virtual server per NodePort address: "every address" is named once,
+    here, from the interfaces the agent read (loopback and link-local never; a pod's
+    veth with only a link-local address does not change the context)."""
+    local = ("10.1.1.1", "10.9.9.9", "127.0.0.1", "169.254.3.3", "fe80::1", "fd00::7", "::1")
+    every = resolve_context(config(), None, local)
+    assert every.family(4).local_ips == ("10.1.1.1", "10.9.9.9")
+    assert every.family(4).node_port_ips_listed == ("10.1.1.1", "192.168.1.5", "10.9.9.9")
+    assert every.family(6).node_port_ips_listed == ("fd00::5", "fd00::6", "fd00::7")
+    assert resolve_context(config(), None, (*local, "fe80::2")) == every
+    cidrs = resolve_context(config(node_port_addresses=("10.9.0.0/16", "::1/128")), None, local)
+    assert cidrs.family(4).node_port_ips_listed == ("10.9.9.9",)
+    assert cidrs.family(6).node_port_ips_listed == ()
+
+
 def test_health_check_ports_listen_where_node_ports_do() -> None:
     ipv4_only = config(node_ips=("10.1.1.1",), node_port_addresses=("10.0.0.0/8",))
     assert resolve_context(ipv4_only, None).health_check_ips == ("10.1.1.1",)

@@ -12,7 +12,6 @@ small background check once their connections are gone (or after the bound).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -49,7 +48,6 @@ from svcproxy.sdk import (
     ServicePortKey,
     ServicePortState,
     StagedBackend,
-    ip_family,
     normalize_cidr,
     resolve_context,
 )
@@ -246,22 +244,11 @@ class IpvsBackend(StagedBackend[PortPlan]):
         return resolve_context(self.config, state.node, locals_)
 
     def _context(self, node: NodeContext) -> RenderContext:
-        """NodePorts on the node context's addresses (every address of the node's
+        """NodePorts on the node context's addresses, named (every address of the node's
         interfaces, kube-ipvs0's aside, for a family the CIDRs leave open), never loopback."""
-        node_ips: list[str] = []
-        ports: list[str] = []
-        everything: list[str] | None = None
-        for fam in node.families:
-            node_ips += fam.node_ips
-            chosen = fam.node_port_ips_routable
-            if chosen is None:
-                if everything is None:
-                    everything = [a for index, a in self._addresses() if index != self.ifindex
-                                  and not ipaddress.ip_address(a).is_link_local]
-                chosen = (*fam.node_ips, *(a for a in everything if ip_family(a) == fam.family))
-            ports += [ip for ip in chosen if not ipaddress.ip_address(ip).is_loopback]
-        return RenderContext(self.options.scheduler, tuple(dict.fromkeys(ports)),
-                             tuple(node_ips))
+        node_ips = tuple(ip for fam in node.families for ip in fam.node_ips)
+        ports = tuple(ip for fam in node.families for ip in fam.node_port_ips_listed)
+        return RenderContext(self.options.scheduler, tuple(dict.fromkeys(ports)), node_ips)
 
     # -- render ------------------------------------------------------------------------
 
@@ -430,7 +417,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
         for family in self.families:
             local = self._local_detect(family, node)
             tables = {
-                "nat": R.nat_rules(family, self.config.masquerade_all, local),
+                "nat": R.nat_rules(family, node.masquerade_all, local),
                 "filter": R.filter_rules(family),
                 "mangle": R.mangle_rules(family, local),
             }

@@ -14,6 +14,10 @@ give every backend the same answer. kube-proxy's rules, where they are subtle:
   asks ``node_port_default="primary"`` (kube-proxy's nftables mode does).
 * A backend that cannot serve NodePorts on loopback (nftables, IPVS) uses
   ``node_port_ips_routable`` and never programs 127.0.0.1 or ::1.
+* A backend that must name every NodePort address (IPVS: one virtual server each)
+  uses ``node_port_ips_listed``: "every address" is then the node IPs and every address
+  on the node's interfaces (``local_ips``: loopback and link-local ones aside, so that
+  a pod's veth coming and going does not change the context).
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class FamilyContext:
     node_port_ips: tuple[str, ...] | None = None
     local_traffic: LocalTraffic = LocalTraffic("ClusterCIDR")
     service_cidrs: tuple[str, ...] = ()
+    # Every address of the family on the node's interfaces, loopback, link-local and
+    # IPVS's kube-ipvs0 ones aside, as the node agent found them.
+    local_ips: tuple[str, ...] = ()
 
     @property
     def primary_ip(self) -> str:
@@ -85,6 +92,16 @@ class FamilyContext:
         if ips is None:
             return None
         return tuple(ip for ip in ips if not ipaddress.ip_address(ip).is_loopback)
+
+    @property
+    def node_port_ips_listed(self) -> tuple[str, ...]:
+        """Every address NodePorts answer on, named (loopback never): for "every address",
+        the node IPs and ``local_ips``."""
+        routable = self.node_port_ips_routable
+        if routable is not None:
+            return routable
+        every = dict.fromkeys((*self.node_ips, *self.local_ips))
+        return tuple(ip for ip in every if not ipaddress.ip_address(ip).is_loopback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +186,16 @@ def resolve_context(config: NodeConfig, node: NodeInfo | None,
                                          local_addresses, node_port_default),
             local_traffic=_local_traffic(config, node, family),
             service_cidrs=tuple(of_family(config.service_cidrs, family)),
+            local_ips=_routable(of_family(local_addresses, family)),
         ))
     return NodeContext(config.node_name, tuple(families), config.masquerade_all,
                        _health_check_ips(families))
+
+
+def _routable(addresses: Sequence[str]) -> tuple[str, ...]:
+    """The addresses that are neither loopback nor link-local, each once, in order."""
+    found = {ip: ipaddress.ip_address(ip) for ip in addresses}
+    return tuple(ip for ip, a in found.items() if not (a.is_loopback or a.is_link_local))
 
 
 def _health_check_ips(families: Sequence[FamilyContext]) -> tuple[str, ...]:
