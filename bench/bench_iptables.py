@@ -136,6 +136,7 @@ def inner_iptables(args: argparse.Namespace) -> dict[str, Any]:
 def inner_raw(args: argparse.Namespace) -> dict[str, Any]:
     """The raw iptables-restore time of the exact input our full sync wrote, then the
     tool's floor on that table: one empty chain added, one chain with one rule added."""
+    make_nfacct_counters()
     total = 0.0
     for item in json.loads(Path(args.out).read_text()):
         family, text = item.split("\n", 1)
@@ -146,6 +147,19 @@ def inner_raw(args: argparse.Namespace) -> dict[str, Any]:
         args.mode, "4", f"*nat\n:BENCH-R{n} - [0:0]\n-A BENCH-R{n} -j RETURN\nCOMMIT\n"))
         for n in range(5)]
     return {"raw": total, "floor_empty": empty, "floor_rule": rule}
+
+
+def make_nfacct_counters() -> None:
+    """The nfacct objects the backend creates before its rules reference them (the input
+    replayed raw names them; a backend without nfacct support has no such module)."""
+    try:
+        from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct
+    except ImportError:
+        return
+    counters = Nfacct()
+    for name in COUNTERS:
+        counters.create(name)
+    counters.close()
 
 
 def raw_restore(mode: str, family: str, text: str) -> None:
