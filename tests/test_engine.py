@@ -49,6 +49,9 @@ def engine_with(*objs: dict[str, Any]) -> Engine:
     for o in objs:
         by_kind[o["kind"]].append(o)
     eng.submit([Replace(k, v) for k, v in by_kind.items()])  # type: ignore[arg-type]
+    for o in by_kind["Node"]:  # every node's backend watching, and a cluster watcher
+        eng.view(o["metadata"]["name"])
+    eng.view("")
     return eng
 
 

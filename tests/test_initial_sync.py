@@ -1,5 +1,6 @@
-"""The frontend's first state at sync: each service computed once per node class, every
-view equal to what publishing change by change gives, digests equal to the records."""
+"""The frontend's first state at sync: each service computed once, each node class once
+when a view first needs it, every view equal to what publishing change by change gives,
+digests equal to the records."""
 
 from __future__ import annotations
 
@@ -59,16 +60,20 @@ def test_every_view_at_sync_equals_publishing_change_by_change() -> None:
     live = Engine()
     live.submit([Replace("Node", []), Replace("Service", []),  # type: ignore[arg-type]
                  Replace("EndpointSlice", [])])
+    names = [""] + [n["metadata"]["name"] for n in NODES]
+    for name in names:  # watched from before the listing on the live engine
+        live.view(name)
+    assert eng.views == {}
     for kind, objs in (("Node", NODES), ("Service", services), ("EndpointSlice", slices)):
         live.submit([Replace(kind, objs)])  # type: ignore[arg-type]
-    assert eng.views.keys() == live.views.keys() and len(eng.views) == 11
-    for name, view in eng.views.items():
+    for name in names:
+        view = eng.view(name)
         assert timeless(view.records) == timeless(live.views[name].records), name
         assert len(view.records) == 80
         assert view.digest == eng.changelog.digests.of(view), name
 
 
-def test_before_sync_no_service_is_computed_per_view(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_no_service_is_computed_per_view_before_a_view_is_asked_for(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     calls = []
     real = compute.NodeClassCache.records
 
@@ -78,7 +83,10 @@ def test_before_sync_no_service_is_computed_per_view(monkeypatch) -> None:  # ty
 
     monkeypatch.setattr(compute.NodeClassCache, "records", counted)
     services, slices = cluster(40)
-    cold_start(services, slices)
+    eng = cold_start(services, slices)
+    assert calls == []
+    for name in [""] + [n["metadata"]["name"] for n in NODES]:
+        eng.view(name)
     # One call per zone (3 and the cluster view's) and per node hosting endpoints: at
     # most 4 + 3 per service, where computing every view would be 11 per listing.
     assert 0 < len(calls) <= 7 * 40
@@ -97,7 +105,7 @@ def test_a_service_failing_at_sync_is_left_out_alone(monkeypatch) -> None:  # ty
     services, slices = cluster(12)
     eng = cold_start(services, slices)
     assert metrics.SERVICE_ERRORS._value.get() == errors + 1
-    for view in eng.views.values():
+    for view in [eng.view(n["metadata"]["name"]) for n in NODES] + [eng.view("")]:
         names = {k.name for k in view.records}
         assert "s5" not in names and len(names) == 11
         assert view.digest == eng.changelog.digests.of(view)

@@ -1,22 +1,25 @@
 """Each service's per-node records, computed from the store once per node class.
 
 ``ServiceRecords`` keeps, per service, the ``NodeClassCache`` of its current version:
-the views take their records from it. Before sync nothing is served, so services
-changed then are only noted and computed once, at sync (``initial_fill``).
+the views take their records from it, on demand. Every node a service's endpoints or
+hints do not name gets that service's records for its zone, so a node's records are
+its zone's ``shared`` ones with those of the few services naming it (``own``) on top.
+Before sync nothing is served, so services changed then are only noted and computed
+once, at sync (``compute_deferred``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.computation.compute import EMPTY_BASE, NodeClassCache, service_base
-from svcproxy.frontend.computation.initial import InitialFill
 from svcproxy.frontend.store.store import ObjKey, Store
 from svcproxy.model import ServicePortKey, ServicePortState
 
 log = logging.getLogger(__name__)
+Records = Mapping[ServicePortKey, ServicePortState]
 
 
 class ServiceRecords:
@@ -28,6 +31,11 @@ class ServiceRecords:
         self.caches: dict[ObjKey, NodeClassCache] = {}
         # Services changed before sync: computed once, at sync (nothing is served before).
         self._deferred: set[ObjKey] = set()
+        # Node name -> the services whose endpoints or hints name it.
+        self._naming: dict[str, set[ObjKey]] = {}
+        # Zone -> every service's records for a node of it that no service names; made
+        # on demand, forgotten at the next change.
+        self._shared: dict[str, dict[ServicePortKey, ServicePortState]] = {}
 
     def compute(self, svc: ObjKey) -> NodeClassCache:
         """Service ``svc`` computed from the store as it is now (kept by ``keep``)."""
@@ -36,45 +44,76 @@ class ServiceRecords:
 
     def keep(self, svc: ObjKey, cache: NodeClassCache) -> None:
         """Make ``cache`` the current version of ``svc`` (none when it has no ports)."""
+        old = self.caches.get(svc)
+        if old is not None:
+            for name in old.base.endpoint_nodes | old.base.hinted_nodes:
+                naming = self._naming.get(name)
+                if naming is not None:
+                    naming.discard(svc)
+                    if not naming:
+                        del self._naming[name]
         if cache.base.ports:
             self.caches[svc] = cache
+            for name in cache.base.endpoint_nodes | cache.base.hinted_nodes:
+                self._naming.setdefault(name, set()).add(svc)
         else:
             self.caches.pop(svc, None)
+        self._shared.clear()
 
     def port_keys(self, svc: ObjKey) -> set[ServicePortKey]:
         """The service ports the current version of ``svc`` has."""
         cache = self.caches.get(svc)
         return {p.service.key for p in (cache.base if cache else EMPTY_BASE).ports}
 
+    def shared(self, zone: str) -> dict[ServicePortKey, ServicePortState]:
+        """Every service's records for a node of ``zone`` that no service names (the same
+        dict until the next change: do not modify it)."""
+        found = self._shared.get(zone)
+        if found is None:
+            found = self._shared[zone] = {}
+            for svc, cache in self.caches.items():
+                found.update(_records(svc, cache, "", zone))
+        return found
+
+    def own(self, name: str) -> Iterator[Records]:
+        """The records for node ``name`` of each service naming it."""
+        zone = self.store.zone(name)
+        for svc in self._naming.get(name, ()):
+            yield _records(svc, self.caches[svc], name, zone)
+
     def node_records(self, name: str) -> dict[ServicePortKey, ServicePortState]:
         """Every service's records for node ``name``."""
-        zone = self.store.zone(name)
-        out: dict[ServicePortKey, ServicePortState] = {}
-        for cache in self.caches.values():
-            out.update(cache.records(name, zone))
+        out = dict(self.shared(self.store.zone(name)))
+        for records in self.own(name):
+            out.update(records)
         return out
 
     def defer(self, services: Iterable[ObjKey]) -> None:
-        """Note services changed before sync, for ``initial_fill``."""
+        """Note services changed before sync, for ``compute_deferred``."""
         self._deferred.update(services)
 
-    def initial_fill(self, names: Iterable[str]) -> InitialFill:
-        """Compute every noted service once and fill the records of views ``names``."""
-        fill = InitialFill({name: self.store.zone(name) for name in names})
+    def compute_deferred(self) -> None:
+        """Compute every noted service once; one that fails is left out alone (logged,
+        counted) until it changes again."""
         for svc in self._deferred:
-            self._compute_initial(svc, fill)
+            try:
+                cache = self.compute(svc)
+            except Exception:  # noqa: BLE001 - one service's failure stays its own
+                log.exception("computing service %s/%s failed: it is served without it "
+                              "until it changes again", *svc)
+                metrics.SERVICE_ERRORS.inc()
+                continue
+            self.keep(svc, cache)
         self._deferred.clear()
-        return fill
 
-    def _compute_initial(self, svc: ObjKey, fill: InitialFill) -> None:
-        """Compute one service for sync; a failure leaves it out alone (logged, counted)."""
-        try:
-            cache = self.compute(svc)
-            fill.add(cache)
-        except Exception:  # noqa: BLE001 - one service's failure stays its own
-            log.exception("computing service %s/%s failed: it is served without it until "
-                          "it changes again", *svc)
-            metrics.SERVICE_ERRORS.inc()
-            return
-        self.keep(svc, cache)
 
+def _records(svc: ObjKey, cache: NodeClassCache, name: str, zone: str) -> Records:
+    """A service's records for one node; none when that fails (logged, counted): the
+    node is served without it until it changes again."""
+    try:
+        return cache.records(name, zone)
+    except Exception:  # noqa: BLE001 - one service's failure stays its own
+        log.exception("computing service %s/%s for node %s failed: it is left out until "
+                      "it changes again", *svc, name or "<cluster>")
+        metrics.SERVICE_ERRORS.inc()
+        return {}

@@ -2,9 +2,11 @@
 
 ``Changelog.publish`` takes what a batch touched in the store, has the services
 recomputed, diffs each view's old and new records and appends the ops (and the
-state digest after them) to the views that changed, under one new revision. Before
-sync only nodes are published (nothing is served yet); ``start`` gives every view
-its first records and digest at once.
+state digest after them) to the views that changed, under one new revision. A view
+is made when a client first asks for it (nothing is computed for a node nobody
+watches): a copy of its zone's shared records with its own on top, and their digest
+from terms computed once. Before sync nothing is published (nothing is served yet);
+``start`` computes every service listed once.
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ from typing import Any
 from svcproxy.convert import DIGEST_MASK
 from svcproxy.frontend import metrics
 from svcproxy.frontend.computation.compute import NodeClassCache
-from svcproxy.frontend.computation.initial import TermCache
 from svcproxy.frontend.computation.records import ServiceRecords
 from svcproxy.frontend.publication.digests import Digests, add_digest, node_delta, nodes_term
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.publication.wire import WireOp, delete_node, diff_with_digest, set_node
 from svcproxy.frontend.store.store import ObjKey, Store, Touched, node_info
-from svcproxy.model import ServicePortKey
+from svcproxy.model import ServicePortKey, ServicePortState
 
 log = logging.getLogger(__name__)
 # Called after each published revision with the ops of every view it changed.
@@ -43,7 +44,9 @@ class Changelog:
         # frontend never serves a revision an older instance handed out.
         self.revision = int(time.time() * 1e6)
         self.digests = Digests()
-        self.views: dict[str, NodeView] = {CLUSTER_VIEW: self._new_view(CLUSTER_VIEW)}
+        self.views: dict[str, NodeView] = {}
+        # Zone -> its shared records and the sum of their digest terms.
+        self._shared_terms: dict[str, tuple[dict[ServicePortKey, ServicePortState], int]] = {}
         self.listeners: list[PublishListener] = []
         self.started = False
 
@@ -52,20 +55,46 @@ class Changelog:
 
     # ---- views ---------------------------------------------------------
     def view(self, name: str) -> NodeView:
-        """The view of a node, created (with all current records) on first use."""
+        """The view of a node (``CLUSTER_VIEW``: of every node), made on first use."""
         view = self.views.get(name)
         if view is None:
             view = self.views[name] = self._new_view(name)
-            view.records.update(self.records.node_records(name))
-            if name in self.store.nodes:
-                view.node = node_info(self.store.nodes[name])
             if self.started:
-                # A view forgotten and made again must not resume its old clients: its
-                # history starts at a revision none of them can hold.
+                # A view made (or forgotten and made again) must not resume its old
+                # clients: its history starts at a revision none of them can hold.
                 self.revision += 1
-                view.history_start = view.revision = self.revision
-                view.digest = self.digests.of(view)
+                self._fill(view)
         return view
+
+    def _fill(self, view: NodeView) -> None:
+        """Give ``view`` its nodes, records and digest at the current revision."""
+        nodes = self.store.nodes
+        if view.name == CLUSTER_VIEW:
+            view.nodes = {name: node_info(nodes[name]) for name in sorted(nodes)}
+        else:
+            view.node = node_info(nodes[view.name]) if view.name in nodes else None
+        shared = self.records.shared(self.store.zone(view.name))
+        total = self._shared_total(self.store.zone(view.name), shared)
+        records = dict(shared)
+        term = self.digests.record_term
+        for own in self.records.own(view.name):
+            for key, rec in own.items():
+                old = shared.get(key)
+                total += term(rec) - (term(old) if old is not None else 0)
+            records.update(own)
+        view.records = records
+        view.history.clear()
+        view.history_ops = 0
+        view.history_start = view.revision = self.revision
+        view.digest = (nodes_term(view) + total) & DIGEST_MASK
+
+    def _shared_total(self, zone: str, shared: dict[ServicePortKey, ServicePortState]) -> int:
+        """The sum of the digest terms of a zone's shared records (unmasked)."""
+        hit = self._shared_terms.get(zone)
+        if hit is None or hit[0] is not shared:
+            hit = self._shared_terms[zone] = (
+                shared, sum(map(self.digests.record_term, shared.values())))
+        return hit[1]
 
     def watch(self, name: str) -> NodeView:
         """The view of ``name``, counted as watched by one more stream."""
@@ -88,31 +117,24 @@ class Changelog:
     # ---- sync ----------------------------------------------------------
     def start(self) -> None:
         """At sync: no revision before it can be resumed from, each service listed is
-        computed once (per node class) and every view gets its records and digest once."""
+        computed once (its node classes when a view needs them) and every view made
+        before gets its first state."""
         self.revision += 1
-        fill = self.records.initial_fill(self.views)
-        terms = TermCache()
+        self.records.compute_deferred()
         for view in self.views.values():
-            view.history.clear()
-            view.history_ops = 0
-            view.history_start = view.revision = self.revision
-            view.records, total = fill.view(view.name, terms)
-            view.digest = (nodes_term(view) + total) & DIGEST_MASK
+            self._fill(view)
         self.started = True
 
     # ---- publishing ----------------------------------------------------
     def publish(self, touched: Touched) -> None:
         """Publish what a batch changed, as one revision of every view it changed."""
-        for name in touched.nodes:
-            if name in self.store.nodes:
-                self.view(name)
+        if not self.started:
+            self.records.defer(touched.services)
+            return
         pending: Pending = {}
         self._publish_nodes(touched.nodes, pending)
-        if self.started:
-            for svc in touched.services:
-                self._publish_service(svc, pending)
-        else:
-            self.records.defer(touched.services)
+        for svc in touched.services:
+            self._publish_service(svc, pending)
         changed = {n: ops for n, ops in pending.items() if ops}
         if not changed:
             return
@@ -129,17 +151,18 @@ class Changelog:
                 self.release(self.views[name])
 
     def _publish_nodes(self, names: set[str], pending: Pending) -> None:
-        cluster = self.views[CLUSTER_VIEW]
+        cluster = self.views.get(CLUSTER_VIEW)
         for name in names:
             node = self.store.nodes.get(name)
             info = node_info(node) if node else None
             op = set_node(info) if info else delete_node(name)
-            pending.setdefault(CLUSTER_VIEW, []).append(op)
-            add_digest(cluster, node_delta(cluster.nodes.get(name), info))
-            if info:
-                cluster.nodes[name] = info
-            else:
-                cluster.nodes.pop(name, None)
+            if cluster is not None:
+                pending.setdefault(CLUSTER_VIEW, []).append(op)
+                add_digest(cluster, node_delta(cluster.nodes.get(name), info))
+                if info:
+                    cluster.nodes[name] = info
+                else:
+                    cluster.nodes.pop(name, None)
             view = self.views.get(name)
             if view is None:
                 continue

@@ -85,10 +85,15 @@ class NodeStatePages:
         check_node_name("GetNodeState", request.node_name)
         if request.page_size < 0:
             raise invalid("GetNodeState", "page_size must be 0 (as many as fit) or more")
-        revision, offset = (decode_token(request.page_token) if request.page_token
-                            else (self.engine.revision, 0))
-        listing = self._listing((request.node_name, revision, request.namespace,
-                                 request.service))
+        # Made first: making a node's view (on its first request) moves the revision.
+        view = self.engine.view(request.node_name)
+        try:
+            revision, offset = (decode_token(request.page_token) if request.page_token
+                                else (self.engine.revision, 0))
+            listing = self._listing((request.node_name, revision, request.namespace,
+                                     request.service))
+        finally:
+            self.engine.release(view)
         if offset > len(listing.services):
             raise invalid("GetNodeState", "page_token is past the end of its listing; start "
                           "again without page_token")

@@ -25,6 +25,7 @@ def _started() -> tuple[Store, Changelog]:
     _apply(store, log, Replace("Node", [node("n1")]), Replace("Service", [service("web")]),
            Replace("EndpointSlice", [slice_("web-1", "web", [endpoint("10.0.0.1", "n1")])]))
     log.start()
+    log.view("n1"), log.view(CLUSTER_VIEW)
     return store, log
 
 
@@ -33,11 +34,32 @@ def test_before_start_nothing_is_computed_and_start_fills_every_view_once() -> N
     _apply(store, log, Upsert("Node", node("n1")), Upsert("Service", service("web")))
     assert log.view("n1").records == {} and not log.records.caches
     log.start()
+    assert log.views.keys() == {"n1"}
     for name in ("n1", CLUSTER_VIEW):
-        view = log.views[name]
+        view = log.view(name)
         assert set(view.records) == {KEY}
         assert view.history_start == view.revision == log.revision and not view.history
         assert view.digest == log.digests.of(view)
+
+
+def test_a_view_is_made_when_first_asked_for_not_for_every_node() -> None:
+    store, log = _changelog()
+    nodes = [node(f"n{i}", f"z{i % 2}") for i in range(4)]
+    _apply(store, log, Replace("Node", nodes), Replace("Service", [service("web")]),
+           Replace("EndpointSlice", [slice_("web-1", "web", [endpoint("10.0.0.1", "n1")])]))
+    log.start()
+    assert log.views == {}
+    before = log.revision
+    mine, other = log.view("n1"), log.view("n2")
+    assert log.revision == before + 2 and log.views.keys() == {"n1", "n2"}
+    assert mine.records[KEY].endpoints["10.0.0.1"].is_local
+    assert not other.records[KEY].endpoints["10.0.0.1"].is_local
+    assert [v.digest for v in (mine, other)] == [log.digests.of(v) for v in (mine, other)]
+    _apply(store, log, Upsert("EndpointSlice",
+                              slice_("web-1", "web", [endpoint("10.0.0.2", "n2")])))
+    assert log.views.keys() == {"n1", "n2"}
+    assert log.view("n3").records == log.view("n1").records
+    assert log.view("n2").records[KEY].endpoints["10.0.0.2"].is_local
 
 
 def test_a_change_is_one_revision_of_the_views_it_changed_told_to_listeners() -> None:

@@ -37,12 +37,28 @@ def test_a_service_with_no_ports_left_is_dropped() -> None:
     assert records.port_keys(WEB) == set() and records.node_records("n1") == {}
 
 
-def test_services_changed_before_sync_are_computed_once_at_the_initial_fill() -> None:
+def test_services_changed_before_sync_are_computed_once_at_sync() -> None:
     store = _store(Upsert("Service", service("web")), Upsert("Service", service("api")))
     records = ServiceRecords(store, proxy_name="")
     records.defer([WEB, ("default", "api")])
-    fill = records.initial_fill(["n1", ""])
-    names = {k.name for k in fill.view("n1", lambda rec: 0)[0]}
-    assert names == {"web", "api"} and set(records.caches) == {WEB, ("default", "api")}
-    again = records.initial_fill(["n1"])
-    assert again.view("n1", lambda rec: 0)[0] == {}
+    assert not records.caches
+    records.compute_deferred()
+    assert set(records.caches) == {WEB, ("default", "api")}
+    assert {k.name for k in records.node_records("n1")} == {"web", "api"}
+    cache = records.caches[WEB]
+    records.compute_deferred()
+    assert records.caches[WEB] is cache
+
+
+def test_a_node_named_by_no_service_gets_its_zones_shared_records() -> None:
+    store = _store(Upsert("Node", node("n1", "z1")), Upsert("Node", node("n2", "z1")),
+                   Upsert("Service", service("web")),
+                   Upsert("EndpointSlice", slice_("web-1", "web", [endpoint("10.0.0.1", "n1")])))
+    records = ServiceRecords(store)
+    records.keep(WEB, records.compute(WEB))
+    shared = records.shared("z1")
+    assert records.node_records("n2") == shared and list(records.own("n2")) == []
+    assert [set(r) for r in records.own("n1")] == [{KEY}]
+    assert records.shared("z1") is shared
+    records.keep(WEB, records.compute(WEB))
+    assert records.shared("z1") is not shared
