@@ -128,7 +128,7 @@ def test_many_syncs_run_it_at_most_once_per_interval_and_a_stale_flow_still_goes
             syncs += 1
             time.sleep(0.01)
         elapsed = time.monotonic() - start
-        assert syncs >= 50
+        assert syncs >= 20
         assert 2 <= reconciler.runs <= 2 + elapsed / interval, (reconciler.runs, syncs)
 
         lab.nft(dnat_to(remaining))
@@ -136,7 +136,7 @@ def test_many_syncs_run_it_at_most_once_per_interval_and_a_stale_flow_still_goes
         made_stale = time.monotonic()
         reconciler.after_sync(both, service(remaining))
         wait_for(lambda: PODS[first] not in lab.entries(), timeout=interval + 10)
-        assert time.monotonic() - made_stale < interval + 2.0
+        assert time.monotonic() - made_stale < interval + 3.0
         assert lab.ask() == remaining
     finally:
         reconciler.close()
@@ -170,7 +170,7 @@ def test_a_deferred_run_sees_every_change_since_the_last_run() -> None:
     dns = state((DNS, "10.96.0.10", 53, 0, {"10.244.1.5": True}))
     gone = flow("10.96.0.10", 53, "10.244.1.5")
     table = StandInTable([gone])
-    reconciler = ConntrackReconciler(lambda: table, families=(4,), min_interval=0.3)
+    reconciler = ConntrackReconciler(lambda: table, families=(4,), min_interval=1.5)
     try:
         assert reconciler.after_sync(None, dns) == 0
         assert reconciler.after_sync(dns, state()) == 0  # deferred
