@@ -9,6 +9,7 @@ Fewer, larger young collections promote far less, and full ones become rare.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,19 @@ def collector_paused() -> Iterator[None]:
     gc.disable()
     try:
         yield
+    finally:
+        if was:
+            gc.enable()
+
+
+async def paused_until(event: asyncio.Event) -> None:
+    """No cyclic collection until ``event`` is set (or this task is cancelled): for the
+    whole initial load, as the sources' threads decode the listing while the loop
+    parses it (``collector_paused`` covers only the loop's part)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        await event.wait()
     finally:
         if was:
             gc.enable()

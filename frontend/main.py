@@ -12,6 +12,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.gctuning import paused_until
 from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import StreamLimits
@@ -95,6 +96,7 @@ class Frontend:
         self.port = 0
         self._server: object = None
         self._source: object = None
+        self._collector: asyncio.Task[None] | None = None
         self.workers: StreamWorkers | None = None
         self.readiness = Readiness(self.engine, opts.apiserver_lost_after)
         certs = opts.tls is not None and opts.tls.client_ca is not None
@@ -104,6 +106,7 @@ class Frontend:
 
     async def start(self) -> None:
         self.engine.loop = asyncio.get_running_loop()
+        self._collector = asyncio.create_task(paused_until(self.engine.synced))
         await self.readiness.start(self.opts.healthz_bind_address)
         servicer = NodeStateServicer(self.engine, self.opts.stream_limits)
         self._server, self.port = await start_server(self.engine, self.opts.listen,
@@ -119,6 +122,8 @@ class Frontend:
         self._source = self.readiness.source = _start_source(self.opts, self.engine)
 
     async def stop(self) -> None:
+        if self._collector is not None:
+            self._collector.cancel()
         self.readiness.stop()
         await asyncio.get_running_loop().run_in_executor(
             None, self._source.stop)  # type: ignore[attr-defined]

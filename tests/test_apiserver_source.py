@@ -36,6 +36,7 @@ class StoreSink:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.events: list[Event] = []
         self.anomalies: list[str] = []
+        self._listing: dict[str, set[Key]] = {}
 
     def __call__(self, events: Sequence[Event]) -> None:
         with self._lock:
@@ -45,10 +46,15 @@ class StoreSink:
 
     def _apply(self, event: Event) -> None:
         if isinstance(event, Replace):
-            for key in [k for k in self.objects if k[0] == event.kind]:
-                del self.objects[key]
+            if event.first:
+                self._listing[event.kind] = set()
+            listed = self._listing[event.kind]
             for obj in event.objs:
+                listed.add((event.kind, *object_ref(obj)))
                 self.objects[(event.kind, *object_ref(obj))] = obj
+            if event.last:
+                for key in [k for k in self.objects if k[0] == event.kind and k not in listed]:
+                    del self.objects[key]
         elif isinstance(event, Upsert):
             key = (event.kind, *object_ref(event.obj))
             old = self.objects.get(key)
@@ -210,6 +216,10 @@ def test_pagination_lists_more_objects_than_the_page_size(fake, start_source) ->
     pages = [params for kind, params in fake.list_requests if kind == "Service"]
     assert [p.get("limit") for p in pages] == ["10", "10", "10"]
     assert [bool(p.get("continue")) for p in pages] == [False, True, True]
+    # Each page handed on as it arrives, as a part of one listing.
+    parts = [e for e in sink.events if isinstance(e, Replace) and e.kind == "Service"]
+    assert [(len(e.objs), e.first, e.last) for e in parts] == [
+        (10, True, False), (10, False, False), (5, False, True)]
 
 
 @pytest.mark.parametrize(

@@ -101,25 +101,26 @@ class KindReflector:
             self._retry_later("list" if listing else "watch", failure)
 
     def _list(self) -> None:
-        """List every object (page by page) and emit one Replace."""
-        items: list[dict[str, Any]] = []
+        """List every object, page by page, each page emitted as a part of one Replace
+        as soon as it is read (the engine parses it while the next page is fetched)."""
         token: str | None = None
-        pages = 0
+        pages = items = 0
         while True:
             body = self._get_page(token)
-            pages += 1
-            items.extend(self.resource.complete(item) for item in body.get("items") or [])
+            objs = [self.resource.complete(item) for item in body.get("items") or []]
             meta = body.get("metadata") or {}
             token = meta.get("continue") or None
+            self._emit(Replace(self.resource.kind, objs, first=pages == 0, last=token is None))
+            pages += 1
+            items += len(objs)
             if token is None:
                 break
-        self._emit(Replace(self.resource.kind, items))
         self.resource_version = str(meta.get("resourceVersion") or "")
         self._backoff.reset()
         self.failing_since = None
         log.info(
             "listed %d %s from %s at resourceVersion %s (%d page%s)",
-            len(items), self.resource.plural, self._server, self.resource_version,
+            items, self.resource.plural, self._server, self.resource_version,
             pages, "" if pages == 1 else "s",
         )
         self._on_listed(self.resource.kind)

@@ -37,11 +37,17 @@ class Replace:
     """The complete current set of one kind (initial list or relist after 410 Gone).
 
     Objects of that kind not listed are deleted. After a Replace of every kind
-    the frontend has synced and starts serving.
+    the frontend has synced and starts serving. A listing may come in parts (the
+    apiserver's pages, handed on as they arrive so they are parsed while the next is
+    fetched): ``first`` on its first part, ``last`` on its last; a part's objects are
+    applied at once, the deletions and the kind's sync at the last part. A listing
+    that never ends is forgotten at the next ``first``.
     """
 
     kind: Kind
     objs: list[dict[str, Any]] = field(default_factory=list)
+    first: bool = True
+    last: bool = True
 
 
 Event = Upsert | Delete | Replace

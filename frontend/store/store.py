@@ -47,6 +47,8 @@ class Store:
         self.slices_of: dict[ObjKey, set[ObjKey]] = {}
         self.nodes: dict[str, Node] = {}
         self.listed: set[Kind] = set()
+        # The keys listed so far, per kind whose listing is coming in parts.
+        self._listing: dict[Kind, set[ObjKey]] = {}
         # Validates every object whatever the source (main.py sets its source and limits).
         self.intake = intake or Intake()
 
@@ -74,8 +76,7 @@ class Store:
         for ev in events:
             try:
                 if isinstance(ev, Replace):
-                    self._replace(ev.kind, ev.objs, touched)
-                    self.listed.add(ev.kind)
+                    self._replace(ev, touched)
                 elif isinstance(ev, Upsert):
                     self._upsert(ev.kind, ev.obj, touched)
                 elif isinstance(ev, Delete):
@@ -132,13 +133,22 @@ class Store:
         elif self.nodes.pop(key[1], None) is not None:
             touched.nodes.add(key[1])
 
-    def _replace(self, kind: Kind, objs: list[dict[str, Any]], touched: Touched) -> None:
+    def _replace(self, ev: Replace, touched: Touched) -> None:
+        """One part of a listing: its objects now, the deletions at its last part."""
+        kind = ev.kind
+        if ev.first or kind not in self._listing:
+            self._listing[kind] = set()
+        listed = self._listing[kind]
+        for obj in ev.objs:
+            listed.add(object_key(kind, obj))
+            self._upsert(kind, obj, touched)
+        if not ev.last:
+            return
+        del self._listing[kind]
         store: dict[Any, Any] = {"Service": self.services, "EndpointSlice": self.slices,
                                  "Node": self.nodes}[kind]
-        listed = {object_key(kind, o) for o in objs}
         for key in list(store):
             full = ("", key) if kind == "Node" else key
             if full not in listed:
                 self._delete(kind, full, touched)
-        for obj in objs:
-            self._upsert(kind, obj, touched)
+        self.listed.add(kind)

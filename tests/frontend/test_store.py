@@ -55,3 +55,23 @@ def test_an_invalid_object_is_refused_alone_and_counted() -> None:
                            Upsert("Service", service("web"))])
     assert touched.services == {WEB} and set(store.services) == {WEB}
     assert _refused("store-test") == 1
+
+
+def test_a_listing_in_parts_applies_each_part_and_deletes_at_its_last() -> None:
+    store = Store()
+    store.apply([Replace("Service", [service("old"), service("web")])])
+    store.apply([Replace("Service", [service("web")], first=True, last=False)])
+    assert set(store.services) == {("default", "old"), WEB} and "Service" in store.listed
+    touched = store.apply([Replace("Service", [service("api")], first=False, last=False)])
+    assert touched.services == {("default", "api")} and ("default", "old") in store.services
+    touched = store.apply([Replace("Service", [], first=False, last=True)])
+    assert touched.services == {("default", "old")}
+    assert set(store.services) == {WEB, ("default", "api")}
+
+
+def test_a_listing_cut_short_is_forgotten_at_the_next_first_part() -> None:
+    store = Store()
+    store.apply([Replace("Node", [node("n1")], first=True, last=False)])
+    assert "Node" not in store.listed
+    store.apply([Replace("Node", [node("n2")], first=True, last=True)])
+    assert set(store.nodes) == {"n2"} and "Node" in store.listed
