@@ -42,6 +42,7 @@ from .socket_level import SocketLevel
 
 T = TypeVar("T")
 NODE = "node1"
+LOCAL_COLD_START = 90.0  # generous: the loaded machine has taken 20 s
 
 
 @contextmanager
@@ -112,11 +113,15 @@ class ScenarioLab:
         return self
 
     def start_backend(self, *extra: str) -> None:
-        """(Re)start the backend process on node1 with the case's flags plus ``extra``."""
+        """(Re)start the backend process on node1 with the case's flags plus ``extra``; in
+        local mode, wait until its own frontend has caught up (its cold start is not the
+        scenarios' to wait for)."""
         if self.agent is not None:
             self.agent.stop()
         self.agent = Process(self._backend_argv(*extra), self.dir / "backend.log",
                              env=self._backend_env()).start()
+        if self.apiserver is not None:
+            self.assert_same_state(timeout=LOCAL_COLD_START)
 
     def _backend_argv(self, *extra: str) -> list[str]:
         flags = (*self.backend.extra_args, *extra)
@@ -189,7 +194,7 @@ class ScenarioLab:
             raise AssertionError(f"no local-mode frontend socket under {self.dir}\n{self.logs()}")
         return f"unix://{found[-1]}"
 
-    def assert_same_state(self, timeout: float = 20.0) -> None:
+    def assert_same_state(self, timeout: float = 30.0) -> None:
         """The state the local-mode backend follows equals what the frontend serves node1
         from the same objects in split mode (polled until both have caught up)."""
         split = f"unix://{self.socket}"
