@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.backends.nft import names
+from svcproxy.backends.nft.claims import build_table, commit, full_text, plan_delta
 from svcproxy.backends.nft.context import family_context, from_node_context
 from svcproxy.backends.nft.service_rules import ServiceRules, render_service
 from svcproxy.backends.nft.skeleton import lb_declarations, render_skeleton
-from svcproxy.backends.nft.claims import build_table, commit, full_text, plan_delta
 from svcproxy.model import NodeInfo, SessionAffinity, TrafficPolicy
 from svcproxy.sdk import resolve_context
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
