@@ -119,6 +119,16 @@ def test_nftables_sections_and_unhonoured_fields_are_named() -> None:
     assert not any(line.startswith("nftables.") for line in lines)
 
 
+def test_a_flag_setting_both_modes_is_not_warned_about_in_nft_mode() -> None:
+    c, _ = effective_config(flags("--proxy-mode=nftables", "--iptables-min-sync-period=2s",
+                                  "--iptables-sync-period=1m"), None)
+    assert c["nftables"]["minSyncPeriod"] == 2.0
+    assert unhonoured_fields(c, "nft") == []
+    c["iptables"]["minSyncPeriod"] = 5.0  # set in the iptables section alone: not nft's
+    assert unhonoured_fields(c, "nft") == [
+        "iptables.minSyncPeriod=5.0: does not apply to backend nft; ignored"]
+
+
 @pytest.mark.parametrize(("patch", "message"), [
     ("ipvs:\n  schedular: rr\n", 'unknown field "ipvs.schedular"'),
     ("hostNameOverride: x\n", 'unknown field "hostNameOverride" (did you mean'),

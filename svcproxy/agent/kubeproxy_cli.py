@@ -183,6 +183,8 @@ def unhonoured_fields(config: dict[str, Any], backend: str) -> list[str]:
     for path, value in sorted(_leaves(config).items()):
         if path in honoured or value == before.get(path) or value in (None, [], {}):
             continue
+        if _mirrors_own_section(config, backend, path, value):
+            continue
         section = path.split(".")[0]
         if section in ("iptables", "ipvs", "nftables", "winkernel"):
             why = f"does not apply to backend {backend}"
@@ -192,6 +194,15 @@ def unhonoured_fields(config: dict[str, Any], backend: str) -> list[str]:
             why = "svcproxy cannot honour it"
         lines.append(f"{path}={_show(value)}: {why}; ignored")
     return lines
+
+
+def _mirrors_own_section(config: dict[str, Any], backend: str, path: str, value: Any) -> bool:
+    """Whether ``path`` holds what the backend's own section holds under the same name, as
+    when one kube-proxy flag (``--iptables-min-sync-period``) set both: honoured there."""
+    section, _, name = path.partition(".")
+    own = config.get(_SECTION_FOR.get(backend, ""), {})
+    return section != _SECTION_FOR.get(backend) and isinstance(own, dict) and \
+        own.get(name) == value
 
 
 def _show(value: Any) -> str:
