@@ -122,14 +122,24 @@ class NftBackend(StagedBackend[PerFamily]):
         # The claims of the applied rules per family; None: the tables are unknown.
         self._tables: dict[int, FamilyTable] | None = None
         self._contexts: dict[int, FamilyContext] = {}
+        self._context_cache: tuple[object, dict[int, FamilyContext]] | None = None
         self._state: NodeState | None = None
         self._retried: set[ServicePortKey] = set()
         self.refusals = Refusals(self.name)
         self.last: SyncReport | None = None
 
     def _family_contexts(self, state: NodeState) -> dict[int, FamilyContext]:
+        """Each family's rendering context; resolved again only for another node context
+        (or, without the agent's, another Node)."""
+        source = state.context if state.context is not None else state.node
+        cached = self._context_cache
+        if cached is not None and (cached[0] is source or cached[0] == source):
+            return cached[1]
         node = node_context(self.config, state, self.node_port_default)
-        return {f: _with_table(from_node_context(node, f), self.table) for f in self.families}
+        contexts = {f: _with_table(from_node_context(node, f), self.table)
+                    for f in self.families}
+        self._context_cache = (source, contexts)
+        return contexts
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         with _collector_paused():
@@ -204,9 +214,9 @@ class NftBackend(StagedBackend[PerFamily]):
         tables: dict[int, FamilyTable] = {}
         text = []
         for i, f in enumerate(self.families):
-            view = FamilyView(values, i)
-            tables[f] = build_table(self._contexts[f], view)
-            text.append(full_text(tables[f], view))
+            rules = {k: r for k, v in values.items() if (r := v[i]) is not None}
+            tables[f] = build_table(self._contexts[f], rules)
+            text.append(full_text(tables[f], rules))
         return tables, "".join(text)
 
     def _isolate_full(self, values: dict[ServicePortKey, PerFamily], text: str,
