@@ -115,6 +115,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._configs: tuple[FamilyConfig, ...] = ()
         self._last_full = 0.0
         self._why = ""
+        self._rewrite = ""  # why the kernel is rewritten whole this sync, or ""
         self._rendered = 0
         self._reports: dict[int, SyncReport] = {}
         # The last full restore tried (values, family index, text): what the line numbers
@@ -182,13 +183,29 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._prepare(state, changes)
         try:
             super().sync(state, changes)
+            if self._rewrite:  # nothing changed, so apply did not run: rewrite all the same
+                self._rewrite_applied()
         finally:
             self._finish()
         self._settle(state)
 
+    def _rewrite_applied(self) -> None:
+        """A full restore of what is applied (a flush was seen, or an hourly resync)."""
+        self._rewrite = ""
+        try:
+            done = self._apply_full(dict(self.applied), list(self._families.values()))
+        except BaseException:
+            self.applied.invalidate()
+            raise
+        if done is not None:
+            self.applied.commit(done)
+
     def _prepare(self, state: NodeState, changes: Changes) -> None:
-        """What render reads (each family's config, the large-cluster mode), and whether
-        everything must be rewritten: then the applied state is dropped (a rebuild)."""
+        """What render reads (each family's config, the large-cluster mode; when either
+        changes the applied state is dropped: everything is rendered and rewritten), and
+        whether the kernel must be rewritten whole although nothing else changed
+        (``_rewrite``: the applied values are written again, not rendered again)."""
+        self._rewrite = ""
         why = ""
         for fam in self._families.values():
             if fam.planner.reconfigure(self.family_config(fam.family, state)):
@@ -201,9 +218,11 @@ class IptablesBackend(StagedBackend[Rendered]):
         if not self.applied.known:
             self._why = "first sync" if changes.reason != "retry" else "retry"
             return
-        self._why = why or self._wants_full(changes)
-        if self._why:
+        if why:
             self.applied.invalidate()
+        else:
+            self._rewrite = self._wants_full(changes)
+        self._why = why or self._rewrite
 
     def _wants_full(self, changes: Changes) -> str:
         """Why everything must be rewritten although the applied state is known, or "".
@@ -245,6 +264,9 @@ class IptablesBackend(StagedBackend[Rendered]):
         families = list(self._families.values())
         if delta.rebuild:
             return self._apply_full(delta.set, families)
+        if self._rewrite:
+            self._rewrite = ""
+            return self._apply_full(after(self.applied, delta), families)
         failed = [fam for fam in families if not self._apply_partial(fam, delta)]
         if not failed:
             return None
@@ -273,15 +295,18 @@ class IptablesBackend(StagedBackend[Rendered]):
         """Full restores of ``values`` (None: all of it applied), once more after a
         failure (a transient one is nobody's fault), then the isolation of the refused."""
         start = self.clock()
-        error = self._try_full(values, families)
-        if error is not None:
-            log.warning("Full sync failed (%s); trying once more", error)
+        try:
             error = self._try_full(values, families)
-        if error is None:
-            if len(families) == len(self._families):
-                self._last_full = start
-            return None
-        return self._isolate(values, error)
+            if error is not None:
+                log.warning("Full sync failed (%s); trying once more", error)
+                error = self._try_full(values, families)
+            if error is None:
+                if len(families) == len(self._families):
+                    self._last_full = start
+                return None
+            return self._isolate(values, error)
+        finally:
+            self._last_try = None  # the whole restore text: not kept past the sync
 
     def _try_full(self, values: Values, families: Iterable[_Family]) -> str | None:
         """One full restore of ``values`` per family: the first error, or None."""
