@@ -151,3 +151,41 @@ def test_the_dataplane_always_ends_as_rendered(
         assert backend.table == {k: (*ips, *suffix) for k, ips in wanted.items()
                                  if ips or suffix}
         assert dict(backend.applied) == backend.table
+
+
+class Refusing(Dataplane):
+    """Takes every item but those holding a refused address, and says which it took."""
+
+    refused = "10.0.0.66"
+
+    def apply(self, delta: Delta[ServicePortKey, tuple[str, ...]]
+              ) -> Delta[ServicePortKey, tuple[str, ...]] | None:
+        self.deltas.append(delta)
+        taken = {k: v for k, v in delta.set.items() if self.refused not in v}
+        if delta.rebuild:
+            self.table.clear()
+        for key in delta.removed:
+            del self.table[key]
+        self.table.update(taken)
+        if len(taken) == len(delta.set):
+            return None
+        return Delta(delta.rebuild, taken, delta.removed,
+                     {k: v for k, v in delta.previous.items() if k in taken})
+
+
+def test_an_item_the_dataplane_refused_keeps_its_value_until_its_record_changes() -> None:
+    backend, kept = Refusing(), {}
+    first = state_of({KEYS[0]: ("10.0.0.1",), KEYS[1]: ("10.0.0.2",)}, 1, kept)
+    backend.sync(first, Changes(frozenset(first.services), True, True, "initial"))
+    bad = state_of({KEYS[0]: ("10.0.0.66",), KEYS[1]: ("10.0.0.3",)}, 2, kept)
+    backend.sync(bad, Changes(frozenset({KEYS[0], KEYS[1]})))
+    assert backend.table == {KEYS[0]: ("10.0.0.1",), KEYS[1]: ("10.0.0.3",)}
+    assert dict(backend.applied) == backend.table
+    # A resync neither renders nor retries the refused version.
+    renders, applies = backend.renders, len(backend.deltas)
+    backend.sync(bad, Changes(frozenset(bad.services), True, True, "periodic"))
+    assert backend.renders == renders and len(backend.deltas) == applies
+    fixed = state_of({KEYS[0]: ("10.0.0.4",), KEYS[1]: ("10.0.0.3",)}, 3, kept)
+    backend.sync(fixed, Changes(frozenset({KEYS[0]})))
+    assert backend.table == dict(backend.applied) == {KEYS[0]: ("10.0.0.4",),
+                                                      KEYS[1]: ("10.0.0.3",)}
