@@ -8,7 +8,10 @@ The stand-in apiserver (tests/fakeapiserver.py) runs in another process with the
 cluster. The frontend runs here as in production (Frontend with --kubeconfig); the
 time spent in ``Engine.submit`` (parse, validation, computation, on the event loop) is
 measured apart from the rest (the listing: HTTP, JSON decoding, in the reflector
-threads). ``--profile`` prints where the event loop thread's CPU goes (cProfile).
+threads). Views are made when a client first asks for one, so the bench then times
+the first snapshot of one node, of every other node and of the cluster view (what
+100 backends and a cluster watcher connecting right after the sync would cost).
+``--profile`` prints where the event loop thread's CPU goes (cProfile).
 """
 
 from __future__ import annotations
@@ -101,6 +104,13 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool) -> None:
           f"{wall - in_submit[0]:.2f} s of the wall time")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    names = sorted(engine.nodes)
+    for what, batch in (("first node", names[:1]), (f"{len(names) - 1} other nodes", names[1:]),
+                        ("the cluster view", [""])):
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        size = sum(len(m) for name in batch for m in engine.snapshot(engine.view(name)))
+        print(f"  then the snapshot of {what}: {time.perf_counter() - t0:.2f} s wall, "
+              f"{time.process_time() - cpu0:.2f} s CPU ({size / 1e6:.1f} MB)")
     await frontend.stop()
 
 

@@ -138,8 +138,12 @@ DIGEST_MASK = (1 << 64) - 1
 
 
 def digest_term(tag: bytes, msg: Message) -> int:
-    data = tag + msg.SerializeToString(deterministic=True)
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+    return term_of(tag, msg.SerializeToString(deterministic=True))
+
+
+def term_of(tag: bytes, data: bytes) -> int:
+    """The term of a message from its deterministic serialisation ``data``."""
+    return int.from_bytes(blake2b(tag + data, digest_size=8).digest(), "little")
 
 
 def service_term(svc: pb.ServicePort) -> int:
@@ -149,10 +153,21 @@ def service_term(svc: pb.ServicePort) -> int:
 
 def endpoint_term(key: pb.ServicePortKey, ep: pb.Endpoint) -> int:
     """The term of one endpoint of the service port ``key``."""
-    return _endpoint_term(_field(1, key.SerializeToString(deterministic=True)), ep)
+    return _endpoint_term(port_key_field(key), ep)
 
 
-def _field(number: int, data: bytes) -> bytes:
+def port_key_field(key: pb.ServicePortKey) -> bytes:
+    """A service port's key as field 1 (of an EndpointOp), what its endpoints' terms hash."""
+    return field_bytes(1, key.SerializeToString(deterministic=True))
+
+
+def endpoint_term_of(key_field: bytes, data: bytes) -> int:
+    """The term of an endpoint from its port's ``key_field`` and its deterministic
+    serialisation ``data``."""
+    return term_of(b"e", key_field + field_bytes(2, data))
+
+
+def field_bytes(number: int, data: bytes) -> bytes:
     """A length-delimited protobuf field (EndpointOp's bytes built without the message)."""
     head = bytearray([number << 3 | 2])
     size = len(data)
@@ -164,13 +179,12 @@ def _field(number: int, data: bytes) -> bytes:
 
 
 def _endpoint_term(key_field: bytes, ep: pb.Endpoint) -> int:
-    data = b"e" + key_field + _field(2, ep.SerializeToString(deterministic=True))
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+    return endpoint_term_of(key_field, ep.SerializeToString(deterministic=True))
 
 
 def record_term(state: pb.ServicePortState) -> int:
     """The terms of a service port and all of its endpoints."""
-    key_field = _field(1, state.service.key.SerializeToString(deterministic=True))
+    key_field = port_key_field(state.service.key)
     total = service_term(state.service)
     for ep in state.endpoints:
         total += _endpoint_term(key_field, ep)

@@ -176,7 +176,7 @@ def test_change_recomputes_only_the_touched_service(monkeypatch: pytest.MonkeyPa
     calls: list[str] = []
     real = compute.node_records
     monkeypatch.setattr(compute, "node_records",
-                        lambda base, n, z, v=None: calls.append(n) or real(base, n, z, v))
+                        lambda base, n, z, *memo: calls.append(n) or real(base, n, z, *memo))
     eng.submit([Upsert("EndpointSlice", slice_("s7", "s7", [endpoint("10.2.0.1")]))])
     # One service, computed once per node class (n1 hosts the endpoint; the rest share).
     assert len(calls) <= 3

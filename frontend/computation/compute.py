@@ -127,14 +127,16 @@ EndpointVariants = dict[tuple[ServicePortKey, str, bool, bool, bool, bool, bool]
 
 
 def node_records(base: ServiceBase, node_name: str, zone: str,
-                 variants: EndpointVariants | None = None
+                 variants: EndpointVariants | None = None,
+                 with_local: dict[ServicePortKey, ServicePort] | None = None
                  ) -> dict[ServicePortKey, ServicePortState]:
     """The records one node gets for one service.
 
-    ``variants`` shares identical endpoint objects between the node
-    classes of one service version.
+    ``variants`` shares identical endpoint objects between the node classes of one
+    service version, ``with_local`` their service ports with local endpoints.
     """
     variants = {} if variants is None else variants
+    with_local = {} if with_local is None else with_local
     out: dict[ServicePortKey, ServicePortState] = {}
     for port in base.ports:
         key = port.service.key
@@ -150,7 +152,10 @@ def node_records(base: ServiceBase, node_name: str, zone: str,
                 marked = variants[vkey] = _marked(e, *vkey[2:])
             eps[e.ip] = marked
         # Only a node hosting endpoints has a local set: its class is its own.
-        svc = replace(port.service, has_local_endpoints=True) if sel.has_local else port.service
+        svc = port.service
+        if sel.has_local:
+            svc = with_local.get(key) or with_local.setdefault(
+                key, replace(svc, has_local_endpoints=True))
         out[key] = ServicePortState(svc, eps)
     return out
 
@@ -163,11 +168,13 @@ class NodeClassCache:
         self._by_class: dict[tuple[str, str, str],
                              Mapping[ServicePortKey, ServicePortState]] = {}
         self._variants: EndpointVariants = {}
+        self._with_local: dict[ServicePortKey, ServicePort] = {}
 
     def records(self, node_name: str, zone: str) -> Mapping[ServicePortKey, ServicePortState]:
         cls = node_class(self.base, node_name, zone)
         found = self._by_class.get(cls)
         if found is None:
-            found = node_records(self.base, node_name, zone, self._variants)
+            found = node_records(self.base, node_name, zone, self._variants,
+                                 self._with_local)
             self._by_class[cls] = found
         return found

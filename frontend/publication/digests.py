@@ -1,64 +1,27 @@
 """State digests (``WatchEvent.digest``): the sum of the terms of a view's nodes and records.
 
 A view's digest is kept up to date by adding each change's delta; ``Digests.of``
-computes it from scratch. A record's term is the sum of its service port's term and
-its endpoints' terms, each computed once: the node classes of a service share their
-service port (by value) and most of their endpoint objects.
+computes it from scratch. A record's term comes from the ``RecordEncoder``: the sum of
+its service port's term and its endpoints' terms, each computed once.
 """
 
 from __future__ import annotations
 
-from svcproxy.convert import (
-    DIGEST_MASK,
-    endpoint_term,
-    endpoint_to_pb,
-    key_to_pb,
-    node_term,
-    node_to_pb,
-    service_term,
-    service_to_pb,
-)
+from svcproxy.convert import DIGEST_MASK, node_term, node_to_pb
+from svcproxy.frontend.publication.encoding import RecordEncoder
 from svcproxy.frontend.publication.views import NodeView
-from svcproxy.model import Endpoint, NodeInfo, ServicePort, ServicePortKey, ServicePortState
-
-# Cached terms past which the caches start again (records and endpoints no longer in
-# use would otherwise be kept for good).
-MAX_CACHED = 2_000_000
+from svcproxy.model import NodeInfo, ServicePortState
 
 
 class Digests:
-    """Digest terms of records, cached per record object, service port and endpoint."""
+    """Digest terms of records, from the encoder's cache."""
 
-    def __init__(self) -> None:
-        self._records: dict[int, tuple[ServicePortState, int]] = {}
-        self._services: dict[ServicePort, int] = {}
-        # By object, kept with its port's key: an endpoint's term depends on the port.
-        self._endpoints: dict[int, tuple[Endpoint, ServicePortKey, int]] = {}
+    def __init__(self, encoder: RecordEncoder | None = None) -> None:
+        self.encoder = encoder or RecordEncoder()
 
     def record_term(self, rec: ServicePortState) -> int:
         """The digest term of a record (``convert.record_term`` of its message)."""
-        hit = self._records.get(id(rec))
-        if hit is not None and hit[0] is rec:
-            return hit[1]
-        if len(self._records) + len(self._endpoints) + len(self._services) > MAX_CACHED:
-            self.__init__()  # type: ignore[misc]
-        svc = rec.service
-        total = self._services.get(svc)
-        if total is None:
-            total = self._services[svc] = service_term(service_to_pb(svc))
-        key_pb = None
-        for ep in rec.endpoints.values():
-            known = self._endpoints.get(id(ep))
-            if known is None or known[0] is not ep or (known[1] is not svc.key
-                                                       and known[1] != svc.key):
-                if key_pb is None:
-                    key_pb = key_to_pb(svc.key)
-                known = self._endpoints[id(ep)] = (ep, svc.key,
-                                                   endpoint_term(key_pb, endpoint_to_pb(ep)))
-            total += known[2]
-        total &= DIGEST_MASK
-        self._records[id(rec)] = (rec, total)
-        return total
+        return self.encoder.term(rec)
 
     def of(self, view: NodeView) -> int:
         """The state digest of ``view`` computed from scratch."""

@@ -1,8 +1,8 @@
 """What a Watch stream sends first: the batch it missed, or a reset and a full snapshot.
 
 A snapshot is encoded one message at a time as the stream writes it; the serialised
-``replace_service`` op of each record is cached by record object and shared by every
-stream (and by GetNodeState's pages).
+``replace_service`` op of each record comes from the digests' ``RecordEncoder`` (cached
+by record object, shared by every stream and by GetNodeState's pages).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from svcproxy.frontend.publication.changelog import Changelog
 from svcproxy.frontend.publication.views import NodeView
 from svcproxy.frontend.publication.wire import (
     MESSAGE_BYTES,
-    WireOp,
     chunk_events,
-    replace_service,
     set_node,
 )
 from svcproxy.model import ServicePortState
@@ -30,7 +28,7 @@ class Snapshots:
 
     def __init__(self, changelog: Changelog) -> None:
         self.changelog = changelog
-        self._ops: dict[int, tuple[ServicePortState, WireOp]] = {}
+        self.encoder = changelog.digests.encoder
 
     def catch_up(self, view: NodeView, since: int) -> tuple[int, Iterable[bytes]]:
         """Where a stream whose client last applied ``since`` starts: its cursor and the
@@ -59,26 +57,12 @@ class Snapshots:
         out = [set_node(n).data for n in view.nodes.values()]
         if view.node is not None:
             out.append(set_node(view.node).data)
-        live: dict[int, tuple[ServicePortState, WireOp]] = {}
-        for rec in view.records.values():
-            hit = self._ops.get(id(rec))
-            if hit is None or hit[0] is not rec:
-                hit = (rec, replace_service(rec))
-            live[id(rec)] = hit
-            out.append(hit[1].data)
-        self._ops.update(live)
-        if len(self._ops) > 4 * max(1, len(live)) + 100000:
-            self._ops = live
+        out += map(self.encoder.op, view.records.values())
         return out
 
     def service_op(self, rec: ServicePortState) -> bytes:
-        """The serialised replace_service op of ``rec``, from the snapshot ops' cache."""
-        hit = self._ops.get(id(rec))
-        if hit is None or hit[0] is not rec:
-            if len(self._ops) > 1_000_000:
-                self._ops = {}
-            hit = self._ops[id(rec)] = (rec, replace_service(rec))
-        return hit[1].data
+        """The serialised replace_service op of ``rec``."""
+        return self.encoder.op(rec)
 
 
 def _measured(msgs: Iterator[bytes]) -> Iterator[bytes]:
