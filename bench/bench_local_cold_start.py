@@ -2,16 +2,26 @@
 in the kernel (the first full sync done), nft backend, in a network namespace this script
 creates (the stand-in apiserver runs in it too).
 
-    .venv/bin/python bench/bench_local_cold_start.py [SERVICES ...]   (default 1000 5000 10000)
+    .venv/bin/python bench/bench_local_cold_start.py [--breakdown] [SERVICES ...]
+    (default 1000 5000 10000)
 
 local: `svcproxy backend --config` with clientConnection.kubeconfig and no frontend address
 (the frontend's computation in process). split: a frontend already running and synced on
-a unix socket, the backend started alone.
+a unix socket, the backend started alone. kube-proxy: the issue's figures for its
+iptables-legacy first sync on this machine (not run here).
+
+--breakdown splits each cold start into phases, from the time each of the backend's log
+lines reaches this script (-v=4): startup (interpreter, imports, configuration, backend
+set up, sysctls), the in-process frontend's start (its imports - the kubernetes client -
+and its API server), the apiserver list and the frontend's sync, the first state through
+the SDK's channel (the node's view made, sent, decoded), the backend's render, the text of
+the nft transaction, and the kernel applying it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +31,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = f"svcp-bench-cold-{os.getpid()}"
+KUBE_PROXY = {1000: 0.57, 5000: 1.81, 10000: 4.43}
+# (phase, the log line that ends it); a phase whose line is missing is left out.
+PHASES = [
+    ("startup", "Local mode: starting"),
+    ("frontend start", "watching the apiserver"),
+    ("list + sync", "frontend synced"),
+    ("first state", "applied the first state"),
+    ("sync", "Synced fully (initial"),
+]
+SPLIT_PHASES = [("agent startup", "Backend nft on node"), *PHASES[3:]]
+NFT_TIMES = re.compile(r"nft replace sync .* diff ([0-9.]+) ms, apply ([0-9.]+) ms")
 APISERVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
@@ -50,13 +71,37 @@ def in_ns(*cmd: str, **kw) -> subprocess.Popen[str]:  # type: ignore[no-untyped-
     return subprocess.Popen(["ip", "netns", "exec", NS, *cmd], text=True, **kw)
 
 
-def until_synced(proc: subprocess.Popen[str]) -> float:
-    """Seconds until the backend logs its first full sync (its services are programmed)."""
+def until_synced(proc: subprocess.Popen[str], start: float) -> dict[str, float]:
+    """When (seconds after ``start``) the backend logged each phase's line, until its
+    first full sync (its services are programmed); "text" and "apply" are nft's own
+    figures for its transaction."""
     assert proc.stderr is not None
+    marks: dict[str, float] = {}
     for line in proc.stderr:
-        if "Synced fully (initial" in line:
-            return time.monotonic()
+        now = time.monotonic() - start
+        for phase, text in (*PHASES, SPLIT_PHASES[0]):
+            if text in line and phase not in marks:
+                marks[phase] = now
+        if m := NFT_TIMES.search(line):
+            marks["text"], marks["apply"] = float(m[1]) / 1e3, float(m[2]) / 1e3
+        if "sync" in marks:
+            return marks
     raise RuntimeError("the backend ended before syncing")
+
+
+def phases(marks: dict[str, float], names: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """Each phase's duration; the sync split into render (and the rest of the SDK's
+    diff), the transaction's text and the kernel's apply."""
+    out, last = [], 0.0
+    for phase, _ in names:
+        if phase in marks:
+            out.append((phase, marks[phase] - last))
+            last = marks[phase]
+    if out and out[-1][0] == "sync" and "apply" in marks:
+        sync = out.pop()[1]
+        out += [("render", sync - marks["text"] - marks["apply"]), ("text", marks["text"]),
+                ("kernel apply", marks["apply"])]
+    return out
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -68,19 +113,19 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
-def backend(conf: Path, env: dict[str, str]) -> float:
+def backend(conf: Path, env: dict[str, str]) -> dict[str, float]:
     start = time.monotonic()
     proc = in_ns(sys.executable, "-m", "svcproxy.cli", "backend", f"--config={conf}",
                  "--hostname-override=node-a", "-v=4", env=env, stdout=subprocess.DEVNULL,
                  stderr=subprocess.PIPE)
     try:
-        return until_synced(proc) - start
+        return until_synced(proc, start)
     finally:
         stop(proc)
         in_ns("nft", "delete", "table", "ip", "svcproxy").wait()
 
 
-def measure(services: int, work: Path) -> tuple[float, float]:
+def measure(services: int, work: Path) -> tuple[dict[str, float], dict[str, float]]:
     kubeconfig = work / "kubeconfig"
     api = in_ns(sys.executable, "-c", APISERVER, str(ROOT), str(services), str(kubeconfig),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -112,18 +157,32 @@ def measure(services: int, work: Path) -> tuple[float, float]:
         stop(api)
 
 
-def main(sizes: list[int]) -> None:
+def show(label: str, marks: dict[str, float], names: list[tuple[str, str]]) -> None:
+    print(f"{'':>8} {label:<6} " + ", ".join(f"{p} {t:.2f}s" for p, t in phases(marks, names)))
+
+
+def main(sizes: list[int], breakdown: bool) -> None:
     subprocess.run(["ip", "netns", "add", NS], check=True)
     try:
         subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
-        print(f"{'services':>8} {'local mode':>11} {'split mode':>11}")
+        print(f"load average {os.getloadavg()[0]:.1f} at the start")
+        print(f"{'services':>8} {'local mode':>11} {'split mode':>11} {'kube-proxy':>11} "
+              f"{'local/kube-proxy':>17}")
         for n in sizes:
             with tempfile.TemporaryDirectory() as work:
                 local, split = measure(n, Path(work))
-            print(f"{n:>8} {local:>10.2f}s {split:>10.2f}s", flush=True)
+            kp = KUBE_PROXY.get(n)
+            ref = (f"{kp:>10.2f}s {local['sync'] / kp:>16.2f}x" if kp else f"{'-':>11}")
+            print(f"{n:>8} {local['sync']:>10.2f}s {split['sync']:>10.2f}s {ref}", flush=True)
+            if breakdown:
+                show("local", local, PHASES)
+                show("split", split, SPLIT_PHASES)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         subprocess.run(["ip", "netns", "del", NS], check=False)
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [1000, 5000, 10000])
+    flags = {a for a in sys.argv[1:] if a.startswith("-")}
+    main([int(a) for a in sys.argv[1:] if not a.startswith("-")] or [1000, 5000, 10000],
+         "--breakdown" in flags)

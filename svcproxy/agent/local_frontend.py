@@ -33,6 +33,7 @@ class LocalFrontend:
         self._frontend: Any = None
 
     def start(self, timeout: float = 60.0) -> str:
+        log.debug("Local mode: starting the frontend in process")
         from svcproxy.frontend.main import Frontend, FrontendOptions
 
         opts = FrontendOptions(listen=self.target, kubeconfig=self.kubeconfig,

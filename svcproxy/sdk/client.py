@@ -305,6 +305,9 @@ class NodeStateClient:
             if before is not None and not before.full:
                 self._reconcile(before)
             self.revision = events[-1].revision
+            if not self._synced:
+                log.info("applied the first state of %s: %d service ports at revision %d",
+                         self.node_name or "<cluster>", len(self._services), self.revision)
             self._synced = True
             self._check_digest(events[-1])
             self._cond.notify_all()
