@@ -261,3 +261,30 @@ def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, mak
     assert "30999" in ns_exec(lab.node, "ipset", "list", "KUBE-NODE-PORT-TCP")
     assert lab.names("10.97.3.250", 80, 1) == [f"pod{1 + 999 % 3}"]
     assert lab.names("10.100.0.1", 30999, 1) == [f"pod{1 + 999 % 3}"]
+
+
+def test_a_rebuild_with_nothing_changed_sends_nothing_to_ipvs(lab: IpvsLab, make) -> None:
+    """A rebuild (here a reconnect's full sync) reads the kernel back (IPv4 and IPv6
+    service addresses on kube-ipvs0 included) and finds nothing to change: no IPVS
+    request, no address unbound and bound again (it would be missing while the ipsets
+    and rules are rewritten); a periodic resync sends nothing either; a change after
+    them sends only its own request."""
+    d = make()
+    web = port_state("web", "10.96.0.19", pods(1, 2))
+    six = port_state("six", "fd00:96::19", [])
+    d.sync(web, six)
+    sent: list[str] = []
+    for sock in (d.backend.ipvs, d.backend.route):
+        apply = sock.apply
+
+        def recording(requests, apply=apply):  # type: ignore[no-untyped-def]
+            sent.extend(r.what for r in requests)
+            return apply(requests)
+
+        sock.apply = recording
+    d.sync(web, six, reason="initial")
+    d.sync(web, six, reason="periodic")
+    assert sent == []
+    assert lab.names("10.96.0.19", 80, 2) != []
+    d.partial(port_state("web", "10.96.0.19", pods(1, 2, 3)))
+    assert sent == ["add real server 10.244.3.2:8080 to TCP/10.96.0.19:80"]

@@ -117,12 +117,17 @@ def test_an_invalid_version_keeps_the_last_valid_plan(
     delta = backend.diff(node_state([bad], 2), changed(bad))
     assert not delta, "the last valid version's plan is what is applied already"
     assert a.key in backend.refusals
-    backend.sync(node_state([bad], 3), Changes(frozenset(), full=True, reason="periodic"))
-    assert set(ipvs.servers) == {sid(1)}, "kept through a rebuild"
+    backend.sync(node_state([bad], 3), Changes(frozenset(), full=True, reason="initial"))
+    assert set(ipvs.servers) == {sid(1)}, "kept through a rebuild (a reconnect)"
 
 
-def test_a_full_sync_rebuilds_from_what_the_kernel_holds(
-        backend: IpvsBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resync_is_a_diff_and_an_hourly_one_rebuilds_from_the_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A periodic resync with nothing changed renders and sends nothing (a change never
+    waits behind a rewrite); once ``full_sync_interval`` has passed it reads the kernel
+    back and repairs what was changed behind the backend's back, as a reconnect does."""
+    now = [0.0]
+    backend = IpvsBackend(CONFIG, IpvsOptions(), families=(4,), clock=lambda: now[0])
     ipvs, route, recorded = stand_in(backend, monkeypatch)
     state = node_state([web(1, 1, 2), web(2, 3)])
     backend.sync(state, full(state))
@@ -131,13 +136,23 @@ def test_a_full_sync_rebuilds_from_what_the_kernel_holds(
     foreign = ServiceId("TCP", "10.96.0.99", 80)
     ipvs.servers[foreign] = genl.ServiceSpec(foreign)
     ipvs.dests_of[foreign] = {}
-    ipset = len(recorded.ipset)
+    dumps, sent, ipset = ipvs.dumps, len(ipvs.sent), len(recorded.ipset)
 
-    backend.sync(state, Changes(frozenset(), full=True, reason="periodic"))
+    now[0] = 3599.0
+    backend.sync(state, full(state, "periodic"))
+    assert (ipvs.dumps, len(ipvs.sent), len(recorded.ipset)) == (dumps, sent, ipset)
+
+    now[0] = 3600.0
+    backend.sync(state, full(state, "periodic"))
     assert set(ipvs.servers) == {sid(1), sid(2)}
     assert ipvs.dests_of[sid(2)] == {DestId("10.244.3.2", 8080): 1}
     assert route.bound() == {"10.96.0.1", "10.96.0.2"}
     assert "swap" in recorded.ipset[ipset], "every ipset rewritten"
+    assert recorded.iptables, "the rules rewritten"
+
+    del ipvs.servers[sid(1)], ipvs.dests_of[sid(1)]
+    backend.sync(state, full(state, "initial"))  # a reconnect: full, not periodic
+    assert set(ipvs.servers) == {sid(1), sid(2)}
 
 
 def test_after_a_failed_apply_the_next_sync_rebuilds(
@@ -209,18 +224,19 @@ def entries(backend: IpvsBackend) -> set[tuple[str, str]]:
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.integers(-len(KEYS), len(POOL) - 1), min_size=1, max_size=4),
-                min_size=1, max_size=6))
+@given(st.lists(st.tuples(st.lists(st.integers(-len(KEYS), len(POOL) - 1), min_size=1,
+                                   max_size=4), st.booleans()), min_size=1, max_size=6))
 def test_changes_one_by_one_end_where_a_rebuild_does(
-        monkeypatch: pytest.MonkeyPatch, steps: list[list[int]]) -> None:
+        monkeypatch: pytest.MonkeyPatch, steps: list[tuple[list[int], bool]]) -> None:
     """Any sequence of changes (a service port set to another version, or removed: a
-    negative index) programs what one rebuild from the last state programs."""
+    negative index), each sent as a change or left to a periodic resync, programs what
+    one rebuild from the last state programs."""
     backend = IpvsBackend(CONFIG, IpvsOptions(graceful_termination_timeout=0), families=(4,))
     ipvs, route, _ = stand_in(backend, monkeypatch)
     current: dict[object, ServicePortState] = {}
     state = node_state([])
     backend.sync(state, full(state))
-    for revision, step in enumerate(steps, 2):
+    for revision, (step, periodic) in enumerate(steps, 2):
         keys = set()
         for index in step:
             if index < 0:
@@ -231,7 +247,8 @@ def test_changes_one_by_one_end_where_a_rebuild_does(
                 current[POOL[index].key] = POOL[index]
                 keys.add(POOL[index].key)
         state = node_state(current.values(), revision)
-        backend.sync(state, Changes(frozenset(keys)))  # type: ignore[arg-type]
+        backend.sync(state, full(state, "periodic") if periodic
+                     else Changes(frozenset(keys)))  # type: ignore[arg-type]
     fresh = IpvsBackend(CONFIG, IpvsOptions(), families=(4,))
     fresh_ipvs, fresh_route, _ = stand_in(fresh, monkeypatch)
     fresh.sync(state, full(state))

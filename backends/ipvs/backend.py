@@ -3,10 +3,12 @@
 Built as any backend on the SDK is (``StagedBackend``): ``render`` turns one service
 port into its ``PortPlan`` (pure), ``diff`` (the SDK's) compares the plans with the
 applied ones, which the SDK tracks, and ``apply`` programs the difference. A rebuild
-(first sync, any full sync, a new node context, after a failure) reads the IPVS
-services and the addresses on kube-ipvs0 back from the kernel and rewrites every
-ipset and the fixed iptables rules; otherwise only the changed service ports are
-rendered and only their difference is sent. Draining real servers are deleted by a
+(first sync, a full sync after a reconnect or a failure, a new node or node context,
+and a periodic resync once an hour) reads the IPVS services and the addresses on
+kube-ipvs0 back from the kernel and rewrites every ipset and the fixed iptables rules;
+otherwise, periodic resyncs included, only the service ports whose record changed are
+rendered and only their difference is sent (a resync with nothing changed sends
+nothing, so a change never waits behind a rewrite). Draining real servers are deleted by a
 small background check once their connections are gone (or after the bound).
 """
 
@@ -16,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
@@ -104,8 +106,11 @@ class IpvsBackend(StagedBackend[PortPlan]):
     name = "ipvs"
 
     def __init__(self, config: NodeConfig, options: IpvsOptions,
-                 families: Iterable[int] | None = None) -> None:
+                 families: Iterable[int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
+        self.clock = clock
+        self._last_rebuild = -float("inf")
         self.config = config
         self.options = options
         self.families = tuple(families) if families else ((4, 6) if ipv6_enabled() else (4,))
@@ -164,18 +169,17 @@ class IpvsBackend(StagedBackend[PortPlan]):
     # -- sync --------------------------------------------------------------------------
 
     def sync(self, state: NodeState, changes: Changes) -> None:
-        """render -> diff -> apply (``StagedBackend.sync``); a full sync, a new node or
-        node context, or a previous failure rebuilds; the kernel's refusal of some
-        virtual servers refuses their service ports and syncs again without them."""
+        """render -> diff -> apply (``StagedBackend.sync``), a rebuild when ``_rebuilds``
+        says so; the kernel's refusal of some virtual servers refuses their service ports
+        and syncs again without them."""
         with self.lock:
             self._setup()
             self.refusals.prune(state.services)
             self._forget_gone(state, changes)
-            basis = (state.node, state.context)
-            if changes.full or basis != self._basis or not self.applied.known:
+            if self._rebuilds(state, changes):
                 self.node_context = self._node_context(state)
                 self.ctx = self._context(self.node_context)
-                self._basis = basis
+                self._basis = (state.node, state.context)
                 self._reason = changes.reason
                 self.applied.invalidate()  # rebuild: everything rendered, the kernel read
             for round_ in range(MAX_ROUNDS + 1):
@@ -194,6 +198,16 @@ class IpvsBackend(StagedBackend[PortPlan]):
                     # removes what it half-created for a refused service port.
                     self._reason = "retry"
             self._reap_now()
+
+    def _rebuilds(self, state: NodeState, changes: Changes) -> bool:
+        """A rebuild: nothing applied yet (first sync, after a failure), a full sync that
+        is not the periodic one (a reconnect), a new node or node context, or a periodic
+        resync after ``full_sync_interval``."""
+        if not self.applied.known or (state.node, state.context) != self._basis:
+            return True
+        if changes.reason == "periodic":
+            return self.clock() - self._last_rebuild >= self.options.full_sync_interval
+        return changes.full
 
     def _forget_gone(self, state: NodeState, changes: Changes) -> None:
         """Drop the last valid versions of service ports that are gone."""
@@ -322,6 +336,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
         self._apply_rules(self.node_context)
         self._bring_up(servers, links)
         self._unsure = False
+        self._last_rebuild = self.clock()
         log.info("ipvs: full sync (%s) of %d service ports, %d virtual servers in %.3fs",
                  self._reason, len(plans), len(self.desired.claims),
                  time.monotonic() - started)
