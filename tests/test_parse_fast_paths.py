@@ -7,6 +7,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from svcproxy.frontend.sources.kubevalidation import (
+    _FORBIDDEN_IPV4,
+    CANONICAL_IPV4,
+    _ipv4_problem,
+)
 from svcproxy.frontend.store.objects import canonical_ip, parse_endpoint_slice
 from svcproxy.model import normalize_ip
 
@@ -53,3 +58,11 @@ def test_plain_endpoints_parse_as_the_general_path_does(endpoints: list[dict[str
         assert fast_error is not None and fast_error == str(err)
     else:
         assert fast_error is None and fast == slow
+
+
+@given(st.one_of(st.integers(0, 2**32 - 1), st.sampled_from(
+    [0, 0x7F000001, 0x7FFFFFFF, 0xA9FE0001, 0xA9FF0000, 0xE0000001, 0xE0000100, 0x80000000])))
+def test_forbidden_canonical_ipv4_by_prefix_is_the_rule(n: int) -> None:
+    text = ".".join(str(n >> shift & 255) for shift in (24, 16, 8, 0))
+    assert CANONICAL_IPV4.fullmatch(text)
+    assert text.startswith(_FORBIDDEN_IPV4) == (_ipv4_problem(n) is not None)

@@ -336,6 +336,12 @@ def _is_utf8(text: str) -> bool:
 
 
 _IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})", re.ASCII)
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+# An IPv4 address in canonical form (no leading zeros): nearly every address there is.
+CANONICAL_IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
+# What ``_ipv4_problem`` refuses, as prefixes of canonical addresses (0.0.0.0 is one
+# only of itself): loopback, link-local, link-local multicast.
+_FORBIDDEN_IPV4 = ("0.0.0.0", "127.", "169.254.", "224.0.0.")
 
 
 def _ipv4(text: str) -> int | None:
@@ -626,15 +632,15 @@ def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> bool:
     if type(addresses) is not list or not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES:
         return False
     for address in addresses:
-        n = _ipv4(address) if type(address) is str else None
-        if n is None or _ipv4_problem(n) is not None:
+        if type(address) is not str or not CANONICAL_IPV4.fullmatch(address) or \
+                address.startswith(_FORBIDDEN_IPV4):
             return False
     cond = ep.get("conditions")
     if cond is not None:
         if type(cond) is not dict:
             return False
-        for key in ("ready", "serving", "terminating"):
-            if cond.get(key) is not None and type(cond.get(key)) is not bool:
+        for value in (cond.get("ready"), cond.get("serving"), cond.get("terminating")):
+            if value is not None and value is not True and value is not False:
                 return False
     node = ep.get("nodeName")
     if node not in (None, "") and not (type(node) is str and len(node) <= node_limit

@@ -8,12 +8,12 @@ raises ``ParseError`` with a reason a person can act on.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from svcproxy.frontend.sources.kubevalidation import CANONICAL_IPV4
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,
@@ -167,20 +167,16 @@ def _port(value: Any, where: str, allow_zero: bool = False) -> int:
     return value
 
 
-_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_CANONICAL_IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
-
-
 def canonical_ip(text: str) -> str | None:
     """``normalize_ip``, with IPv4 already in canonical form (nearly every address) taken
     as it is."""
-    if _CANONICAL_IPV4.fullmatch(text):
+    if CANONICAL_IPV4.fullmatch(text):
         return text
     return normalize_ip(text)
 
 
 def _ips(values: list[Any], where: str) -> tuple[str, ...]:
-    if len(values) == 1 and type(values[0]) is str and _CANONICAL_IPV4.fullmatch(values[0]):
+    if len(values) == 1 and type(values[0]) is str and CANONICAL_IPV4.fullmatch(values[0]):
         return (values[0],)
     out = []
     for value in values:
