@@ -189,6 +189,7 @@ def run_mode(label: str, state: NodeState, sync_period: float, window: float, ra
           f"{window:.0f} s ({rate:g}/s){f', {lost} NOT SEEN' if lost else ''}; "
           f"{len(resyncs)} resyncs in the window"
           + (f" ({_ms([e - s for s, e in resyncs])} each)" if resyncs else ""))
+    print(f"   syncs of changes: {_ms([e - s for r, s, e in backend.syncs if r == 'changes'])}")
     print(f"   change -> kernel (nft monitor): {_ms(latencies)}; nft transaction returned: "
           f"{_ms(applied)}" + (f"; the {len(met)} changes that met a resync: max "
                                f"{1e3 * max(met):.1f} ms" if met else ""), flush=True)
