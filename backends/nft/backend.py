@@ -62,23 +62,6 @@ class SyncReport:
     apply_seconds: float
 
 
-def render_all(state: NodeState, ctx: FamilyContext) -> dict[ServicePortKey, ServiceRules]:
-    """Every service port's rules in one family, in a stable order."""
-    return render_records(state.services, ctx)
-
-
-def render_records(
-    records: Mapping[ServicePortKey, ServicePortState], ctx: FamilyContext
-) -> dict[ServicePortKey, ServiceRules]:
-    """The rules of ``records`` in one family, in a stable order."""
-    result: dict[ServicePortKey, ServiceRules] = {}
-    for key in sorted(records):
-        rules = render_service(records[key], ctx)
-        if rules is not None:
-            result[key] = rules
-    return result
-
-
 class FamilyView(Mapping[ServicePortKey, ServiceRules]):
     """One family's rules of per-family values (read only; what ``plan_delta`` reads as
     what each service port applied)."""
