@@ -85,8 +85,16 @@ def until_synced(proc: subprocess.Popen[str], start: float) -> dict[str, float]:
         if m := NFT_TIMES.search(line):
             marks["text"], marks["apply"] = float(m[1]) / 1e3, float(m[2]) / 1e3
         if "sync" in marks:
+            marks["cpu"] = cpu_seconds(proc.pid)
             return marks
     raise RuntimeError("the backend ended before syncing")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` has used (`ip netns exec` execs the
+    backend, so this is the backend's own): on a loaded machine, steadier than wall time."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def phases(marks: dict[str, float], names: list[tuple[str, str]]) -> list[tuple[str, float]]:
@@ -167,13 +175,14 @@ def main(sizes: list[int], breakdown: bool) -> None:
         subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
         print(f"load average {os.getloadavg()[0]:.1f} at the start")
         print(f"{'services':>8} {'local mode':>11} {'split mode':>11} {'kube-proxy':>11} "
-              f"{'local/kube-proxy':>17}")
+              f"{'local/kube-proxy':>17} {'local CPU':>10} {'split CPU':>10}")
         for n in sizes:
             with tempfile.TemporaryDirectory() as work:
                 local, split = measure(n, Path(work))
             kp = KUBE_PROXY.get(n)
             ref = (f"{kp:>10.2f}s {local['sync'] / kp:>16.2f}x" if kp else f"{'-':>11}")
-            print(f"{n:>8} {local['sync']:>10.2f}s {split['sync']:>10.2f}s {ref}", flush=True)
+            print(f"{n:>8} {local['sync']:>10.2f}s {split['sync']:>10.2f}s {ref} "
+                  f"{local['cpu']:>9.2f}s {split['cpu']:>9.2f}s", flush=True)
             if breakdown:
                 show("local", local, PHASES)
                 show("split", split, SPLIT_PHASES)

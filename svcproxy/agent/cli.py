@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from svcproxy.agent.addresses import discover_node_ips
+from svcproxy.agent.collector import pause_collector_for_start
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.durations import parse_duration
 from svcproxy.agent.httpserve import parse_bind_address
@@ -269,6 +270,7 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
     """Run ``backend`` on this node until SIGTERM/SIGINT; returns the exit status."""
     if getattr(args, "cleanup", False):
         return run_cleanup(backend)
+    pause_collector_for_start()
     from svcproxy.sdk.client import NodeStateClient
 
     try:

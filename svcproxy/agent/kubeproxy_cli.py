@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from svcproxy.agent.collector import pause_collector_for_start
 from svcproxy.agent.kubeproxy_config import (
     ConfigError,
     apply_defaults,
@@ -323,7 +324,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
         rest: list[str]) -> int:
-    """Choose the backend, warn about what it does not honour, and run it."""
+    """Choose the backend, warn about what it does not honour, and run it. In local mode
+    the frontend starts first, so that its imports and the apiserver's listing overlap
+    the backend's set-up."""
+    local = None
+    if not flags.get("cleanup") and not flags.get("init-only"):
+        pause_collector_for_start()
+        local = local_frontend(config, rest)
+    if local is None:
+        return run_backend(config, flags, forced, rest, None)
+    local.begin()
+    try:
+        return run_backend(config, flags, forced, rest, local)
+    finally:
+        local.stop()
+
+
+def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
+                rest: list[str], local: LocalFrontend | None) -> int:
+    """Set the backend up and run it, following ``local``'s frontend when given."""
     from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
     from svcproxy.agent.node_agent import programs_dataplane
     from svcproxy.sdk.plugins import installed_backends
@@ -363,18 +382,12 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
                 return _fail("--init-only could not set every sysctl (run it privileged)")
             log.info("Initialization done (--init-only) for %s", backend.name)
             return 0
-    local = local_frontend(config, rest) if not ns.cleanup else None
-    if local is None:
-        return run_agent(backend, node_config, ns)
-    try:
-        ns.api = local.start()
-    except Exception as err:  # noqa: BLE001 - reported as the exit status
-        local.stop()
-        return _fail(f"local mode: cannot watch the apiserver: {err}")
-    try:
-        return run_agent(backend, node_config, ns)
-    finally:
-        local.stop()
+    if local is not None:
+        try:
+            ns.api = local.start()
+        except Exception as err:  # noqa: BLE001 - reported as the exit status
+            return _fail(f"local mode: cannot watch the apiserver: {err}")
+    return run_agent(backend, node_config, ns)
 
 
 def local_frontend(config: dict[str, Any], rest: list[str]) -> LocalFrontend | None:

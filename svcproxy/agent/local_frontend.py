@@ -14,6 +14,7 @@ import logging
 import shutil
 import tempfile
 import threading
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class LocalFrontend:
-    """``start()`` returns the target to connect to; ``stop()`` undoes everything."""
+    """``begin()`` starts the frontend without waiting (its imports, API server and the
+    apiserver's listing then overlap the backend's own set-up); ``start()`` waits for it
+    and returns the target to connect to; ``stop()`` undoes everything."""
 
     def __init__(self, kubeconfig: str | None) -> None:
         self.kubeconfig = kubeconfig
@@ -31,28 +34,44 @@ class LocalFrontend:
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name="svcproxy-local-frontend", daemon=True)
         self._frontend: Any = None
+        self._started: Future[None] | None = None
 
-    def start(self, timeout: float = 60.0) -> str:
+    def begin(self) -> None:
+        """Start the frontend on its thread (once); ``start`` waits for it."""
+        if self._started is not None:
+            return
         log.debug("Local mode: starting the frontend in process")
+        self._thread.start()
+        self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+
+    async def _start(self) -> None:
         from svcproxy.frontend.main import Frontend, FrontendOptions
 
         opts = FrontendOptions(listen=self.target, kubeconfig=self.kubeconfig,
                                in_cluster=self.kubeconfig is None, metrics_bind_address="")
-        self._thread.start()
+        self._frontend = Frontend(opts)
+        await self._frontend.start()
 
-        async def start() -> None:
-            self._frontend = Frontend(opts)
-            await self._frontend.start()
-
-        asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout)
+    def start(self, timeout: float = 60.0) -> str:
+        """Wait until the frontend serves its socket and watches the apiserver; raises
+        what its start raised."""
+        self.begin()
+        assert self._started is not None
+        self._started.result(timeout)
         log.info("Local mode: computing this node's state in process from the apiserver (%s)",
                  self.kubeconfig or "in-cluster config")
         return self.target
 
     def stop(self) -> None:
         if self._thread.is_alive():
+            if self._started is not None:
+                wait([self._started], 60)
             if self._frontend is not None:
-                asyncio.run_coroutine_threadsafe(self._frontend.stop(), self._loop).result(30)
+                try:
+                    asyncio.run_coroutine_threadsafe(self._frontend.stop(),
+                                                     self._loop).result(30)
+                except Exception as err:  # noqa: BLE001 - a start that failed half-way
+                    log.debug("Local mode: stopping the frontend: %s", err)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         shutil.rmtree(self._dir, ignore_errors=True)

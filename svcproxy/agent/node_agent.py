@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 
+from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.conntrack_cli import ConntrackCleaner
 from svcproxy.agent.conntrack_netlink import Ctnetlink
@@ -81,7 +82,7 @@ class NodeAgent:
         self.service_health = ServiceHealthServer(
             self.health, self.context(None).health_check_ips
         )
-        hooks: list[AfterSync] = []
+        hooks: list[AfterSync] = [lambda _old, _new: resume_collector_after_start()]
         self.conntrack = conntrack
         if conntrack is not None:
             if isinstance(conntrack, ConntrackReconciler):
@@ -124,6 +125,7 @@ class NodeAgent:
 
     def close(self) -> None:
         """Close every port the agent opened; no conntrack reconciliation after."""
+        resume_collector_after_start()
         if isinstance(self.conntrack, ConntrackReconciler):
             self.conntrack.close()
         self.service_health.close()
