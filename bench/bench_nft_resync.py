@@ -68,10 +68,13 @@ class Stamped(LibNftRunner):
     def __init__(self) -> None:
         super().__init__()
         self.applied: dict[str, float] = {}
+        self.durations: list[float] = []
 
     def apply(self, text: str) -> None:
+        t0 = time.perf_counter()
         super().apply(text)
         at = time.perf_counter()
+        self.durations.append(at - t0)
         for ip in NEW_ENDPOINT.findall(text):
             self.applied.setdefault(ip, at)
 
@@ -150,6 +153,7 @@ def run_mode(label: str, state: NodeState, sync_period: float, window: float, ra
         monitor.wait_ready()
         time.sleep(1.0)
         backend.syncs.clear()
+        stamped.durations.clear()
         pushed: dict[str, float] = {}
         keys = sorted(state.services)
         count = int(window * rate)
@@ -189,7 +193,8 @@ def run_mode(label: str, state: NodeState, sync_period: float, window: float, ra
           f"{window:.0f} s ({rate:g}/s){f', {lost} NOT SEEN' if lost else ''}; "
           f"{len(resyncs)} resyncs in the window"
           + (f" ({_ms([e - s for s, e in resyncs])} each)" if resyncs else ""))
-    print(f"   syncs of changes: {_ms([e - s for r, s, e in backend.syncs if r == 'changes'])}")
+    print(f"   syncs of changes: {_ms([e - s for r, s, e in backend.syncs if r == 'changes'])};"
+          f" nft transactions: {_ms(stamped.durations)}")
     print(f"   change -> kernel (nft monitor): {_ms(latencies)}; nft transaction returned: "
           f"{_ms(applied)}" + (f"; the {len(met)} changes that met a resync: max "
                                f"{1e3 * max(met):.1f} ms" if met else ""), flush=True)
