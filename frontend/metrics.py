@@ -1,19 +1,35 @@
-"""The frontend's Prometheus metrics."""
+"""The frontend's Prometheus metrics.
+
+Every counter is made with ``counter``: what a stream worker counts of it is shipped to
+the main process (serving/shipping.py), whose /metrics therefore covers every process.
+"""
+
+from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from svcproxy.frontend.loophistogram import LoopHistogram
 
-WATCH_EVENTS = Counter("svcproxy_frontend_source_events_total",
+# The frontend's counters by name, for the stream workers' counts to find them.
+COUNTERS: dict[str, Counter] = {}
+
+
+def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+    """A counter of the frontend's, stream workers' counts included."""
+    COUNTERS[name] = Counter(name, documentation, labels)
+    return COUNTERS[name]
+
+
+WATCH_EVENTS = counter("svcproxy_frontend_source_events_total",
                        "Events received from the sources, by type (upsert, delete, replace).",
                        ["type"])
-REJECTED_OBJECTS = Counter(
+REJECTED_OBJECTS = counter(
     "svcproxy_frontend_rejected_objects_total",
     "Objects (and manifest files, kind File) refused at the edge, by source (apiserver, "
     "manifests, upstream), kind and reason (invalid_name, invalid_port, forbidden_ip, "
     "too_large, internal_error, ...); an object's last valid version stays served.",
     ["source", "kind", "reason"])
-SERVICE_ERRORS = Counter("svcproxy_frontend_service_errors_total",
+SERVICE_ERRORS = counter("svcproxy_frontend_service_errors_total",
                          "Unexpected errors computing one service's records; the service "
                          "keeps its previous records, every other service goes on.")
 REVISION = Gauge("svcproxy_frontend_revision", "The latest revision of the node views.")
@@ -28,5 +44,5 @@ SNAPSHOT_BYTES = Histogram("svcproxy_frontend_snapshot_bytes", "Size of snapshot
                            buckets=(1e3, 1e4, 1e5, 1e6, 1e7, 1e8))
 BATCH_OPS = Histogram("svcproxy_frontend_batch_ops", "Ops per published node batch.",
                       buckets=(1, 2, 5, 10, 100, 1000, 10000, 100000))
-RESETS = Counter("svcproxy_frontend_watch_resets_total",
+RESETS = counter("svcproxy_frontend_watch_resets_total",
                  "Watch streams that had to start over with a snapshot (history gone).")

@@ -13,6 +13,8 @@ import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from svcproxy.frontend.publication.wire import MESSAGE_BYTES
 from svcproxy.frontend.serving import limits
@@ -329,4 +331,63 @@ def test_stream_workers_share_the_caps_and_feed_snapshots_by_message(tmp_path) -
         for ch in channels:
             ch.close()
     finally:
+        fe.stop()
+
+
+def exposed(sample: str, **labels: str) -> float:
+    """A sample's value in the frontend's exposition (its /metrics text), 0 if absent."""
+    text = generate_latest(REGISTRY).decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and s.labels == labels:
+                return s.value
+    return 0.0
+
+
+def test_stream_workers_counts_are_in_the_main_process_metrics(tmp_path) -> None:
+    from svcproxy.frontend.main import FrontendOptions
+    from tests.conftest import RunningFrontend
+    from tests.test_stream_workers import serving_pids
+
+    streams, extra = 16, 8
+    fe = RunningFrontend(FrontendOptions(
+        manifests=copy_examples(tmp_path), listen="127.0.0.1:0", metrics_bind_address="",
+        stream_workers=2, stream_limits=StreamLimits(write_timeout=0.5,
+                                                     max_streams_per_peer=streams))).start()
+    channels: list[grpc.Channel] = []
+    try:
+        fe.submit(bulk(300, 10))
+        workers = fe.frontend.workers
+        wait_for(lambda: workers is not None and len(workers.pids) == 1, timeout=30)
+        target = f"127.0.0.1:{fe.frontend.port}"
+        counted = {"stalled": exposed("svcproxy_frontend_watch_stalled_total"),
+                   "invalid": exposed("svcproxy_frontend_invalid_requests_total",
+                                      method="Watch"),
+                   "refused": exposed("svcproxy_frontend_watch_refused_total", cap="peer")}
+
+        def watch(name: str) -> Any:
+            ch = grpc.insecure_channel(target, options=SMALL_WINDOW)  # its own connection
+            channels.append(ch)
+            return pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name=name))
+
+        stalled = [watch("node-a") for _ in range(streams)]  # none reads: each stalls
+        wait_for(lambda: fe.engine.views["node-a"].watchers == streams, timeout=20)
+        assert set(workers.pids) & serving_pids(fe.frontend.port), "no stream on the worker"
+        wait_for(lambda: exposed("svcproxy_frontend_watch_stalled_total")
+                 == counted["stalled"] + streams, timeout=20)
+
+        invalid = [refusal(lambda: watch("Not_A_Node")) for _ in range(extra)]
+        assert {e.code() for e in invalid} == {grpc.StatusCode.INVALID_ARGUMENT}
+        # The stalled streams hold their slots until their clients go.
+        beyond = [refusal(lambda: watch("node-b")) for _ in range(extra)]
+        assert {e.code() for e in beyond} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        wait_for(lambda: exposed("svcproxy_frontend_invalid_requests_total", method="Watch")
+                 == counted["invalid"] + extra, timeout=10)
+        assert exposed("svcproxy_frontend_watch_refused_total",
+                       cap="peer") == counted["refused"] + extra
+        for call in stalled:
+            assert "--stream-write-timeout" in refusal(lambda c=call: c).details()
+    finally:
+        for ch in channels:
+            ch.close()
         fe.stop()

@@ -21,19 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from prometheus_client import Counter as MetricCounter
+
+from svcproxy.frontend.metrics import counter
 
 log = logging.getLogger(__name__)
 
-REFUSED = MetricCounter("svcproxy_frontend_watch_refused_total",
-                        "Watch and WatchCluster streams refused because a cap was reached, "
-                        "by cap (total, peer).", ["cap"])
-STALLED = MetricCounter("svcproxy_frontend_watch_stalled_total",
-                        "Watch streams ended because their client read nothing for "
-                        "--stream-write-timeout seconds (in the main process; stream "
-                        "workers count their own).")
-INVALID = MetricCounter("svcproxy_frontend_invalid_requests_total",
-                        "Requests refused with INVALID_ARGUMENT, by method.", ["method"])
+REFUSED = counter("svcproxy_frontend_watch_refused_total",
+                  "Watch and WatchCluster streams refused because a cap was reached, "
+                  "by cap (total, peer).", ["cap"])
+STALLED = counter("svcproxy_frontend_watch_stalled_total",
+                  "Watch streams ended because their client read nothing for "
+                  "--stream-write-timeout seconds, stream workers' included.")
+INVALID = counter("svcproxy_frontend_invalid_requests_total",
+                  "Requests refused with INVALID_ARGUMENT, by method.", ["method"])
 
 
 @dataclass(frozen=True, slots=True)

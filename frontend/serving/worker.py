@@ -18,15 +18,14 @@ from multiprocessing.connection import Connection
 import grpc
 from grpc_health.v1 import _async as health_aio
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.publication.views import NodeView
-from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import Refused, StallWatch, WriteClock, peer_address
 from svcproxy.frontend.serving.pipe import Message, Pipe
 from svcproxy.frontend.serving.readiness import API_NAMES, SERVING, not_serving
 from svcproxy.frontend.serving.server import TLSFiles, api_handler, serve_api
+from svcproxy.frontend.serving.shipping import Tally
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
 
 log = logging.getLogger(__name__)
@@ -250,15 +249,13 @@ async def _serving_once_synced(link: ParentLink, health: health_aio.HealthServic
 
 
 async def _ship_metrics(link: ParentLink) -> None:
-    """Send this worker's observations to the main process, which serves /metrics."""
+    """Send what this worker counted to the main process, which serves /metrics."""
+    tally = Tally()
     while not link.closed.is_set():
         await asyncio.sleep(METRICS_INTERVAL)
-        lag = metrics.CLIENT_LAG.take()
-        if lag is not None and not link.closed.is_set():
-            link.pipe.send(("metrics", lag))
-        refused = auth_metrics.take_refusals()
-        if refused and not link.closed.is_set():
-            link.pipe.send(("refusals", refused))
+        shipment = tally.take()
+        if shipment is not None and not link.closed.is_set():
+            link.pipe.send(("metrics", shipment))
 
 
 def worker_main(index: int, config: WorkerConfig, conn: Connection) -> None:

@@ -26,10 +26,9 @@ from functools import partial
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
-from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.frontend.serving import shipping
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pipe import Message, Pipe
@@ -150,10 +149,7 @@ class StreamWorkers:
             worker.feeds.pop(int(message[1]), None)  # type: ignore[call-overload]
             return
         if kind == "metrics":
-            metrics.CLIENT_LAG.add(message[1])  # type: ignore[arg-type]
-            return
-        if kind == "refusals":
-            auth_metrics.add_refusals(message[1])  # type: ignore[arg-type]
+            shipping.receive(message[1])  # type: ignore[arg-type]
             return
         task = asyncio.ensure_future(self._answer(worker, message))
         self._tasks.add(task)

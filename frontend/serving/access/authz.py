@@ -93,7 +93,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     @staticmethod
     async def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, method: str,
                       message: str) -> None:
-        auth_metrics.refused(code.name, method)
+        auth_metrics.REFUSALS.labels(code.name, method).inc()
         log.warning("refused %s from %s: %s", method, context.peer(), message)
         await context.abort(code, message)
 
