@@ -11,7 +11,7 @@ side by side in one run for:
    is a diff against what was applied;
 2. resyncs disabled (``--sync-period`` of an hour): the floor;
 
-alternating over ``--rounds`` (each run a fresh backend), then
+alternating over ``--rounds`` in ABBA order (each run a fresh backend), then
 3. (``--rewrite``) resyncs that rewrite both tables, as the backend did before issue 15.
 
 Usage (root): .venv/bin/python bench/bench_nft_resync.py [--services N] [--window S]
@@ -226,17 +226,21 @@ def _ms(values: list[float]) -> str:
 def inside(args: argparse.Namespace) -> None:
     print(f"== {args.services} services x {args.endpoints} endpoints, changes at "
           f"{args.rate:g}/s for {args.window:.0f} s per run, --min-sync-period 0, "
-          f"{args.rounds} rounds alternating", flush=True)
+          f"{args.rounds} rounds in ABBA order", flush=True)
     state = big_state(args.services, args.endpoints)
     with_ = Figures([], [])
     without = Figures([], [])
     first = 2_000_000
-    for _ in range(args.rounds):
-        with_ += run_mode(f"resyncs every {args.sync_period:g} s", state, args.sync_period,
-                          args.window, args.rate, first)
-        without += run_mode("resyncs disabled", state, 3600.0, args.window, args.rate,
-                            first + 50_000)
-        first += 100_000
+    for round_ in range(args.rounds):
+        # ABBA: each mode runs first in every other round (the machine's load drifts).
+        for mode in ("with", "without") if round_ % 2 == 0 else ("without", "with"):
+            if mode == "with":
+                with_ += run_mode(f"resyncs every {args.sync_period:g} s", state,
+                                  args.sync_period, args.window, args.rate, first)
+            else:
+                without += run_mode("resyncs disabled", state, 3600.0, args.window, args.rate,
+                                    first)
+            first += 50_000
     if args.rewrite:
         run_mode(f"resyncs every {args.sync_period:g} s that rewrite both tables (as before "
                  "issue 15)", state, args.sync_period, args.window, args.rate, first, True)
