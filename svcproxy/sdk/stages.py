@@ -182,8 +182,17 @@ class StagedBackend(Backend, Generic[V]):
     def _moved(self, state: NodeState) -> list[ServicePortKey]:
         """Service ports whose record is not the one last rendered, or that are gone."""
         sources = self._sources
-        moved = [k for k, r in state.services.items() if sources.get(k) is not r]
-        moved += [k for k in sources if k not in state.services]
+        moved: list[ServicePortKey] = []
+        known = 0  # keys of the state that were rendered before (each key hashed once)
+        for key, record in state.services.items():
+            source = sources.get(key)
+            if source is not None:
+                known += 1
+                if source is record:
+                    continue
+            moved.append(key)
+        if known != len(sources):
+            moved += [k for k in sources if k not in state.services]
         return moved
 
     def sync(self, state: NodeState, changes: Changes) -> None:
