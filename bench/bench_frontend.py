@@ -222,7 +222,8 @@ async def run(args: argparse.Namespace) -> None:
     for p in range(args.client_procs):
         parent, child = mp.Pipe()
         proc = mp.Process(target=client_process, daemon=True,
-                          args=(target, names[p::args.client_procs], engine.revision, child,
+                          args=(target, names[p::args.client_procs],
+                                engine.changelog.revision, child,
                                 args.client_sched == "idle", args.client_option))
         proc.start()
         procs.append(proc)
@@ -252,7 +253,7 @@ async def run(args: argparse.Namespace) -> None:
         sent_at = time.time()
         engine.submit([Upsert("EndpointSlice", make_slice(s, args.endpoints, args.nodes,
                                                           flip=i % args.endpoints))])
-        sent[engine.revision] = sent_at
+        sent[engine.changelog.revision] = sent_at
         await asyncio.sleep(args.interval)
     cpu = time.process_time() - cpu0
     gc.callbacks.remove(pauses)

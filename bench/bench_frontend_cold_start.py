@@ -97,18 +97,19 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool) -> None:
         profiler.disable()
     engine = frontend.engine
     print(f"synced in {wall:.2f} s wall, {cpu:.2f} s CPU (this process, every thread): "
-          f"{len(engine.services)} services, {len(engine.slices)} slices, "
-          f"{len(engine.nodes)} nodes")
+          f"{len(engine.store.services)} services, {len(engine.store.slices)} slices, "
+          f"{len(engine.store.nodes)} nodes")
     print(f"  Engine.submit (parse, validate, compute; {in_submit[1]} batches): "
           f"{in_submit[0]:.2f} s; the rest (list: HTTP, JSON, events) "
           f"{wall - in_submit[0]:.2f} s of the wall time")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
-    names = sorted(engine.nodes)
+    names = sorted(engine.store.nodes)
     for what, batch in (("first node", names[:1]), (f"{len(names) - 1} other nodes", names[1:]),
                         ("the cluster view", [""])):
         cpu0, t0 = time.process_time(), time.perf_counter()
-        size = sum(len(m) for name in batch for m in engine.snapshot(engine.view(name)))
+        size = sum(len(m) for name in batch
+                   for m in engine.snapshots.snapshot(engine.changelog.view(name)))
         print(f"  then the snapshot of {what}: {time.perf_counter() - t0:.2f} s wall, "
               f"{time.process_time() - cpu0:.2f} s CPU ({size / 1e6:.1f} MB)")
     await frontend.stop()

@@ -152,7 +152,7 @@ async def run(args: argparse.Namespace) -> None:
     target = f"127.0.0.1:{port}"
     t0 = time.perf_counter()
     engine.submit(make_cluster(args.services, args.endpoints, args.nodes))
-    snapshot = sum(len(m) for m in engine.snapshot(engine.view("n1")))
+    snapshot = sum(len(m) for m in engine.snapshots.snapshot(engine.changelog.view("n1")))
     print(f"cluster: {args.services} services x {args.endpoints} endpoints, {args.nodes} "
           f"nodes, loaded in {time.perf_counter() - t0:.1f} s; one node's snapshot "
           f"{snapshot / 1e6:.2f} MB", flush=True)

@@ -40,12 +40,12 @@ def load(events: list[Any], validating: bool) -> tuple[float, float]:
     """(wall, CPU) seconds to load ``events`` into a fresh engine."""
     engine = Engine()
     if not validating:
-        engine.intake = ParseOnly()
+        engine.store.intake = ParseOnly()
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     engine.submit(events)
     elapsed = time.perf_counter() - t0, time.process_time() - c0
-    assert engine.synced.is_set() and len(engine.services) == len(events[0].objs)
+    assert engine.synced.is_set() and len(engine.store.services) == len(events[0].objs)
     return elapsed
 
 

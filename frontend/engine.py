@@ -19,7 +19,6 @@ from svcproxy.frontend.gctuning import collector_paused, settle_long_lived_state
 from svcproxy.frontend.publication.changelog import Changelog
 from svcproxy.frontend.publication.snapshots import Snapshots
 from svcproxy.frontend.sources.events import Event
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -27,7 +26,9 @@ Submit = Callable[[Sequence[Event]], None]
 
 
 class Engine:
-    """A store, its computed records, the changelog and the snapshots, wired together."""
+    """A store, its computed records, the changelog and the snapshots, wired together;
+    callers use the piece that owns what they need (``engine.changelog.view(name)``,
+    ``engine.snapshots.catch_up``, ``engine.store.services``)."""
 
     def __init__(self, proxy_name: str = "", history_limit: int = 20000) -> None:
         self.store = Store()
@@ -36,34 +37,6 @@ class Engine:
         self.snapshots = Snapshots(self.changelog)
         self.synced = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
-        # What streams and tests use, from the piece that owns it.
-        self.views = self.changelog.views
-        self.listeners = self.changelog.listeners
-        self.view = self.changelog.view
-        self.watch = self.changelog.watch
-        self.unwatch = self.changelog.unwatch
-        self.release = self.changelog.release
-        self.catch_up = self.snapshots.catch_up
-        self.snapshot = self.snapshots.snapshot
-        self.snapshot_ops = self.snapshots.snapshot_ops
-        self.service_op = self.snapshots.service_op
-        self.services = self.store.services
-        self.slices = self.store.slices
-        self.nodes = self.store.nodes
-        self.caches = self.computed.caches
-        self.history_limit = history_limit
-
-    @property
-    def revision(self) -> int:
-        return self.changelog.revision
-
-    @property
-    def intake(self) -> Intake:
-        return self.store.intake
-
-    @intake.setter
-    def intake(self, intake: Intake) -> None:
-        self.store.intake = intake
 
     def submit_threadsafe(self, events: Sequence[Event]) -> None:
         """Hand a batch from another thread to the loop."""

@@ -92,7 +92,7 @@ class Frontend:
     def __init__(self, opts: FrontendOptions) -> None:
         self.opts = opts
         self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history)
-        self.engine.intake = Intake(source_name(opts), opts.object_limits)
+        self.engine.store.intake = Intake(source_name(opts), opts.object_limits)
         self.port = 0
         self._server: object = None
         self._source: object = None

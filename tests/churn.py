@@ -282,7 +282,7 @@ def truth(fake: FakeApiserver, node: str) -> State:
     engine = Engine()
     engine.submit([Replace(kind, list(fake.objects(kind).values()))  # type: ignore[arg-type]
                    for kind in ("Service", "EndpointSlice", "Node")])
-    return dict(engine.view(node).records)
+    return dict(engine.changelog.view(node).records)
 
 
 def get_node_state(target: str, node: str) -> State:

@@ -50,13 +50,13 @@ def engine_with(*objs: dict[str, Any]) -> Engine:
         by_kind[o["kind"]].append(o)
     eng.submit([Replace(k, v) for k, v in by_kind.items()])  # type: ignore[arg-type]
     for o in by_kind["Node"]:  # every node's backend watching, and a cluster watcher
-        eng.view(o["metadata"]["name"])
-    eng.view("")
+        eng.changelog.view(o["metadata"]["name"])
+    eng.changelog.view("")
     return eng
 
 
 def ops_of(eng: Engine, name: str) -> list[str]:
-    view = eng.views[name]
+    view = eng.changelog.views[name]
     return [pb.Op.FromString(op.data).WhichOneof("op") for op in view.history[-1][1]]
 
 
@@ -65,7 +65,7 @@ def test_endpoints_merged_across_slices_with_target_port_by_name() -> None:
                       slice_("a", "web", [endpoint("10.0.0.1")]),
                       slice_("b", "web", [endpoint("10.0.0.2", node="n2")]),
                       slice_("c", "web", [endpoint("10.0.0.3")], port_name="other"))
-    rec = eng.view("n1").records[KEY]
+    rec = eng.changelog.view("n1").records[KEY]
     assert {ip: e.port for ip, e in rec.endpoints.items()} == {"10.0.0.1": 8080,
                                                                 "10.0.0.2": 8080}
     assert rec.endpoints["10.0.0.1"].is_local and not rec.endpoints["10.0.0.2"].is_local
@@ -76,7 +76,7 @@ def test_duplicate_address_keeps_non_terminating_copy() -> None:
                       slice_("a", "web", [endpoint("10.0.0.1", ready=False, serving=True,
                                                    terminating=True)]),
                       slice_("b", "web", [endpoint("10.0.0.1")]))
-    ep = eng.view("n1").records[KEY].endpoints["10.0.0.1"]
+    ep = eng.changelog.view("n1").records[KEY].endpoints["10.0.0.1"]
     assert ep.ready and not ep.terminating
 
 
@@ -96,7 +96,7 @@ def test_dual_stack_slices_and_loose_input_normalised() -> None:
                 loadBalancerSourceRanges=[" 192.168.1.7/24 ,10.0.0.0/8"]),
         node("n1"), slice_("a", "web", [endpoint("010.0.0.1")]),
         slice_("b", "web", [endpoint("fd00:0::1")], family="IPv6"))
-    rec = eng.view("n1").records[KEY]
+    rec = eng.changelog.view("n1").records[KEY]
     assert rec.service.cluster_ips == ("10.96.0.10", "fd00::10")
     assert rec.service.load_balancer_source_ranges == ("192.168.1.0/24", "10.0.0.0/8")
     assert set(rec.endpoints) == {"10.0.0.1", "fd00::1"}
@@ -109,7 +109,7 @@ def test_dual_stack_slices_and_loose_input_normalised() -> None:
 ], ids=["headless", "externalname", "other-proxy"])
 def test_unproxied_services_are_skipped(svc: dict[str, Any]) -> None:
     eng = engine_with(svc, node("n1"), slice_("a", "web", [endpoint("10.0.0.1")]))
-    assert eng.view("n1").records == {}
+    assert eng.changelog.view("n1").records == {}
 
 
 def test_service_proxy_name_matching_ours_is_served() -> None:
@@ -117,7 +117,7 @@ def test_service_proxy_name_matching_ours_is_served() -> None:
     eng.submit([Replace("Service", [service(
         "web", labels={"service.kubernetes.io/service-proxy-name": "mine"})]),
         Replace("EndpointSlice", []), Replace("Node", [])])
-    assert KEY in eng.view("n1").records
+    assert KEY in eng.changelog.view("n1").records
 
 
 def test_malformed_service_is_skipped_others_kept_and_last_good_stays() -> None:
@@ -126,7 +126,7 @@ def test_malformed_service_is_skipped_others_kept_and_last_good_stays() -> None:
     before = counter._value.get()
     eng.submit([Upsert("Service", service("web", port=99999)),
                 Upsert("Service", service("new", ip="10.96.0.3"))])
-    records = eng.view("n1").records
+    records = eng.changelog.view("n1").records
     assert records[KEY].service.port == 80
     assert ServicePortKey("default", "new", "http", Protocol.TCP) in records
     assert counter._value.get() == before + 1
@@ -163,7 +163,7 @@ def test_one_endpoint_change_publishes_one_endpoint_op() -> None:
 def test_nodes_without_local_endpoints_share_records() -> None:
     eng = engine_with(service("web"), node("n1"), node("n2"), node("n3"),
                       slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
-    r1, r2, r3 = (eng.view(n).records[KEY] for n in ("n1", "n2", "n3"))
+    r1, r2, r3 = (eng.changelog.view(n).records[KEY] for n in ("n1", "n2", "n3"))
     assert r2 is r3
     assert r1 is not r2 and r1.endpoints["10.0.0.1"].is_local
 
@@ -180,34 +180,35 @@ def test_change_recomputes_only_the_touched_service(monkeypatch: pytest.MonkeyPa
     eng.submit([Upsert("EndpointSlice", slice_("s7", "s7", [endpoint("10.2.0.1")]))])
     # One service, computed once per node class (n1 hosts the endpoint; the rest share).
     assert len(calls) <= 3
-    changed = [n for n, v in eng.views.items() if v.revision == eng.revision]
-    assert len(changed) == len(eng.views)
+    changed = [n for n, v in eng.changelog.views.items() if v.revision == eng.changelog.revision]
+    assert len(changed) == len(eng.changelog.views)
 
 
 def test_local_policy_records_differ_per_node() -> None:
     eng = engine_with(service("web", type="NodePort", externalTrafficPolicy="Local"),
                       node("n1"), node("n2"),
                       slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
-    assert eng.view("n1").records[KEY].external_endpoints()
-    assert not eng.view("n2").records[KEY].external_endpoints()
-    assert eng.view("n2").records[KEY].service.has_endpoints
+    assert eng.changelog.view("n1").records[KEY].external_endpoints()
+    assert not eng.changelog.view("n2").records[KEY].external_endpoints()
+    assert eng.changelog.view("n2").records[KEY].service.has_endpoints
 
 
 def test_zone_change_of_a_node_reselects_topology() -> None:
     hinted = [dict(endpoint("10.0.0.1", node="x"), hints={"forZones": [{"name": "a"}]}),
               dict(endpoint("10.0.0.2", node="y"), hints={"forZones": [{"name": "b"}]})]
     eng = engine_with(service("web"), node("n1", zone="a"), slice_("s", "web", hinted))
-    assert [e.ip for e in eng.view("n1").records[KEY].internal_endpoints()] == ["10.0.0.1"]
+    n1 = eng.changelog.view("n1")
+    assert [e.ip for e in n1.records[KEY].internal_endpoints()] == ["10.0.0.1"]
     eng.submit([Upsert("Node", node("n1", zone="b"))])
-    assert [e.ip for e in eng.view("n1").records[KEY].internal_endpoints()] == ["10.0.0.2"]
+    assert [e.ip for e in n1.records[KEY].internal_endpoints()] == ["10.0.0.2"]
 
 
 def test_relist_reconciles_deletions() -> None:
     eng = engine_with(service("web"), service("api", ip="10.96.0.2"), node("n1"))
     eng.submit([Replace("Service", [service("web")])])
-    assert set(k.name for k in eng.view("n1").records) == {"web"}
+    assert set(k.name for k in eng.changelog.view("n1").records) == {"web"}
     eng.submit([Delete("Service", "default", "web")])
-    assert eng.view("n1").records == {}
+    assert eng.changelog.view("n1").records == {}
 
 
 def test_records_split_by_family() -> None:
@@ -217,12 +218,12 @@ def test_records_split_by_family() -> None:
                 loadBalancerSourceRanges=["10.0.0.0/8", "fd00::/8"]),
         node("n1"), slice_("a", "web", [endpoint("10.0.0.1")]),
         slice_("b", "web", [endpoint("fd00::1")], family="IPv6"))
-    rec = eng.view("n1").records[KEY]
+    rec = eng.changelog.view("n1").records[KEY]
     v4, v6 = rec.family(4), rec.family(6)
     assert v4 is not None and v6 is not None
     assert (v4.service.cluster_ips, v4.service.external_ips, list(v4.endpoints)) == \
         (("10.96.0.10",), ("192.0.2.1",), ["10.0.0.1"])
     assert (v6.service.cluster_ips, v6.service.load_balancer_source_ranges, list(v6.endpoints)) \
         == (("fd00::10",), ("fd00::/8",), ["fd00::1"])
-    single = engine_with(service("web"), node("n1")).view("n1").records[KEY]
+    single = engine_with(service("web"), node("n1")).changelog.view("n1").records[KEY]
     assert single.family(6) is None

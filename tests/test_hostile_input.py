@@ -41,7 +41,7 @@ def rejected() -> float:
 
 def synced_engine(*objs: dict[str, Any], source: str = "apiserver") -> Engine:
     eng = Engine()
-    eng.intake = Intake(source)
+    eng.store.intake = Intake(source)
     by_kind: dict[str, list[dict[str, Any]]] = {"Service": [], "EndpointSlice": [], "Node": []}
     for o in objs:
         by_kind[o["kind"]].append(o)
@@ -50,7 +50,7 @@ def synced_engine(*objs: dict[str, Any], source: str = "apiserver") -> Engine:
 
 
 def served(eng: Engine, key: ServicePortKey = WEB, node_name: str = "node-a") -> Any:
-    return eng.view(node_name).records.get(key)
+    return eng.changelog.view(node_name).records.get(key)
 
 
 # ---- the engine ---------------------------------------------------------------------
@@ -124,8 +124,8 @@ def test_a_batch_of_hostile_objects_never_stops_the_canary(objs: list[dict[str, 
                 for o in named]
     accepted = {(kind, key) for kind, key, ok in verdicts if ok}
     for kind, (ns, name), ok in verdicts:
-        stored = (ns, name) in eng.services if kind == "Service" else (
-            name in eng.nodes if kind == "Node" else (ns, name) in eng.slices)
+        stored = (ns, name) in eng.store.services if kind == "Service" else (
+            name in eng.store.nodes if kind == "Node" else (ns, name) in eng.store.slices)
         assert stored == ok or (kind, (ns, name)) in accepted or name == "canary"
     refused = sum(not ok for _, _, ok in verdicts)
     assert rejected() - before >= min(refused, 1)
@@ -190,7 +190,7 @@ def test_fresh_frontend_serves_every_valid_object_whatever_the_directory_holds(
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    names = {k.name for k in fe.engine.view("node-a").records}
+    names = {k.name for k in fe.engine.changelog.view("node-a").records}
     assert names == {"web", "api", "gateway", "dns"}
     assert peak < 60e6, f"loading the directory peaked at {peak / 1e6:.0f} MB"
     messages = "\n".join(r.getMessage() for r in caplog.records)
@@ -284,7 +284,7 @@ def test_a_file_that_stops_parsing_keeps_its_last_good_contents(tmp_path: Path) 
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(service("api", ip="10.96.0.2")))
     source.rescan()
     assert served(eng) is not None, "the broken file's objects keep their last good state"
-    assert ("shop", "api") in eng.services, "edits in other files still apply"
+    assert ("shop", "api") in eng.store.services, "edits in other files still apply"
 
 
 FILE_TEXT = st.one_of(
@@ -303,7 +303,7 @@ def test_any_directory_serves_its_valid_objects_and_the_canary(tmp_path_factory,
     d = tmp_path_factory.mktemp("hostile")
     (d / "canary.yaml").write_text(yaml.safe_dump(service("canary", ip="10.96.9.9")))
     eng = Engine()
-    eng.intake = Intake("manifests")
+    eng.store.intake = Intake("manifests")
     source = ManifestSource(d, eng.submit, use_inotify=False)
     source.load_all()
     paths = []
@@ -315,16 +315,17 @@ def test_any_directory_serves_its_valid_objects_and_the_canary(tmp_path_factory,
     (d / "canary.yaml").write_text(yaml.safe_dump(canary))
     source.apply([*paths, d / "canary.yaml"], [])  # the hostile files and the canary at once
     canary_key = ("shop", "canary")
-    assert eng.services[canary_key].ports[0].port == 8443, "the canary edit arrives"
+    assert eng.store.services[canary_key].ports[0].port == 8443, "the canary edit arrives"
     restarted = Engine()
-    restarted.intake = Intake("manifests")
+    restarted.store.intake = Intake("manifests")
     ManifestSource(d, restarted.submit, use_inotify=False).load_all()
-    assert restarted.synced.is_set() and restarted.services[canary_key].ports[0].port == 8443
+    assert restarted.synced.is_set() and restarted.store.services[canary_key].ports[0].port == 8443
     for path in paths:
         for obj in source._files.get(path, []):
             if obj["kind"] == "Service" and validate("Service", obj).ok:
                 meta = obj["metadata"]
-                assert (meta.get("namespace") or "default", meta["name"]) in restarted.services
+                key = (meta.get("namespace") or "default", meta["name"])
+                assert key in restarted.store.services
 
 
 @pytest.mark.parametrize("writer", ["rename", "in-place"])
@@ -394,10 +395,10 @@ def test_apiserver_objects_pass_the_same_rules_and_a_year_one_trigger_time_stops
         web = ServicePortKey("default", "web", "http", Protocol.TCP)
         wait_for(lambda: served(fe.engine, web, "n1") is not None)
         assert set(served(fe.engine, web, "n1").endpoints) == {"10.0.0.1"}
-        assert ("default", "bad") not in fe.engine.services
+        assert ("default", "bad") not in fe.engine.store.services
         assert before._value.get() == count + 1
         api.create("Service", cluster_ip_service("later", "10.96.0.12"))  # the watch goes on
-        wait_for(lambda: ("default", "later") in fe.engine.services, timeout=15)
+        wait_for(lambda: ("default", "later") in fe.engine.store.services, timeout=15)
     finally:
         api.lists_open.set()
         api.close()
@@ -414,10 +415,10 @@ def test_an_op_that_cannot_be_encoded_freezes_its_service_alone(monkeypatch) -> 
         return real(old, new, term)
 
     monkeypatch.setattr(changelog_module, "diff_with_digest", broken)
-    revision = eng.view("node-a").revision
+    revision = eng.changelog.view("node-a").revision
     eng.submit([Upsert("EndpointSlice", endpoint_slice(ips=("10.244.1.9",))),
                 Upsert("EndpointSlice", endpoint_slice("api-1", "api", ips=("10.244.2.9",)))])
     api = ServicePortKey("shop", "api", "http", Protocol.TCP)
     assert set(served(eng, api).endpoints) == {"10.244.2.9"}
     assert set(served(eng).endpoints) == {"10.244.1.5"}, "records and ops stay consistent"
-    assert eng.view("node-a").revision > revision
+    assert eng.changelog.view("node-a").revision > revision

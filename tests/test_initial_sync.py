@@ -62,13 +62,13 @@ def test_every_view_at_sync_equals_publishing_change_by_change() -> None:
                  Replace("EndpointSlice", [])])
     names = [""] + [n["metadata"]["name"] for n in NODES]
     for name in names:  # watched from before the listing on the live engine
-        live.view(name)
-    assert eng.views == {}
+        live.changelog.view(name)
+    assert eng.changelog.views == {}
     for kind, objs in (("Node", NODES), ("Service", services), ("EndpointSlice", slices)):
         live.submit([Replace(kind, objs)])  # type: ignore[arg-type]
     for name in names:
-        view = eng.view(name)
-        assert timeless(view.records) == timeless(live.views[name].records), name
+        view = eng.changelog.view(name)
+        assert timeless(view.records) == timeless(live.changelog.views[name].records), name
         assert len(view.records) == 80
         assert view.digest == eng.changelog.digests.of(view), name
 
@@ -86,7 +86,7 @@ def test_no_service_is_computed_per_view_before_a_view_is_asked_for(monkeypatch)
     eng = cold_start(services, slices)
     assert calls == []
     for name in [""] + [n["metadata"]["name"] for n in NODES]:
-        eng.view(name)
+        eng.changelog.view(name)
     # One call per zone (3 and the cluster view's) and per node hosting endpoints: at
     # most 4 + 3 per service, where computing every view would be 11 per listing.
     assert 0 < len(calls) <= 7 * 40
@@ -105,11 +105,12 @@ def test_a_service_failing_at_sync_is_left_out_alone(monkeypatch) -> None:  # ty
     services, slices = cluster(12)
     eng = cold_start(services, slices)
     assert metrics.SERVICE_ERRORS._value.get() == errors + 1
-    for view in [eng.view(n["metadata"]["name"]) for n in NODES] + [eng.view("")]:
+    for name in [n["metadata"]["name"] for n in NODES] + [""]:
+        view = eng.changelog.view(name)
         names = {k.name for k in view.records}
         assert "s5" not in names and len(names) == 11
         assert view.digest == eng.changelog.digests.of(view)
     monkeypatch.setattr(records_module, "service_base", real)
     services[5]["spec"]["ports"][0]["port"] = 8000
     eng.submit([Replace("Service", services)])  # type: ignore[arg-type]
-    assert all(any(k.name == "s5" for k in v.records) for v in eng.views.values())
+    assert all(any(k.name == "s5" for k in v.records) for v in eng.changelog.views.values())

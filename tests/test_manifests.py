@@ -13,20 +13,21 @@ API = ServicePortKey("shop", "api", "http", Protocol.TCP)
 
 
 def records(fe, node: str = "node-a") -> dict:  # type: ignore[no-untyped-def]
-    return dict(fe.engine.views[node].records) if node in fe.engine.views else {}
+    views = fe.engine.changelog.views
+    return dict(views[node].records) if node in views else {}
 
 
 def test_examples_load_and_skip_unproxied(frontend_factory, tmp_path: Path) -> None:
     fe = frontend_factory(copy_examples(tmp_path))
     wait_for(lambda: fe.engine.synced.is_set())
-    names = {k.name for k in fe.engine.view("node-a").records}
+    names = {k.name for k in fe.engine.changelog.view("node-a").records}
     assert names == {"web", "api", "gateway", "dns"}
 
 
 def test_edit_and_delete_files_are_picked_up(frontend_factory, tmp_path: Path) -> None:
     d = copy_examples(tmp_path)
     fe = frontend_factory(d)
-    wait_for(lambda: WEB in fe.engine.view("node-a").records)
+    wait_for(lambda: WEB in fe.engine.changelog.view("node-a").records)
     web = d / "web.yaml"
     web.write_text(web.read_text().replace("- addresses: [10.244.2.10]",
                                            "- addresses: [10.244.2.99]"))
@@ -39,7 +40,7 @@ def test_broken_file_reported_and_last_good_state_kept(frontend_factory, tmp_pat
                                                        caplog) -> None:  # type: ignore[no-untyped-def]
     d = copy_examples(tmp_path)
     fe = frontend_factory(d)
-    wait_for(lambda: API in fe.engine.view("node-a").records)
+    wait_for(lambda: API in fe.engine.changelog.view("node-a").records)
     caplog.set_level(logging.ERROR)
     (d / "api.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: api\n  bad: [\n")
     wait_for(lambda: any("api.yaml:" in r.getMessage() for r in caplog.records))
@@ -58,8 +59,8 @@ def test_invalid_object_in_valid_file_skipped_alone(frontend_factory, tmp_path: 
     (d / "api.yaml").write_text((d / "api.yaml").read_text().replace("port: 8080,", "port: -1,"))
     caplog.set_level(logging.ERROR)
     fe = frontend_factory(d)
-    wait_for(lambda: WEB in fe.engine.view("node-a").records)
-    assert API not in fe.engine.view("node-a").records
+    wait_for(lambda: WEB in fe.engine.changelog.view("node-a").records)
+    assert API not in fe.engine.changelog.view("node-a").records
     assert any("rejected Service shop/api" in r.getMessage() and "between 1 and" in r.getMessage()
                for r in caplog.records)
 
@@ -67,8 +68,8 @@ def test_invalid_object_in_valid_file_skipped_alone(frontend_factory, tmp_path: 
 def test_object_moved_between_files_is_not_deleted(frontend_factory, tmp_path: Path) -> None:
     d = copy_examples(tmp_path)
     fe = frontend_factory(d)
-    wait_for(lambda: API in fe.engine.view("node-a").records)
-    revision = fe.engine.revision
+    wait_for(lambda: API in fe.engine.changelog.view("node-a").records)
+    revision = fe.engine.changelog.revision
     (d / "moved.yaml").write_text((d / "api.yaml").read_text())
     (d / "api.yaml").unlink()
     wait_for(lambda: fe.engine.store.listed and fe.frontend._source._seen is not None
@@ -76,4 +77,4 @@ def test_object_moved_between_files_is_not_deleted(frontend_factory, tmp_path: P
              and (d / "api.yaml") not in fe.frontend._source._seen)
     fe.submit([])  # runs after the source's pending batches on the loop
     assert API in records(fe)
-    assert fe.engine.revision == revision, "moving an object is not a change"
+    assert fe.engine.changelog.revision == revision, "moving an object is not a change"

@@ -39,7 +39,7 @@ def test_a_watching_node_sends_nothing_per_batch(frontend_factory, tmp_path: Pat
         before = bytes_sent_to(port)
         for n in range(BATCHES):
             fe.submit([Upsert("EndpointSlice", web_slice(n % 3 + 1))])
-            wait_for(lambda: client.revision == fe.engine.revision)
+            wait_for(lambda: client.revision == fe.engine.changelog.revision)
         sent = bytes_sent_to(port) - before
         # A PING frame is 17 bytes: one per batch would be 340.
         print("SENT", sent)

@@ -136,7 +136,7 @@ def test_slow_client_is_coalesced_and_never_delays_a_fast_one(frontend_factory,
             wait_for(lambda n=n: (t := fast.take()) is not None and
                      len(t[0].services[WEB].endpoints) == n, timeout=5)
             assert time.monotonic() - t0 < 2
-        final = fe.engine.revision
+        final = fe.engine.changelog.revision
         batches: list[int] = []
         done = threading.Event()
 

@@ -78,11 +78,12 @@ def test_snapshot_is_encoded_as_it_is_written_in_small_messages(frontend_factory
     fe = frontend_factory(copy_examples(tmp_path))
     fe.submit(bulk(300, 10))
     engine = fe.engine
-    msgs = engine.snapshot(engine.view("node-a"))
+    msgs = engine.snapshots.snapshot(engine.changelog.view("node-a"))
     assert not isinstance(msgs, list)  # a generator: one message at a time
     sizes = [len(m) for m in msgs]
     assert len(sizes) >= 3 and max(sizes) <= MESSAGE_BYTES + 1024
-    events = [pb.WatchEvent.FromString(m) for m in engine.snapshot(engine.view("node-a"))]
+    msgs = engine.snapshots.snapshot(engine.changelog.view("node-a"))
+    events = [pb.WatchEvent.FromString(m) for m in msgs]
     assert [e.more for e in events] == [True] * (len(events) - 1) + [False]
 
 
@@ -90,7 +91,7 @@ def test_streams_that_do_not_read_hold_one_message_and_unary_stays_fast(frontend
                                                                          tmp_path) -> None:
     fe = frontend_factory(copy_examples(tmp_path))
     fe.submit(bulk(500, 20))
-    snapshot = sum(len(m) for m in fe.engine.snapshot(fe.engine.view("node-a")))
+    snapshot = sum(len(m) for m in fe.engine.snapshots.snapshot(fe.engine.changelog.view("node-a")))
     assert snapshot > 6 * MESSAGE_BYTES
     streams = 30
     tracemalloc.start()
@@ -100,7 +101,7 @@ def test_streams_that_do_not_read_hold_one_message_and_unary_stays_fast(frontend
         with channel(fe) as ch:
             api = pb_grpc.NodeStateServiceStub(ch)
             calls = [api.Watch(pb.WatchRequest(node_name="node-a")) for _ in range(streams)]
-            wait_for(lambda: fe.engine.views["node-a"].watchers == streams)
+            wait_for(lambda: fe.engine.changelog.views["node-a"].watchers == streams)
             time.sleep(1.0)
             held = tracemalloc.get_traced_memory()[0] - before
             with channel(fe) as other:
@@ -133,7 +134,7 @@ def test_stream_not_read_is_ended_with_unavailable(frontend_factory, tmp_path) -
     with channel(fe) as ch:
         call = pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name="node-a"))
         wait_for(lambda: limits.STALLED._value.get() > ended, timeout=10)
-        wait_for(lambda: fe.engine.views["node-a"].watchers == 0)  # the handler is gone
+        wait_for(lambda: fe.engine.changelog.views["node-a"].watchers == 0)  # the handler is gone
         with pytest.raises(grpc.RpcError) as err:
             for _ in call:
                 pass
@@ -258,7 +259,7 @@ def test_invalid_node_names_are_refused(frontend_factory, tmp_path, name: str) -
 
 def test_revision_ahead_of_the_frontend_is_refused(frontend_factory, tmp_path) -> None:
     fe = frontend_factory(copy_examples(tmp_path))
-    ahead = fe.engine.revision + 10**9
+    ahead = fe.engine.changelog.revision + 10**9
     with channel(fe) as ch:
         api = pb_grpc.NodeStateServiceStub(ch)
         for call in (lambda: api.Watch(pb.WatchRequest(node_name="node-a",
@@ -270,7 +271,7 @@ def test_revision_ahead_of_the_frontend_is_refused(frontend_factory, tmp_path) -
             assert "ahead" in err.details() and "since_revision 0" in err.details()
         # The frontend's own revision is fine.
         ok = api.Watch(pb.WatchRequest(node_name="node-a",
-                                       since_revision=fe.engine.revision))
+                                       since_revision=fe.engine.changelog.revision))
         threading.Timer(0.5, ok.cancel).start()
         with pytest.raises(grpc.RpcError) as err:
             for _ in ok:
@@ -309,7 +310,7 @@ def test_stream_workers_share_the_caps_and_feed_snapshots_by_message(tmp_path) -
         fe.submit(bulk(300, 10))
         wait_for(lambda: fe.frontend.workers is not None and len(fe.frontend.workers.pids) == 1)
         target = f"127.0.0.1:{fe.frontend.port}"
-        want = fe.engine.view("node-a").records.keys()
+        want = fe.engine.changelog.view("node-a").records.keys()
         admitted, refused, channels, calls = 0, [], [], []
         for _ in range(8):  # own connections: the kernel spreads them over both processes
             ch = own_connection(target)
@@ -371,7 +372,7 @@ def test_stream_workers_counts_are_in_the_main_process_metrics(tmp_path) -> None
             return pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name=name))
 
         stalled = [watch("node-a") for _ in range(streams)]  # none reads: each stalls
-        wait_for(lambda: fe.engine.views["node-a"].watchers == streams, timeout=20)
+        wait_for(lambda: fe.engine.changelog.views["node-a"].watchers == streams, timeout=20)
         assert set(workers.pids) & serving_pids(fe.frontend.port), "no stream on the worker"
         wait_for(lambda: exposed("svcproxy_frontend_watch_stalled_total")
                  == counted["stalled"] + streams, timeout=20)

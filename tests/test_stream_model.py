@@ -3,7 +3,7 @@
 Random sequences of changes to services, slices and nodes go through the real Engine.
 Clients connect, fall behind for any number of batches, disconnect (their view may be
 forgotten and made again), resume from their revision and are fed exactly what a
-stream would send them (``Engine.catch_up``, then ``NodeView.messages_since`` as in
+stream would send them (``Snapshots.catch_up``, then ``NodeView.messages_since`` as in
 stream.write_stream, batches split over several messages). After every delivery the
 client's state must equal the view's (what GetNodeState answers), both for the SDK's
 apply code and for ``DocClient``, a client written from nodestate.proto's comments
@@ -272,9 +272,9 @@ class StreamModel(RuleBasedStateMachine):
         for (kind, _, _), obj in self.objects.items():
             kinds[kind].append(obj)
         fresh.submit([Replace(k, v) for k, v in kinds.items()])  # type: ignore[arg-type]
-        for name, view in list(self.engine.views.items()):
+        for name, view in list(self.engine.changelog.views.items()):
             assert _without_triggers(expected(view)) == _without_triggers(
-                expected(fresh.view(name))), name
+                expected(fresh.changelog.view(name))), name
 
     @rule(name=st.sampled_from(WATCHED))
     def connect(self, name: str) -> None:
@@ -284,8 +284,8 @@ class StreamModel(RuleBasedStateMachine):
 
     def _start(self, client: Client) -> None:
         """A stream starts: Watch(since_revision = the client's revision)."""
-        client.view = self.engine.watch(client.name)
-        client.cursor, first = self.engine.catch_up(client.view, client.sdk.revision)
+        client.view = self.engine.changelog.watch(client.name)
+        client.cursor, first = self.engine.snapshots.catch_up(client.view, client.sdk.revision)
         assert client.doc.revision == client.sdk.revision
         client.receive(first)
         self._check(client)
@@ -303,7 +303,7 @@ class StreamModel(RuleBasedStateMachine):
             return
         msgs = view.messages_since(client.cursor)
         if msgs is None:
-            client.cursor, msgs = self.engine.catch_up(view, client.cursor)
+            client.cursor, msgs = self.engine.snapshots.catch_up(view, client.cursor)
         else:
             client.cursor = view.revision
         client.receive(msgs)
@@ -315,7 +315,7 @@ class StreamModel(RuleBasedStateMachine):
         """The stream breaks; the client resumes from its revision later."""
         client = data.draw(st.sampled_from(self.clients))
         if client.view is not None:
-            self.engine.unwatch(client.view)
+            self.engine.changelog.unwatch(client.view)
             client.view = None
 
     def _check(self, client: Client) -> None:
@@ -331,7 +331,7 @@ class StreamModel(RuleBasedStateMachine):
 
     @invariant()
     def views_hold_their_digest(self) -> None:
-        for view in self.engine.views.values():
+        for view in self.engine.changelog.views.values():
             if view.digest is not None:
                 doc = DocClient()
                 doc.services = {}

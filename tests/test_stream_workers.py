@@ -92,13 +92,13 @@ def test_clients_on_every_process_get_the_same_snapshot_and_changes(
         pids = serving_pids(frontend.frontend.port)
         assert os.getpid() in pids and set(workers.pids) & pids, (
             f"connections should be spread over the main process and the worker: {pids}")
-        assert {s[-1].revision for s in snapshots} == {frontend.engine.revision}
+        assert {s[-1].revision for s in snapshots} == {frontend.engine.changelog.revision}
         assert all(endpoints_of_web(s) == {"10.244.1.10", "10.244.1.11", "10.244.2.10"}
                    for s in snapshots)
 
         frontend.submit([Upsert("EndpointSlice", web_slice(2))])
         batches = [read_batch(c) for c in calls]
-        assert {b[-1].revision for b in batches} == {frontend.engine.revision}
+        assert {b[-1].revision for b in batches} == {frontend.engine.changelog.revision}
         assert len({b"".join(ev.SerializeToString() for ev in b) for b in batches}) == 1, (
             "every process must send the very same batch")
         assert not any(ev.reset for b in batches for ev in b)
@@ -143,7 +143,7 @@ def test_resume_and_unary_calls_on_any_process(frontend: RunningFrontend) -> Non
     try:
         missed = [read_batch(c) for c in calls]
         assert not any(ev.reset for b in missed for ev in b), "resuming must not reset"
-        assert all(b[-1].revision == frontend.engine.revision for b in missed)
+        assert all(b[-1].revision == frontend.engine.changelog.revision for b in missed)
         kinds = {op.WhichOneof("op") for b in missed for ev in b for op in ev.ops}
         assert kinds <= {"set_service", "set_endpoint", "delete_endpoint"}
     finally:
@@ -155,7 +155,7 @@ def test_resume_and_unary_calls_on_any_process(frontend: RunningFrontend) -> Non
             states.append(pb_grpc.NodeStateServiceStub(ch).GetNodeState(
                 pb.GetNodeStateRequest(node_name="node-a"), timeout=10))
     assert len({s.SerializeToString() for s in states}) == 1
-    assert states[0].revision == frontend.engine.revision
+    assert states[0].revision == frontend.engine.changelog.revision
 
 
 def test_a_dead_worker_is_restarted_and_its_clients_resume(frontend: RunningFrontend) -> None:
@@ -175,7 +175,7 @@ def test_a_dead_worker_is_restarted_and_its_clients_resume(frontend: RunningFron
         frontend.submit([Upsert("EndpointSlice", web_slice(1))])
 
         def converged(c: NodeStateClient) -> Callable[[], bool]:
-            return lambda: c.revision == frontend.engine.revision
+            return lambda: c.revision == frontend.engine.changelog.revision
         for c in clients:
             wait_for(converged(c), timeout=20)
             state, _ = c.take()  # type: ignore[misc]
@@ -211,6 +211,6 @@ def test_cluster_watch_on_any_process(frontend: RunningFrontend) -> None:
         frontend.submit([Upsert("EndpointSlice", web_slice(5))])
         batches = [read_batch(c) for c in calls]
         assert len({b"".join(ev.SerializeToString() for ev in b) for b in batches}) == 1
-        assert batches[0][-1].revision == frontend.engine.revision
+        assert batches[0][-1].revision == frontend.engine.changelog.revision
     finally:
         close(channels, calls)

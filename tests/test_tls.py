@@ -90,4 +90,4 @@ def test_chained_frontend_over_mutual_tls(frontend_factory, tmp_path: Path,
                                 pki / "ca.crt", pki / "client.crt", pki / "client.key"))
     wait_for(down.engine.synced.is_set, timeout=20)
     # Only what the upstream proxies travels (not headless or ExternalName services).
-    assert set(down.engine.caches) == set(up.engine.caches) != set()
+    assert set(down.engine.computed.caches) == set(up.engine.computed.caches) != set()

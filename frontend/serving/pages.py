@@ -86,14 +86,14 @@ class NodeStatePages:
         if request.page_size < 0:
             raise invalid("GetNodeState", "page_size must be 0 (as many as fit) or more")
         # Made first: making a node's view (on its first request) moves the revision.
-        view = self.engine.view(request.node_name)
+        view = self.engine.changelog.view(request.node_name)
         try:
             revision, offset = (decode_token(request.page_token) if request.page_token
-                                else (self.engine.revision, 0))
+                                else (self.engine.changelog.revision, 0))
             listing = self._listing((request.node_name, revision, request.namespace,
                                      request.service))
         finally:
-            self.engine.release(view)
+            self.engine.changelog.release(view)
         if offset > len(listing.services):
             raise invalid("GetNodeState", "page_token is past the end of its listing; start "
                           "again without page_token")
@@ -119,10 +119,10 @@ class NodeStatePages:
         if listing is not None:
             self._listings.move_to_end(key)
             return listing
-        if key[1] != self.engine.revision:
+        if key[1] != self.engine.changelog.revision:
             raise Refused("ABORTED", (
                 f"the listing of page_token (revision {key[1]}) is no longer held: the "
-                f"state changed since (now revision {self.engine.revision}); start again "
+                f"state changed since (now revision {self.engine.changelog.revision}); start again "
                 "without page_token"))
         listing = self._listings[key] = self._list(*key)
         while len(self._listings) > KEPT_LISTINGS:
@@ -131,13 +131,13 @@ class NodeStatePages:
 
     def _list(self, name: str, revision: int, namespace: str, service: str) -> Listing:
         engine = self.engine
-        view = engine.view(name)
+        view = engine.changelog.view(name)
         try:
             keys = sorted((k for k in view.records
                            if (not namespace or k.namespace == namespace)
                            and (not service or k.name == service)), key=_order)
-            services = [engine.service_op(view.records[k]) for k in keys]
+            services = [engine.snapshots.service_op(view.records[k]) for k in keys]
             node = node_to_pb(view.node).SerializeToString() if view.node else b""
             return Listing(revision, node, services)
         finally:
-            engine.release(view)
+            engine.changelog.release(view)

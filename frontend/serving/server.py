@@ -61,10 +61,10 @@ class NodeStateServicer(WatchServicer):
         the view it watches, its cursor and first messages; Refused when over a cap or
         ``since`` is ahead of this frontend."""
         check_since("WatchCluster" if name == CLUSTER_VIEW else "Watch", since,
-                    self.engine.revision)
+                    self.engine.changelog.revision)
         self.slots.acquire(peer)
-        view = self.engine.watch(name)
-        cursor, first = self.engine.catch_up(view, since)
+        view = self.engine.changelog.watch(name)
+        cursor, first = self.engine.snapshots.catch_up(view, since)
         return view, cursor, first
 
     async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext,
@@ -78,12 +78,12 @@ class NodeStateServicer(WatchServicer):
         log.info("watch from %s for %s since revision %d", peer, name or "<cluster>", since)
 
         async def resync(cursor: int) -> tuple[int, Messages]:
-            return engine.catch_up(view, cursor)
+            return engine.snapshots.catch_up(view, cursor)
 
         try:
             await write_stream(context, view, cursor, first, resync, clock)
         finally:
-            engine.unwatch(view)
+            engine.changelog.unwatch(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802
@@ -101,7 +101,7 @@ class NodeStateServicer(WatchServicer):
 
 def list_nodes(engine: Engine) -> pb.ListNodesResponse:
     return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in engine.store.known_nodes()],
-                                revision=engine.revision)
+                                revision=engine.changelog.revision)
 
 
 def _identity(data: bytes) -> bytes:

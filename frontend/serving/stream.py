@@ -29,7 +29,7 @@ from svcproxy.v1 import nodestate_pb2 as pb
 
 Messages = Iterable[bytes] | AsyncIterator[bytes]
 # Where a stream goes on when its view's history no longer reaches its cursor:
-# (new cursor, messages to send), as Engine.catch_up returns them.
+# (new cursor, messages to send), as Snapshots.catch_up returns them.
 Resync = Callable[[int], Awaitable[tuple[int, Messages]]]
 
 

@@ -6,7 +6,7 @@ spreads the nodes' connections over N processes and gRPC Python's per-message co
 (tens of microseconds) is paid on N cores instead of one.
 
 A worker holds nothing but the views its own clients watch. A new stream asks the main
-process where to start (``Engine.catch_up``: the batches it missed, or a snapshot) and
+process where to start (``Snapshots.catch_up``: the batches it missed, or a snapshot) and
 subscribes its worker to that view; from then on every batch of the view is sent to the
 worker (already-serialised ops, pickled once per worker and revision), in the same
 pipe and so in the same order as the answers. Unary calls are forwarded here, and
@@ -71,7 +71,7 @@ class StreamWorkers:
         self.count = count
         # The main process's servicer: one count of streams against the caps.
         self._servicer = servicer or NodeStateServicer(engine)
-        self.config = WorkerConfig(address, tls, engine.history_limit, log_level, guard,
+        self.config = WorkerConfig(address, tls, engine.changelog.history_limit, log_level, guard,
                                    self._servicer.limits.write_timeout)
         self._feeds = itertools.count(1)
         self._workers: dict[int, _Worker] = {}
@@ -81,7 +81,7 @@ class StreamWorkers:
     def start(self) -> None:
         for index in range(1, self.count):
             self._spawn(index)
-        self.engine.listeners.append(self._on_publish)
+        self.engine.changelog.listeners.append(self._on_publish)
         log.info("%d stream workers serving %s with this process", self.count - 1,
                  self.config.listen)
 
@@ -224,7 +224,7 @@ class StreamWorkers:
 
     def _catch_up(self, name: str, since: int) -> tuple[int, Iterable[bytes]]:
         """A stream whose batches the worker no longer holds (a slow client)."""
-        return self.engine.catch_up(self.engine.view(name), since)
+        return self.engine.snapshots.catch_up(self.engine.changelog.view(name), since)
 
     def _unwatch(self, worker: _Worker, name: str) -> None:
         if worker.watching[name] <= 0:
@@ -235,14 +235,14 @@ class StreamWorkers:
         self._release(name)
 
     def _release(self, name: str) -> None:
-        view = self.engine.views.get(name)
+        view = self.engine.changelog.views.get(name)
         if view is not None:
-            self.engine.unwatch(view)
+            self.engine.changelog.unwatch(view)
 
     def _on_publish(self, revision: int, changed: dict[str, list[WireOp]]) -> None:
         for worker in self._workers.values():
             # Each view's batch and the state digest after it.
-            ops = {name: (changed[name], self.engine.views[name].digest)
+            ops = {name: (changed[name], self.engine.changelog.views[name].digest)
                    for name in worker.watching if name in changed}
             if ops:
                 worker.pipe.send(("publish", revision, ops))

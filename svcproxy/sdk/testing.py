@@ -224,8 +224,8 @@ class FakeCluster:
     def revision(self, node_name: str) -> int:
         """The revision a client of ``node_name`` has once it has every change so far."""
         def read() -> int:
-            view = self._engine.views.get(node_name)
-            return view.revision if view is not None else self._engine.revision
+            view = self._engine.changelog.views.get(node_name)
+            return view.revision if view is not None else self._engine.changelog.revision
         return int(self._on_loop(read))
 
     # ---- nodes -------------------------------------------------------------

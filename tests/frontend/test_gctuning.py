@@ -42,7 +42,7 @@ def test_the_initial_load_leaves_next_to_no_cyclic_garbage() -> None:
         eng = Engine()
         for kind, objs in (("Node", NODES), ("Service", services), ("EndpointSlice", slices)):
             eng.submit([Replace(kind, objs)])  # type: ignore[arg-type]
-        eng.view("n1")
+        eng.changelog.view("n1")
         garbage = gc.collect()
     finally:
         gc.enable()
