@@ -113,13 +113,11 @@ class StreamWorkers:
         self._workers[index] = worker
 
     def _on_closed(self, worker: _Worker) -> None:
-        for name, streams in worker.watching.items():
-            for _ in range(streams):
-                self._release(name)
+        for name in worker.watching.elements():
+            self._release(name)
         worker.watching.clear()
-        for peer, streams in worker.peers.items():
-            for _ in range(streams):
-                self._servicer.slots.release(peer)
+        for peer in worker.peers.elements():
+            self._servicer.slots.release(peer)
         worker.peers.clear()
         worker.feeds.clear()
         self._workers.pop(worker.index, None)
@@ -215,24 +213,16 @@ class StreamWorkers:
         return [msg]
 
     def _release_slot(self, worker: _Worker, peer: str) -> None:
-        if worker.peers[peer] <= 0:
-            return
-        worker.peers[peer] -= 1
-        if not worker.peers[peer]:
-            del worker.peers[peer]
-        self._servicer.slots.release(peer)
+        if _take_one(worker.peers, peer):
+            self._servicer.slots.release(peer)
 
     def _catch_up(self, name: str, since: int) -> tuple[int, Iterable[bytes]]:
         """A stream whose batches the worker no longer holds (a slow client)."""
         return self.engine.snapshots.catch_up(self.engine.changelog.view(name), since)
 
     def _unwatch(self, worker: _Worker, name: str) -> None:
-        if worker.watching[name] <= 0:
-            return
-        worker.watching[name] -= 1
-        if not worker.watching[name]:
-            del worker.watching[name]
-        self._release(name)
+        if _take_one(worker.watching, name):
+            self._release(name)
 
     def _release(self, name: str) -> None:
         view = self.engine.changelog.views.get(name)
@@ -246,3 +236,13 @@ class StreamWorkers:
                    for name in worker.watching if name in changed}
             if ops:
                 worker.pipe.send(("publish", revision, ops))
+
+
+def _take_one(held: Counter[str], key: str) -> bool:
+    """Uncount one ``key`` from ``held``; False if none was counted (already released)."""
+    if held[key] <= 0:
+        return False
+    held[key] -= 1
+    if not held[key]:
+        del held[key]
+    return True
