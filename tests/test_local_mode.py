@@ -78,3 +78,25 @@ def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> 
         assert proc.stderr is not None and "Local mode" in proc.stderr.read()
     finally:
         fake.close()
+
+
+def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) -> None:
+    """The frontend starts before the backend is set up; its failure still ends the process
+    with the reason, and its private socket directory is removed."""
+    conf = tmp_path / "config.conf"
+    missing = tmp_path / "missing-kubeconfig"
+    conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
+                    "kind: KubeProxyConfiguration\nmode: dump\n"
+                    f"clientConnection: {{kubeconfig: {missing}}}\n"
+                    "healthzBindAddress: ''\nmetricsBindAddress: ''\n")
+    work = tmp_path / "tmp"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SVCPROXY_API", "KUBERNETES_SERVICE_HOST")}
+    done = subprocess.run([*SVCPROXY, "backend", f"--config={conf}",
+                           "--hostname-override=node-a"], env={**env, "TMPDIR": str(work)},
+                          text=True, capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert f"local mode: cannot watch the apiserver: cannot use --kubeconfig {missing}" in (
+        done.stderr)
+    assert not list(work.iterdir())
