@@ -1,8 +1,9 @@
 """Records serialised for the wire and for the state digest, each part once.
 
-A record's ``replace_service`` op is its service port's bytes and its endpoints' bytes
-put together (a repeated field is its elements' bytes one after another), and its
-digest term is the sum of those parts' terms. A service port is serialised once per
+A record's ``replace_service`` op (serialised deterministically: maps in key order) is
+its service port's bytes and its endpoints' bytes put together (a repeated field is its
+elements' bytes one after another), and its digest term is the sum of those parts'
+terms. A service port is serialised once per
 value and an endpoint once per object: the node classes of a service share their
 endpoint objects but the one or two that are local, so a node's own records cost
 little more than those parts.

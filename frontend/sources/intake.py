@@ -94,6 +94,8 @@ class Intake:
                   message, then)
 
     def _accepted(self, kind: str, obj: Any, verdict: Verdict) -> None:
+        if not self._said and not verdict.warnings:
+            return  # nothing said about any object: nothing to forget
         key = self._key(kind, obj)
         if not verdict.warnings:
             self._said.pop(key, None)

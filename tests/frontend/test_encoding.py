@@ -18,6 +18,7 @@ from svcproxy.model import (
     ServiceType,
     TrafficPolicy,
 )
+from svcproxy.v1 import nodestate_pb2 as pb
 
 IPS = st.sampled_from(["10.0.0.1", "10.0.0.2", "10.0.0.10", "fd00::1", "fd00::a"])
 ENDPOINT = st.builds(Endpoint, ip=IPS, port=st.integers(1, 65535), ready=st.booleans(),
@@ -44,6 +45,9 @@ def test_parts_give_the_whole_records_op_and_term(
     shared = [ep for _, eps in records for ep in eps]  # one endpoint object in two ports
     for svc, eps in records:
         rec = ServicePortState(svc, {e.ip: e for e in eps + shared[:1]})
-        assert encoder.op(rec) == replace_service(rec).data
+        # The deterministic serialisation (maps in key order), the same message.
+        assert encoder.op(rec) == pb.Op(replace_service=state_to_pb(rec)).SerializeToString(
+            deterministic=True)
+        assert pb.Op.FromString(encoder.op(rec)) == pb.Op.FromString(replace_service(rec).data)
         assert encoder.term(rec) == record_term(state_to_pb(rec))
         assert encoder.op(rec) is encoder.op(rec)
