@@ -5,7 +5,12 @@ figures are relative, the guest is emulated (TCG). For N services x 10
 endpoints (ClusterIP, TCP) it prints the time of the first full sync and of
 one endpoint change at that scale, each backend in a fresh network namespace.
 
+``--stand-in`` runs the ipvs backend on this host instead, on the in-memory kernel of
+the tests (tests/ipvs/standin.py; ipsets and rules recorded, not loaded): the
+backend's own work (render, diff, requests), in CPU seconds of this process.
+
 Usage: bench_ipvs.py [--sizes 1000,5000] [--endpoints 10] [--backends ipvs,iptables]
+                     [--stand-in]
 """
 
 from __future__ import annotations
@@ -106,18 +111,52 @@ def measure(name: str, count: int, endpoints: int) -> tuple[float, float]:
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def measure_stand_in(count: int, endpoints: int) -> tuple[float, float]:
+    """(full sync, one endpoint change) CPU seconds of the ipvs backend on the stand-in."""
+    import pytest
+
+    from svcproxy.backends.ipvs.backend import IpvsBackend
+    from svcproxy.backends.ipvs.options import IpvsOptions
+    from tests.ipvs.standin import stand_in
+
+    patches = pytest.MonkeyPatch()
+    try:
+        backend = IpvsBackend(CONFIG, IpvsOptions(), (4,))
+        stand_in(backend, patches)
+        ports = services(count, endpoints)
+        state = node_state(ports, 1)
+        backend.sync(node_state([], 0), Changes(full=True, reason="initial"))
+        started = time.process_time()
+        backend.sync(state, Changes(services=frozenset(state.services), full=True,
+                                    reason="initial"))
+        full = time.process_time() - started
+        changed_state, changes = one_endpoint_changed(ports)
+        started = time.process_time()
+        backend.sync(changed_state, changes)
+        return full, time.process_time() - started
+    finally:
+        patches.undo()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,5000")
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--backends", default="ipvs,iptables")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="the ipvs backend on this host's in-memory stand-in kernel")
     args = parser.parse_args()
     guest = "in the IPVS guest (TCG)" if os.environ.get("SVCPROXY_IPVS_GUEST") else "on the host"
+    if args.stand_in:
+        guest, args.backends = "on the host's stand-in kernel, CPU time", "ipvs"
     print(f"# services x {args.endpoints} endpoints, {guest}")
     print(f"{'backend':<9} {'services':>8} {'full sync s':>12} {'1 endpoint change ms':>21}")
     for size in (int(s) for s in args.sizes.split(",")):
         for name in args.backends.split(","):
-            full, one = measure(name, size, args.endpoints)
+            if args.stand_in:
+                full, one = measure_stand_in(size, args.endpoints)
+            else:
+                full, one = measure(name, size, args.endpoints)
             print(f"{name:<9} {size:>8} {full:>12.2f} {one * 1000:>21.1f}", flush=True)
     return 0
 
