@@ -132,7 +132,7 @@ def run_mode(label: str, state: NodeState, sync_period: float, window: float, ra
     """Drive one fresh backend through ``window`` seconds of changes; print its figures."""
     stamped = Stamped()
     nft = NftBackend(CONFIG, stamped)
-    nft.rebuild_on_resync = rewrite
+    nft.full_sync_interval = 0.0 if rewrite else None
     backend = Timed(nft)
     source = FakeSource()
     runner = SyncRunner(source, backend, health=ProxyHealth(timeout=3600),

@@ -206,6 +206,25 @@ def test_periodic_resync_with_nothing_changed_writes_nothing(netns: str) -> None
     assert kernel_content(netns) != full
 
 
+def test_an_hourly_resync_repairs_what_was_changed_behind_the_backend(netns: str) -> None:
+    """A resync writes nothing until ``full_sync_interval`` has passed since the last
+    rebuild; the first one after it puts back a map someone flushed."""
+    now = [0.0]
+    state = node_state(state_of(service("web"), endpoint("10.244.1.10")))
+    b = backend(netns)
+    b.clock = lambda: now[0]
+    b.sync(state, everything(state))
+    full = kernel_content(netns)
+    periodic = Changes(frozenset(state.services), full=True, reason="periodic")
+    nft(netns, "flush", "map", "ip", names.TABLE, "service-ips")
+    now[0] = b.full_sync_interval - 1
+    b.sync(state, periodic)
+    assert kernel_content(netns) != full
+    now[0] = b.full_sync_interval
+    b.sync(state, periodic)
+    assert kernel_content(netns) == full and b.last and b.last.mode == "replace"
+
+
 def test_libnftables_runner_matches_nft_f(netns: str) -> None:
     """The in-process runner (small updates) and nft -f (large ones) program the same."""
     states = changing_states()

@@ -110,6 +110,25 @@ def test_a_resync_renders_only_records_that_are_not_the_ones_rendered_before() -
     assert backend.table == {k: ("10.0.0.1", "z1") for k in KEYS}
 
 
+def test_a_resync_after_full_sync_interval_rebuilds_from_the_applied_values() -> None:
+    backend, kept, now = Dataplane(), {}, [100.0]
+    backend.clock = lambda: now[0]
+    wanted = {k: ("10.0.0.1",) for k in KEYS}
+    state = state_of(wanted, kept=kept)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "initial"))
+    backend.table[KEYS[0]] = ("tampered",)
+    now[0] += backend.full_sync_interval - 1
+    backend.sync(state, Changes(frozenset(state.services), True, True, "periodic"))
+    assert len(backend.deltas) == 1 and backend.table[KEYS[0]] == ("tampered",)
+    now[0] += 1
+    again = state_of({**wanted, KEYS[1]: ("10.0.0.2",)}, 2, kept=kept)
+    backend.sync(again, Changes(frozenset(again.services), True, True, "periodic"))
+    assert backend.deltas[-1].rebuild and backend.renders == len(KEYS) + 1
+    assert backend.table == {**wanted, KEYS[1]: ("10.0.0.2",)}
+    backend.sync(again, Changes(frozenset(again.services), True, True, "periodic"))
+    assert len(backend.deltas) == 2  # the interval counts from that rebuild
+
+
 def test_a_failed_apply_makes_the_next_sync_a_rebuild() -> None:
     backend = Dataplane()
     one = state_of({k: ("10.0.0.1",) for k in KEYS})

@@ -18,8 +18,9 @@ rendering did not change is not applied again.
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -126,18 +127,23 @@ class StagedBackend(Backend, Generic[V]):
 
     ``render`` may read the record and ``state.node``, nothing else: a record that is
     the very object rendered before, for an equal node, is not rendered again, so a
-    periodic resync with nothing changed costs a lookup per service port. Set
-    ``rebuild_on_resync`` to rewrite everything on periodic resyncs instead (to repair
-    changes made behind the backend's back).
+    periodic resync with nothing changed costs a lookup per service port.
+
+    Changes made behind the backend's back (a firewall reload, a foreign rule) are
+    repaired by the first periodic resync once ``full_sync_interval`` seconds have passed
+    since the last rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every
+    resync): a rebuild to the applied values (not rendered again) plus any changes.
     """
 
-    rebuild_on_resync: bool = False
+    full_sync_interval: float | None = 3600.0
+    clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self) -> None:
         self.applied: Applied[ServicePortKey, V] = Applied()
         self._sources: dict[ServicePortKey, ServicePortState] = {}
         self._node: NodeInfo | None = None
         self._pending: tuple[bool, dict[ServicePortKey, ServicePortState | None]] = (False, {})
+        self._last_rebuild: float | None = None
 
     @abstractmethod
     def render(self, state: NodeState, record: ServicePortState) -> V | None:
@@ -155,8 +161,6 @@ class StagedBackend(Backend, Generic[V]):
 
     def diff(self, state: NodeState, changes: Changes) -> Delta[ServicePortKey, V]:
         """Render what may have changed and compare it with what is applied."""
-        if changes.reason == "periodic" and self.rebuild_on_resync:
-            self.applied.invalidate()
         same_node = state.node == self._node
         full = changes.full or not same_node or not self.applied.known
         reuse = self.applied.known and same_node
@@ -177,7 +181,23 @@ class StagedBackend(Backend, Generic[V]):
                 desired[key] = self.render(state, record)
         self._pending = (full, sources)
         self._node = state.node
-        return self.applied.diff(desired, full=full)
+        delta = self.applied.diff(desired, full=full)
+        if changes.reason == "periodic" and self._repair_due():
+            return self._as_rebuild(delta)
+        return delta
+
+    def _repair_due(self) -> bool:
+        """Whether ``full_sync_interval`` has passed since the last rebuild."""
+        interval, last = self.full_sync_interval, self._last_rebuild
+        return interval is not None and last is not None and self.clock() - last >= interval
+
+    def _as_rebuild(self, delta: Delta[ServicePortKey, V]) -> Delta[ServicePortKey, V]:
+        """``delta`` as a rebuild: the applied values with the delta applied to them."""
+        if delta.rebuild:
+            return delta
+        values = {k: v for k, v in self.applied.items() if k not in delta.removed}
+        values.update(delta.set)
+        return Delta(True, values)
 
     def _moved(self, state: NodeState) -> list[ServicePortKey]:
         """Service ports whose record is not the one last rendered, or that are gone."""
@@ -206,6 +226,8 @@ class StagedBackend(Backend, Generic[V]):
                 self._sources = {}
                 raise
         self.applied.commit(delta if done is None else done)
+        if delta.rebuild:
+            self._last_rebuild = self.clock()
         self._remember()
 
     def _remember(self) -> None:
