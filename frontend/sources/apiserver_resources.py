@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes.client
+from kubernetes.client.exceptions import ApiException
 
 from .events import Kind
+
+# The list/watch options the reflector passes, as the apiserver's query parameters.
+_QUERY = {"limit": "limit", "_continue": "continue", "resource_version": "resourceVersion",
+          "allow_watch_bookmarks": "allowWatchBookmarks", "timeout_seconds": "timeoutSeconds",
+          "watch": "watch"}
 
 
 @dataclass(frozen=True)
@@ -19,13 +25,32 @@ class Resource:
     api_version: str
     plural: str
 
+    @property
+    def path(self) -> str:
+        """The cluster-wide collection's REST path."""
+        group = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        return f"{group}/{self.plural}"
+
     def list_call(self, api: kubernetes.client.ApiClient) -> Callable[..., Any]:
-        """The official client's cluster-wide list (and watch) function for this kind."""
-        if self.kind == "Service":
-            return kubernetes.client.CoreV1Api(api).list_service_for_all_namespaces
-        if self.kind == "EndpointSlice":
-            return kubernetes.client.DiscoveryV1Api(api).list_endpoint_slice_for_all_namespaces
-        return kubernetes.client.CoreV1Api(api).list_node
+        """The cluster-wide list (and watch) GET of this kind through ``api`` (its
+        credentials and TLS), returning the raw urllib3 response. Not the generated
+        CoreV1Api/DiscoveryV1Api: importing them builds ~200 pydantic models (1.2-1.4 s of
+        CPU, the largest part of a local-mode cold start at 1,000 services)."""
+        path = self.path
+
+        def call(_preload_content: bool = False, _request_timeout: Any = None,
+                 **query: Any) -> Any:
+            params = [(_QUERY[k], v) for k, v in query.items() if v is not None]
+            request = api.param_serialize("GET", path, query_params=params,
+                                          header_params={"Accept": "application/json"},
+                                          auth_settings=["BearerToken"])
+            resp = api.call_api(*request, _request_timeout=_request_timeout)
+            if not 200 <= resp.status <= 299:
+                resp.read()
+                raise ApiException.from_response(http_resp=resp, body=None, data=None)
+            return resp.response
+
+        return call
 
     def complete(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Fill in kind and apiVersion, which list responses leave out of their items."""
