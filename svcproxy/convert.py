@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from hashlib import blake2b
+from typing import TypeVar
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -30,6 +32,7 @@ _POLICY = {TrafficPolicy.CLUSTER: pb.CLUSTER, TrafficPolicy.LOCAL: pb.LOCAL}
 _POLICY_BACK = {v: k for k, v in _POLICY.items()}
 _AFFINITY = {SessionAffinity.NONE: pb.NONE, SessionAffinity.CLIENT_IP: pb.CLIENT_IP}
 _AFFINITY_BACK = {v: k for k, v in _AFFINITY.items()}
+_T = TypeVar("_T")
 
 
 def key_to_pb(key: ServicePortKey) -> pb.ServicePortKey:
@@ -37,9 +40,42 @@ def key_to_pb(key: ServicePortKey) -> pb.ServicePortKey:
                              protocol=_PROTO[key.protocol])
 
 
+# Decoding builds the frozen dataclasses through their slots' descriptors: the same
+# objects as their __init__ makes (it has no checks), at about half the cost, which is
+# most of decoding a node's first state.
+_new = object.__new__
+
+
+def _setters(cls: type, names: str) -> tuple[Callable[[object, object], None], ...]:
+    return tuple(cls.__dict__[name].__set__ for name in names.split())
+
+
+_KEY = _setters(ServicePortKey, "namespace name port_name protocol")
+_SERVICE = _setters(ServicePort, "key type cluster_ips port node_port external_ips "
+                    "load_balancer_ingress load_balancer_source_ranges session_affinity "
+                    "session_affinity_timeout internal_traffic_policy external_traffic_policy "
+                    "health_check_node_port traffic_distribution has_endpoints options "
+                    "trigger_time has_local_endpoints")
+_ENDPOINT = _setters(Endpoint, "ip port ready serving terminating is_local node_name zone "
+                     "hint_zones hint_nodes internal external cluster local")
+
+
+def _built(cls: type[_T], setters: tuple[Callable[[object, object], None], ...],
+           *values: object) -> _T:
+    obj = _new(cls)
+    for put, value in zip(setters, values, strict=True):
+        put(obj, value)
+    return obj
+
+
+def _strings(values: Sequence[str]) -> tuple[str, ...]:
+    """A repeated string field as a tuple (an empty one without iterating it)."""
+    return tuple(values) if values else ()
+
+
 def key_from_pb(msg: pb.ServicePortKey) -> ServicePortKey:
-    return ServicePortKey(msg.namespace, msg.name, msg.port_name,
-                          _PROTO_BACK.get(msg.protocol, Protocol.TCP))
+    return _built(ServicePortKey, _KEY, msg.namespace, msg.name, msg.port_name,
+                  _PROTO_BACK.get(msg.protocol, Protocol.TCP))
 
 
 def _timestamp(unix: float) -> Timestamp | None:
@@ -68,24 +104,20 @@ def service_to_pb(svc: ServicePort) -> pb.ServicePort:
 
 
 def service_from_pb(msg: pb.ServicePort) -> ServicePort:
-    return ServicePort(
-        key=key_from_pb(msg.key), type=_TYPE_BACK.get(msg.type, ServiceType.CLUSTER_IP),
-        cluster_ips=tuple(msg.cluster_ips), port=msg.port, node_port=msg.node_port,
-        external_ips=tuple(msg.external_ips),
-        load_balancer_ingress=tuple(LoadBalancerIngress(i.ip, i.ip_mode or "VIP")
-                                    for i in msg.load_balancer_ingress),
-        load_balancer_source_ranges=tuple(msg.load_balancer_source_ranges),
-        session_affinity=_AFFINITY_BACK.get(msg.session_affinity, SessionAffinity.NONE),
-        session_affinity_timeout=msg.session_affinity_timeout_seconds,
-        internal_traffic_policy=_POLICY_BACK.get(msg.internal_traffic_policy,
-                                                 TrafficPolicy.CLUSTER),
-        external_traffic_policy=_POLICY_BACK.get(msg.external_traffic_policy,
-                                                 TrafficPolicy.CLUSTER),
-        health_check_node_port=msg.health_check_node_port,
-        traffic_distribution=msg.traffic_distribution, has_endpoints=msg.has_endpoints,
-        options=tuple(sorted(msg.options.items())),
-        trigger_time=msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time")
-        else 0.0, has_local_endpoints=msg.has_local_endpoints)
+    return _built(
+        ServicePort, _SERVICE, key_from_pb(msg.key),
+        _TYPE_BACK.get(msg.type, ServiceType.CLUSTER_IP), _strings(msg.cluster_ips),
+        msg.port, msg.node_port, _strings(msg.external_ips),
+        tuple(LoadBalancerIngress(i.ip, i.ip_mode or "VIP") for i in msg.load_balancer_ingress)
+        if msg.load_balancer_ingress else (), _strings(msg.load_balancer_source_ranges),
+        _AFFINITY_BACK.get(msg.session_affinity, SessionAffinity.NONE),
+        msg.session_affinity_timeout_seconds,
+        _POLICY_BACK.get(msg.internal_traffic_policy, TrafficPolicy.CLUSTER),
+        _POLICY_BACK.get(msg.external_traffic_policy, TrafficPolicy.CLUSTER),
+        msg.health_check_node_port, msg.traffic_distribution, msg.has_endpoints,
+        tuple(sorted(msg.options.items())) if msg.options else (),
+        msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time") else 0.0,
+        msg.has_local_endpoints)
 
 
 def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
@@ -97,11 +129,25 @@ def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
 
 
 def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
-    return Endpoint(ip=msg.ip, port=msg.port, ready=msg.ready, serving=msg.serving,
-                    terminating=msg.terminating, is_local=msg.is_local, node_name=msg.node_name,
-                    zone=msg.zone, hint_zones=tuple(msg.hint_zones),
-                    hint_nodes=tuple(msg.hint_nodes), internal=msg.internal,
-                    external=msg.external, cluster=msg.cluster, local=msg.local)
+    # The hottest decoding (a node's first state has every endpoint): set one by one.
+    ep = _new(Endpoint)
+    ip, port, ready, serving, terminating, is_local, node_name, zone, hint_zones, \
+        hint_nodes, internal, external, cluster, local = _ENDPOINT
+    ip(ep, msg.ip)
+    port(ep, msg.port)
+    ready(ep, msg.ready)
+    serving(ep, msg.serving)
+    terminating(ep, msg.terminating)
+    is_local(ep, msg.is_local)
+    node_name(ep, msg.node_name)
+    zone(ep, msg.zone)
+    hint_zones(ep, tuple(zones) if (zones := msg.hint_zones) else ())
+    hint_nodes(ep, tuple(nodes) if (nodes := msg.hint_nodes) else ())
+    internal(ep, msg.internal)
+    external(ep, msg.external)
+    cluster(ep, msg.cluster)
+    local(ep, msg.local)
+    return ep
 
 
 def state_to_pb(state: ServicePortState) -> pb.ServicePortState:
@@ -113,7 +159,7 @@ def state_to_pb(state: ServicePortState) -> pb.ServicePortState:
 
 def state_from_pb(msg: pb.ServicePortState) -> ServicePortState:
     return ServicePortState(service_from_pb(msg.service),
-                            {e.ip: endpoint_from_pb(e) for e in msg.endpoints})
+                            {e.ip: e for e in map(endpoint_from_pb, msg.endpoints)})
 
 
 def node_to_pb(node: NodeInfo) -> pb.NodeInfo:
@@ -189,6 +235,54 @@ def record_term(state: pb.ServicePortState) -> int:
     for ep in state.endpoints:
         total += _endpoint_term(key_field, ep)
     return total & DIGEST_MASK
+
+
+def record_terms(state: pb.ServicePortState) -> tuple[int, int]:
+    """``service_term`` of the state's service and ``record_term`` of the state, from one
+    serialisation of the state: its field 1 is the service's serialisation and each field
+    2 an endpoint's (the bytes ``endpoint_term_of`` hashes after the key)."""
+    data = state.SerializeToString(deterministic=True)
+    key_field = port_key_field(state.service.key)
+    service = b""
+    endpoints = 0
+    pos, end = 0, len(data)
+    while pos < end:
+        field = pos
+        tag = data[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint_at(data, pos)
+        wire = tag & 7
+        if wire == 2:
+            size = data[pos]
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = _varint_at(data, pos)
+            if tag == 0x0A:
+                service = data[pos:pos + size]
+            elif tag == 0x12:
+                endpoints += term_of(b"e", key_field + data[field:pos + size])
+            pos += size
+        elif wire in (0, 1, 5):  # an unknown field, not in the terms
+            pos = _varint_at(data, pos)[1] if wire == 0 else pos + (8 if wire == 1 else 4)
+        else:
+            return service_term(state.service), record_term(state)
+    term = term_of(b"s", service)
+    return term, (term + endpoints) & DIGEST_MASK
+
+
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and where it ends."""
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
 
 
 def node_term(node: pb.NodeInfo) -> int:

@@ -30,7 +30,7 @@ from svcproxy.convert import (
     key_from_pb,
     node_from_pb,
     node_term,
-    record_term,
+    record_terms,
     service_from_pb,
     service_term,
     state_from_pb,
@@ -370,8 +370,8 @@ class NodeStateClient:
             self._services[rec.key] = rec
             self._endpoint_changes += len(rec.endpoints)
             self._touch(rec.key, rec)
-            self._service_terms[rec.key] = service_term(op.replace_service.service)
-            self._set_record_term(rec.key, record_term(op.replace_service))
+            self._service_terms[rec.key], term = record_terms(op.replace_service)
+            self._set_record_term(rec.key, term)
         elif which == "set_service":
             svc = service_from_pb(op.set_service)
             old = self._services.get(svc.key)
