@@ -358,6 +358,27 @@ def test_flushed_rules_come_back_at_the_next_periodic_sync(lab: Lab) -> None:
     assert "-j KUBE-SERVICES" in lab.iptables_save()
 
 
+def test_an_hourly_resync_rewrites_a_service_chain_flushed_behind_its_back(lab: Lab) -> None:
+    """The canary stays, so only the SDK's full_sync_interval notices: nothing is written
+    before it has passed, everything applied (not rendered again) after."""
+    web = service("web", "172.30.0.10", ("pod-a",))
+    be = backend(lab)
+    now = [0.0]
+    be.clock = lambda: now[0]
+    state = node_state(web)
+    be.sync(state, full())
+    ns_run(lab.node, "iptables-nft", "-t", "nat", "-F", "KUBE-SERVICES")
+    assert lab.connect(lab.client, "172.30.0.10", 80) == ["timeout"]
+    periodic = Changes(services=frozenset(state.services), full=True, reason="periodic")
+    now[0] = be.full_sync_interval - 1
+    be.sync(state, periodic)
+    assert [r.chains_written for r in be.reports if r.family == 4] == [0]
+    now[0] = be.full_sync_interval
+    be.sync(state, periodic)
+    assert [(r.full, r.rendered) for r in be.reports if r.family == 4] == [(True, 0)]
+    assert lab.connect(lab.client, "172.30.0.10", 80) == ["pod-a 10.244.1.1"]
+
+
 def test_a_change_after_a_flush_restores_everything(lab: Lab) -> None:
     web, api = service("web", "172.30.0.10", ("pod-a",)), service("api", "172.30.0.12", ())
     be = backend(lab)

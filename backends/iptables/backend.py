@@ -64,7 +64,6 @@ class IptablesOptions:
     masquerade_bit: int = 14
     mode: str = "auto"  # auto | nft | legacy
     families: tuple[int, ...] = (4, 6)
-    full_sync_interval: float = 3600.0
     prefix: tuple[str, ...] = ()
 
 
@@ -113,9 +112,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._counters = False  # kube-proxy's nfacct counters exist: rules reference them
         self._large = False
         self._configs: tuple[FamilyConfig, ...] = ()
-        self._last_full = 0.0
         self._why = ""
-        self._rewrite = ""  # why the kernel is rewritten whole this sync, or ""
         self._rendered = 0
         self._reports: dict[int, SyncReport] = {}
         # The last full restore tried (values, family index, text): what the line numbers
@@ -183,29 +180,13 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._prepare(state, changes)
         try:
             super().sync(state, changes)
-            if self._rewrite:  # nothing changed, so apply did not run: rewrite all the same
-                self._rewrite_applied()
         finally:
             self._finish()
         self._settle(state)
 
-    def _rewrite_applied(self) -> None:
-        """A full restore of what is applied (a flush was seen, or an hourly resync)."""
-        self._rewrite = ""
-        try:
-            done = self._apply_full(dict(self.applied), list(self._families.values()))
-        except BaseException:
-            self.applied.invalidate()
-            raise
-        if done is not None:
-            self.applied.commit(done)
-
     def _prepare(self, state: NodeState, changes: Changes) -> None:
-        """What render reads (each family's config, the large-cluster mode; when either
-        changes the applied state is dropped: everything is rendered and rewritten), and
-        whether the kernel must be rewritten whole although nothing else changed
-        (``_rewrite``: the applied values are written again, not rendered again)."""
-        self._rewrite = ""
+        """What render reads: each family's config and the large-cluster mode; when either
+        changes the applied state is dropped (everything is rendered and rewritten)."""
         why = ""
         for fam in self._families.values():
             if fam.planner.reconfigure(self.family_config(fam.family, state)):
@@ -220,23 +201,25 @@ class IptablesBackend(StagedBackend[Rendered]):
             return
         if why:
             self.applied.invalidate()
-        else:
-            self._rewrite = self._wants_full(changes)
-        self._why = why or self._rewrite
+        self._why = why
 
-    def _wants_full(self, changes: Changes) -> str:
-        """Why everything must be rewritten although the applied state is known, or "".
+    def repair_reason(self, changes: Changes) -> str:
+        """Why the applied rules are written again whole (not rendered again): the SDK's
+        hourly resync, a full sync asked for (a reconnect), or a canary chain gone.
 
         Canaries are probed on the periodic sync only (kube-proxy probes once per sync
         period too); a partial sync that fails because our chains were flushed
         meanwhile falls back to a full one at once.
         """
-        if changes.full and changes.reason not in ("periodic", "changes"):
-            return changes.reason
-        if changes.reason != "periodic":
-            return ""
-        if self.clock() - self._last_full >= self.options.full_sync_interval:
-            return "hourly resync"
+        why = super().repair_reason(changes)
+        if not why and changes.full and changes.reason not in ("periodic", "changes"):
+            why = changes.reason
+        if not why and changes.reason == "periodic":
+            why = self._canary_gone()
+        self._why = self._why or why
+        return why
+
+    def _canary_gone(self) -> str:
         for family, fam in self._families.items():
             if not fam.probe():
                 log.warning("IPv%d %s canary chain is gone: someone flushed iptables (a "
@@ -264,9 +247,6 @@ class IptablesBackend(StagedBackend[Rendered]):
         families = list(self._families.values())
         if delta.rebuild:
             return self._apply_full(delta.set, families)
-        if self._rewrite:
-            self._rewrite = ""
-            return self._apply_full(after(self.applied, delta), families)
         failed = [fam for fam in families if not self._apply_partial(fam, delta)]
         if not failed:
             return None
@@ -294,15 +274,12 @@ class IptablesBackend(StagedBackend[Rendered]):
                     ) -> Delta[ServicePortKey, Rendered] | None:
         """Full restores of ``values`` (None: all of it applied), once more after a
         failure (a transient one is nobody's fault), then the isolation of the refused."""
-        start = self.clock()
         try:
             error = self._try_full(values, families)
             if error is not None:
                 log.warning("Full sync failed (%s); trying once more", error)
                 error = self._try_full(values, families)
             if error is None:
-                if len(families) == len(self._families):
-                    self._last_full = start
                 return None
             return self._isolate(values, error)
         finally:
@@ -348,7 +325,6 @@ class IptablesBackend(StagedBackend[Rendered]):
         failed = self._try_full(accepted, families)
         if failed is not None:
             raise IptablesError(failed)
-        self._last_full = self.clock()
         for key, why in refused.items():
             self.refusals.refuse(key, values[key].record, why)
         return Delta(True, accepted)

@@ -130,9 +130,10 @@ class StagedBackend(Backend, Generic[V]):
     periodic resync with nothing changed costs a lookup per service port.
 
     Changes made behind the backend's back (a firewall reload, a foreign rule) are
-    repaired by the first periodic resync once ``full_sync_interval`` seconds have passed
-    since the last rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every
-    resync): a rebuild to the applied values (not rendered again) plus any changes.
+    repaired by a rebuild to the applied values (not rendered again) plus any changes:
+    on the first periodic resync once ``full_sync_interval`` seconds have passed since
+    the last rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every
+    resync), and whenever ``repair_reason`` names one (a backend adds its own).
     """
 
     full_sync_interval: float | None = 3600.0
@@ -182,19 +183,21 @@ class StagedBackend(Backend, Generic[V]):
         self._pending = (full, sources)
         self._node = state.node
         delta = self.applied.diff(desired, full=full)
-        if changes.reason == "periodic" and self._repair_due():
+        if not delta.rebuild and self.repair_reason(changes):
             return self._as_rebuild(delta)
         return delta
 
-    def _repair_due(self) -> bool:
-        """Whether ``full_sync_interval`` has passed since the last rebuild."""
+    def repair_reason(self, changes: Changes) -> str:
+        """Why this sync must rewrite everything applied although it is known, or "":
+        the first periodic resync once ``full_sync_interval`` has passed since the last
+        rebuild. Backends extend it (a canary chain found gone)."""
         interval, last = self.full_sync_interval, self._last_rebuild
-        return interval is not None and last is not None and self.clock() - last >= interval
+        if changes.reason != "periodic" or interval is None or last is None:
+            return ""
+        return "full sync interval" if self.clock() - last >= interval else ""
 
     def _as_rebuild(self, delta: Delta[ServicePortKey, V]) -> Delta[ServicePortKey, V]:
         """``delta`` as a rebuild: the applied values with the delta applied to them."""
-        if delta.rebuild:
-            return delta
         values = {k: v for k, v in self.applied.items() if k not in delta.removed}
         values.update(delta.set)
         return Delta(True, values)
