@@ -109,8 +109,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
                  families: Iterable[int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self.clock = clock
-        self._last_rebuild = -float("inf")
+        self.clock = clock  # StagedBackend's: when a periodic resync is due to rebuild
         self.config = config
         self.options = options
         self.families = tuple(families) if families else ((4, 6) if ipv6_enabled() else (4,))
@@ -176,11 +175,11 @@ class IpvsBackend(StagedBackend[PortPlan]):
             self._setup()
             self.refusals.prune(state.services)
             self._forget_gone(state, changes)
+            self._reason = changes.reason
             if self._rebuilds(state, changes):
                 self.node_context = self._node_context(state)
                 self.ctx = self._context(self.node_context)
                 self._basis = (state.node, state.context)
-                self._reason = changes.reason
                 self.applied.invalidate()  # rebuild: everything rendered, the kernel read
             for round_ in range(MAX_ROUNDS + 1):
                 try:
@@ -200,14 +199,13 @@ class IpvsBackend(StagedBackend[PortPlan]):
             self._reap_now()
 
     def _rebuilds(self, state: NodeState, changes: Changes) -> bool:
-        """A rebuild: nothing applied yet (first sync, after a failure), a full sync that
-        is not the periodic one (a reconnect), a new node or node context, or a periodic
-        resync after ``full_sync_interval``."""
+        """A rebuild decided here: nothing applied yet (first sync, after a failure), a
+        full sync that is not the periodic one (a reconnect), a new node or node context.
+        A periodic resync is the SDK's diff, a rebuild once ``full_sync_interval`` (an
+        hour) has passed since the last one (``StagedBackend``)."""
         if not self.applied.known or (state.node, state.context) != self._basis:
             return True
-        if changes.reason == "periodic":
-            return self.clock() - self._last_rebuild >= self.options.full_sync_interval
-        return changes.full
+        return changes.full and changes.reason != "periodic"
 
     def _forget_gone(self, state: NodeState, changes: Changes) -> None:
         """Drop the last valid versions of service ports that are gone."""
@@ -336,7 +334,6 @@ class IpvsBackend(StagedBackend[PortPlan]):
         self._apply_rules(self.node_context)
         self._bring_up(servers, links)
         self._unsure = False
-        self._last_rebuild = self.clock()
         log.info("ipvs: full sync (%s) of %d service ports, %d virtual servers in %.3fs",
                  self._reason, len(plans), len(self.desired.claims),
                  time.monotonic() - started)

@@ -27,9 +27,6 @@ class IpvsOptions:
     # How often draining real servers are checked.
     graceful_check_interval: float = 2.0
     interface: str = DUMMY_INTERFACE
-    # A periodic resync is a diff; at most this often it rebuilds instead (reads the
-    # kernel back, rewrites every ipset and rule: repairs changes made behind our back).
-    full_sync_interval: float = 3600.0
 
     def __post_init__(self) -> None:
         check_scheduler(self.scheduler, "--ipvs-scheduler")
