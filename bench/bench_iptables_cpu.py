@@ -25,51 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_iptables import make_state, pct, with_one_change  # noqa: E402
 
 from svcproxy.agent.config import NodeConfig  # noqa: E402
 from svcproxy.sdk.backend import Changes  # noqa: E402
-
-
-class Recorder:
-    """Stands for the iptables programs of one family: keeps what would be restored."""
-
-    restored: list[str] = []
-
-    def __init__(self, family: int, mode: str, prefix: tuple[str, ...] = ()) -> None:
-        self.family, self.mode, self.prefix = family, mode, prefix
-
-    def restore(self, text: str) -> None:
-        Recorder.restored.append(text)
-
-    def save_tables(self) -> dict[str, object]:
-        return {}
-
-    def chain_exists(self, table: str, chain: str) -> bool:
-        return True
-
-
-class NoSysctl:
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        self.prefix = prefix
-
-    def get(self, name: str) -> str | None:
-        return None
-
-    def set(self, name: str, value: str) -> None:
-        pass
-
-
-class NoNfacct:
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        pass
-
-    def create(self, name: str) -> None:
-        pass
-
-    def packets(self, name: str) -> int:
-        return 0
+from tests.iptables_fakes import RecordingIptables, stand_in  # noqa: E402
 
 
 def cpu(fn: Callable[[], object]) -> float:
@@ -81,17 +43,13 @@ def cpu(fn: Callable[[], object]) -> float:
 def one_round(args: argparse.Namespace) -> dict[str, float]:
     from svcproxy.backends.iptables import backend as module
 
-    module.Iptables = Recorder  # type: ignore[misc,assignment]
-    module.Sysctl = NoSysctl  # type: ignore[misc,assignment]
-    if hasattr(module, "Nfacct"):
-        module.Nfacct = NoNfacct  # type: ignore[attr-defined]
-    Recorder.restored = []
+    stand_in()
     state = make_state(args.services, args.endpoints)
     backend = module.IptablesBackend(NodeConfig("bench", cluster_cidrs=("10.0.0.0/8",)),
                                      module.IptablesOptions(mode="nft", families=(4,),
                                                             localhost_nodeports=False))
     full = cpu(lambda: backend.sync(state, Changes(full=True, reason="initial")))
-    size = len(Recorder.restored[0])
+    size = len(RecordingIptables.restored[0])
     changes = []
     for n in range(args.changes):
         state, change = with_one_change(state, args.services, args.endpoints, n)
@@ -99,7 +57,7 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
     periodic = Changes(services=frozenset(state.services), full=True, reason="periodic")
     noop = [cpu(lambda: backend.sync(state, periodic)) for _ in range(5)]
     hourly = cpu(lambda: backend.sync(state, Changes(full=True, reason="hourly")))
-    Recorder.restored = []
+    RecordingIptables.restored = []
     return {"full": full, "change_p50": statistics.median(changes),
             "change_p90": pct(changes, 0.9), "noop": statistics.median(noop), "bytes": size,
             "hourly": hourly, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

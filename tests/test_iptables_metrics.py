@@ -12,61 +12,13 @@ from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.iptables import backend as backend_module
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
-from svcproxy.backends.iptables.restore import SavedTable
 from svcproxy.backends.iptables.tool import IptablesError
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
+from tests.iptables_fakes import FakeNfacct, RecordingIptables, stand_in
 
 KEY = ServicePortKey("default", "web", "http", Protocol.TCP)
-
-
-class FakeIptables:
-    """Records restores instead of running iptables; ``fail`` makes the next ones fail."""
-
-    fail = 0
-    restored: list[str] = []
-
-    def __init__(self, family: int, mode: str, prefix: tuple[str, ...] = ()) -> None:
-        self.family, self.mode, self.prefix = family, mode, prefix
-
-    def restore(self, text: str) -> None:
-        if FakeIptables.fail:
-            FakeIptables.fail -= 1
-            raise IptablesError("iptables-nft-restore failed: line 2 failed")
-        FakeIptables.restored.append(text)
-
-    def save_tables(self) -> dict[str, SavedTable]:
-        return {}
-
-    def chain_exists(self, table: str, chain: str) -> bool:
-        return True
-
-
-class FakeSysctl:
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        self.prefix = prefix
-
-    def get(self, name: str) -> str | None:
-        return None
-
-    def set(self, name: str, value: str) -> None:
-        pass
-
-
-class FakeNfacct:
-    """nfacct objects in memory (the tests without a namespace touch no kernel state)."""
-
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        self.counts: dict[str, int] = {}
-
-    def create(self, name: str) -> None:
-        self.counts.setdefault(name, 0)
-
-    def packets(self, name: str) -> int:
-        if name not in self.counts:
-            raise FileNotFoundError(2, "No such file or directory")
-        return self.counts[name]
 
 
 @pytest.fixture
@@ -81,9 +33,8 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[NodeAgent]:
 
 def agent_backend(monkeypatch: pytest.MonkeyPatch) -> IptablesBackend:
     """The backend with the iptables programs and sysctls faked (nfacct: as patched)."""
-    monkeypatch.setattr(backend_module, "Iptables", FakeIptables)
-    monkeypatch.setattr(backend_module, "Sysctl", FakeSysctl)
-    FakeIptables.fail, FakeIptables.restored = 0, []
+    nfacct = backend_module.Nfacct  # as the test patched it
+    stand_in(monkeypatch.setattr, nfacct)
     config = NodeConfig("node-a", cluster_cidrs=("10.0.0.0/8",))
     return IptablesBackend(config, IptablesOptions(mode="nft", families=(4,),
                                                    localhost_nodeports=False))
@@ -129,7 +80,7 @@ def rule_lines(text: str, table: str) -> int:
 def test_rule_counts_per_table_follow_full_and_partial_syncs(agent: NodeAgent) -> None:
     sync(agent, state(1, "10.1.0.1", "10.1.0.2"), Changes(full=True, reason="initial"))
     nat = metric(agent, TOTAL, NAT)
-    full_text = FakeIptables.restored[-1]
+    full_text = RecordingIptables.restored[-1]
     assert nat == sum(1 for line in full_text.split("*nat\n", 1)[1].split("COMMIT", 1)[0]
                       .splitlines() if line.startswith("-A "))
     assert metric(agent, TOTAL, FILTER) > 0
@@ -140,7 +91,7 @@ def test_rule_counts_per_table_follow_full_and_partial_syncs(agent: NodeAgent) -
     # one KUBE-SEP chain (2 rules) and one probability rule fewer
     assert metric(agent, TOTAL, NAT) == nat - 3
     # the partial sync rewrote the KUBE-SVC chain only: its masquerade rule and one jump
-    assert metric(agent, LAST, NAT) == rule_lines(FakeIptables.restored[-1], "nat") == 2
+    assert metric(agent, LAST, NAT) == rule_lines(RecordingIptables.restored[-1], "nat") == 2
     assert metric(agent, LAST, FILTER) == 0
 
 
@@ -149,13 +100,13 @@ def test_restore_failures_are_counted_partial_ones_apart(agent: NodeAgent) -> No
     partial = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
     assert metric(agent, name, V4) == 0 and metric(agent, partial, V4) == 0
     sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
-    FakeIptables.fail = 1  # the partial restore fails; the full one it falls back to works
+    RecordingIptables.fail = 1  # the partial restore fails; the full one it falls back to works
     sync(agent, state(2, "10.1.0.2"), Changes(services=frozenset({KEY})))
     assert metric(agent, name, V4) == 1 and metric(agent, partial, V4) == 1
-    FakeIptables.fail = 1  # a full restore that fails once is tried once more
+    RecordingIptables.fail = 1  # a full restore that fails once is tried once more
     sync(agent, state(3, "10.1.0.3"), Changes(full=True, reason="retry"))
     assert metric(agent, name, V4) == 2 and metric(agent, partial, V4) == 1
-    FakeIptables.fail = 100  # every restore fails: the node's fault, not the service's
+    RecordingIptables.fail = 100  # every restore fails: the node's fault, not the service's
     with pytest.raises(IptablesError):
         sync(agent, state(4, "10.1.0.4"), Changes(full=True, reason="retry"))
     assert metric(agent, name, V4) > 3 and metric(agent, partial, V4) == 1
@@ -186,8 +137,9 @@ def test_without_nfacct_the_rules_count_nothing_and_the_counters_are_left_out(
                            metrics_address=("127.0.0.1", 0))
     try:
         sync(node_agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
-        assert "KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP" in FakeIptables.restored[-1]
-        assert "nfacct" not in FakeIptables.restored[-1]
+        text = RecordingIptables.restored[-1]
+        assert "KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP" in text
+        assert "nfacct" not in text
         assert metric(node_agent, TOTAL, NAT) > 0
         with pytest.raises(AssertionError):
             metric(node_agent, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total")
@@ -199,5 +151,5 @@ def test_without_nfacct_the_rules_count_nothing_and_the_counters_are_left_out(
 def test_with_nfacct_the_invalid_drop_is_counted(agent: NodeAgent) -> None:
     sync(agent, state(1, "10.1.0.1"), Changes(full=True, reason="initial"))
     assert ("KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name "
-            "ct_state_invalid_dropped_pkts -j DROP") in FakeIptables.restored[-1]
+            "ct_state_invalid_dropped_pkts -j DROP") in RecordingIptables.restored[-1]
     assert metric(agent, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total") == 0

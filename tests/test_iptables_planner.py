@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from svcproxy.backends.iptables import backend as backend_module
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.cleanup import cleanup_text
 from svcproxy.backends.iptables.jumps import JUMPS, insert_lines
 from svcproxy.backends.iptables.planner import Plan, Planner, Rendered, render
 from svcproxy.backends.iptables.render import FamilyConfig
-from svcproxy.backends.iptables.restore import SavedTable, parse_save, restore_text
+from svcproxy.backends.iptables.restore import parse_save, restore_text
 from svcproxy.backends.iptables.tool import failing_lines
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Applied, Changes, Delta, NodeConfig, NodeState
+from tests.iptables_fakes import RecordingIptables, stand_in
 
 CFG = FamilyConfig(if_local="-s 10.0.0.0/8", if_not_local="! -s 10.0.0.0/8")
 
@@ -114,56 +114,9 @@ def test_full_plan_deletes_stale_service_chains_but_no_foreign_chain() -> None:
     assert plan.tables["nat"].delete == ["KUBE-SEP-STALE0000000000", "KUBE-SVC-STALE0000000000"]
 
 
-class RecordingIptables:
-    """Records restores instead of running iptables (an empty kernel)."""
-
-    restored: list[str] = []
-
-    def __init__(self, family: int, mode: str, prefix: tuple[str, ...] = ()) -> None:
-        self.family, self.mode, self.prefix = family, mode, prefix
-
-    def restore(self, text: str) -> None:
-        RecordingIptables.restored.append(text)
-
-    def save_tables(self) -> dict[str, SavedTable]:
-        return {}
-
-    def chain_exists(self, table: str, chain: str) -> bool:
-        return True
-
-
-class NoSysctl:
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        self.prefix = prefix
-
-    def get(self, name: str) -> str | None:
-        return None
-
-    def set(self, name: str, value: str) -> None:
-        pass
-
-
-class FakeNfacct:
-    """nfacct objects in memory (the tests without a namespace touch no kernel state)."""
-
-    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
-        self.counts: dict[str, int] = {}
-
-    def create(self, name: str) -> None:
-        self.counts.setdefault(name, 0)
-
-    def packets(self, name: str) -> int:
-        if name not in self.counts:
-            raise FileNotFoundError(2, "No such file or directory")
-        return self.counts[name]
-
-
 def test_crossing_the_large_cluster_threshold_rewrites_everything(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backend_module, "Iptables", RecordingIptables)
-    monkeypatch.setattr(backend_module, "Sysctl", NoSysctl)
-    monkeypatch.setattr(backend_module, "Nfacct", FakeNfacct)
-    RecordingIptables.restored = []
+    stand_in(monkeypatch.setattr)
     be = IptablesBackend(NodeConfig("n", cluster_cidrs=("10.0.0.0/8",)),
                          IptablesOptions(mode="nft", families=(4,), localhost_nodeports=False))
     small = [svc(i, f"10.{i}.0.1") for i in range(1, 3)]
