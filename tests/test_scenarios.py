@@ -135,7 +135,7 @@ def test_cluster_ip_protocols_ports_and_target_port_names(lab: ScenarioLab) -> N
     docs[1] = m.endpoint_slice("multi", eps(lab, "pod-b", "pod-d"), slice_ports, 4)
     lab.apply("multi.yaml", docs)
     lab.eventually(lambda: reach(lab, "client", "tcp", cips[0], 80, {"pod-b", "pod-d"}))
-    reach(lab, "client", "udp", cips[0], 80, {"pod-b", "pod-d"})
+    lab.eventually(lambda: reach(lab, "client", "udp", cips[0], 80, {"pod-b", "pod-d"}))
     reach(lab, "client", "tcp", cips[1], 80, set(pods))
 
     lab.delete("multi.yaml")
