@@ -17,30 +17,17 @@ import gc
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from svcproxy.convert import (
-    _AFFINITY_BACK,
-    _POLICY_BACK,
-    _TYPE_BACK,
-    key_from_pb,
-    record_term,
-    service_term,
-)
-from svcproxy.frontend.publication.digests import Digests
-from svcproxy.frontend.publication.wire import MESSAGE_BYTES, chunk_events
-from svcproxy.model import (
-    Endpoint,
-    LoadBalancerIngress,
-    Protocol,
-    ServicePort,
-    ServicePortKey,
-    ServicePortState,
-    ServiceType,
-    SessionAffinity,
-    TrafficPolicy,
-)
-from svcproxy.sdk.client import NodeStateClient
-from svcproxy.v1 import nodestate_pb2 as pb
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from svcproxy.convert import record_term, service_term  # noqa: E402
+from svcproxy.frontend.publication.digests import Digests  # noqa: E402
+from svcproxy.frontend.publication.wire import MESSAGE_BYTES, chunk_events  # noqa: E402
+from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState  # noqa: E402
+from svcproxy.sdk.client import NodeStateClient  # noqa: E402
+from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
+from tests.test_sdk_decode import reference  # noqa: E402
 
 
 def records(services: int) -> list[ServicePortState]:
@@ -67,35 +54,6 @@ def snapshot(recs: list[ServicePortState]) -> list[bytes]:
     return list(chunk_events(7, ops, limit=MESSAGE_BYTES, digest=digest))
 
 
-def _old_service_from_pb(msg: pb.ServicePort) -> ServicePort:
-    return ServicePort(
-        key=key_from_pb(msg.key), type=_TYPE_BACK.get(msg.type, ServiceType.CLUSTER_IP),
-        cluster_ips=tuple(msg.cluster_ips), port=msg.port, node_port=msg.node_port,
-        external_ips=tuple(msg.external_ips),
-        load_balancer_ingress=tuple(LoadBalancerIngress(i.ip, i.ip_mode or "VIP")
-                                    for i in msg.load_balancer_ingress),
-        load_balancer_source_ranges=tuple(msg.load_balancer_source_ranges),
-        session_affinity=_AFFINITY_BACK.get(msg.session_affinity, SessionAffinity.NONE),
-        session_affinity_timeout=msg.session_affinity_timeout_seconds,
-        internal_traffic_policy=_POLICY_BACK.get(msg.internal_traffic_policy,
-                                                 TrafficPolicy.CLUSTER),
-        external_traffic_policy=_POLICY_BACK.get(msg.external_traffic_policy,
-                                                 TrafficPolicy.CLUSTER),
-        health_check_node_port=msg.health_check_node_port,
-        traffic_distribution=msg.traffic_distribution, has_endpoints=msg.has_endpoints,
-        options=tuple(sorted(msg.options.items())),
-        trigger_time=msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time")
-        else 0.0, has_local_endpoints=msg.has_local_endpoints)
-
-
-def _old_endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
-    return Endpoint(ip=msg.ip, port=msg.port, ready=msg.ready, serving=msg.serving,
-                    terminating=msg.terminating, is_local=msg.is_local, node_name=msg.node_name,
-                    zone=msg.zone, hint_zones=tuple(msg.hint_zones),
-                    hint_nodes=tuple(msg.hint_nodes), internal=msg.internal,
-                    external=msg.external, cluster=msg.cluster, local=msg.local)
-
-
 class OldClient(NodeStateClient):
     """The client with the previous replace_service path."""
 
@@ -104,8 +62,7 @@ class OldClient(NodeStateClient):
             super()._apply_op(op)
             return
         msg = op.replace_service
-        rec = ServicePortState(_old_service_from_pb(msg.service),
-                               {e.ip: _old_endpoint_from_pb(e) for e in msg.endpoints})
+        rec = reference(msg)
         self._services[rec.key] = rec
         self._endpoint_changes += len(rec.endpoints)
         self._touch(rec.key, rec)
@@ -133,12 +90,12 @@ def main() -> None:
     recs = records(services)
     msgs = snapshot(recs)
     times: dict[str, list[float]] = {"before": [], "after": []}
-    reference = decode(OldClient, msgs)[1]._services
+    expected = decode(OldClient, msgs)[1]._services
     for _ in range(rounds):
         for name, cls in (("before", OldClient), ("after", NodeStateClient)):
             seconds, client = decode(cls, msgs)
             assert client.mismatches == 0 and len(client._services) == services, name
-            assert client._services == reference, name
+            assert client._services == expected, name
             times[name].append(seconds)
     print(f"SDK decode of a snapshot: {services} service ports x 10 endpoints, "
           f"{sum(map(len, msgs)) / 1e6:.1f} MB in {len(msgs)} messages; CPU ms, {rounds} "
