@@ -129,6 +129,25 @@ def test_a_resync_after_full_sync_interval_rebuilds_from_the_applied_values() ->
     assert len(backend.deltas) == 2  # the interval counts from that rebuild
 
 
+@pytest.mark.parametrize("reason", ["changes", "initial", "retry"])
+def test_a_full_sync_that_is_not_periodic_repairs_from_the_applied_values(reason: str) -> None:
+    """After a reconnect (the runner's full sync is "changes", the client's "initial")
+    what the dataplane holds may have changed: a rebuild to the applied values, not
+    rendered again; a periodic resync within the interval is a diff."""
+    backend, kept = Dataplane(), {}
+    wanted = {k: ("10.0.0.1",) for k in KEYS}
+    state = state_of(wanted, kept=kept)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "initial"))
+    backend.table[KEYS[0]] = ("tampered",)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "periodic"))
+    assert backend.table[KEYS[0]] == ("tampered",)
+    assert backend.repair_reason(Changes(frozenset(), full=True, reason=reason))
+    backend.sync(state, Changes(frozenset(state.services), True, True, reason))
+    assert backend.deltas[-1].rebuild and backend.renders == len(KEYS)
+    assert backend.table == wanted
+    assert not backend.repair_reason(Changes(frozenset({KEYS[0]}), reason=reason))
+
+
 def test_a_failed_apply_makes_the_next_sync_a_rebuild() -> None:
     backend = Dataplane()
     one = state_of({k: ("10.0.0.1",) for k in KEYS})

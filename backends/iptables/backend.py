@@ -25,7 +25,7 @@ from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.familyconfig import family_config, localhost_nodeports_allowed
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
-from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct
+from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct, remove_counters
 from svcproxy.backends.iptables.planner import (
     Plan,
     Planner,
@@ -205,15 +205,13 @@ class IptablesBackend(StagedBackend[Rendered]):
 
     def repair_reason(self, changes: Changes) -> str:
         """Why the applied rules are written again whole (not rendered again): the SDK's
-        hourly resync, a full sync asked for (a reconnect), or a canary chain gone.
+        (a full sync after a reconnect, the hourly resync), or a canary chain gone.
 
         Canaries are probed on the periodic sync only (kube-proxy probes once per sync
         period too); a partial sync that fails because our chains were flushed
         meanwhile falls back to a full one at once.
         """
         why = super().repair_reason(changes)
-        if not why and changes.full and changes.reason not in ("periodic", "changes"):
-            why = changes.reason
         if not why and changes.reason == "periodic":
             why = self._canary_gone()
         self._why = self._why or why
@@ -386,7 +384,8 @@ class IptablesBackend(StagedBackend[Rendered]):
         return plan, {table: tables.chains for table, tables in saved.items()}
 
     def cleanup(self) -> None:
-        """Remove our jump rules and chains, in both iptables modes and both families."""
+        """Remove our jump rules and chains, in both iptables modes and both families,
+        then kube-proxy's nfacct counters."""
         errors = []
         for mode in MODES:
             for family in self.options.families:
@@ -405,6 +404,7 @@ class IptablesBackend(StagedBackend[Rendered]):
                         log.info("Removed svcproxy's iptables rules (IPv%d, %s)", family, mode)
                 except (IptablesError, OSError) as err:
                     errors.append(f"IPv{family} {mode}: {err}")
+        errors += remove_counters(self._nfacct)
         for fam in self._families.values():
             fam.planner.forget()
         self.applied.invalidate()

@@ -168,15 +168,15 @@ class IpvsBackend(StagedBackend[PortPlan]):
     # -- sync --------------------------------------------------------------------------
 
     def sync(self, state: NodeState, changes: Changes) -> None:
-        """render -> diff -> apply (``StagedBackend.sync``), a rebuild when ``_rebuilds``
-        says so; the kernel's refusal of some virtual servers refuses their service ports
-        and syncs again without them."""
+        """render -> diff -> apply (``StagedBackend.sync``), everything rendered again on
+        a new basis (``_new_basis``); the kernel's refusal of some virtual servers
+        refuses their service ports and syncs again without them."""
         with self.lock:
             self._setup()
             self.refusals.prune(state.services)
             self._forget_gone(state, changes)
             self._reason = changes.reason
-            if self._rebuilds(state, changes):
+            if self._new_basis(state):
                 self.node_context = self._node_context(state)
                 self.ctx = self._context(self.node_context)
                 self._basis = (state.node, state.context)
@@ -198,14 +198,12 @@ class IpvsBackend(StagedBackend[PortPlan]):
                     self._reason = "retry"
             self._reap_now()
 
-    def _rebuilds(self, state: NodeState, changes: Changes) -> bool:
-        """A rebuild decided here: nothing applied yet (first sync, after a failure), a
-        full sync that is not the periodic one (a reconnect), a new node or node context.
-        A periodic resync is the SDK's diff, a rebuild once ``full_sync_interval`` (an
-        hour) has passed since the last one (``StagedBackend``)."""
-        if not self.applied.known or (state.node, state.context) != self._basis:
-            return True
-        return changes.full and changes.reason != "periodic"
+    def _new_basis(self, state: NodeState) -> bool:
+        """Whether the render context must be computed again (everything rendered and
+        the kernel read back): nothing applied yet (first sync, after a failure), a new
+        node or node context. Repairs (a full sync after a reconnect, the hourly resync)
+        are ``StagedBackend``'s rebuilds to the applied plans."""
+        return not self.applied.known or (state.node, state.context) != self._basis
 
     def _forget_gone(self, state: NodeState, changes: Changes) -> None:
         """Drop the last valid versions of service ports that are gone."""

@@ -131,9 +131,10 @@ class StagedBackend(Backend, Generic[V]):
 
     Changes made behind the backend's back (a firewall reload, a foreign rule) are
     repaired by a rebuild to the applied values (not rendered again) plus any changes:
-    on the first periodic resync once ``full_sync_interval`` seconds have passed since
-    the last rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every
-    resync), and whenever ``repair_reason`` names one (a backend adds its own).
+    on every full sync that is not a periodic resync (after a reconnect), on the first
+    periodic resync once ``full_sync_interval`` seconds have passed since the last
+    rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every resync), and
+    whenever ``repair_reason`` names one (a backend adds its own).
     """
 
     full_sync_interval: float | None = 3600.0
@@ -188,11 +189,15 @@ class StagedBackend(Backend, Generic[V]):
         return delta
 
     def repair_reason(self, changes: Changes) -> str:
-        """Why this sync must rewrite everything applied although it is known, or "":
-        the first periodic resync once ``full_sync_interval`` has passed since the last
-        rebuild. Backends extend it (a canary chain found gone)."""
+        """Why this sync must rewrite everything applied although it is known, or "": a
+        full sync that is not the periodic one (after a reconnect or a retry: what the
+        dataplane holds may have changed meanwhile), or the first periodic resync once
+        ``full_sync_interval`` has passed since the last rebuild. Backends extend it (a
+        canary chain found gone)."""
+        if changes.reason != "periodic":
+            return f"full sync ({changes.reason})" if changes.full else ""
         interval, last = self.full_sync_interval, self._last_rebuild
-        if changes.reason != "periodic" or interval is None or last is None:
+        if interval is None or last is None:
             return ""
         return "full sync interval" if self.clock() - last >= interval else ""
 
