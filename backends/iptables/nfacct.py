@@ -8,7 +8,8 @@ as ``kubeproxy_iptables_ct_state_invalid_dropped_packets_total`` and
 ``kubeproxy_iptables_localhost_nodeports_accepted_packets_total``.
 
 This is a small client of the nfnetlink_acct protocol (NETLINK_NETFILTER, subsystem
-7): create an object, read its packet count. With a command prefix ``ip netns exec NS``
+7): create an object, read its packet count, list the objects, delete one (``--cleanup``:
+the kernel refuses while a rule still references it). With a command prefix ``ip netns exec NS``
 (tests, benchmarks) the socket is opened inside that namespace: a short-lived thread
 enters it (setns changes only the calling thread's namespace) and the socket stays
 bound to it.
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import socket
 import struct
 import threading
 from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
 
 INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
 LOCALHOST_NODEPORTS = "localhost_nps_accepted_pkts"
@@ -30,9 +34,10 @@ COUNTERS = (INVALID_DROPPED, LOCALHOST_NODEPORTS)
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_ACCT = 7
-MSG_NEW, MSG_GET = 0, 1
-NLMSG_ERROR = 2
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+MSG_NEW, MSG_GET, MSG_DEL = 0, 1, 3
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+NLM_F_DUMP, NLM_F_EXCL, NLM_F_CREATE = 0x300, 0x200, 0x400
 NFACCT_NAME, NFACCT_PKTS = 1, 2
 NAME_MAX = 32
 CLONE_NEWNET = 0x40000000
@@ -93,7 +98,8 @@ class Nfacct:
         return self._sock
 
     def _request(self, msg: int, flags: int, payload: bytes) -> list[tuple[int, bytes]]:
-        """Send one request; the messages of the answer, up to its ACK or error."""
+        """Send one request; the messages of the answer, up to its ACK, its error, its
+        one reply or (a dump) its end."""
         with self._lock:
             sock = self._socket()
             self._seq += 1
@@ -101,10 +107,11 @@ class Nfacct:
             kind = (NFNL_SUBSYS_ACCT << 8) | msg
             sock.send(_HEADER.pack(_HEADER.size + len(body), kind, NLM_F_REQUEST | flags,
                                    self._seq, 0) + body)
-            return self._answer(sock, self._seq)
+            return self._answer(sock, self._seq, dump=flags & NLM_F_DUMP == NLM_F_DUMP)
 
     @staticmethod
-    def _answer(sock: socket.socket, seq: int) -> list[tuple[int, bytes]]:
+    def _answer(sock: socket.socket, seq: int, dump: bool) -> list[tuple[int, bytes]]:
+        # The reply to a GET of one object carries NLM_F_MULTI too, without an end.
         replies: list[tuple[int, bytes]] = []
         while True:
             data = sock.recv(65536)
@@ -120,8 +127,11 @@ class Nfacct:
                     if code:
                         raise NfacctError(code, os.strerror(code))
                     return replies
+                if kind == NLMSG_DONE:
+                    return replies
                 replies.append((kind, body))
-                return replies
+                if not dump:
+                    return replies
 
     def create(self, name: str) -> None:
         """Make the object ``name`` (an existing one is kept, with its counts)."""
@@ -139,11 +149,52 @@ class Nfacct:
                 return int(struct.unpack(">Q", value)[0])
         raise NfacctError(errno.ENODATA, f"nfacct {name}: no packet count in the answer")
 
+    def names(self) -> list[str]:
+        """Every object's name in this namespace."""
+        found = []
+        for _, body in self._request(MSG_GET, NLM_F_DUMP, b""):
+            raw = _attrs(body[_GENMSG.size:]).get(NFACCT_NAME)
+            if raw is not None:
+                found.append(raw.split(b"\0", 1)[0].decode(errors="replace"))
+        return found
+
+    def delete(self, name: str) -> bool:
+        """Remove the object ``name``; False if there is none. Raises (EBUSY) while a
+        rule references it."""
+        try:
+            self._request(MSG_DEL, NLM_F_ACK, _name(name))
+        except NfacctError as err:
+            if err.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+
+
+def remove_counters(nfacct: Nfacct) -> list[str]:
+    """``--cleanup``: delete kube-proxy's counters (after our rules, which reference
+    them, are gone). One still referenced by a rule that is not ours is left, with a
+    warning. Returns the failures."""
+    failures = []
+    for name in COUNTERS:
+        try:
+            if nfacct.delete(name):
+                log.info("Removed the nfacct counter %s", name)
+        except NfacctError as err:
+            if err.errno == errno.EBUSY:
+                log.warning("nfacct counter %s left: a rule that is not svcproxy's still "
+                            "references it", name)
+            else:
+                failures.append(f"nfacct {name}: {err.strerror}")
+        except OSError as err:  # no nfnetlink_acct (no socket): nothing was created
+            log.debug("No nfacct counters to remove: %s", err)
+            break
+    return failures
 
 
 def _open_in(path: str | None) -> socket.socket:

@@ -1,0 +1,80 @@
+"""``svcproxy backend iptables --cleanup`` (the real process) in a network namespace this
+test creates: kube-proxy's nfacct counters, made by the backend's sync, are removed with
+its rules (nfacct objects are per namespace); someone else's object stays, and so does a
+counter someone else's rule still references."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from svcproxy.agent.config import NodeConfig
+from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
+from svcproxy.backends.iptables.nfacct import COUNTERS, INVALID_DROPPED, LOCALHOST_NODEPORTS, Nfacct
+from svcproxy.sdk.backend import Changes, NodeState
+from tests.lab.processes import SVCPROXY
+from tests.netns.harness import missing_requirements, scratch_netns
+
+pytestmark = pytest.mark.netns
+FOREIGN = "someone_elses_pkts"
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    why = missing_requirements() or ("" if shutil.which("iptables-nft-restore")
+                                     else "needs iptables-nft-restore")
+    if why:
+        pytest.skip(why)
+    with scratch_netns("spclean") as name:
+        try:
+            Nfacct(("ip", "netns", "exec", name)).names()
+        except OSError as err:
+            pytest.skip(f"no nfnetlink_acct in this kernel: {err}")
+        yield name
+
+
+def _prefix(ns: str) -> tuple[str, ...]:
+    return ("ip", "netns", "exec", ns)
+
+
+def _synced(ns: str) -> None:
+    """The backend's first sync (no services): its top-level rules and its counters."""
+    backend = IptablesBackend(NodeConfig(node_name="node1", node_ips=("192.168.50.1",)),
+                              IptablesOptions(prefix=_prefix(ns), families=(4,)))
+    backend.sync(NodeState("node1", 1, None, {}), Changes(full=True, reason="initial"))
+    save = subprocess.run([*_prefix(ns), "iptables-save"], capture_output=True, text=True,
+                          check=True).stdout
+    assert INVALID_DROPPED in save  # (iptables-save prints "--nfacct-name  NAME")
+
+
+def _cleanup(ns: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*_prefix(ns), *SVCPROXY, "backend", "iptables", "--cleanup",
+                           "--node-name", "node1"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "SVCPROXY_API": ""})
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_cleanup_removes_the_nfacct_counters_and_nothing_else(ns: str) -> None:
+    nfacct = Nfacct(_prefix(ns))
+    nfacct.create(FOREIGN)
+    _synced(ns)
+    assert set(nfacct.names()) == {FOREIGN, *COUNTERS}
+    _cleanup(ns)
+    assert nfacct.names() == [FOREIGN]
+    save = subprocess.run([*_prefix(ns), "iptables-save"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "KUBE-" not in save and "nfacct" not in save
+
+
+def test_a_counter_someone_elses_rule_references_is_left(ns: str) -> None:
+    _synced(ns)
+    subprocess.run([*_prefix(ns), "iptables", "-A", "INPUT", "-m", "nfacct", "--nfacct-name",
+                    LOCALHOST_NODEPORTS], check=True)
+    done = _cleanup(ns)
+    assert Nfacct(_prefix(ns)).names() == [LOCALHOST_NODEPORTS]
+    assert f"nfacct counter {LOCALHOST_NODEPORTS} left" in done.stderr
