@@ -72,6 +72,18 @@ def kernel_content(ns: str) -> dict[str, Any]:
     return out
 
 
+def affinity_clients(ns: str) -> dict[tuple[str, str], dict[str, int]]:
+    """(family, affinity set) -> client address -> seconds left, of our tables."""
+    found = {}
+    for family in ("ip", "ip6"):
+        for item in json.loads(nft(ns, "-j", "list", "table", family, names.TABLE))["nftables"]:
+            body = item.get("set")
+            if body is not None and body["name"].startswith("affinity-"):
+                found[(family, body["name"])] = {e["elem"]["val"]: e["elem"]["expires"]
+                                                 for e in body.get("elem", [])}
+    return found
+
+
 def changing_states() -> list[NodeState]:
     """A sequence of states exercising adds, removals, policy and affinity changes."""
     web = state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10"), endpoint("10.244.1.11"))
@@ -223,6 +235,47 @@ def test_an_hourly_resync_repairs_what_was_changed_behind_the_backend(netns: str
     now[0] = b.full_sync_interval
     b.sync(state, periodic)
     assert kernel_content(netns) == full and b.last and b.last.mode == "replace"
+
+
+@pytest.mark.parametrize("reason", ["periodic", "changes", "restart"])
+def test_a_rebuild_keeps_the_session_affinity_clients(netns: str, reason: str) -> None:
+    """A rebuild replaces the tables, but the clients an affinity set learnt from packets
+    stay, with the time they had left (kube-proxy's nftables mode keeps them through
+    its full syncs): the hourly resync, a reconnect's full sync, a restarted backend."""
+    now = [0.0]
+    svc = replace(service("web", session_affinity=SessionAffinity.CLIENT_IP,
+                          session_affinity_timeout=600), cluster_ips=("10.96.0.10", "fd00:96::10"))
+    gone = service("old", "10.96.0.12", session_affinity=SessionAffinity.CLIENT_IP)
+    state = node_state(state_of(svc, endpoint("10.244.1.10"), endpoint("fd00::a")),
+                       state_of(gone, endpoint("10.244.1.12")))
+    b = backend(netns)
+    b.clock = lambda: now[0]
+    b.sync(state, everything(state))
+    base = names.service_base(svc.key)
+    aff4 = names.affinity_set(base, "10.244.1.10", 8080, 600)
+    aff6 = names.affinity_set(base, "fd00::a", 8080, 600)
+    old = names.affinity_set(names.service_base(gone.key), "10.244.1.12", 8080, 10800)
+    nft(netns, "add", "element", "ip", names.TABLE, aff4,
+        "{ 192.168.50.100 expires 300s, 192.168.50.101 }")
+    nft(netns, "add", "element", "ip6", names.TABLE, aff6, "{ fd00:50::100 }")
+    nft(netns, "add", "element", "ip", names.TABLE, old, "{ 192.168.50.102 }")
+    kept = state_of(svc, endpoint("10.244.1.10"), endpoint("fd00::a"))
+    after = node_state(kept, revision=2)
+    if reason == "periodic":
+        now[0] = b.full_sync_interval
+        b.sync(after, Changes(frozenset(after.services), full=True, reason="periodic"))
+    elif reason == "changes":
+        b.sync(after, Changes(frozenset(after.services), full=True, reason="changes"))
+    else:
+        b = backend(netns)
+        b.sync(after, everything(after))
+    assert b.last and b.last.mode == "replace"
+    sets = affinity_clients(netns)
+    assert set(sets[("ip", aff4)]) == {"192.168.50.100", "192.168.50.101"}
+    assert sets[("ip", aff4)]["192.168.50.100"] <= 300, "with the time it had left"
+    assert 300 < sets[("ip", aff4)]["192.168.50.101"] <= 600
+    assert set(sets[("ip6", aff6)]) == {"fd00:50::100"}
+    assert ("ip", old) not in sets, "a service port gone takes its set along"
 
 
 def test_libnftables_runner_matches_nft_f(netns: str) -> None:

@@ -19,7 +19,8 @@ Structure (kube-proxy's nftables mode, leaner where it pays):
 * ``no-endpoint-services`` / ``no-endpoint-nodeports`` reject (no endpoints at
   all) or drop (no local endpoints) in the filter hooks; ``cluster-ips-check``
   rejects wrong ports of ClusterIPs and drops unallocated ones.
-* Session affinity keeps a chain and a timed set per endpoint, as kube-proxy.
+* Session affinity keeps a chain and a timed set per endpoint, as kube-proxy; the
+  clients a set learnt are kept through a rebuild (read back, each with its time left).
 * Hairpin traffic is masqueraded in postrouting via the ``hairpin`` set.
 
 Updates: render -> diff -> apply on the SDK's ``StagedBackend``. The first sync

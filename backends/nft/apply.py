@@ -17,6 +17,10 @@ class Runner(Protocol):
         """Send ``text`` to the kernel and abort it (``nft -c``): raise NftError if it
         would be refused, change nothing either way."""
 
+    def list_sets(self, family: str) -> str:
+        """``nft -j list sets FAMILY``: every set of the family, with its elements (JSON);
+        raise NftError when it cannot be read."""
+
 
 class NftError(RuntimeError):
     """``nft`` refused a transaction; nothing of it was applied."""
@@ -46,6 +50,14 @@ class NftRunner:
         )
         if done.returncode != 0:
             raise NftError(summarize_error(done.stderr.decode(errors="replace"), text))
+
+    def list_sets(self, family: str) -> str:
+        """``nft -j list sets FAMILY`` (JSON, elements included)."""
+        done = subprocess.run([*self.prefix, self.nft, "-j", "list", "sets", family],
+                              capture_output=True)
+        if done.returncode != 0:
+            raise NftError(done.stderr.decode(errors="replace").strip() or "nft list sets")
+        return done.stdout.decode()
 
     def list_table(self, family: str, table: str) -> str:
         """``nft list table`` output, or "" when the table does not exist."""

@@ -34,6 +34,7 @@ from svcproxy.sdk.refusals import (
     isolate_versions,
 )
 
+from .affinity import learnt_clients, restore_lines
 from .apply import NftError, NftRunner, Runner
 from .claims import Delta as TableDelta
 from .claims import FamilyTable, build_table, commit, full_text, plan_delta
@@ -107,6 +108,8 @@ class NftBackend(StagedBackend[PerFamily]):
         self._contexts: dict[int, FamilyContext] = {}
         self._context_cache: tuple[object, dict[int, FamilyContext]] | None = None
         self._state: NodeState | None = None
+        # During a rebuild: per family, the clients affinity sets had learnt (kept).
+        self._clients: dict[int, dict[str, str]] = {}
         self._retried: set[ServicePortKey] = set()
         self.refusals = Refusals(self.name)
         self.last: SyncReport | None = None
@@ -178,14 +181,18 @@ class NftBackend(StagedBackend[PerFamily]):
 
     def _rebuild(self, delta: Delta[ServicePortKey, PerFamily], start: float
                  ) -> Delta[ServicePortKey, PerFamily] | None:
-        """Replace the tables by ``delta.set``."""
+        """Replace the tables by ``delta.set`` (the clients affinity sets learnt kept)."""
         values = dict(sorted(delta.set.items(), key=_key))
-        tables, text = self._full(values)
+        self._clients = self._learnt_clients(values)
         try:
-            self._apply(text, start, "replace", len(values))
-        except NftError as err:
-            values = self._isolate_full(values, text, err)
-            tables, _ = self._full(values)
+            tables, text = self._full(values)
+            try:
+                self._apply(text, start, "replace", len(values))
+            except NftError as err:
+                values = self._isolate_full(values, text, err)
+                tables, _ = self._full(values)
+        finally:
+            self._clients = {}
         self._tables = tables
         # The kept rules are long-lived and acyclic: keep the cyclic collector off them.
         gc.freeze()
@@ -200,7 +207,31 @@ class NftBackend(StagedBackend[PerFamily]):
             rules = {k: r for k, v in values.items() if (r := v[i]) is not None}
             tables[f] = build_table(self._contexts[f], rules)
             text.append(full_text(tables[f], rules))
+            if clients := self._clients.get(f):
+                ctx = self._contexts[f]
+                sets = {n for r in rules.values() for n in r.sets}
+                text += [f"{line}\n" for line in
+                         restore_lines(f"{ctx.ipx} {ctx.table}", clients, sets)]
         return tables, "".join(text)
+
+    def _learnt_clients(self, values: Mapping[ServicePortKey, PerFamily]
+                        ) -> dict[int, dict[str, str]]:
+        """Per family, the clients the affinity sets of ``values`` hold in the kernel now
+        (read only when some service port has affinity; unreadable: none kept)."""
+        found: dict[int, dict[str, str]] = {}
+        for i, f in enumerate(self.families):
+            if not any((r := v[i]) is not None and r.sets for v in values.values()):
+                continue
+            ctx = self._contexts[f]
+            try:
+                clients = learnt_clients(self.runner.list_sets(ctx.ipx), ctx.table)
+            except (NftError, OSError, ValueError) as err:
+                log.warning("Cannot read the session-affinity sets of %s %s (%s): the "
+                            "rebuild starts them empty", ctx.ipx, ctx.table, err)
+                continue
+            if clients:
+                found[f] = clients
+        return found
 
     def _isolate_full(self, values: dict[ServicePortKey, PerFamily], text: str,
                       err: NftError) -> dict[ServicePortKey, PerFamily]:

@@ -63,6 +63,11 @@ class LibNftRunner:
         """Checks are rare (after a refusal): a child ``nft -c`` keeps this context clean."""
         self._large.check(text)
 
+    def list_sets(self, family: str) -> str:
+        """Rare (a rebuild with session affinity): a child ``nft`` keeps this context's
+        output buffer for transactions."""
+        return self._large.list_sets(family)
+
     def close(self) -> None:
         with self._lock:
             if self._ctx:

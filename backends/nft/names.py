@@ -49,9 +49,12 @@ def endpoint_chain(base: str, ip: str, port: int) -> str:
     return f"endpoint-{base}{endpoint_suffix(ip, port)}"
 
 
+AFFINITY_PREFIX = "affinity-"
+
+
 def affinity_set(base: str, ip: str, port: int, timeout: int) -> str:
     """The timeout is part of the name so that changing it creates a new set."""
-    return f"affinity-{timeout}-{base}{endpoint_suffix(ip, port)}"
+    return f"{AFFINITY_PREFIX}{timeout}-{base}{endpoint_suffix(ip, port)}"
 
 
 def service_chain(base: str) -> str:
