@@ -26,6 +26,7 @@ import pytest
 from tests.lab import manifests as m
 from tests.lab.client import Summary
 from tests.lab.processes import LAN4, LAN6
+from tests.netns import leftovers
 from tests.netns.backends import BACKENDS, BackendCase
 from tests.netns.harness import ScenarioLab, missing_requirements
 
@@ -415,7 +416,12 @@ def test_local_mode_follows_the_apiserver_and_a_difference_is_caught(lab: Scenar
     lab.eventually(lambda: fails(lab, "client", "tcp", "10.96.17.1", 80, "timeout"))
 
 
-def test_cleanup_removes_only_what_the_backend_owns(lab: ScenarioLab) -> None:
+def test_cleanup_removes_everything_the_backend_made_and_nothing_else(lab: ScenarioLab
+                                                                     ) -> None:
+    """After ``--cleanup`` node1's namespace holds what it held before the backend first
+    started (tables, chains, rules, sets, nfacct objects, ipsets, links, virtual
+    servers; see tests/netns/leftovers.py), plus a table someone else made meanwhile; a
+    socket-level backend leaves no pin and no program on its cgroup."""
     lab.apply("gone.yaml", web_service(lab, "gone", ("10.96.13.1",), ("pod-c",)))
     lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.13.1", 80, {"pod-c"}, 3))
     node_ns = lab.lab.ns("node1")
@@ -427,7 +433,10 @@ def test_cleanup_removes_only_what_the_backend_owns(lab: ScenarioLab) -> None:
     assert done.returncode == 0, done.stderr.decode()
     seen = lab.probe("client", "tcp", "10.96.13.1", 80, 1, timeout=0.5)
     assert not seen.names, "service rules are gone after --cleanup"
-    if has_nft:
-        tables = subprocess.run(["ip", "netns", "exec", node_ns, "nft", "list", "tables"],
-                                capture_output=True, check=True).stdout.decode()
-        assert "inet keepme" in tables, "--cleanup left other tables alone"
+    after = leftovers.snapshot(node_ns)
+    foreign = {("nft table", "inet", "keepme")} if has_nft else set()
+    assert foreign <= after, "--cleanup left other tables alone"
+    assert sorted(after - foreign - lab.before_backend) == [], "left by --cleanup"
+    assert sorted(lab.before_backend - after) == [], "removed by --cleanup, not the backend's"
+    if lab.sockets is not None:
+        assert lab.sockets.leftovers() == []

@@ -36,20 +36,20 @@ _SOCKET_NO_NAT = ("a connection made on the node goes straight to the endpoint c
                   "connect(): no NAT, so nothing is masqueraded (as Cilium's socket LB)")
 _OUTSIDE = ("also checks connections from outside the node, which no socket hook sees: "
             "they are the packet path's (the ebpf case runs nft next to the programs)")
+_EBPF_NO_NAT = (("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
+                ("test_masquerade_all_flag", _SOCKET_NO_NAT))
 BACKENDS: tuple[BackendCase, ...] = (
     BackendCase("nft"),
     BackendCase("iptables"),
     BackendCase("nft", local=True, label="nft-local"),
     BackendCase("iptables", local=True, label="iptables-local"),
-    BackendCase("ebpf", socket_level=True, not_applicable=(
-        ("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
-        ("test_masquerade_all_flag", _SOCKET_NO_NAT),
-    )),
+    BackendCase("ebpf", socket_level=True, not_applicable=_EBPF_NO_NAT),
+    BackendCase("ebpf", socket_level=True, not_applicable=_EBPF_NO_NAT, local=True,
+                label="ebpf-local"),
     # The socket programs alone (no nft next to them): every row from node1 and its pods.
     BackendCase("ebpf", ("--ebpf-packet-path", "none"), socket_level=True, label="ebpf-only",
                 not_applicable=(
-        ("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
-        ("test_masquerade_all_flag", _SOCKET_NO_NAT),
+        *_EBPF_NO_NAT,
         *((row, _OUTSIDE) for row in (
             "test_node_port_on_selected_addresses", "test_load_balancer_source_ranges",
             "test_external_ips", "test_external_traffic_policy_local",

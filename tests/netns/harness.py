@@ -37,6 +37,7 @@ from tests.lab.processes import (
 )
 from tests.lab.topology import Lab
 
+from . import leftovers
 from .backends import BackendCase
 from .socket_level import SocketLevel
 
@@ -84,6 +85,8 @@ class ScenarioLab:
         self.agent: Process | None = None
         self.apiserver: LabApiserver | None = None  # local mode's
         self.sockets: SocketLevel | None = None
+        # node1's kernel objects before the backend first started (what --cleanup leaves).
+        self.before_backend: set[leftovers.Item] = set()
         if backend.socket_level:
             on_node = {self.lab.ns(NODE)} | {self.lab.ns(p.name) for p in self.spec.pods
                                              if p.node.name == NODE}
@@ -109,6 +112,7 @@ class ScenarioLab:
         wait_for_path(self.socket, process=self.frontend)
         if self.sockets is not None:
             self.sockets.start()
+        self.before_backend = leftovers.snapshot(self.lab.ns(NODE))
         self.start_backend()
         return self
 

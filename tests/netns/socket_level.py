@@ -12,6 +12,7 @@ cgroup. Everything is removed by ``stop``, also after a failure.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,16 @@ class SocketLevel:
         line = self.prober.stdout.readline()
         assert line, "the prober process died"
         return [Reply(**r) for r in json.loads(line)]
+
+    def leftovers(self) -> list[str]:
+        """Pins under the backend's pin directory and programs on the lab's cgroup."""
+        pins = self.bpffs / "pins"
+        found = [f"pin {p.name}" for p in pins.iterdir()] if pins.is_dir() else []
+        if shutil.which("bpftool"):
+            shown = subprocess.run(["bpftool", "cgroup", "show", str(self.cgroup)],
+                                   capture_output=True, text=True, check=True).stdout
+            found += [f"cgroup program {line}" for line in shown.splitlines()[1:]]
+        return found
 
     def stop(self) -> None:
         """Stop the prober; unmounting the bpffs drops the pins, so the links detach."""
