@@ -291,12 +291,7 @@ def _run_backend(args: argparse.Namespace) -> int:
     if isinstance(module, str):
         raise SystemExit(f"svcproxy: backend {args.backend} is not available here: {module}")
     config = config_from_args(args)
-    backend = module.create(args, config)
-    if getattr(args, "cleanup", False):
-        backend.cleanup()
-        logging.getLogger("svcproxy").info("%s: removed everything it programmed", args.backend)
-        return 0
-    return run_agent(backend, config, args)
+    return run_agent(module.create(args, config), config, args)
 
 
 def _version() -> str:
