@@ -1,4 +1,4 @@
-"""The node's own IP addresses: discovered with pyroute2, ordered primary first per family."""
+"""The node's own IP addresses: read with rtnetlink, ordered primary first per family."""
 
 from __future__ import annotations
 
@@ -65,31 +65,15 @@ def _primary(candidates: Sequence[InterfaceAddress], routes: Sequence[DefaultRou
 
 def discover_node_ips() -> tuple[str, ...]:
     """The node's IPs in the current network namespace, primary first per family."""
-    from pyroute2 import IPRoute
+    from svcproxy.sdk import rtnetlink
 
     families = {socket.AF_INET: 4, socket.AF_INET6: 6}
-    with IPRoute() as ipr:
-        addresses = [
-            InterfaceAddress(
-                family=families[msg["family"]],
-                ifindex=msg["index"],
-                address=str(ipaddress.ip_address(msg.get("IFA_ADDRESS"))),
-                scope=msg["scope"],
-                flags=msg.get("IFA_FLAGS") or msg["flags"],
-            )
-            for msg in ipr.get_addr()
-            if msg["family"] in families and msg.get("IFA_ADDRESS")
-        ]
-        routes = [
-            DefaultRoute(
-                family=families[family],
-                ifindex=msg.get("RTA_OIF") or 0,
-                prefsrc=msg.get("RTA_PREFSRC") or "",
-                metric=msg.get("RTA_PRIORITY") or 0,
-            )
-            for family in families
-            for msg in ipr.get_default_routes(family=family)
-        ]
+    addresses = [InterfaceAddress(family=families[a.family], ifindex=a.index,
+                                  address=a.address, scope=a.scope, flags=a.flags)
+                 for a in rtnetlink.addresses()]
+    routes = [DefaultRoute(family=families[family], ifindex=r.oif, prefsrc=r.prefsrc,
+                           metric=r.priority)
+              for family in families for r in rtnetlink.default_routes(family)]
     return order_node_ips(addresses, routes)
 
 

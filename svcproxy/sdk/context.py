@@ -153,15 +153,10 @@ def interface_addresses(exclude: Sequence[str] = ()) -> tuple[str, ...]:
     """Every address on this network namespace's interfaces (loopback included), except
     those on the interfaces named in ``exclude`` (IPVS's dummy kube-ipvs0 holds service
     IPs, not node addresses)."""
-    from pyroute2 import IPRoute
+    from svcproxy.sdk import rtnetlink
 
-    with IPRoute() as ipr:
-        skip = {link["index"] for link in ipr.get_links()
-                if link.get_attr("IFLA_IFNAME") in exclude}
-        return tuple(dict.fromkeys(
-            str(ipaddress.ip_address(msg.get_attr("IFA_ADDRESS")))
-            for msg in ipr.get_addr()
-            if msg.get_attr("IFA_ADDRESS") and msg["index"] not in skip))
+    skip = {rtnetlink.interface_index(name) for name in exclude}
+    return tuple(dict.fromkeys(a.address for a in rtnetlink.addresses() if a.index not in skip))
 
 
 def resolve_context(config: NodeConfig, node: NodeInfo | None,
