@@ -7,6 +7,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import start_http_server
@@ -18,12 +19,13 @@ from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import StreamLimits
 from svcproxy.frontend.serving.readiness import Readiness
 from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, start_server
-from svcproxy.frontend.serving.workers import StreamWorkers, tcp_address
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import ObjectLimits
-from svcproxy.frontend.sources.manifests import ManifestLimits, ManifestSource
-from svcproxy.frontend.sources.upstream import UpstreamSource
-from svcproxy.sdk.credentials import ClientTLS, TokenFile
+from svcproxy.frontend.sources.manifests import ManifestLimits
+
+if TYPE_CHECKING:
+    from svcproxy.frontend.serving.workers import StreamWorkers
+    from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,16 @@ class FrontendOptions:
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
+    """The source the options name, started (its module imported only then)."""
     if opts.manifests is not None:
+        from svcproxy.frontend.sources.manifests import ManifestSource
+
         source = ManifestSource(opts.manifests, engine.submit_threadsafe,
                                 limits=opts.manifest_limits)
         log.info("reading manifests from %s", opts.manifests)
     elif opts.upstream is not None:
+        from svcproxy.frontend.sources.upstream import UpstreamSource
+
         source = UpstreamSource(opts.upstream, engine.submit_threadsafe,
                                 opts.upstream_credentials, opts.upstream_token)
         log.info("following the cluster watch of the frontend at %s", opts.upstream)
@@ -113,6 +120,8 @@ class Frontend:
                                                       self.opts.tls, self.guard,
                                                       self.readiness.health, servicer)
         if self.opts.stream_workers > 1:
+            from svcproxy.frontend.serving.workers import StreamWorkers, tcp_address
+
             self.workers = StreamWorkers(self.engine, self.opts.stream_workers,
                                          tcp_address(self.opts.listen, self.port),
                                          self.opts.tls, logging.getLogger().level,

@@ -16,9 +16,6 @@ import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from cryptography import x509
-from cryptography.x509.oid import NameOID
-
 NODE_PREFIX = "system:node:"
 NODES_GROUP = "system:nodes"
 ANONYMOUS = "system:anonymous"
@@ -49,6 +46,9 @@ class Unauthenticated(Exception):
 def identity_from_cert(pem: bytes) -> Identity:
     """The identity a verified client certificate names (kubelet's node convention);
     remembered per certificate, as a node makes many calls with one."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     subject = x509.load_pem_x509_certificate(pem).subject
     cns = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     cn = str(cns[0].value) if cns else ""
