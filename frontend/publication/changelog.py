@@ -20,6 +20,7 @@ from svcproxy.convert import DIGEST_MASK
 from svcproxy.frontend import metrics
 from svcproxy.frontend.computation.compute import NodeClassCache
 from svcproxy.frontend.computation.records import ServiceRecords
+from svcproxy.frontend.gctuning import collector_paused
 from svcproxy.frontend.publication.digests import Digests, add_digest, node_delta, nodes_term
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.publication.wire import WireOp, delete_node, diff_with_digest, set_node
@@ -63,7 +64,8 @@ class Changelog:
                 # A view made (or forgotten and made again) must not resume its old
                 # clients: its history starts at a revision none of them can hold.
                 self.revision += 1
-                self._fill(view)
+                with collector_paused():
+                    self._fill(view)
         return view
 
     def _fill(self, view: NodeView) -> None:

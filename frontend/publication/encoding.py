@@ -3,31 +3,157 @@
 A record's ``replace_service`` op (serialised deterministically: maps in key order) is
 its service port's bytes and its endpoints' bytes put together (a repeated field is its
 elements' bytes one after another), and its digest term is the sum of those parts'
-terms. A service port is serialised once per
-value and an endpoint once per object: the node classes of a service share their
-endpoint objects but the one or two that are local, so a node's own records cost
-little more than those parts.
+terms. A service port is serialised once per value and an endpoint once per object: the
+node classes of a service share their endpoint objects but the one or two that are
+local, so a node's own records cost little more than those parts.
+
+Endpoints and service ports are written here field by field (``endpoint_field``,
+``service_field``), not through protobuf messages: a node's first snapshot holds every
+service port and endpoint of the cluster, and building then serialising a message each
+was most of its cost (tested equal to the deterministic serialisation of
+``convert.endpoint_to_pb`` and ``convert.service_to_pb``).
 """
 
 from __future__ import annotations
 
-from svcproxy.convert import (
-    DIGEST_MASK,
-    endpoint_term_of,
-    endpoint_to_pb,
-    field_bytes,
-    key_to_pb,
-    port_key_field,
-    service_to_pb,
-    term_of,
-)
+from collections.abc import Iterable
+from hashlib import blake2b
+
+from svcproxy.convert import _AFFINITY, _POLICY, _PROTO, _TYPE, DIGEST_MASK, term_of
+from svcproxy.frontend.publication.wire import _varint
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 # Cached parts past which the caches start again (records and endpoints no longer in
 # use would otherwise be kept for good).
 MAX_RECORDS = 500_000
 MAX_PARTS = 2_000_000
-REPLACE_SERVICE = 7  # Op.replace_service
+_REPLACE_SERVICE = b"\x3a"  # Op.replace_service, field 7
+_UINT64 = (1 << 64) - 1
+
+
+_SMALL = [bytes((n,)) for n in range(0x80)]
+
+
+def _size(n: int) -> bytes:
+    return _SMALL[n] if n < 0x80 else _varint(n)
+
+
+def _bools(*tags: int) -> list[bytes]:
+    """The bytes of every combination of four bool fields (index: bit i = field i true)."""
+    return [b"".join(bytes((tags[bit] << 3, 1)) for bit in range(4) if i >> bit & 1)
+            for i in range(16)]
+
+
+# Endpoint fields 3-6 (ready, serving, terminating, is_local) and 11-14 (internal,
+# external, cluster, local).
+_CONDITIONS = _bools(3, 4, 5, 6)
+_SELECTION = _bools(11, 12, 13, 14)
+
+
+class _Strings(dict[str, bytes]):
+    """One string field's serialisation by value (node names, zones: few values)."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__()
+        self.tag = bytes((number << 3 | 2,))
+
+    def __missing__(self, value: str) -> bytes:
+        data = value.encode()
+        if len(self) > 100_000:
+            self.clear()
+        self[value] = out = self.tag + _size(len(data)) + data
+        return out
+
+
+_NODE_NAMES, _ZONES = _Strings(7), _Strings(8)
+_HINT_ZONES, _HINT_NODES = _Strings(9), _Strings(10)
+
+
+class _Ports(dict[int, bytes]):
+    def __missing__(self, port: int) -> bytes:
+        self[port] = out = b"\x10" + _varint(port & _UINT64) if port else b""
+        return out
+
+
+_PORTS = _Ports()
+
+
+def _string(tag: bytes, value: str) -> bytes:
+    data = value.encode()
+    return tag + _size(len(data)) + data
+
+
+def _strings(tag: bytes, values: tuple[str, ...]) -> bytes:
+    """A repeated string field (every element written, empty ones too)."""
+    return b"".join([_string(tag, v) for v in values]) if values else b""
+
+
+def _int(tag: bytes, value: int) -> bytes:
+    """An int32/int64/enum field (a negative one as ten bytes, as protobuf does)."""
+    return tag + _varint(value & _UINT64) if value else b""
+
+
+def _message(tag: bytes, body: bytes) -> bytes:
+    return tag + _size(len(body)) + body
+
+
+def key_field(key: ServicePortKey) -> bytes:
+    """``key`` as field 1 of a ``ServicePort`` (and of an ``EndpointOp``, what an endpoint's
+    digest term hashes first)."""
+    return _message(b"\x0a", b"".join((
+        _string(b"\x0a", key.namespace) if key.namespace else b"",
+        _string(b"\x12", key.name) if key.name else b"",
+        _string(b"\x1a", key.port_name) if key.port_name else b"",
+        _int(b"\x20", _PROTO[key.protocol]))))
+
+
+def _map_order(item: tuple[str, str]) -> bytes:
+    """upb's deterministic order of map keys: by bytes, a key before its own prefixes
+    (0xff never occurs in UTF-8)."""
+    return item[0].encode() + b"\xff"
+
+
+def service_message(svc: ServicePort, key: bytes) -> bytes:
+    """The deterministic serialisation of ``convert.service_to_pb(svc)`` (maps in key
+    order), its ``key_field`` given."""
+    body = [key, _int(b"\x10", _TYPE[svc.type]), _strings(b"\x1a", svc.cluster_ips),
+            _int(b"\x20", svc.port), _int(b"\x28", svc.node_port),
+            _strings(b"\x32", svc.external_ips)]
+    for ingress in svc.load_balancer_ingress:
+        body.append(_message(b"\x3a", (_string(b"\x0a", ingress.ip) if ingress.ip else b"")
+                             + (_string(b"\x12", ingress.ip_mode) if ingress.ip_mode
+                                else b"")))
+    body += (_strings(b"\x42", svc.load_balancer_source_ranges),
+             _int(b"\x48", _AFFINITY[svc.session_affinity]),
+             _int(b"\x50", svc.session_affinity_timeout),
+             _int(b"\x58", _POLICY[svc.internal_traffic_policy]),
+             _int(b"\x60", _POLICY[svc.external_traffic_policy]),
+             _int(b"\x68", svc.health_check_node_port),
+             _string(b"\x72", svc.traffic_distribution) if svc.traffic_distribution else b"",
+             b"\x78\x01" if svc.has_endpoints else b"")
+    for name, value in sorted(dict(svc.options).items(), key=_map_order):
+        body.append(_message(b"\x82\x01", _string(b"\x0a", name) + _string(b"\x12", value)))
+    if svc.trigger_time:
+        seconds, nanos = divmod(int(svc.trigger_time * 1e9), 1_000_000_000)
+        body.append(_message(b"\x8a\x01", _int(b"\x08", seconds) + _int(b"\x10", nanos)))
+    if svc.has_local_endpoints:
+        body.append(b"\x90\x01\x01")
+    return b"".join(body)
+
+
+def endpoint_field(ep: Endpoint) -> bytes:
+    """``ep`` as field 2 of a ``ServicePortState`` (an ``EndpointOp``'s too): the tag, the
+    size and the deterministic serialisation of ``convert.endpoint_to_pb(ep)``."""
+    ip = ep.ip.encode()
+    body = b"".join((
+        b"\x0a" + _size(len(ip)) + ip if ip else b"", _PORTS[ep.port],
+        _CONDITIONS[ep.ready + 2 * ep.serving + 4 * ep.terminating + 8 * ep.is_local],
+        _NODE_NAMES[ep.node_name] if ep.node_name else b"",
+        _ZONES[ep.zone] if ep.zone else b"",
+        b"".join([_HINT_ZONES[z] for z in ep.hint_zones]) if ep.hint_zones else b"",
+        b"".join([_HINT_NODES[n] for n in ep.hint_nodes]) if ep.hint_nodes else b"",
+        _SELECTION[ep.internal + 2 * ep.external + 4 * ep.cluster + 8 * ep.local]))
+    return b"\x12" + _size(len(body)) + body
 
 
 class RecordEncoder:
@@ -35,14 +161,24 @@ class RecordEncoder:
 
     def __init__(self) -> None:
         self._records: dict[int, tuple[ServicePortState, bytes, int]] = {}
-        # By value: field 1 of a ServicePortState, and the term.
-        self._services: dict[ServicePort, tuple[bytes, int]] = {}
-        # By object: field 2 of a ServicePortState, and the term in the port it is in.
-        self._endpoints: dict[int, tuple[Endpoint, ServicePortKey, bytes, int]] = {}
+        # By value: field 1 of a ServicePortState, its term, and the port's key_field.
+        self._services: dict[ServicePort, tuple[bytes, int, bytes]] = {}
+        # By object: the port's key field, field 2 of a ServicePortState, and the term
+        # in that port.
+        self._endpoints: dict[int, tuple[Endpoint, bytes, bytes, int]] = {}
 
     def op(self, rec: ServicePortState) -> bytes:
         """The serialised ``Op`` replacing the record's service port with ``rec``."""
         return self._encoded(rec)[1]
+
+    def ops(self, records: Iterable[ServicePortState]) -> list[bytes]:
+        """``op`` of each record (a snapshot's: most are cached)."""
+        cache = self._records
+        out = []
+        for rec in records:
+            hit = cache.get(id(rec))
+            out.append(hit[1] if hit is not None and hit[0] is rec else self._encoded(rec)[1])
+        return out
 
     def term(self, rec: ServicePortState) -> int:
         """The record's digest term (``convert.record_term`` of its message)."""
@@ -58,23 +194,25 @@ class RecordEncoder:
         svc = rec.service
         service = self._services.get(svc)
         if service is None:
-            data = service_to_pb(svc).SerializeToString(deterministic=True)
-            service = self._services[svc] = (field_bytes(1, data), term_of(b"s", data))
+            key = key_field(svc.key)
+            data = service_message(svc, key)
+            service = self._services[svc] = (_message(b"\x0a", data), term_of(b"s", data),
+                                             key)
         parts = [service[0]]
         total = service[1]
-        key = svc.key
-        key_bytes = None
-        for _, ep in sorted(rec.endpoints.items()):
-            known = self._endpoints.get(id(ep))
-            if known is None or known[0] is not ep or (known[1] is not key
-                                                       and known[1] != key):
-                if key_bytes is None:
-                    key_bytes = port_key_field(key_to_pb(key))
-                data = endpoint_to_pb(ep).SerializeToString(deterministic=True)
-                known = self._endpoints[id(ep)] = (ep, key, field_bytes(2, data),
-                                                   endpoint_term_of(key_bytes, data))
+        port_key = service[2]
+        known_eps = self._endpoints
+        eps = rec.endpoints
+        for ip in sorted(eps):
+            ep = eps[ip]
+            known = known_eps.get(id(ep))
+            if known is None or known[0] is not ep or (known[1] is not port_key
+                                                       and known[1] != port_key):
+                data = endpoint_field(ep)
+                known = known_eps[id(ep)] = (ep, port_key, data, int.from_bytes(
+                    blake2b(b"e" + port_key + data, digest_size=8).digest(), "little"))
             parts.append(known[2])
             total += known[3]
-        hit = self._records[id(rec)] = (rec, field_bytes(REPLACE_SERVICE, b"".join(parts)),
+        hit = self._records[id(rec)] = (rec, _message(_REPLACE_SERVICE, b"".join(parts)),
                                         total & DIGEST_MASK)
         return hit

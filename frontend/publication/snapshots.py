@@ -57,7 +57,7 @@ class Snapshots:
         out = [set_node(n).data for n in view.nodes.values()]
         if view.node is not None:
             out.append(set_node(view.node).data)
-        out += map(self.encoder.op, view.records.values())
+        out += self.encoder.ops(view.records.values())
         return out
 
     def service_op(self, rec: ServicePortState) -> bytes:

@@ -167,6 +167,19 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+class _OpHeads(dict[int, bytes]):
+    """The tag and size before an op of each size in a ``WatchEvent`` (field 4)."""
+
+    def __missing__(self, size: int) -> bytes:
+        head = b"\x22" + _varint(size)
+        if size < 1 << 16:  # the few sizes ops have, not every large one
+            self[size] = head
+        return head
+
+
+_OP_HEADS = _OpHeads()
+
+
 def encode_event(revision: int, ops: Iterable[bytes], *, reset: bool = False,
                  more: bool = False, digest: int | None = None) -> bytes:
     """A serialised ``WatchEvent`` (fields 1 revision, 2 reset, 3 more, 4 ops, 5 digest)."""
@@ -177,8 +190,9 @@ def encode_event(revision: int, ops: Iterable[bytes], *, reset: bool = False,
         parts.append(b"\x18\x01")
     if digest is not None:
         parts += (b"\x29", (digest & DIGEST_MASK).to_bytes(8, "little"))
+    heads = _OP_HEADS
     for data in ops:
-        parts += (b"\x22", _varint(len(data)), data)
+        parts += (heads[len(data)], data)
     return b"".join(parts)
 
 
