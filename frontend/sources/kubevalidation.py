@@ -100,13 +100,25 @@ class _TooBig(Exception):
         self.problem = problem
 
 
-def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Problem | None:
+def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS,
+               sized: tuple[str, int] | None = None) -> Problem | None:
     """Why ``obj`` is too large or deep (expanded, as YAML aliases would be), or None.
 
     Each visit of a container spends its own size from one budget, so a value shared
     many times (YAML aliases) is paid for each time and the walk stops within the budget.
+    ``sized``: a key of ``obj`` and a bound on its value's size (at most 3 levels deep)
+    the caller found as it checked it; the walk then leaves that value out, and when the
+    bound does not fit (or anything else is amiss) the whole walk says why.
     """
     try:
+        if sized is not None and type(obj) is dict and limits.max_depth >= 3:
+            key, size = sized
+            budget = [limits.max_object_bytes - size - len(key) - 3]
+            try:
+                _walk({k: v for k, v in obj.items() if k != key}, 0, budget, limits)
+                return None
+            except (_TooBig, RecursionError):
+                pass
         if isinstance(obj, dict | list):
             _walk(obj, 0, [limits.max_object_bytes], limits)
     except _TooBig as big:
@@ -469,11 +481,12 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
     return c.v
 
 
-def _object(c: _Checker, obj: Any, limits: ObjectLimits) -> bool:
+def _object(c: _Checker, obj: Any, limits: ObjectLimits,
+            sized: tuple[str, int] | None = None) -> bool:
     if not isinstance(obj, dict):
         c.err("", "malformed", f"an object must be a mapping, not {type(obj).__name__}")
         return False
-    too_big = check_size(obj, limits)
+    too_big = check_size(obj, limits, sized)
     if too_big is not None:
         c.v.errors.append(too_big)
         return False
@@ -587,7 +600,8 @@ def _lb_status(c: _Checker, status: Any) -> None:
 def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
     """An EndpointSlice as the apiserver validates it, plus the service-name label."""
     c = _Checker(limits)
-    if not _object(c, obj, limits):
+    plain = _plain_endpoints(obj, limits)
+    if not _object(c, obj, limits, None if plain is None else ("endpoints", plain)):
         return c.v
     labels, annotations = c.metadata(obj, c.subdomain, namespaced=True)
     if not labels.get(SERVICE_NAME_LABEL):
@@ -614,6 +628,8 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
         c.protocol(p.get("protocol"), f"{where}.protocol")
         if p.get("port") is not None:
             c.port(p.get("port"), f"{where}.port")
+    if plain is not None:
+        return c.v
     kind = address_type if address_type in ADDRESS_TYPES else ""
     node_limit = min(253, limits.max_name_length)
     for i, raw in enumerate(c.items(obj.get("endpoints"), "endpoints", MAX_SLICE_ENDPOINTS)):
@@ -622,33 +638,90 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
     return c.v
 
 
-def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> bool:
-    """True for the common shape of a valid IPv4 endpoint, checked without building
-    field paths; anything else (or any doubt) goes through ``_endpoint``, which says why."""
-    if type(ep) is not dict or ep.get("hints") is not None or \
-            ep.get("hostname") not in (None, ""):
-        return False
+def _plain_endpoints(obj: Any, limits: ObjectLimits) -> int | None:
+    """A bound on ``check_size``'s count of an IPv4 slice's endpoints when every one has
+    the plain shape (so is valid); None otherwise (then each is checked and walked)."""
+    if type(obj) is not dict or obj.get("addressType") != "IPv4":
+        return None
+    endpoints = obj.get("endpoints")
+    if type(endpoints) is not list or len(endpoints) > MAX_SLICE_ENDPOINTS:
+        return None
+    node_limit = min(253, limits.max_name_length)
+    size = 2
+    for ep in endpoints:
+        one = _plain_ipv4_endpoint(ep, node_limit)
+        if not one:
+            return None
+        size += one
+    return size
+
+
+# The fields of an endpoint the plain shape may have, each bounded as checked there (a
+# canonical IPv4 address is at most 15 characters, a node name at most 253, a zone 63).
+_PLAIN_KEYS = frozenset(("addresses", "conditions", "nodeName", "zone", "hostname", "hints",
+                         "targetRef"))
+_CONDITION_KEYS = frozenset(("ready", "serving", "terminating"))
+_PLAIN_BOUND = (2 + sum(len(k) + 3 for k in _PLAIN_KEYS) + 2  # the keys; addresses' list
+                + 2 + sum(len(k) + 3 + 8 for k in _CONDITION_KEYS)  # conditions
+                + 255 + 65 + 8 + 8 + 8)  # nodeName, zone, hostname, hints, targetRef
+_ADDRESS_BOUND = 15 + 2
+
+
+def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> int:
+    """For the common shape of a valid IPv4 endpoint, checked without building field
+    paths: a bound on its size as ``check_size`` counts it. 0 for anything else (or any
+    doubt), which goes through ``_endpoint`` (that says why) and the walk."""
+    if type(ep) is not dict or not ep.keys() <= _PLAIN_KEYS or ep.get("hints") is not None \
+            or ep.get("hostname") not in (None, ""):
+        return 0
     addresses = ep.get("addresses")
     if type(addresses) is not list or not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES:
-        return False
+        return 0
     for address in addresses:
         if type(address) is not str or not CANONICAL_IPV4.fullmatch(address) or \
                 address.startswith(_FORBIDDEN_IPV4):
-            return False
+            return 0
     cond = ep.get("conditions")
     if cond is not None:
-        if type(cond) is not dict:
-            return False
-        for value in (cond.get("ready"), cond.get("serving"), cond.get("terminating")):
+        if type(cond) is not dict or not cond.keys() <= _CONDITION_KEYS:
+            return 0
+        for value in cond.values():
             if value is not None and value is not True and value is not False:
-                return False
+                return 0
     node = ep.get("nodeName")
     if node not in (None, "") and not (type(node) is str and len(node) <= node_limit
                                        and _matches(DNS1123_SUBDOMAIN, node)):
-        return False
+        return 0
     zone = ep.get("zone")
-    return zone in (None, "") or (type(zone) is str and len(zone) <= 63
-                                  and _matches(_QUALIFIED, zone))
+    if zone not in (None, "") and not (type(zone) is str and len(zone) <= 63
+                                       and _matches(_QUALIFIED, zone)):
+        return 0
+    size = _PLAIN_BOUND + _ADDRESS_BOUND * len(addresses)
+    ref = ep.get("targetRef")
+    if ref is not None:
+        flat = _flat_size(ref) if type(ref) is dict else 0
+        if not flat:
+            return 0
+        size += flat
+    return size
+
+
+def _flat_size(value: dict[Any, Any]) -> int:
+    """``check_size``'s count of a mapping of text keys and scalars (0 for any other)."""
+    try:
+        size = 2 + sum(map(len, value)) + 3 * len(value)
+    except TypeError:
+        return 0
+    for key, child in value.items():
+        if type(key) is not str:
+            return 0
+        if type(child) is str:
+            size += len(child) + 2
+        elif isinstance(child, dict | list | bytes):
+            return 0
+        else:
+            size += 8
+    return size
 
 
 def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) -> None:

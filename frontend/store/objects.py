@@ -295,6 +295,15 @@ def parse_time(text: Any) -> float:
     return seconds if seconds > 0 else 0.0
 
 
+# The common shape's endpoints are built through the slots' descriptors: the same
+# objects as the keyword __init__ makes (it checks nothing), at about a third of the cost.
+_new = object.__new__
+(_SET_ADDRESSES, _SET_READY, _SET_SERVING, _SET_TERMINATING, _SET_NODE, _SET_ZONE,
+ _SET_HINT_ZONES, _SET_HINT_NODES) = (SliceEndpoint.__dict__[name].__set__ for name in (
+     "addresses", "ready", "serving", "terminating", "node_name", "zone", "hint_zones",
+     "hint_nodes"))
+
+
 def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
     cond = ep.get("conditions")
     if ep.get("hints") is None and type(cond) is dict:
@@ -303,14 +312,18 @@ def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
         ready = True if ready is None else bool(ready)
         serving = cond.get("serving")
         addresses = ep.get("addresses")
-        return SliceEndpoint(
-            addresses=_ips(addresses if type(addresses) is list
-                           else _list(addresses, f"endpoints[{i}].addresses"),
-                           f"endpoints[{i}].addresses"),
-            ready=ready, serving=ready if serving is None else bool(serving),
-            terminating=bool(cond.get("terminating") or False),
-            node_name=str(ep.get("nodeName") or ""), zone=str(ep.get("zone") or ""),
-            hint_zones=(), hint_nodes=())
+        out = _new(SliceEndpoint)
+        _SET_ADDRESSES(out, _ips(addresses if type(addresses) is list
+                                 else _list(addresses, f"endpoints[{i}].addresses"),
+                                 f"endpoints[{i}].addresses"))
+        _SET_READY(out, ready)
+        _SET_SERVING(out, ready if serving is None else bool(serving))
+        _SET_TERMINATING(out, bool(cond.get("terminating") or False))
+        _SET_NODE(out, str(ep.get("nodeName") or ""))
+        _SET_ZONE(out, str(ep.get("zone") or ""))
+        _SET_HINT_ZONES(out, ())
+        _SET_HINT_NODES(out, ())
+        return out
     where = f"endpoints[{i}]"
     cond = _dict(cond, f"{where}.conditions")
     hints = _dict(ep.get("hints"), f"{where}.hints")
