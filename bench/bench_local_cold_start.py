@@ -2,8 +2,8 @@
 in the kernel (the first full sync done), nft backend, in a network namespace this script
 creates (the stand-in apiserver runs in it too).
 
-    .venv/bin/python bench/bench_local_cold_start.py [--breakdown] [SERVICES ...]
-    (default 1000 5000 10000)
+    .venv/bin/python bench/bench_local_cold_start.py [--breakdown] [--before=DIR [--rounds=N]]
+        [SERVICES ...]    (default 1000 5000 10000)
 
 local: `svcproxy backend --config` with clientConnection.kubeconfig and no frontend address
 (the frontend's computation in process). split: a frontend already running and synced on
@@ -11,17 +11,26 @@ a unix socket, the backend started alone. kube-proxy: the issue's figures for it
 iptables-legacy first sync on this machine (not run here).
 
 --breakdown splits each cold start into phases, from the time each of the backend's log
-lines reaches this script (-v=4): startup (interpreter, imports, configuration, backend
-set up, sysctls), the in-process frontend's start (its imports - the kubernetes client -
-and its API server), the apiserver list and the frontend's sync, the first state through
+lines reaches this script (-v=4), with the backend's CPU time in each (its /proc stat read
+then; the sync's is render, text and apply together): startup (interpreter, imports,
+configuration, backend set up, sysctls), the in-process frontend's start (its imports -
+the kubernetes client - and its API server), the apiserver list and the frontend's sync, the first state through
 the SDK's channel (the node's view made, sent, decoded), the backend's render, the text of
 the nft transaction, and the kernel applying it.
+
+--before=DIR compares local mode with another commit's, side by side: DIR is a checkout of
+it (``git worktree add --detach DIR COMMIT``); the bench links its frontend/ and backends/
+into its svcproxy/ and copies the generated svcproxy/v1 there, as the editable install
+maps them for this tree. Both run --rounds times (default 3) alternating (ABBA...) against
+the same apiserver; the medians and the ratio of before to after are printed.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,6 +91,7 @@ def until_synced(proc: subprocess.Popen[str], start: float) -> dict[str, float]:
         for phase, text in (*PHASES, SPLIT_PHASES[0]):
             if text in line and phase not in marks:
                 marks[phase] = now
+                marks[f"{phase} cpu"] = cpu_seconds(proc.pid)
         if m := NFT_TIMES.search(line):
             marks["text"], marks["apply"] = float(m[1]) / 1e3, float(m[2]) / 1e3
         if "sync" in marks:
@@ -121,11 +131,13 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
-def backend(conf: Path, env: dict[str, str]) -> dict[str, float]:
+def backend(conf: Path, env: dict[str, str], tree: Path = ROOT) -> dict[str, float]:
+    """One cold start of the backend of the source ``tree`` (``-m`` puts it first on the
+    path)."""
     start = time.monotonic()
     proc = in_ns(sys.executable, "-m", "svcproxy.cli", "backend", f"--config={conf}",
                  "--hostname-override=node-a", "-v=4", env=env, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.PIPE)
+                 stderr=subprocess.PIPE, cwd=tree)
     try:
         return until_synced(proc, start)
     finally:
@@ -133,18 +145,47 @@ def backend(conf: Path, env: dict[str, str]) -> dict[str, float]:
         in_ns("nft", "delete", "table", "ip", "svcproxy").wait()
 
 
+def prepare_tree(tree: Path) -> None:
+    """Map another checkout's folders into its svcproxy package as the editable install
+    maps this tree's (frontend/, backends/; the generated svcproxy/v1 copied)."""
+    for name in ("frontend", "backends"):
+        if not (tree / "svcproxy" / name).exists():
+            (tree / "svcproxy" / name).symlink_to(f"../{name}")
+    if not (tree / "svcproxy" / "v1").exists():
+        shutil.copytree(ROOT / "svcproxy" / "v1", tree / "svcproxy" / "v1")
+
+
+class Apiserver:
+    """The stand-in apiserver with ``services`` services in the namespace, and the
+    KubeProxyConfiguration pointing at it."""
+
+    def __init__(self, services: int, work: Path) -> None:
+        kubeconfig = work / "kubeconfig"
+        self.proc = in_ns(sys.executable, "-c", APISERVER, str(ROOT), str(services),
+                          str(kubeconfig), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.kubeconfig = kubeconfig
+        self.conf = work / "config.conf"
+        self.conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
+                             "kind: KubeProxyConfiguration\nmode: nftables\n"
+                             f"clientConnection: {{kubeconfig: {kubeconfig}}}\n"
+                             "healthzBindAddress: ''\nmetricsBindAddress: ''\n")
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        stop(self.proc)
+
+
+def local_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "SVCPROXY_API"}
+
+
 def measure(services: int, work: Path) -> tuple[dict[str, float], dict[str, float]]:
-    kubeconfig = work / "kubeconfig"
-    api = in_ns(sys.executable, "-c", APISERVER, str(ROOT), str(services), str(kubeconfig),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    api = Apiserver(services, work)
+    kubeconfig, conf = api.kubeconfig, api.conf
     try:
-        assert api.stdout is not None and api.stdout.readline().strip() == "ready"
-        conf = work / "config.conf"
-        conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
-                        "kind: KubeProxyConfiguration\nmode: nftables\n"
-                        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n"
-                        "healthzBindAddress: ''\nmetricsBindAddress: ''\n")
-        env = {k: v for k, v in os.environ.items() if k != "SVCPROXY_API"}
+        env = local_env()
         local = backend(conf, env)
         sock = work / "api.sock"
         frontend = in_ns(sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig",
@@ -160,20 +201,67 @@ def measure(services: int, work: Path) -> tuple[dict[str, float], dict[str, floa
             stop(frontend)
         return local, split
     finally:
-        if api.stdin:
-            api.stdin.close()
-        stop(api)
+        api.close()
+
+
+def compare(services: int, work: Path, before: Path, rounds: int) -> None:
+    """Local mode of ``before``'s tree and of this one, alternating (ABBA...)."""
+    api = Apiserver(services, work)
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    try:
+        for i in range(rounds):
+            order = ("before", "after") if i % 2 == 0 else ("after", "before")
+            for which in order:
+                tree = before if which == "before" else ROOT
+                marks = backend(api.conf, local_env(), tree)
+                runs[which].append(marks)
+                print(f"{services:>8} round {i + 1} {which:<6} wall {marks['sync']:.2f}s "
+                      f"CPU {marks['cpu']:.2f}s", flush=True)
+    finally:
+        api.close()
+    med = {w: {k: statistics.median(m[k] for m in r) for k in ("sync", "cpu")}
+           for w, r in runs.items()}
+    kp = KUBE_PROXY.get(services)
+    print(f"{services:>8} median  before wall {med['before']['sync']:.2f}s CPU "
+          f"{med['before']['cpu']:.2f}s | after wall {med['after']['sync']:.2f}s CPU "
+          f"{med['after']['cpu']:.2f}s | before/after wall "
+          f"{med['before']['sync'] / med['after']['sync']:.2f}x CPU "
+          f"{med['before']['cpu'] / med['after']['cpu']:.2f}x"
+          + (f" | after/kube-proxy {med['after']['sync'] / kp:.2f}x" if kp else ""),
+          flush=True)
+
+
+def cpu_phases(marks: dict[str, float], names: list[tuple[str, str]]) -> dict[str, float]:
+    """The backend's CPU time in each phase (read when its line arrived)."""
+    out, last = {}, 0.0
+    for phase, _ in names:
+        if f"{phase} cpu" in marks:
+            out[phase] = marks[f"{phase} cpu"] - last
+            last = marks[f"{phase} cpu"]
+    return out
 
 
 def show(label: str, marks: dict[str, float], names: list[tuple[str, str]]) -> None:
-    print(f"{'':>8} {label:<6} " + ", ".join(f"{p} {t:.2f}s" for p, t in phases(marks, names)))
+    cpu = cpu_phases(marks, names)
+    print(f"{'':>8} {label:<6} " + ", ".join(
+        f"{p} {t:.2f}s" + (f" (CPU {cpu[p]:.2f})" if p in cpu else "")
+        for p, t in phases(marks, names))
+        + (f"; sync CPU {cpu['sync']:.2f}" if "sync" in cpu else ""))
 
 
-def main(sizes: list[int], breakdown: bool) -> None:
+def main(sizes: list[int], breakdown: bool, before: Path | None = None,
+         rounds: int = 3) -> None:
     subprocess.run(["ip", "netns", "add", NS], check=True)
     try:
         subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
         print(f"load average {os.getloadavg()[0]:.1f} at the start")
+        if before is not None:
+            prepare_tree(before)
+            for n in sizes:
+                with tempfile.TemporaryDirectory() as work:
+                    compare(n, Path(work), before, rounds)
+            print(f"load average {os.getloadavg()[0]:.1f} at the end")
+            return
         print(f"{'services':>8} {'local mode':>11} {'split mode':>11} {'kube-proxy':>11} "
               f"{'local/kube-proxy':>17} {'local CPU':>10} {'split CPU':>10}")
         for n in sizes:
@@ -192,6 +280,8 @@ def main(sizes: list[int], breakdown: bool) -> None:
 
 
 if __name__ == "__main__":
-    flags = {a for a in sys.argv[1:] if a.startswith("-")}
+    flags = dict(a.partition("=")[::2] for a in sys.argv[1:] if a.startswith("-"))
     main([int(a) for a in sys.argv[1:] if not a.startswith("-")] or [1000, 5000, 10000],
-         "--breakdown" in flags)
+         "--breakdown" in flags,
+         Path(flags["--before"]).resolve() if flags.get("--before") else None,
+         int(flags.get("--rounds") or 3))
