@@ -7,6 +7,8 @@ its service port's term and its endpoints' terms, each computed once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from svcproxy.convert import DIGEST_MASK, node_term, node_to_pb
 from svcproxy.frontend.publication.encoding import RecordEncoder
 from svcproxy.frontend.publication.views import NodeView
@@ -18,10 +20,8 @@ class Digests:
 
     def __init__(self, encoder: RecordEncoder | None = None) -> None:
         self.encoder = encoder or RecordEncoder()
-
-    def record_term(self, rec: ServicePortState) -> int:
-        """The digest term of a record (``convert.record_term`` of its message)."""
-        return self.encoder.term(rec)
+        # The digest term of a record (``convert.record_term`` of its message).
+        self.record_term: Callable[[ServicePortState], int] = self.encoder.term
 
     def of(self, view: NodeView) -> int:
         """The state digest of ``view`` computed from scratch."""

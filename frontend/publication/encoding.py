@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from hashlib import blake2b
 
 from svcproxy.convert import _AFFINITY, _POLICY, _PROTO, _TYPE, DIGEST_MASK, term_of
-from svcproxy.frontend.publication.wire import _varint
+from svcproxy.frontend.publication.wire import SIZES, _varint
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 # Cached parts past which the caches start again (records and endpoints no longer in
@@ -29,13 +29,6 @@ MAX_RECORDS = 500_000
 MAX_PARTS = 2_000_000
 _REPLACE_SERVICE = b"\x3a"  # Op.replace_service, field 7
 _UINT64 = (1 << 64) - 1
-
-
-_SMALL = [bytes((n,)) for n in range(0x80)]
-
-
-def _size(n: int) -> bytes:
-    return _SMALL[n] if n < 0x80 else _varint(n)
 
 
 def _bools(*tags: int) -> list[bytes]:
@@ -61,7 +54,7 @@ class _Strings(dict[str, bytes]):
         data = value.encode()
         if len(self) > 100_000:
             self.clear()
-        self[value] = out = self.tag + _size(len(data)) + data
+        self[value] = out = self.tag + SIZES[len(data)] + data
         return out
 
 
@@ -80,7 +73,7 @@ _PORTS = _Ports()
 
 def _string(tag: bytes, value: str) -> bytes:
     data = value.encode()
-    return tag + _size(len(data)) + data
+    return tag + SIZES[len(data)] + data
 
 
 def _strings(tag: bytes, values: tuple[str, ...]) -> bytes:
@@ -94,7 +87,7 @@ def _int(tag: bytes, value: int) -> bytes:
 
 
 def _message(tag: bytes, body: bytes) -> bytes:
-    return tag + _size(len(body)) + body
+    return tag + SIZES[len(body)] + body
 
 
 def key_field(key: ServicePortKey) -> bytes:
@@ -146,14 +139,14 @@ def endpoint_field(ep: Endpoint) -> bytes:
     size and the deterministic serialisation of ``convert.endpoint_to_pb(ep)``."""
     ip = ep.ip.encode()
     body = b"".join((
-        b"\x0a" + _size(len(ip)) + ip if ip else b"", _PORTS[ep.port],
+        b"\x0a" + SIZES[len(ip)] + ip if ip else b"", _PORTS[ep.port],
         _CONDITIONS[ep.ready + 2 * ep.serving + 4 * ep.terminating + 8 * ep.is_local],
         _NODE_NAMES[ep.node_name] if ep.node_name else b"",
         _ZONES[ep.zone] if ep.zone else b"",
         b"".join([_HINT_ZONES[z] for z in ep.hint_zones]) if ep.hint_zones else b"",
         b"".join([_HINT_NODES[n] for n in ep.hint_nodes]) if ep.hint_nodes else b"",
         _SELECTION[ep.internal + 2 * ep.external + 4 * ep.cluster + 8 * ep.local]))
-    return b"\x12" + _size(len(body)) + body
+    return b"\x12" + SIZES[len(body)] + body
 
 
 class RecordEncoder:
@@ -169,7 +162,8 @@ class RecordEncoder:
 
     def op(self, rec: ServicePortState) -> bytes:
         """The serialised ``Op`` replacing the record's service port with ``rec``."""
-        return self._encoded(rec)[1]
+        hit = self._records.get(id(rec))
+        return (hit if hit is not None and hit[0] is rec else self._encoded(rec))[1]
 
     def ops(self, records: Iterable[ServicePortState]) -> list[bytes]:
         """``op`` of each record (a snapshot's: most are cached)."""
@@ -182,12 +176,11 @@ class RecordEncoder:
 
     def term(self, rec: ServicePortState) -> int:
         """The record's digest term (``convert.record_term`` of its message)."""
-        return self._encoded(rec)[2]
+        hit = self._records.get(id(rec))
+        return (hit if hit is not None and hit[0] is rec else self._encoded(rec))[2]
 
     def _encoded(self, rec: ServicePortState) -> tuple[ServicePortState, bytes, int]:
-        hit = self._records.get(id(rec))
-        if hit is not None and hit[0] is rec:
-            return hit
+        """Encode ``rec`` (not in the cache) and cache it."""
         if len(self._records) > MAX_RECORDS or \
                 len(self._endpoints) + len(self._services) > MAX_PARTS:
             self.__init__()  # type: ignore[misc]

@@ -167,16 +167,27 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+class _Sizes(dict[int, bytes]):
+    """Varints of the sizes fields have, made once each (sizes past 64 KiB each time)."""
+
+    def __missing__(self, size: int) -> bytes:
+        out = _varint(size)
+        if size < 1 << 16:
+            self[size] = out
+        return out
+
+
 class _OpHeads(dict[int, bytes]):
     """The tag and size before an op of each size in a ``WatchEvent`` (field 4)."""
 
     def __missing__(self, size: int) -> bytes:
-        head = b"\x22" + _varint(size)
-        if size < 1 << 16:  # the few sizes ops have, not every large one
+        head = b"\x22" + SIZES[size]
+        if size < 1 << 16:
             self[size] = head
         return head
 
 
+SIZES = _Sizes()
 _OP_HEADS = _OpHeads()
 
 
