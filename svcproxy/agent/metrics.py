@@ -15,7 +15,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from svcproxy.model import Endpoint, ServicePortKey, ServicePortState, ip_family
+from svcproxy.model import Endpoint, ServicePortKey, ServicePortState, TrafficPolicy, ip_family
 from svcproxy.sdk.backend import NodeState
 
 # prometheus.ExponentialBuckets(0.001, 2, 15)
@@ -257,9 +257,12 @@ class AgentMetrics:
         services, endpoints = count_changes(old, new, keys)
         self.service_changes_total.inc(services)
         self.endpoint_changes_total.inc(endpoints)
+        local = [s for s in new.services.values()
+                 if s.service.internal_traffic_policy is TrafficPolicy.LOCAL
+                 or s.service.external_traffic_policy is TrafficPolicy.LOCAL]
         for family in self.families:
             internal, external = count_no_local_endpoints(
-                s for s in new.services.values() if _family_of(s) == family)
+                s for s in local if _family_of(s) == family)
             no_local = self.no_local_endpoints
             no_local.labels(ip_family=family, traffic_policy="internal").set(internal)
             no_local.labels(ip_family=family, traffic_policy="external").set(external)
@@ -309,9 +312,15 @@ def count_changes(
     services = endpoints = 0
     for key in keys:
         a, b = before.get(key), new.services.get(key)
-        if (a.service if a else None) != (b.service if b else None):
+        if a is b:  # unchanged (the client hands the same record on), or in neither
+            continue
+        if a is None or b is None:  # added or removed: its service and every endpoint
             services += 1
-        endpoints += _endpoint_differences(a.endpoints if a else {}, b.endpoints if b else {})
+            endpoints += len((a or b).endpoints)  # type: ignore[union-attr]
+            continue
+        if a.service != b.service:
+            services += 1
+        endpoints += _endpoint_differences(a.endpoints, b.endpoints)
     return services, endpoints
 
 
