@@ -362,7 +362,7 @@ def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> E
         ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
                                _port(p.get("port"), where)))
     endpoints = () if address_type == "FQDN" else tuple(
-        _slice_endpoint(_dict(ep, f"endpoints[{i}]"), i)
+        _slice_endpoint(ep if type(ep) is dict else _dict(ep, f"endpoints[{i}]"), i)
         for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")))
     trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
     return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,

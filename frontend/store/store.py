@@ -78,7 +78,7 @@ class Store:
                 if isinstance(ev, Replace):
                     self._replace(ev, touched)
                 elif isinstance(ev, Upsert):
-                    self._upsert(ev.kind, ev.obj, touched)
+                    self._upsert(ev.kind, ev.obj, object_key(ev.kind, ev.obj), touched)
                 elif isinstance(ev, Delete):
                     self._delete(ev.kind, (ev.namespace, ev.name), touched)
             except Exception:  # noqa: BLE001 - one event's failure must not lose the batch
@@ -89,15 +89,17 @@ class Store:
             metrics.WATCH_EVENTS.labels(type(ev).__name__.lower()).inc()
         return touched
 
-    def _parse(self, kind: Kind, obj: dict[str, Any]) -> Service | EndpointSlice | Node | None:
+    def _parse(self, kind: Kind, obj: dict[str, Any],
+               key: ObjKey) -> Service | EndpointSlice | Node | None:
         """The object validated and parsed, or None (refused alone, logged and counted)."""
-        ns, name = object_key(kind, obj)
+        ns, name = key
         served = (name in self.nodes if kind == "Node" else
                   (ns, name) in (self.services if kind == "Service" else self.slices))
         return self.intake.parse(kind, obj, served)
 
-    def _upsert(self, kind: Kind, obj: dict[str, Any], touched: Touched) -> None:
-        parsed = self._parse(kind, obj)
+    def _upsert(self, kind: Kind, obj: dict[str, Any], key: ObjKey, touched: Touched) -> None:
+        """Keep ``obj`` (whose ``object_key`` is ``key``) if it is valid and changed."""
+        parsed = self._parse(kind, obj, key)
         if isinstance(parsed, Service):
             if self.services.get(parsed.key) != parsed:
                 self.services[parsed.key] = parsed
@@ -140,8 +142,9 @@ class Store:
             self._listing[kind] = set()
         listed = self._listing[kind]
         for obj in ev.objs:
-            listed.add(object_key(kind, obj))
-            self._upsert(kind, obj, touched)
+            key = object_key(kind, obj)
+            listed.add(key)
+            self._upsert(kind, obj, key, touched)
         if not ev.last:
             return
         del self._listing[kind]
