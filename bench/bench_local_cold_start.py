@@ -14,15 +14,15 @@ iptables-legacy first sync on this machine (not run here).
 lines reaches this script (-v=4), with the backend's CPU time in each (its /proc stat read
 then; the sync's is render, text and apply together): startup (interpreter, imports,
 configuration, backend set up, sysctls), the in-process frontend's start (its imports -
-the kubernetes client - and its API server), the apiserver list and the frontend's sync, the first state through
-the SDK's channel (the node's view made, sent, decoded), the backend's render, the text of
-the nft transaction, and the kernel applying it.
+the kubernetes client - and its API server), the apiserver list and the frontend's sync,
+the first state through the SDK's channel (the node's view made, sent, decoded), the
+backend's render, the text of the nft transaction, and the kernel applying it.
 
 --before=DIR compares local mode with another commit's, side by side: DIR is a checkout of
 it (``git worktree add --detach DIR COMMIT``); the bench links its frontend/ and backends/
 into its svcproxy/ and copies the generated svcproxy/v1 there, as the editable install
 maps them for this tree. Both run --rounds times (default 3) alternating (ABBA...) against
-the same apiserver; the medians and the ratio of before to after are printed.
+the same apiserver; the medians, the best CPU times and the ratios of before to after are printed.
 """
 
 from __future__ import annotations
@@ -221,6 +221,9 @@ def compare(services: int, work: Path, before: Path, rounds: int) -> None:
         api.close()
     med = {w: {k: statistics.median(m[k] for m in r) for k in ("sync", "cpu")}
            for w, r in runs.items()}
+    best = {w: min(m["cpu"] for m in r) for w, r in runs.items()}
+    print(f"{services:>8} best CPU before {best['before']:.2f}s after {best['after']:.2f}s "
+          f"({best['before'] / best['after']:.2f}x)")
     kp = KUBE_PROXY.get(services)
     print(f"{services:>8} median  before wall {med['before']['sync']:.2f}s CPU "
           f"{med['before']['cpu']:.2f}s | after wall {med['after']['sync']:.2f}s CPU "
