@@ -1,10 +1,15 @@
-"""The node agent resolves one node context and hands it to the backend with every state."""
+"""The node agent resolves one node context and hands it to the backend with every state:
+node IPs and addresses, IP families, the iptables to invoke, the sysctls it sets."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
+
+import pytest
 
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.health import ProxyHealth
@@ -106,3 +111,82 @@ def test_the_agent_hands_the_dump_backend_its_resolved_context() -> None:
     assert v4["local_traffic"] == {"mode": "NodeCIDR", "cidrs": ["10.244.3.0/24"],
                                    "interface": ""}
     assert agent.context(None).family(4).node_ips == ("192.168.50.2",)
+
+
+def test_node_facts_are_found_once_and_sysctls_set_for_syncs_only() -> None:
+    """The IP families and the node's iptables are looked for once (the iptables only for
+    a mode that uses it and leaves the choice to the node); the mode's sysctls are set
+    when a sync asks for the context, not when the agent reads the health-check
+    addresses at start."""
+    from svcproxy.sdk import ProxyMode
+
+    calls: list[str] = []
+    set_: list[dict[str, str]] = []
+
+    def resolver(mode: ProxyMode) -> ContextResolver:
+        return ContextResolver(
+            CONFIG, mode=mode, addresses=lambda _x: ("192.168.50.2",),
+            families=lambda: calls.append("families") or (4,),  # type: ignore[func-returns-value]
+            iptables=lambda: calls.append("iptables") or "legacy",  # type: ignore[func-returns-value]
+            sysctls=lambda wanted: set_.append(dict(wanted)) or [],  # type: ignore[func-returns-value]
+            refresh=0)
+    resolve = resolver(ProxyMode("iptables", localhost_nodeports=True))
+    found = resolve.resolve(None)
+    assert (found.ip_families, found.iptables, found.localhost_nodeports) == ((4,), "legacy", True)
+    assert set_ == [], "nothing set before a sync"
+    for _ in range(3):
+        assert resolve(None).sysctls == (("net/ipv4/conf/all/route_localnet", "1"),)
+    assert calls == ["families", "iptables"]
+    assert set_ == [{"net/ipv4/conf/all/route_localnet": "1"}], "set once"
+    calls.clear()
+    assert resolver(ProxyMode("iptables", iptables="nft")).resolve(None).iptables == "nft"
+    assert resolver(ProxyMode("nftables")).resolve(None).iptables == ""
+    assert calls == ["families", "families"], "no iptables looked for"
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    from tests.netns.harness import missing_requirements, scratch_netns
+
+    why = missing_requirements()
+    if why:
+        pytest.skip(why)
+    with scratch_netns("spctx") as name:
+        yield name
+
+
+@pytest.mark.netns
+def test_the_agent_resolves_and_sets_the_node_in_its_own_namespace(netns: str) -> None:
+    """Real namespace: the resolver run where the agent runs finds IPv6 off, the node's
+    legacy iptables (a kubelet hint chain), and sets the mode's sysctls there; the root
+    namespace is untouched (tests/root_sysctls.py guards it)."""
+    from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
+    from svcproxy.backends.ipvs.backend import IpvsBackend
+    from svcproxy.backends.ipvs.options import IpvsOptions
+    from tests.lab.netns import call_in
+
+    def sysctl(name: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", netns, "cat", f"/proc/sys/{name}"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    def run(*argv: str) -> None:
+        subprocess.run(["ip", "netns", "exec", netns, *argv], check=True, capture_output=True)
+
+    run("ip", "link", "set", "lo", "up")
+    assert sysctl("net/ipv4/conf/all/route_localnet") == "0"
+    iptables = ContextResolver.for_backend(CONFIG, IptablesBackend(CONFIG))
+    found = call_in(netns, iptables, None)
+    assert found.ip_families == (4, 6) and found.localhost_nodeports
+    assert found.iptables == "nft", "an empty node gets nft"
+    assert sysctl("net/ipv4/conf/all/route_localnet") == "1"
+
+    run("sysctl", "-w", "net.ipv6.conf.all.disable_ipv6=1")
+    run("iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+    ipvs = ContextResolver.for_backend(CONFIG, IpvsBackend(CONFIG, IpvsOptions(strict_arp=True)))
+    found = call_in(netns, ipvs, None)
+    assert found.ip_families == (4,) and found.iptables == "legacy"
+    assert "net/ipv6/conf/all/forwarding" not in dict(found.sysctls)
+    assert sysctl("net/ipv4/conf/all/arp_ignore") == "1"
+    assert sysctl("net/ipv4/ip_forward") == "1"
+    chosen = IptablesBackend(CONFIG, IptablesOptions(mode="nft", localhost_nodeports=False))
+    assert call_in(netns, ContextResolver.for_backend(CONFIG, chosen), None).iptables == "nft"

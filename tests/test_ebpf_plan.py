@@ -271,3 +271,21 @@ def test_the_default_cgroup_is_where_cgroup2_is_mounted() -> None:
     assert unified_cgroup(hybrid) == Path("/sys/fs/cgroup/unified")
     assert unified_cgroup("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n") == Path("/sys/fs/cgroup")
     assert unified_cgroup("") == Path("/sys/fs/cgroup")
+
+
+def test_node_ports_answer_on_the_node_contexts_listed_addresses(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """NodePorts on every address (no CIDR for the family): the node IPs and the other
+    addresses the agent found on the node's interfaces, as IPVS names them; never
+    loopback; with CIDRs, the addresses inside them."""
+    from svcproxy.agent.config import NodeConfig
+    from svcproxy.backends.ebpf.backend import EbpfBackend
+    from svcproxy.sdk import NodeState, resolve_context
+
+    config = NodeConfig("n1", node_ips=("192.0.2.10", "fd00::10"))
+    backend = EbpfBackend(config, loader.Layout(pin_dir=tmp_path, cgroup=tmp_path))
+    every = resolve_context(config, None, ("192.0.2.10", "198.51.100.7", "127.0.0.1", "fd00::10"))
+    assert backend._node_ips(NodeState("n1", 1, None, {}, every)) == (
+        "192.0.2.10", "198.51.100.7", "fd00::10")
+    some = resolve_context(replace(config, node_port_addresses=("198.51.100.0/24",)), None,
+                           ("192.0.2.10", "198.51.100.7"))
+    assert backend._node_ips(NodeState("n1", 1, None, {}, some)) == ("198.51.100.7", "fd00::10")

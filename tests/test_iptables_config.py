@@ -12,14 +12,20 @@ from svcproxy.backends.iptables.backend import IptablesBackend
 from svcproxy.backends.iptables.familyconfig import (
     family_config,
     local_detection,
-    localhost_nodeports_allowed,
     masquerade_mark,
     nodeport_ips,
 )
 from svcproxy.model import NodeInfo
+from svcproxy.sdk import ProxyMode, resolve_context
 
 NODE = NodeConfig("n1", cluster_cidrs=("10.244.0.0/16", "fd00:244::/48"),
                   node_ips=("192.168.1.5", "10.0.0.5", "fd00:1::5"))
+
+
+def localhost_nodeports_allowed(config: NodeConfig, wanted: bool) -> bool:
+    """The node context's answer for --iptables-localhost-nodeports=``wanted``."""
+    mode = ProxyMode("iptables", localhost_nodeports=wanted)
+    return resolve_context(config, None, mode=mode).localhost_nodeports
 
 
 def parse(*argv: str) -> argparse.Namespace:

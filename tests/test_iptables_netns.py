@@ -15,11 +15,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from svcproxy.agent.config import NodeConfig
+from svcproxy.agent.node_context import ContextResolver
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.model import (
@@ -31,6 +32,7 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk.backend import Changes, NodeState
+from tests.lab.netns import call_in
 
 pytestmark = pytest.mark.netns
 
@@ -221,6 +223,13 @@ def node_state(*services: ServicePortState, revision: int = 1) -> NodeState:
     return NodeState("node1", revision, None, {s.key: s for s in services})
 
 
+def agent_state(lab: Lab, be: IptablesBackend, *services: ServicePortState) -> NodeState:
+    """The state with the node context the agent resolves in the node's namespace (where
+    it also sets the mode's sysctls), as ``svcproxy backend iptables`` would get it."""
+    context = call_in(lab.node, ContextResolver.for_backend(be.config, be), None)
+    return replace(node_state(*services), context=context)
+
+
 def full() -> Changes:
     return Changes(full=True, reason="initial")
 
@@ -263,7 +272,8 @@ def test_service_without_endpoints_refuses_at_once(lab: Lab) -> None:
 def test_localhost_nodeports_need_route_localnet_in_the_node_only(lab: Lab) -> None:
     root_before = open("/proc/sys/net/ipv4/conf/all/route_localnet").read()
     web = service("web", "172.30.0.10", ("pod-a",), node_port=30080)
-    backend(lab).sync(node_state(web), full())
+    be = backend(lab)
+    be.sync(agent_state(lab, be, web), full())
     assert lab.connect(lab.node, "127.0.0.1", 30080, count=3) == ["pod-a 10.244.1.1"] * 3
     assert ns_run(lab.node, "sysctl", "-n", "net.ipv4.conf.all.route_localnet").stdout.strip() \
         == "1"
@@ -424,7 +434,7 @@ def test_legacy_node_gets_legacy_rules(lab: Lab) -> None:
     ns_run(lab.node, "iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
     web = service("web", "172.30.0.10", ("pod-a", "pod-b"))
     be = backend(lab)
-    be.sync(node_state(web), full())
+    be.sync(agent_state(lab, be, web), full())
     assert be.mode == "legacy"
     assert "KUBE-SERVICES" in lab.iptables_save(4, "legacy")
     assert "KUBE-SERVICES" not in lab.iptables_save(4, "nft")
@@ -527,7 +537,7 @@ def test_nfacct_counters_count_real_packets(lab: Lab) -> None:
     registry = CollectorRegistry()
     be.register_metrics(registry)
     assert _counters(registry) == {}  # no counter in the kernel yet: nothing exported
-    be.sync(node_state(web), full())
+    be.sync(agent_state(lab, be, web), full())
     save = lab.iptables_save()
     assert "ct_state_invalid_dropped_pkts" in save and "localhost_nps_accepted_pkts" in save
     localhost = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"

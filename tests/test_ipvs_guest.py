@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from svcproxy.agent.config import NodeConfig
+from svcproxy.agent.node_context import ContextResolver
 from svcproxy.backends.ipvs import genl, system
 from svcproxy.backends.ipvs import ipsets as S
 from svcproxy.backends.ipvs import rules as R
@@ -21,6 +23,7 @@ from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
 from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
 from svcproxy.model import ServiceType, SessionAffinity
+from svcproxy.sdk import NodeState
 from tests.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
 from tests.ipvs.states import changed, endpoint, full, node_state, port_state
 from tests.lab.netns import ns_exec
@@ -50,17 +53,23 @@ class Driver:
     def __init__(self, lab: IpvsLab, options: IpvsOptions) -> None:
         self.lab = lab
         self.backend = lab.on_node(IpvsBackend, CONFIG, options, (4,))
+        # As the agent: the node context resolved in the node's namespace, where the mode's
+        # sysctls (IPVS conntrack, forwarding...) are set before the first sync.
+        self.context = lab.on_node(ContextResolver.for_backend(CONFIG, self.backend), None)
         self.revision = 0
 
-    def sync(self, *ports: object, reason: str = "") -> None:
+    def state(self, ports: tuple[object, ...]) -> NodeState:
         self.revision += 1
-        state = node_state(ports, self.revision)  # type: ignore[arg-type]
+        return replace(node_state(ports, self.revision),  # type: ignore[arg-type]
+                       context=self.context)
+
+    def sync(self, *ports: object, reason: str = "") -> None:
+        state = self.state(ports)
         changes = full(reason or ("initial" if self.revision == 1 else "periodic"))
         self.lab.on_node(self.backend.sync, state, changes)
 
     def partial(self, *ports: object, gone: tuple[object, ...] = ()) -> None:
-        self.revision += 1
-        state = node_state(ports, self.revision)  # type: ignore[arg-type]
+        state = self.state(ports)
         keys = changed(*ports, *gone)  # type: ignore[arg-type]
         self.lab.on_node(self.backend.sync, state, keys)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from svcproxy.agent.kubeproxy_config import load_config
-from svcproxy.agent.kubeproxy_sysctls import wanted_sysctls
-from svcproxy.backends.ipvs.backend import STRICT_ARP, SYSCTLS, SYSCTLS_V6
+from svcproxy.agent.kubeproxy_sysctls import mode_sysctls, wanted_sysctls
 from tests import root_sysctls
 
 
@@ -30,6 +29,8 @@ def test_the_backends_sysctls_are_watched() -> None:
     config = load_config("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                          "kind: KubeProxyConfiguration\nconntrack: {tcpBeLiberal: true, "
                          "udpTimeout: 30s, udpStreamTimeout: 2m}\nipvs: {strictARP: true}\n")
-    wanted = {n for mode in ("iptables", "ipvs", "nft") for n in wanted_sysctls(config, mode, 2)}
-    wanted |= {n.replace(".", "/") for n, _ in (*SYSCTLS, *SYSCTLS_V6, *STRICT_ARP)}
+    wanted = {n for mode in ("iptables", "ipvs", "nft")
+              for n in wanted_sysctls(config, mode, 2, (4, 6))}
+    wanted |= {n for mode in ("iptables", "ipvs", "nftables")
+               for n in mode_sysctls(mode, (4, 6), localhost_nodeports=True, strict_arp=True)}
     assert wanted <= set(root_sysctls.WATCHED), wanted - set(root_sysctls.WATCHED)

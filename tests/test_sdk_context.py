@@ -137,3 +137,56 @@ def test_interface_addresses_reads_this_namespace() -> None:
     assert "127.0.0.1" not in without_lo and set(without_lo) < set(every)
     ctx = resolve_context(config(node_port_addresses=("127.0.0.0/8",)), None, every)
     assert ctx.family(4).node_port_ips == ("127.0.0.1",)
+
+
+def test_the_mode_decides_the_iptables_and_the_sysctls_once() -> None:
+    """One answer per mode for every backend: the iptables to invoke, NodePorts on
+    127.0.0.1, and kube-proxy's sysctls (which the agent sets, no backend)."""
+    from svcproxy.sdk import ProxyMode
+
+    plain = resolve_context(config(), None)
+    assert (plain.ip_families, plain.iptables, plain.sysctls) == ((4, 6), "", ())
+    iptables = resolve_context(config(), None, mode=ProxyMode("iptables", True),
+                               iptables="legacy")
+    assert iptables.iptables == "legacy" and iptables.localhost_nodeports
+    assert dict(iptables.sysctls) == {"net/ipv4/conf/all/route_localnet": "1"}
+    chosen = resolve_context(config(), None, mode=ProxyMode("iptables", True, iptables="nft"),
+                             iptables="legacy")
+    assert chosen.iptables == "nft", "the flag's choice over the node's"
+    assert resolve_context(config(), None, mode=ProxyMode("ipvs")).iptables == "nft"
+    lan = config(node_port_addresses=("10.0.0.0/8",))
+    off = resolve_context(lan, None, mode=ProxyMode("iptables", True))
+    assert not off.localhost_nodeports and off.sysctls == (), "no 127.0.0.1 NodePorts"
+    no_v4 = resolve_context(config(), None, mode=ProxyMode("iptables", True), ip_families=(6,))
+    assert not no_v4.localhost_nodeports
+    ipvs = resolve_context(config(), None, mode=ProxyMode("ipvs", strict_arp=True),
+                           ip_families=(4,))
+    assert ipvs.ip_families == (4,) and not ipvs.localhost_nodeports
+    assert dict(ipvs.sysctls) == {
+        "net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1",
+        "net/ipv4/vs/expire_quiescent_template": "1", "net/ipv4/ip_forward": "1",
+        "net/bridge/bridge-nf-call-iptables": "1", "net/ipv4/conf/all/arp_ignore": "1",
+        "net/ipv4/conf/all/arp_announce": "2"}
+    dual = resolve_context(config(), None, mode=ProxyMode("ipvs"))
+    assert dict(dual.sysctls)["net/ipv6/conf/all/forwarding"] == "1"
+    nft = resolve_context(config(), None, mode=ProxyMode("nftables"))
+    assert (nft.iptables, nft.sysctls) == ("", ())
+
+
+# What only the node context may resolve: a backend that holds one of these decides a
+# node fact itself (IPv6 present, which iptables, a sysctl to write).
+NODE_FACTS = ("if_inet6", "disable_ipv6", "KUBE-IPTABLES-HINT", "write_text(",
+              "net/ipv4/vs", "net.ipv4.vs", "conf/all/", "conf.all.", "echo {value}")
+
+
+def test_no_backend_resolves_the_node_itself() -> None:
+    from pathlib import Path
+
+    backends = Path(__file__).resolve().parent.parent / "backends"
+    files = sorted(backends.rglob("*.py"))
+    assert len(files) > 20, "the backends were found"
+    offences = [f"{path.relative_to(backends.parent)}:{n}: {fact}"
+                for path in files
+                for n, line in enumerate(path.read_text().splitlines(), 1)
+                for fact in NODE_FACTS if fact in line]
+    assert not offences, "backends resolve node facts:\n" + "\n".join(offences)

@@ -72,14 +72,11 @@ class EbpfBackend(Backend):
             counter.inc()  # type: ignore[attr-defined]
 
     def _node_ips(self, state: NodeState) -> tuple[str, ...]:
-        """Where NodePorts answer: the node context's addresses (never loopback), the
-        node IPs for a family the CIDRs leave open."""
+        """Where NodePorts answer, named: the node context's ``node_port_ips_listed``
+        (never loopback; for a family the CIDRs leave open, the node IPs and every other
+        address on the node's interfaces, as IPVS names them)."""
         node = state.context or resolve_context(self.config, state.node)
-        ips: list[str] = []
-        for fam in node.families:
-            chosen = fam.node_port_ips_routable
-            ips += fam.node_ips if chosen is None else chosen
-        return tuple(ips)
+        return tuple(ip for fam in node.families for ip in fam.node_port_ips_listed)
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         tables = self.start().tables

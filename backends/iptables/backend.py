@@ -11,7 +11,6 @@ chains and rule counts, in its ``Planner``).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -22,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
-from svcproxy.backends.iptables.familyconfig import family_config, localhost_nodeports_allowed
+from svcproxy.backends.iptables.familyconfig import family_config
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
 from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct, remove_counters
@@ -44,15 +43,23 @@ from svcproxy.backends.iptables.restore import (
     parse_save,
     restore_text,
 )
-from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl, detect_mode
+from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
-from svcproxy.sdk import Delta, NodeConfig, ServicePortKey, ServicePortState, StagedBackend
+from svcproxy.sdk import (
+    Delta,
+    NodeConfig,
+    NodeContext,
+    ProxyMode,
+    ServicePortKey,
+    ServicePortState,
+    StagedBackend,
+    resolve_context,
+)
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, TooManyRefused, invalid_values, isolate_versions
 
 log = logging.getLogger(__name__)
 
-ROUTE_LOCALNET = "net/ipv4/conf/all/route_localnet"
 TCP_BE_LIBERAL = "net/netfilter/nf_conntrack_tcp_be_liberal"
 
 
@@ -62,8 +69,8 @@ class IptablesOptions:
 
     localhost_nodeports: bool = True
     masquerade_bit: int = 14
-    mode: str = "auto"  # auto | nft | legacy
-    families: tuple[int, ...] = (4, 6)
+    mode: str = "auto"  # auto | nft | legacy: the node context's ``iptables`` decides from it
+    families: tuple[int, ...] = (4, 6)  # test hook: of the node's families, at most these
     prefix: tuple[str, ...] = ()
 
 
@@ -119,22 +126,34 @@ class IptablesBackend(StagedBackend[Rendered]):
         # of its error refer to.
         self._last_try: tuple[Values, int, str] | None = None
 
-    def _start(self) -> None:
-        """Pick the iptables mode and set the sysctls, once."""
+    @property
+    def proxy_mode(self) -> ProxyMode:
+        """kube-proxy's iptables mode with this backend's flags (the node agent resolves
+        the iptables to invoke and sets route_localnet from it)."""
+        return ProxyMode("iptables", localhost_nodeports=self.options.localhost_nodeports,
+                         iptables=self.options.mode)
+
+    def node_context(self, state: NodeState) -> NodeContext:
+        """The agent's node context, or (a state not from an agent) the SDK's resolution
+        of it from the flags and the Node."""
+        if state.context is not None:
+            return state.context
+        return resolve_context(self.config, state.node, mode=self.proxy_mode)
+
+    def _start(self, state: NodeState) -> None:
+        """Take the node context's iptables, families and localhost NodePorts, once."""
         opts = self.options
-        self.mode = opts.mode if opts.mode in MODES else detect_mode(opts.prefix)
-        sysctl = Sysctl(opts.prefix)
-        families = [f for f in opts.families if f == 4 or _ipv6_available(sysctl)]
+        node = self.node_context(state)
+        self.mode = node.iptables
+        families = [f for f in node.ip_families if f in opts.families]
         log.info("Using iptables %s mode for IPv%s", self.mode,
                  " and IPv".join(str(f) for f in families))
-        self._localhost = 4 in families and localhost_nodeports_allowed(
-            self.config, opts.localhost_nodeports)
-        if self._localhost and sysctl.get(ROUTE_LOCALNET) != "1":
-            log.info("Setting route_localnet=1 to allow NodePorts on localhost; to change this "
-                     "pass --iptables-localhost-nodeports=false or set --nodeport-addresses "
+        self._localhost = node.localhost_nodeports
+        if self._localhost:
+            log.info("NodePorts answer on 127.0.0.1 (route_localnet=1); to change this pass "
+                     "--iptables-localhost-nodeports=false or set --nodeport-addresses "
                      "without 127.0.0.1")
-            sysctl.set(ROUTE_LOCALNET, "1")
-        liberal = sysctl.get(TCP_BE_LIBERAL)
+        liberal = Sysctl(opts.prefix).get(TCP_BE_LIBERAL)
         self._drop_invalid = liberal in (None, "0")
         if not self._drop_invalid:
             log.info("nf_conntrack_tcp_be_liberal is set: not dropping INVALID packets")
@@ -172,7 +191,7 @@ class IptablesBackend(StagedBackend[Rendered]):
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         if not self._families:
-            self._start()
+            self._start(state)
         self.reports, self._reports = [], {}
         self.last_sync_full = None
         self._rendered = 0
@@ -428,9 +447,3 @@ def _named_in_error(values: Values, index: int, text: str,
                 if key is not None and key not in found:
                     found.append(key)
     return found
-
-
-def _ipv6_available(sysctl: Sysctl) -> bool:
-    if sysctl.prefix:
-        return sysctl.get("net/ipv6/conf/all/disable_ipv6") not in (None, "1")
-    return os.path.exists("/proc/net/if_inet6")

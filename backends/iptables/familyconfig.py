@@ -40,11 +40,6 @@ def nodeport_ips(config: NodeConfig, family: int) -> tuple[str, ...] | None:
     return resolve_context(config, None).family(family).node_port_ips
 
 
-def localhost_nodeports_allowed(config: NodeConfig, wanted: bool) -> bool:
-    """--iptables-localhost-nodeports holds only if the NodePort addresses include 127.0.0.1."""
-    return wanted and resolve_context(config, None).family(4).node_port_loopback
-
-
 def family_config(config: NodeConfig, node: NodeInfo | None, family: int, *,
                   context: NodeContext | None = None, masquerade_bit: int = 14,
                   localhost_nodeports: bool = False, drop_invalid: bool = True,

@@ -14,12 +14,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from svcproxy.backends.iptables.restore import SavedTable, count_rules, parse_save
+from svcproxy.backends.iptables.restore import SavedTable, parse_save
 
 log = logging.getLogger(__name__)
 
 MODES = ("nft", "legacy")
-HINT_CHAINS = ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY")
 WAIT_SECONDS = "5"
 
 
@@ -100,35 +99,8 @@ def failing_lines(text: str, stderr: str, context: int = 2) -> str:
     return f"\n{shown}"
 
 
-def detect_mode(prefix: Sequence[str] = ()) -> str:
-    """nft or legacy: the one the node already uses, as kube-proxy's iptables-wrapper decides.
-
-    A kubelet hint chain in the mangle table decides first; otherwise the mode
-    holding more rules (legacy with ten or more) wins; an empty node gets nft.
-    """
-    for mode in MODES:
-        for family in (4, 6):
-            text = _quiet_save(prefix, family, mode, "mangle")
-            if any(f":{chain} " in text for chain in HINT_CHAINS):
-                return mode
-    legacy = sum(count_rules(_quiet_save(prefix, f, "legacy")) for f in (4, 6))
-    if legacy >= 10:
-        return "legacy"
-    nft = sum(count_rules(_quiet_save(prefix, f, "nft")) for f in (4, 6))
-    return "legacy" if legacy > nft else "nft"
-
-
-def _quiet_save(prefix: Sequence[str], family: int, mode: str, table: str = "") -> str:
-    args = [*prefix, _program(family, mode, "-save")] + (["-t", table] if table else [])
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
-
-
 class Sysctl:
-    """Read and write /proc/sys in the namespace the commands run in."""
+    """Read /proc/sys in the namespace the commands run in (the node agent sets it)."""
 
     def __init__(self, prefix: Sequence[str] = ()) -> None:
         self.prefix = tuple(prefix)
@@ -140,10 +112,3 @@ class Sysctl:
         proc = subprocess.run([*self.prefix, "cat", f"/proc/sys/{name}"], capture_output=True,
                               text=True, check=False)
         return proc.stdout.strip() if proc.returncode == 0 else None
-
-    def set(self, name: str, value: str) -> None:
-        if not self.prefix:
-            (Path("/proc/sys") / name).write_text(value)
-            return
-        subprocess.run([*self.prefix, "sh", "-c", f"echo {value} > /proc/sys/{name}"],
-                       check=True, capture_output=True)

@@ -15,7 +15,6 @@ small background check once their connections are gone (or after the bound).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -47,6 +46,7 @@ from svcproxy.sdk import (
     NodeConfig,
     NodeContext,
     NodeInfo,
+    ProxyMode,
     ServicePortKey,
     ServicePortState,
     StagedBackend,
@@ -58,18 +58,6 @@ from svcproxy.sdk.refusals import Refusals, invalid_values
 
 log = logging.getLogger(__name__)
 
-SYSCTLS = (
-    ("net.ipv4.vs.conntrack", "1"),
-    ("net.ipv4.vs.expire_nodest_conn", "1"),
-    ("net.ipv4.vs.expire_quiescent_template", "1"),
-    ("net.ipv4.ip_forward", "1"),
-    ("net.bridge.bridge-nf-call-iptables", "1"),
-)
-SYSCTLS_V6 = (
-    ("net.ipv6.conf.all.forwarding", "1"),
-    ("net.bridge.bridge-nf-call-ip6tables", "1"),
-)
-STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2"))
 IGNORE_ADDR_GONE = frozenset({99, 2, 3, 19})  # EADDRNOTAVAIL, ENOENT, ESRCH, ENODEV
 
 
@@ -92,10 +80,6 @@ def _raise_failures(failures: list[Failure]) -> None:
                         failures)
 
 
-def ipv6_enabled() -> bool:
-    return os.path.exists("/proc/net/if_inet6")
-
-
 _NOTHING = object()
 
 
@@ -106,13 +90,16 @@ class IpvsBackend(StagedBackend[PortPlan]):
     name = "ipvs"
 
     def __init__(self, config: NodeConfig, options: IpvsOptions,
-                 families: Iterable[int] | None = None,
+                 families: Iterable[int] = (4, 6),
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.clock = clock  # StagedBackend's: when a periodic resync is due to rebuild
         self.config = config
         self.options = options
-        self.families = tuple(families) if families else ((4, 6) if ipv6_enabled() else (4,))
+        self._only = tuple(families)  # test hook: of the node's families, at most these
+        # The families programmed and the iptables invoked: the node context's.
+        self.families: tuple[int, ...] = ()
+        self.iptables = ""
         self.lock = threading.Lock()
         self.desired = Desired()
         self.kernel = Kernel()
@@ -133,19 +120,18 @@ class IpvsBackend(StagedBackend[PortPlan]):
 
     # -- setup -------------------------------------------------------------------------
 
+    @property
+    def proxy_mode(self) -> ProxyMode:
+        """kube-proxy's IPVS mode with this backend's flags: the node agent sets its
+        sysctls (IPVS conntrack, forwarding, strict ARP...) and finds the iptables."""
+        return ProxyMode("ipvs", strict_arp=self.options.strict_arp)
+
     def _setup(self) -> None:
-        """Open sockets, set sysctls and timeouts, create kube-ipvs0 (first sync only)."""
+        """Open sockets, set timeouts, create kube-ipvs0 (first sync only)."""
         if self.ipvs is not None:
             return
         self.ipvs = IpvsNetlink()
         self.route = NetlinkBatch(NETLINK_ROUTE)
-        wanted = list(SYSCTLS) + (list(SYSCTLS_V6) if 6 in self.families else [])
-        if self.options.strict_arp:
-            wanted += STRICT_ARP
-        for name, value in wanted:
-            if not system.write_sysctl(name, value) and name.startswith("net.bridge"):
-                log.info("%s not available (br_netfilter not loaded): pod-to-service traffic "
-                         "whose endpoint is on the same bridge may not be de-NATed", name)
         o = self.options
         if o.tcp_timeout or o.tcpfin_timeout or o.udp_timeout:
             built = genl.set_timeouts(o.tcp_timeout, o.tcpfin_timeout, o.udp_timeout)
@@ -178,6 +164,9 @@ class IpvsBackend(StagedBackend[PortPlan]):
             self._reason = changes.reason
             if self._new_basis(state):
                 self.node_context = self._node_context(state)
+                self.families = tuple(f for f in self.node_context.ip_families
+                                      if f in self._only)
+                self.iptables = self.node_context.iptables
                 self.ctx = self._context(self.node_context)
                 self._basis = (state.node, state.context)
                 self.applied.invalidate()  # rebuild: everything rendered, the kernel read
@@ -251,7 +240,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
         if state.context is not None:
             return state.context
         locals_ = [a for index, a in self._addresses() if index != self.ifindex]
-        return resolve_context(self.config, state.node, locals_)
+        return resolve_context(self.config, state.node, locals_, mode=self.proxy_mode)
 
     def _context(self, node: NodeContext) -> RenderContext:
         """NodePorts on the node context's addresses, named (every address of the node's
@@ -431,9 +420,9 @@ class IpvsBackend(StagedBackend[PortPlan]):
                 "filter": R.filter_rules(family),
                 "mangle": R.mangle_rules(family, local),
             }
-            saved = {t: system.iptables_save(family, t) for t in R.TABLES}
+            saved = {t: system.iptables_save(family, t, self.iptables) for t in R.TABLES}
             missing = [j for j in R.JUMPS if j.rule() not in saved[j.table]]
-            system.iptables_restore(family, R.restore_text(tables, missing))
+            system.iptables_restore(family, R.restore_text(tables, missing), self.iptables)
 
     # -- graceful termination ------------------------------------------------------------
 

@@ -1,12 +1,11 @@
 """Thin adapters for the rest of the node: the dummy link (pyroute2 IPRoute),
-sysctls, ``ipset restore`` and ``iptables-restore``."""
+``ipset restore`` and ``iptables-restore``."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
 import subprocess
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +61,6 @@ def link_addresses(ifindex: int) -> set[str]:
                 for m in ipr.get_addr(index=ifindex)}
 
 
-def write_sysctl(name: str, value: str) -> bool:
-    """Set /proc/sys/<name> (dots as slashes) if it exists and differs; False if missing."""
-    path = Path("/proc/sys") / name.replace(".", "/")
-    try:
-        if path.read_text().strip() != value:
-            path.write_text(value + "\n")
-    except FileNotFoundError:
-        return False
-    except OSError as err:
-        log.warning("cannot set %s=%s: %s", name, value, err)
-        return False
-    return True
-
-
 def ipset_restore(text: str) -> None:
     if text:
         run(["ipset", "restore"], text)
@@ -85,13 +70,14 @@ def ipset_names() -> set[str]:
     return set(run(["ipset", "list", "-n"]).split())
 
 
-def iptables(family: int, tool: str) -> str:
-    return ("iptables" if family == 4 else "ip6tables") + tool
+def iptables(family: int, tool: str, mode: str = "") -> str:
+    """The program: ``mode`` nft or legacy (the node context's), "" the node's default."""
+    return ("iptables" if family == 4 else "ip6tables") + (f"-{mode}" if mode else "") + tool
 
 
-def iptables_restore(family: int, text: str) -> None:
-    run([iptables(family, "-restore"), "--noflush", "-w", "5"], text)
+def iptables_restore(family: int, text: str, mode: str = "") -> None:
+    run([iptables(family, "-restore", mode), "--noflush", "-w", "5"], text)
 
 
-def iptables_save(family: int, table: str) -> str:
-    return run([iptables(family, "-save"), "-t", table])
+def iptables_save(family: int, table: str, mode: str = "") -> str:
+    return run([iptables(family, "-save", mode), "-t", table])

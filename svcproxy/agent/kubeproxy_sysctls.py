@@ -1,39 +1,64 @@
 """The sysctls kube-proxy sets for a mode and its conntrack section, set only when they differ.
 
-``--init-only`` sets them and exits, so a DaemonSet can run that step in a privileged init
-container and the backend itself with NET_ADMIN/NET_RAW only (/proc/sys is read-only in an
-unprivileged container; values already right are not written again).
+``mode_sysctls`` is the one list of a mode's values: the node context carries them
+(``NodeContext.sysctls``) and the node agent sets them before the first sync, so no
+backend writes /proc/sys. ``--init-only`` sets them (with the conntrack section) and exits,
+so a DaemonSet can run that step in a privileged init container and the backend itself
+with NET_ADMIN/NET_RAW only (/proc/sys is read-only in an unprivileged container; values
+already right are not written again).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-_IPVS = (
+ROUTE_LOCALNET = "net/ipv4/conf/all/route_localnet"
+IPVS = (
     ("net/ipv4/vs/conntrack", "1"),
     ("net/ipv4/vs/expire_nodest_conn", "1"),
     ("net/ipv4/vs/expire_quiescent_template", "1"),
     ("net/ipv4/ip_forward", "1"),
     ("net/bridge/bridge-nf-call-iptables", "1"),
 )
+IPVS_V6 = (
+    ("net/ipv6/conf/all/forwarding", "1"),
+    ("net/bridge/bridge-nf-call-ip6tables", "1"),
+)
+STRICT_ARP = (("net/ipv4/conf/all/arp_ignore", "1"), ("net/ipv4/conf/all/arp_announce", "2"))
 _CT = "net/netfilter/nf_conntrack_"
 
 
-def wanted_sysctls(config: dict[str, Any], backend: str, cpus: int) -> dict[str, str]:
-    """/proc/sys paths and values for ``backend`` under ``config`` (kube-proxy's rules)."""
+def mode_sysctls(mode: str, families: Sequence[int] = (4,), *,
+                 localhost_nodeports: bool = False, strict_arp: bool = False,
+                 ) -> dict[str, str]:
+    """/proc/sys names and values kube-proxy's ``mode`` (iptables, ipvs, nftables) needs
+    on a node with ``families``: route_localnet for NodePorts on 127.0.0.1 (iptables);
+    IPVS's conntrack and expiry, forwarding, bridge netfilter, strict ARP (ipvs)."""
     wanted: dict[str, str] = {}
-    if backend == "iptables" and config["iptables"]["localhostNodePorts"]:
-        wanted["net/ipv4/conf/all/route_localnet"] = "1"
-    if backend == "ipvs":
-        wanted.update(_IPVS)
-        if config["ipvs"]["strictARP"]:
-            wanted["net/ipv4/conf/all/arp_ignore"] = "1"
-            wanted["net/ipv4/conf/all/arp_announce"] = "2"
+    if mode == "iptables" and localhost_nodeports:
+        wanted[ROUTE_LOCALNET] = "1"
+    if mode == "ipvs":
+        wanted.update(IPVS)
+        if 6 in families:
+            wanted.update(IPVS_V6)
+        if strict_arp:
+            wanted.update(STRICT_ARP)
+    return wanted
+
+
+def wanted_sysctls(config: dict[str, Any], backend: str, cpus: int,
+                   families: Sequence[int] = (4,)) -> dict[str, str]:
+    """/proc/sys paths and values for ``backend`` under ``config`` (kube-proxy's rules):
+    the mode's and the conntrack section's."""
+    wanted = mode_sysctls(backend, families,
+                          localhost_nodeports=config["iptables"]["localhostNodePorts"],
+                          strict_arp=config["ipvs"]["strictARP"])
     ct = config["conntrack"]
     if ct["maxPerCore"]:
         wanted["net/netfilter/nf_conntrack_max"] = str(max(ct["maxPerCore"] * cpus, ct["min"]))
@@ -65,10 +90,22 @@ def apply_sysctls(wanted: dict[str, str], root: Path = Path("/proc/sys")) -> lis
     return failures
 
 
+def set_sysctls(wanted: Mapping[str, str], root: Path = Path("/proc/sys")) -> list[str]:
+    """``apply_sysctls``, each failure logged (bridge netfilter's as missing br_netfilter);
+    returns the failures."""
+    failures = apply_sysctls(dict(wanted), root)
+    for line in failures:
+        if line.startswith("net.bridge."):
+            log.info("sysctl not set: %s (br_netfilter not loaded): pod-to-service traffic "
+                     "whose endpoint is on the same bridge may not be de-NATed", line)
+        else:
+            log.warning("sysctl not set: %s (run --init-only in a privileged init container, "
+                        "or run privileged)", line)
+    return failures
+
+
 def set_mode_sysctls(config: dict[str, Any], backend: str) -> list[str]:
     """Apply wanted_sysctls for this machine; failures are logged and returned."""
-    failures = apply_sysctls(wanted_sysctls(config, backend, os.cpu_count() or 1))
-    for line in failures:
-        log.warning("sysctl not set: %s (run --init-only in a privileged init container, or "
-                    "run privileged)", line)
-    return failures
+    from svcproxy.agent.node_context import ip_families
+
+    return set_sysctls(wanted_sysctls(config, backend, os.cpu_count() or 1, ip_families()))

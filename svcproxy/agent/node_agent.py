@@ -78,9 +78,9 @@ class NodeAgent:
             source.on_mismatch = lambda _node: self.metrics.state_mismatches.inc()
         # One node context for the backend (NodePort addresses, local-traffic detection...)
         # and the health-check node ports alike.
-        self.context = ContextResolver(config, getattr(backend, "node_port_default", "all"))
+        self.context = ContextResolver.for_backend(config, backend)
         self.service_health = ServiceHealthServer(
-            self.health, self.context(None).health_check_ips
+            self.health, self.context.resolve(None).health_check_ips
         )
         hooks: list[AfterSync] = [lambda _old, _new: resume_collector_after_start()]
         self.conntrack = conntrack

@@ -17,7 +17,9 @@ What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md
 * the state's types: ``ServicePortKey``, ``ServicePort``, ``ServicePortState``,
   ``Endpoint``, ``NodeInfo``, the enums, and helpers on addresses;
 * the node context: ``NodeConfig`` (kube-proxy's node flags), ``resolve_context`` ->
-  ``NodeContext`` (node IPs, NodePort addresses, local-traffic detection per family);
+  ``NodeContext`` (node IPs, NodePort addresses, local-traffic detection per family; the
+  IP families, the iptables to invoke and the sysctls of the ``ProxyMode`` a backend
+  declares, which the agent sets);
 * the client: ``NodeStateClient`` (watch one node's state), ``tls_credentials``;
 * running: ``run.run`` (the smallest loop), ``run_agent`` and ``add_agent_arguments`` (the
   node agent: rate limiting, retries, /healthz, /metrics, health-check node ports),
@@ -57,9 +59,11 @@ from svcproxy.sdk import run  # the module: run.run(backend, client)
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient, tls_credentials
 from svcproxy.sdk.context import (
+    IPTABLES_MODES,
     FamilyContext,
     LocalTraffic,
     NodeContext,
+    ProxyMode,
     interface_addresses,
     resolve_context,
 )
@@ -69,7 +73,7 @@ from svcproxy.sdk.stages import Applied, Delta, StagedBackend
 if TYPE_CHECKING:
     from svcproxy.agent.cli import add_agent_arguments, cidr_list, config_from_args, run_agent
 
-API_VERSION = (1, 0)
+API_VERSION = (1, 1)
 
 # The node agent imports this package's modules, so its names load on first use.
 _AGENT_NAMES = {
@@ -83,6 +87,7 @@ __all__ = [
     "API_VERSION",
     "DEFAULT_AFFINITY_TIMEOUT",
     "ENTRY_POINT_GROUP",
+    "IPTABLES_MODES",
     "Applied",
     "Backend",
     "BackendPlugin",
@@ -98,6 +103,7 @@ __all__ = [
     "NodeState",
     "NodeStateClient",
     "Protocol",
+    "ProxyMode",
     "ServicePort",
     "ServicePortKey",
     "ServicePortState",

@@ -18,6 +18,13 @@ give every backend the same answer. kube-proxy's rules, where they are subtle:
   uses ``node_port_ips_listed``: "every address" is then the node IPs and every address
   on the node's interfaces (``local_ips``: loopback and link-local ones aside, so that
   a pod's veth coming and going does not change the context).
+
+For the node as a whole, from the kube-proxy mode the backend declares (``ProxyMode``,
+its ``proxy_mode``): the IP families the node's kernel has (``ip_families``), how to
+invoke iptables (``iptables``: the node's iptables-nft or iptables-legacy, for the modes
+that use iptables), whether NodePorts answer on 127.0.0.1 (``localhost_nodeports``) and
+the sysctls kube-proxy sets for the mode (``sysctls``; the node agent sets them before
+the first sync, so a backend never writes /proc/sys).
 """
 
 from __future__ import annotations
@@ -28,13 +35,35 @@ from dataclasses import dataclass
 from typing import Literal
 
 from svcproxy.agent.config import NodeConfig
+from svcproxy.agent.kubeproxy_sysctls import mode_sysctls
 from svcproxy.model import NodeInfo, normalize_ip, of_family
 
-__all__ = ["FamilyContext", "LocalTraffic", "NodeContext", "interface_addresses",
-           "resolve_context"]
+__all__ = ["IPTABLES_MODES", "FamilyContext", "LocalTraffic", "NodeContext", "ProxyMode",
+           "interface_addresses", "resolve_context"]
 
 FAMILIES = (4, 6)
 LOOPBACK = {4: "127.0.0.1", 6: "::1"}
+IPTABLES_MODES = ("nft", "legacy")
+# kube-proxy's modes that program iptables (IPVS: its fixed rules beside the virtual servers).
+_USES_IPTABLES = ("iptables", "ipvs")
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyMode:
+    """The kube-proxy mode a backend implements, with its settings that reach the node.
+
+    A backend declares it as ``proxy_mode``; the node agent resolves from it the node
+    context's ``sysctls``, ``iptables`` and ``localhost_nodeports``.
+    """
+
+    name: str  # kube-proxy's --proxy-mode: iptables | ipvs | nftables
+    # iptables: NodePorts answer on 127.0.0.1 too (route_localnet=1), when the NodePort
+    # addresses include it (--iptables-localhost-nodeports)
+    localhost_nodeports: bool = False
+    # ipvs: do not answer ARP for the service addresses on kube-ipvs0 (--ipvs-strict-arp)
+    strict_arp: bool = False
+    # which iptables to invoke: auto (the one the node already uses) | nft | legacy
+    iptables: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +142,15 @@ class NodeContext:
     masquerade_all: bool = False
     # Where health-check node ports listen; () means every address.
     health_check_ips: tuple[str, ...] = ()
+    # The IP families the node's kernel has (4, and 6 unless IPv6 is off): the ones to program.
+    ip_families: tuple[int, ...] = FAMILIES
+    # How to invoke iptables: "nft" (iptables-nft...) or "legacy"; "" for a mode without.
+    iptables: str = ""
+    # NodePorts answer on 127.0.0.1 (kube-proxy's iptables mode, with route_localnet=1).
+    localhost_nodeports: bool = False
+    # /proc/sys names (slashes) and values kube-proxy sets for the mode; the node agent
+    # sets them before the first sync.
+    sysctls: tuple[tuple[str, str], ...] = ()
 
     def family(self, family: int) -> FamilyContext:
         """The context of family 4 or 6."""
@@ -161,12 +199,17 @@ def interface_addresses(exclude: Sequence[str] = ()) -> tuple[str, ...]:
 
 def resolve_context(config: NodeConfig, node: NodeInfo | None,
                     local_addresses: Sequence[str] = (), *,
-                    node_port_default: Literal["all", "primary"] = "all") -> NodeContext:
+                    node_port_default: Literal["all", "primary"] = "all",
+                    mode: ProxyMode | None = None, ip_families: Sequence[int] = FAMILIES,
+                    iptables: str = "") -> NodeContext:
     """The node context from the flags, the Node object and the interfaces' addresses.
 
     Node IPs are the configured or discovered ones (``config.node_ips``), else the Node
     object's addresses. ``local_addresses`` are every address on the node's interfaces
     (loopback is always assumed present); NodePort CIDRs select among them.
+    ``ip_families`` are the families the node's kernel has; ``iptables`` the iptables
+    the node already uses (found by the agent when ``mode`` asks for "auto"; "nft" on
+    an empty node).
     """
     # The Node's addresses come from the frontend: only well-formed ones are node IPs.
     node_ips = tuple(config.node_ips) or tuple(
@@ -183,8 +226,23 @@ def resolve_context(config: NodeConfig, node: NodeInfo | None,
             service_cidrs=tuple(of_family(config.service_cidrs, family)),
             local_ips=_routable(of_family(local_addresses, family)),
         ))
+    present = tuple(f for f in FAMILIES if f in ip_families)
+    localhost = (mode is not None and mode.name == "iptables" and mode.localhost_nodeports
+                 and 4 in present and families[0].node_port_loopback)
+    sysctls = () if mode is None else tuple(mode_sysctls(
+        mode.name, present, localhost_nodeports=localhost, strict_arp=mode.strict_arp).items())
     return NodeContext(config.node_name, tuple(families), config.masquerade_all,
-                       _health_check_ips(families))
+                       _health_check_ips(families), present, _iptables(mode, iptables),
+                       localhost, sysctls)
+
+
+def _iptables(mode: ProxyMode | None, found: str) -> str:
+    """The iptables to invoke: the mode's choice, else the node's, else nft."""
+    if mode is None or mode.name not in _USES_IPTABLES:
+        return ""
+    if mode.iptables in IPTABLES_MODES:
+        return mode.iptables
+    return found if found in IPTABLES_MODES else "nft"
 
 
 def _routable(addresses: Sequence[str]) -> tuple[str, ...]:

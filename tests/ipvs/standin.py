@@ -151,7 +151,7 @@ def stand_in(backend: IpvsBackend, monkeypatch: pytest.MonkeyPatch,
     recorded = Recorded()
     monkeypatch.setattr(system, "ipset_restore", recorded.ipset.append)
     monkeypatch.setattr(system, "iptables_restore",
-                        lambda family, text: recorded.iptables.append(text))
+                        lambda family, text, mode="": recorded.iptables.append(text))
     monkeypatch.setattr(system, "iptables_save", lambda *args: "")
     ipvs = ipvs or StandInIpvs()
     route = StandInRoute(node_addresses)
