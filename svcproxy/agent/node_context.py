@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 
 # IPVS's dummy interface holds service IPs, not node addresses.
 NOT_NODE_INTERFACES = ("kube-ipvs0",)
-# kube-proxy's modes whose rules go through iptables.
-_IPTABLES_USERS = ("iptables", "ipvs")
 
 
 def ip_families(root: Path = Path("/proc/sys")) -> tuple[int, ...]:
@@ -100,7 +98,7 @@ class ContextResolver:
         iptables and leaves the choice to the node), found once."""
         if self._node_facts is None:
             mode = self.mode
-            auto = (mode is not None and mode.name in _IPTABLES_USERS
+            auto = (mode is not None and mode.uses_iptables
                     and mode.iptables not in IPTABLES_MODES)
             self._node_facts = (self._families(), self._iptables() if auto else "")
         return self._node_facts

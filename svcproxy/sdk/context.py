@@ -44,8 +44,6 @@ __all__ = ["IPTABLES_MODES", "FamilyContext", "LocalTraffic", "NodeContext", "Pr
 FAMILIES = (4, 6)
 LOOPBACK = {4: "127.0.0.1", 6: "::1"}
 IPTABLES_MODES = ("nft", "legacy")
-# kube-proxy's modes that program iptables (IPVS: its fixed rules beside the virtual servers).
-_USES_IPTABLES = ("iptables", "ipvs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +62,11 @@ class ProxyMode:
     strict_arp: bool = False
     # which iptables to invoke: auto (the one the node already uses) | nft | legacy
     iptables: str = "auto"
+
+    @property
+    def uses_iptables(self) -> bool:
+        """The mode programs iptables (IPVS: its fixed rules beside the virtual servers)."""
+        return self.name in ("iptables", "ipvs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +241,7 @@ def resolve_context(config: NodeConfig, node: NodeInfo | None,
 
 def _iptables(mode: ProxyMode | None, found: str) -> str:
     """The iptables to invoke: the mode's choice, else the node's, else nft."""
-    if mode is None or mode.name not in _USES_IPTABLES:
+    if mode is None or not mode.uses_iptables:
         return ""
     if mode.iptables in IPTABLES_MODES:
         return mode.iptables
