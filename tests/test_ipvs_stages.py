@@ -258,3 +258,28 @@ def test_changes_one_by_one_end_where_a_rebuild_does(
              if " skbmark " in e}
     assert marks == {s.port for s in ipvs.servers if s.is_fwmark}
     assert dict(backend.applied) == dict(fresh.applied)
+
+
+def test_the_families_and_the_iptables_are_the_node_contexts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend programs the families the node context has, with the iptables it
+    names (the one the agent found on the node), and writes no sysctl itself."""
+    from svcproxy.backends.ipvs import system
+    from svcproxy.sdk import ProxyMode
+
+    backend = IpvsBackend(CONFIG, IpvsOptions())
+    _ipvs, _route, recorded = stand_in(backend, monkeypatch)
+    invoked: list[tuple[int, str]] = []
+    monkeypatch.setattr(system, "iptables_restore",
+                        lambda family, text, mode="": invoked.append((family, mode)))
+    state = replace(node_state([web(1, 1)]), context=resolve(
+        CONFIG, None, mode=backend.proxy_mode, ip_families=(4,), iptables="legacy"))
+    backend.sync(state, full(state))
+    assert backend.families == (4,) and invoked == [(4, "legacy")]
+    assert "inet6" not in recorded.ipset[-1], "no IPv6 ipsets on a node without IPv6"
+    assert backend.proxy_mode == ProxyMode("ipvs")
+    dual = replace(state, revision=2, context=resolve(CONFIG, None, mode=backend.proxy_mode))
+    invoked.clear()
+    backend.sync(dual, full(dual))
+    assert backend.families == (4, 6) and invoked == [(4, "nft"), (6, "nft")]
+    assert "inet6" in recorded.ipset[-1]
