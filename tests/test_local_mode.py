@@ -100,3 +100,37 @@ def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) 
     assert f"local mode: cannot watch the apiserver: cannot use --kubeconfig {missing}" in (
         done.stderr)
     assert not list(work.iterdir())
+
+
+# Run in a fresh interpreter: what local mode's start-up imports, and what it leaves out.
+START_IMPORTS = """
+import json, sys
+from pathlib import Path
+from svcproxy.agent.local_frontend import bare_kubernetes_package
+bare_kubernetes_package()
+from svcproxy.agent.addresses import discover_node_ips
+from svcproxy.frontend.main import Frontend, FrontendOptions
+from svcproxy.frontend.sources.apiserver import load_api_client
+from svcproxy.sdk.context import interface_addresses
+discover_node_ips(), interface_addresses(("lo",))
+Frontend(FrontendOptions(listen="unix:///nonexistent/api.sock", kubeconfig=sys.argv[1]))
+load_api_client(sys.argv[1])
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} |
+                        {m for m in sys.modules if m.startswith("kubernetes.")})))
+"""
+
+
+def test_local_start_imports_only_what_it_uses(tmp_path: Path) -> None:
+    """The frontend's kubernetes client without the package's other subpackages, node
+    addresses without pyroute2, no cryptography or stream workers unless asked for."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, "http://127.0.0.1:1", "t")
+    out = subprocess.run([sys.executable, "-c", START_IMPORTS, str(kubeconfig)], check=True,
+                         capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    loaded = set(json.loads(out))
+    assert {"kubernetes", "kubernetes.client", "kubernetes.config", "grpc"} <= loaded
+    unused = {"pyroute2", "jsonschema", "kubernetes_validate", "websocket", "cryptography",
+              "kubernetes.dynamic", "kubernetes.stream", "kubernetes.leaderelection",
+              "kubernetes.informer"}
+    assert not loaded & unused, f"imported at start: {sorted(loaded & unused)}"
