@@ -19,11 +19,10 @@ from svcproxy.frontend.sources.kubevalidation import (
     _plain_ipv4_endpoint,
     _walk,
     validate_endpoint_slice,
-    validate_service,
 )
 from svcproxy.frontend.store.objects import SvcPort, canonical_ip, parse_endpoint_slice
 from svcproxy.model import Protocol, normalize_ip
-from tests.hostile import endpoint_slice, service, set_path, spoiled
+from tests.hostile import endpoint_slice, spoiled
 
 OCTET = st.one_of(st.integers(0, 300).map(str), st.sampled_from(["00", "01", "007", "256", ""]))
 IPV4ISH = st.lists(OCTET, min_size=3, max_size=5).map(".".join)
@@ -130,26 +129,3 @@ def test_merged_endpoints_are_whole_dataclasses(endpoints: list[dict[str, Any]])
         same = replace(ep)  # the keyword __init__, from every field
         assert ep == same and hash(ep) == hash(same) and repr(ep) == repr(same)
 
-
-PORTS_SERVICE = service(type="NodePort", ports=[
-    {"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080},
-    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
-    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "nodePort": 30053}])
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([PORTS_SERVICE, service()]).flatmap(spoiled), LIMITS)
-@example(set_path(PORTS_SERVICE, "spec.ports.1.name", "http"), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.ports.1.name", ""), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.ports.2.port", 80), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.ports.2.protocol", ""), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.ports.2.nodePort", 30080), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.ports.0.nodePort", 0), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.ports.0.targetPort", False), ObjectLimits())
-@example(set_path(PORTS_SERVICE, "spec.type", "ClusterIP"), ObjectLimits())
-def test_a_service_of_plain_ports_gets_the_general_verdict(obj: Any,
-                                                           limits: ObjectLimits) -> None:
-    fast = validate_service(obj, limits)
-    with patch.object(kubevalidation, "_plain_ports", return_value=False):
-        general = validate_service(obj, limits)
-    assert (fast.errors, fast.warnings) == (general.errors, general.warnings)

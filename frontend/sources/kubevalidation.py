@@ -520,8 +520,6 @@ def _service_ports(c: _Checker, spec: dict[str, Any], stype: str, headless: bool
     ports = c.items(spec.get("ports"), "spec.ports")
     if not ports and not headless and stype != "ExternalName":
         c.err("spec.ports", "malformed", "is required (a service needs at least one port)")
-    if _plain_ports(ports, stype, c.limits):
-        return
     names: set[str] = set()
     seen: set[tuple[int, str]] = set()
     node_ports: set[tuple[int, str]] = set()
@@ -548,47 +546,6 @@ def _service_ports(c: _Checker, spec: dict[str, Any], stype: str, headless: bool
         if node_port and (node_port, proto) in node_ports:
             c.err(f"{where}.nodePort", "duplicate", f"{node_port}/{proto} is used twice")
         node_ports.add((node_port, proto))
-
-
-def _plain_ports(ports: list[Any], stype: str, limits: ObjectLimits) -> bool:
-    """Whether every service port has the common shape, valid, and none repeats another
-    (checked without building field paths); if not, each is checked and said why."""
-    several = len(ports) > 1
-    name_limit = min(63, limits.max_name_length)
-    names: set[str] = set()
-    seen: set[tuple[int, str]] = set()
-    node_ports: set[tuple[int, str]] = set()
-    for p in ports:
-        if type(p) is not dict:
-            return False
-        name = p.get("name")
-        if name is None or name == "":
-            if several:
-                return False
-        elif type(name) is not str or len(name) > name_limit or name in names or \
-                not _matches(DNS1123_LABEL, name):
-            return False
-        else:
-            names.add(name)
-        port = p.get("port")
-        proto = p.get("protocol")
-        if proto is None or proto == "":
-            proto = "TCP"
-        if type(port) is not int or not 1 <= port <= 65535 or type(proto) is not str or \
-                proto not in PROTOCOLS or (port, proto) in seen:
-            return False
-        seen.add((port, proto))
-        target = p.get("targetPort")
-        if target is not None and not (type(target) is int and 1 <= target <= 65535) and \
-                not (type(target) is str and is_port_name(target)):
-            return False
-        node_port = p.get("nodePort")
-        if node_port is not None:
-            if type(node_port) is not int or not 0 < node_port <= 65535 or \
-                    stype == "ClusterIP" or (node_port, proto) in node_ports:
-                return False
-            node_ports.add((node_port, proto))
-    return True
 
 
 def _target_port(c: _Checker, value: Any, where: str) -> None:
