@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+
 from svcproxy.frontend.computation.records import ServiceRecords
 from svcproxy.frontend.publication.changelog import Changelog
 from svcproxy.frontend.publication.views import CLUSTER_VIEW
@@ -100,3 +103,31 @@ def test_a_node_change_is_published_to_its_view_and_the_clusters_with_their_dige
         ops = [pb.Op.FromString(op.data) for op in view.history[-1][1]]
         assert [op.set_node.zone for op in ops if op.WhichOneof("op") == "set_node"] == ["z2"]
         assert view.digest == log.digests.of(view)
+
+
+def test_no_cyclic_collection_runs_while_a_view_is_made() -> None:
+    store, log = _changelog()
+    _apply(store, log, Replace("Node", [node("n1")]), Replace("Service", [
+        service(f"web{i}", ip=f"10.96.0.{i + 1}") for i in range(50)]),
+        Replace("EndpointSlice", [slice_(f"web{i}-1", f"web{i}", [
+            endpoint(f"10.0.{i}.{e}", "n1") for e in range(5)]) for i in range(50)]))
+    log.start()
+    collections: list[bool] = []  # whether each ran while the view was being filled
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        frame = sys._getframe()
+        while phase == "start" and frame is not None:
+            if frame.f_code is Changelog._fill.__code__:
+                collections.append(True)
+            frame = frame.f_back
+        collections.append(False)
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)  # a collection on nearly every allocation, but in a pause
+    gc.callbacks.append(seen)
+    try:
+        view = log.view("n1")
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*thresholds)
+    assert len(view.records) == 50 and collections and not any(collections)
