@@ -325,21 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
         rest: list[str]) -> int:
     """Choose the backend, warn about what it does not honour, and run it. In local mode
-    the frontend starts first and this thread waits until it has asked the apiserver for
-    its listing: the apiserver then serves it (another process, on the other core) while
-    this thread imports and sets the backend up (Python work of both threads shares one
-    core, so starting both at once only delayed the listing)."""
+    the frontend starts first, so that its imports and the apiserver's listing overlap
+    the backend's set-up."""
     local = None
     if not flags.get("cleanup") and not flags.get("init-only"):
         pause_collector_for_start()
         local = local_frontend(config, rest)
     if local is None:
         return run_backend(config, flags, forced, rest, None)
+    local.begin()
     try:
-        try:
-            local.start()
-        except Exception as err:  # noqa: BLE001 - reported as the exit status
-            return _fail(f"local mode: cannot watch the apiserver: {err}")
         return run_backend(config, flags, forced, rest, local)
     finally:
         local.stop()
@@ -388,7 +383,10 @@ def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | Non
             log.info("Initialization done (--init-only) for %s", backend.name)
             return 0
     if local is not None:
-        ns.api = local.target
+        try:
+            ns.api = local.start()
+        except Exception as err:  # noqa: BLE001 - reported as the exit status
+            return _fail(f"local mode: cannot watch the apiserver: {err}")
     return run_agent(backend, node_config, ns)
 
 
