@@ -63,7 +63,11 @@ _HINT_ZONES, _HINT_NODES = _Strings(9), _Strings(10)
 
 
 class _Ports(dict[int, bytes]):
+    """An endpoint's port field by value."""
+
     def __missing__(self, port: int) -> bytes:
+        if len(self) > 100_000:
+            self.clear()
         self[port] = out = b"\x10" + _varint(port & _UINT64) if port else b""
         return out
 
