@@ -1,7 +1,10 @@
-"""``svcproxy backend iptables --cleanup`` (the real process) in a network namespace this
-test creates: kube-proxy's nfacct counters, made by the backend's sync, are removed with
-its rules (nfacct objects are per namespace); someone else's object stays, and so does a
-counter someone else's rule still references."""
+"""``--cleanup`` in a network namespace this test creates.
+
+``svcproxy backend iptables --cleanup`` (the real process): kube-proxy's nfacct counters,
+made by the backend's sync, are removed with its rules (nfacct objects are per
+namespace); someone else's object stays, and so does a counter someone else's rule still
+references. The ipvs backend's cleanup removes its rules in either iptables mode (its
+syncs write in the node's mode, legacy included)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,13 @@ import pytest
 from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.nfacct import COUNTERS, INVALID_DROPPED, LOCALHOST_NODEPORTS, Nfacct
+from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import rules as R
+from svcproxy.backends.ipvs import system
+from svcproxy.backends.ipvs.backend import IpvsBackend
+from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.sdk.backend import Changes, NodeState
+from tests.lab.netns import call_in
 from tests.lab.processes import SVCPROXY
 from tests.netns.harness import missing_requirements, scratch_netns
 
@@ -78,3 +87,23 @@ def test_a_counter_someone_elses_rule_references_is_left(ns: str) -> None:
     done = _cleanup(ns)
     assert Nfacct(_prefix(ns)).names() == [LOCALHOST_NODEPORTS]
     assert f"nfacct counter {LOCALHOST_NODEPORTS} left" in done.stderr
+
+
+def _ipvs_rules_then_cleanup(mode: str) -> str:
+    """The ipvs backend's fixed rules written in ``mode`` (as its sync does on a node in
+    that mode), then its cleanup; what is left in that mode."""
+    system.ipset_restore(S.full_restore({}, (4,)))
+    local = R.LocalDetect(cidrs=("10.244.0.0/16",))
+    tables = {"nat": R.nat_rules(4, False, local), "filter": R.filter_rules(4),
+              "mangle": R.mangle_rules(4, local)}
+    system.iptables_restore(4, R.restore_text(tables, list(R.JUMPS)), mode)
+    assert "KUBE-SERVICES" in system.iptables_save(4, "nat", mode)
+    IpvsBackend(NodeConfig(node_name="node1"), IpvsOptions(), (4,)).cleanup()
+    return "".join(system.iptables_save(4, t, mode) for t in R.TABLES)
+
+
+@pytest.mark.parametrize("mode", ["nft", "legacy"])
+def test_ipvs_cleanup_removes_its_rules_in_either_iptables_mode(ns: str, mode: str) -> None:
+    if shutil.which(f"iptables-{mode}-restore") is None:
+        pytest.skip(f"needs iptables-{mode}-restore")
+    assert "KUBE-" not in call_in(ns, _ipvs_rules_then_cleanup, mode)

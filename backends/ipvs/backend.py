@@ -42,6 +42,7 @@ from svcproxy.backends.ipvs.netlink import (
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.backends.ipvs.render import PortPlan, RenderContext, render_port
 from svcproxy.sdk import (
+    IPTABLES_MODES,
     Delta,
     NodeConfig,
     NodeContext,
@@ -458,17 +459,19 @@ class IpvsBackend(StagedBackend[PortPlan]):
     # -- cleanup -----------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        """Remove IPVS services (outside --ipvs-exclude-cidrs), kube-ipvs0, rules, ipsets."""
+        """Remove IPVS services (outside --ipvs-exclude-cidrs), kube-ipvs0, rules (in both
+        iptables modes: a sync writes in the node's), ipsets."""
         self._cleanup_ipvs()
         if system.delete_link(self.options.interface):
             log.info("ipvs: deleted %s", self.options.interface)
-        for family in (4, 6):
-            saved = {t: self._saved_or_empty(family, t) for t in R.TABLES}
-            present = {t: _chains(text) for t, text in saved.items()}
-            jumps = [j for j in R.JUMPS if j.rule() in saved[j.table]]
-            text = R.cleanup_text(present, jumps)
-            if text:
-                system.iptables_restore(family, text)
+        for mode in IPTABLES_MODES:
+            for family in (4, 6):
+                saved = {t: self._saved_or_empty(family, t, mode) for t in R.TABLES}
+                present = {t: _chains(text) for t, text in saved.items()}
+                jumps = [j for j in R.JUMPS if j.rule() in saved[j.table]]
+                text = R.cleanup_text(present, jumps)
+                if text:
+                    system.iptables_restore(family, text, mode)
         existing = sorted(set(ipsets.all_set_names()) & system.ipset_names())
         system.ipset_restore(ipsets.destroy_restore(existing))
 
@@ -491,9 +494,9 @@ class IpvsBackend(StagedBackend[PortPlan]):
             return is_our_fwmark(sid.port)
         return not self.options.excluded(sid.address)
 
-    def _saved_or_empty(self, family: int, table: str) -> str:
+    def _saved_or_empty(self, family: int, table: str, mode: str) -> str:
         try:
-            return system.iptables_save(family, table)
+            return system.iptables_save(family, table, mode)
         except (system.CommandError, FileNotFoundError):
             return ""
 
