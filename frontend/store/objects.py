@@ -296,7 +296,7 @@ def parse_time(text: Any) -> float:
 
 
 # The common shape's endpoints are built through the slots' descriptors: the same
-# objects as the keyword __init__ makes (it checks nothing), at about a third of the cost.
+# objects as the keyword __init__ makes (it checks nothing), at under half the cost.
 _new = object.__new__
 (_SET_ADDRESSES, _SET_READY, _SET_SERVING, _SET_TERMINATING, _SET_NODE, _SET_ZONE,
  _SET_HINT_ZONES, _SET_HINT_NODES) = (SliceEndpoint.__dict__[name].__set__ for name in (
