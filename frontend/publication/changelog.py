@@ -183,7 +183,7 @@ class Changelog:
             new = cache.records(view.name, zone)
             for key, rec in new.items():
                 diff, delta = diff_with_digest(view.records.get(key), rec,
-                                               self.digests.record_term)
+                                               self.digests.encoder)
                 ops += diff
                 add_digest(view, delta)
             view.records.update(new)
@@ -224,7 +224,7 @@ class Changelog:
             pair = (id(old_rec), id(new_rec))
             hit = memo.get(pair)
             if hit is None:
-                diff, delta = diff_with_digest(old_rec, new_rec, self.digests.record_term)
+                diff, delta = diff_with_digest(old_rec, new_rec, self.digests.encoder)
                 hit = memo[pair] = (old_rec, new_rec, diff, delta)
             ops += hit[2]
             deltas.append(hit[3])

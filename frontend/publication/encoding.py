@@ -20,15 +20,39 @@ from collections.abc import Iterable
 from hashlib import blake2b
 
 from svcproxy.convert import _AFFINITY, _POLICY, _PROTO, _TYPE, DIGEST_MASK, term_of
-from svcproxy.frontend.publication.wire import SIZES, _varint
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 # Cached parts past which the caches start again (records and endpoints no longer in
 # use would otherwise be kept for good).
 MAX_RECORDS = 500_000
 MAX_PARTS = 2_000_000
-_REPLACE_SERVICE = b"\x3a"  # Op.replace_service, field 7
+# Op's fields: set_service 1, delete_service 2, set_endpoint 3, delete_endpoint 4,
+# replace_service 7.
+_SET_SERVICE, _DELETE_SERVICE, _SET_ENDPOINT, _DELETE_ENDPOINT, _REPLACE_SERVICE = (
+    b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x3a")
 _UINT64 = (1 << 64) - 1
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class _Sizes(dict[int, bytes]):
+    """Varints of the sizes fields have, made once each (sizes past 64 KiB each time)."""
+
+    def __missing__(self, size: int) -> bytes:
+        out = _varint(size)
+        if size < 1 << 16:
+            self[size] = out
+        return out
+
+
+SIZES = _Sizes()
 
 
 def _bools(*tags: int) -> list[bytes]:
@@ -153,12 +177,29 @@ def endpoint_field(ep: Endpoint) -> bytes:
     return b"\x12" + SIZES[len(body)] + body
 
 
+def set_endpoint_op(port_key: bytes, endpoint: bytes) -> bytes:
+    """A serialised ``set_endpoint`` op from the port's ``key_field`` and ``endpoint_field``."""
+    return _message(_SET_ENDPOINT, port_key + endpoint)
+
+
+def delete_endpoint_op(port_key: bytes, ip: str) -> bytes:
+    """A serialised ``delete_endpoint`` op of ``ip`` in the port of ``key_field`` ``port_key``."""
+    return _message(_DELETE_ENDPOINT, port_key + (_string(b"\x12", ip) if ip else b""))
+
+
+def delete_service_op(port_key: bytes) -> bytes:
+    """A serialised ``delete_service`` op: the key's message under field 2, not 1."""
+    return _DELETE_SERVICE + port_key[1:]
+
+
 class RecordEncoder:
-    """A record's serialised ``replace_service`` op and its digest term, cached."""
+    """Records' serialised ``replace_service`` ops and digest terms, and the parts they are
+    made of (a service port's ``set_service`` op, an endpoint's field), each cached."""
 
     def __init__(self) -> None:
         self._records: dict[int, tuple[ServicePortState, bytes, int]] = {}
-        # By value: field 1 of a ServicePortState, its term, and the port's key_field.
+        # By value: the serialised set_service op (field 1 of a ServicePortState too),
+        # its term, and the port's key_field.
         self._services: dict[ServicePort, tuple[bytes, int, bytes]] = {}
         # By object: the port's key field, field 2 of a ServicePortState, and the term
         # in that port.
@@ -183,31 +224,44 @@ class RecordEncoder:
         hit = self._records.get(id(rec))
         return (hit if hit is not None and hit[0] is rec else self._encoded(rec))[2]
 
-    def _encoded(self, rec: ServicePortState) -> tuple[ServicePortState, bytes, int]:
-        """Encode ``rec`` (not in the cache) and cache it."""
+    def service(self, svc: ServicePort) -> tuple[bytes, int, bytes]:
+        """The serialised ``set_service`` op of ``svc``, its digest term (``convert.
+        service_term``) and its port's ``key_field``."""
+        hit = self._services.get(svc)
+        if hit is None:
+            self._bound()
+            key = key_field(svc.key)
+            data = service_message(svc, key)
+            hit = self._services[svc] = (_message(_SET_SERVICE, data), term_of(b"s", data),
+                                         key)
+        return hit
+
+    def endpoint(self, ep: Endpoint, port_key: bytes) -> tuple[Endpoint, bytes, bytes, int]:
+        """``ep``, ``port_key``, ``endpoint_field(ep)`` and its digest term in that port
+        (``convert.endpoint_term``)."""
+        known = self._endpoints.get(id(ep))
+        if known is None or known[0] is not ep or (known[1] is not port_key
+                                                   and known[1] != port_key):
+            data = endpoint_field(ep)
+            known = self._endpoints[id(ep)] = (ep, port_key, data, int.from_bytes(
+                blake2b(b"e" + port_key + data, digest_size=8).digest(), "little"))
+        return known
+
+    def _bound(self) -> None:
+        """Start the caches again once they are past their bounds."""
         if len(self._records) > MAX_RECORDS or \
                 len(self._endpoints) + len(self._services) > MAX_PARTS:
             self.__init__()  # type: ignore[misc]
-        svc = rec.service
-        service = self._services.get(svc)
-        if service is None:
-            key = key_field(svc.key)
-            data = service_message(svc, key)
-            service = self._services[svc] = (_message(b"\x0a", data), term_of(b"s", data),
-                                             key)
-        parts = [service[0]]
-        total = service[1]
-        port_key = service[2]
-        known_eps = self._endpoints
+
+    def _encoded(self, rec: ServicePortState) -> tuple[ServicePortState, bytes, int]:
+        """Encode ``rec`` (not in the cache) and cache it."""
+        self._bound()
+        service, total, port_key = self.service(rec.service)
+        parts = [service]
+        endpoint = self.endpoint
         eps = rec.endpoints
         for ip in sorted(eps):
-            ep = eps[ip]
-            known = known_eps.get(id(ep))
-            if known is None or known[0] is not ep or (known[1] is not port_key
-                                                       and known[1] != port_key):
-                data = endpoint_field(ep)
-                known = known_eps[id(ep)] = (ep, port_key, data, int.from_bytes(
-                    blake2b(b"e" + port_key + data, digest_size=8).digest(), "little"))
+            known = endpoint(eps[ip], port_key)
             parts.append(known[2])
             total += known[3]
         hit = self._records[id(rec)] = (rec, _message(_REPLACE_SERVICE, b"".join(parts)),

@@ -3,23 +3,25 @@
 An op is serialised once, when the change is computed, and shared by every
 node and every client that needs it; a ``WatchEvent`` is then assembled by
 concatenating op bytes (a repeated message field is exactly that on the wire),
-so fanning one change out to a thousand clients costs no re-serialisation.
+so fanning one change out to a thousand clients costs no re-serialisation. A service
+port's ops come from the snapshots' ``RecordEncoder`` (one encoder, one set of bytes,
+for snapshots and changes); only node ops go through protobuf messages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from svcproxy.convert import (
-    DIGEST_MASK,
-    endpoint_term,
-    endpoint_to_pb,
-    key_to_pb,
-    node_to_pb,
-    service_term,
-    service_to_pb,
-    state_to_pb,
+from svcproxy.convert import DIGEST_MASK, node_to_pb
+from svcproxy.frontend.publication.encoding import (
+    SIZES,
+    RecordEncoder,
+    _varint,
+    delete_endpoint_op,
+    delete_service_op,
+    key_field,
+    set_endpoint_op,
 )
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.v1 import nodestate_pb2 as pb
@@ -47,13 +49,13 @@ def _op(**kwargs: object) -> bytes:
     return pb.Op(**kwargs).SerializeToString()  # type: ignore[arg-type]
 
 
-def replace_service(state: ServicePortState) -> WireOp:
-    return WireOp(("svc", state.key), _op(replace_service=state_to_pb(state)),
+def replace_service(state: ServicePortState, encoder: RecordEncoder | None = None) -> WireOp:
+    return WireOp(("svc", state.key), (encoder or RecordEncoder()).op(state),
                   "replace_service")
 
 
 def delete_service(key: ServicePortKey) -> WireOp:
-    return WireOp(("svc", key), _op(delete_service=key_to_pb(key)), "delete_service")
+    return WireOp(("svc", key), delete_service_op(key_field(key)), "delete_service")
 
 
 def set_node(node: NodeInfo) -> WireOp:
@@ -67,42 +69,37 @@ def delete_node(name: str) -> WireOp:
 def diff_records(old: ServicePortState | None,
                  new: ServicePortState | None) -> list[WireOp]:
     """The ops that turn ``old`` into ``new`` (either may be None)."""
-    return diff_with_digest(old, new, _no_term)[0]
-
-
-def _no_term(rec: ServicePortState) -> int:
-    return 0
+    return diff_with_digest(old, new, RecordEncoder())[0]
 
 
 def diff_with_digest(old: ServicePortState | None, new: ServicePortState | None,
-                     term_of: Callable[[ServicePortState], int]) -> tuple[list[WireOp], int]:
+                     encoder: RecordEncoder) -> tuple[list[WireOp], int]:
     """The ops that turn ``old`` into ``new``, and how much they change the state digest;
-    ``term_of`` gives a whole record's digest term (the caller caches it)."""
+    every op and term comes from ``encoder`` (the snapshots' encoder, and its caches)."""
     if new is None:
-        return ([], 0) if old is None else ([delete_service(old.key)], -term_of(old))
+        return ([], 0) if old is None else ([delete_service(old.key)], -encoder.term(old))
     if old is None:
-        return [replace_service(new)], term_of(new)
+        return [replace_service(new, encoder)], encoder.term(new)
     key = new.key
     ops = []
     delta = 0
+    svc_op, svc_term, port_key = encoder.service(new.service)
     if old.service != new.service:
-        svc = service_to_pb(new.service)
-        ops.append(WireOp(("svc", key), _op(set_service=svc), "set_service"))
-        delta += service_term(svc) - service_term(service_to_pb(old.service))
-    pkey = key_to_pb(key)
+        ops.append(WireOp(("svc", key), svc_op, "set_service"))
+        delta += svc_term - encoder.service(old.service)[1]
+    endpoint = encoder.endpoint
     for ip, ep in new.endpoints.items():
         was = old.endpoints.get(ip)
         if was != ep:
-            msg = endpoint_to_pb(ep)
-            ops.append(WireOp(("ep", key, ip), _op(set_endpoint=pb.EndpointOp(
-                service=pkey, endpoint=msg)), "set_endpoint"))
-            delta += endpoint_term(pkey, msg)
+            part = endpoint(ep, port_key)
+            ops.append(WireOp(("ep", key, ip), set_endpoint_op(port_key, part[2]),
+                              "set_endpoint"))
+            delta += part[3]
             if was is not None:
-                delta -= endpoint_term(pkey, endpoint_to_pb(was))
+                delta -= endpoint(was, port_key)[3]
     for ip in old.endpoints.keys() - new.endpoints.keys():
-        ops.append(WireOp(("ep", key, ip), _op(delete_endpoint=pb.EndpointRef(
-            service=pkey, ip=ip)), "delete_endpoint"))
-        delta -= endpoint_term(pkey, endpoint_to_pb(old.endpoints[ip]))
+        ops.append(WireOp(("ep", key, ip), delete_endpoint_op(port_key, ip), "delete_endpoint"))
+        delta -= endpoint(old.endpoints[ip], port_key)[3]
     return ops, delta
 
 
@@ -158,25 +155,6 @@ def coalesce(batches: Iterable[Iterable[WireOp]]) -> list[WireOp]:
     return out
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-class _Sizes(dict[int, bytes]):
-    """Varints of the sizes fields have, made once each (sizes past 64 KiB each time)."""
-
-    def __missing__(self, size: int) -> bytes:
-        out = _varint(size)
-        if size < 1 << 16:
-            self[size] = out
-        return out
-
-
 class _OpHeads(dict[int, bytes]):
     """The tag and size before an op of each size in a ``WatchEvent`` (field 4)."""
 
@@ -187,7 +165,6 @@ class _OpHeads(dict[int, bytes]):
         return head
 
 
-SIZES = _Sizes()
 _OP_HEADS = _OpHeads()
 
 

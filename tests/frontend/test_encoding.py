@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from svcproxy.convert import (
+    DIGEST_MASK,
     endpoint_to_pb,
     field_bytes,
     key_to_pb,
@@ -20,7 +23,7 @@ from svcproxy.frontend.publication.encoding import (
     key_field,
     service_message,
 )
-from svcproxy.frontend.publication.wire import replace_service
+from svcproxy.frontend.publication.wire import diff_with_digest, replace_service
 from svcproxy.model import (
     Endpoint,
     LoadBalancerIngress,
@@ -107,3 +110,58 @@ def test_a_service_port_written_field_by_field_is_its_deterministic_serialisatio
     assert key == port_key_field(key_to_pb(svc.key))
     assert service_message(svc, key) == service_to_pb(svc).SerializeToString(
         deterministic=True)
+
+
+def _pb_ops(old: ServicePortState | None, new: ServicePortState | None) -> list[bytes]:
+    """The ops turning ``old`` into ``new`` built as protobuf messages, serialised
+    deterministically, in the diff's order."""
+    def op(**kwargs: object) -> bytes:
+        return pb.Op(**kwargs).SerializeToString(deterministic=True)  # type: ignore[arg-type]
+
+    if new is None:
+        return [op(delete_service=key_to_pb(old.key))] if old else []
+    if old is None:
+        return [op(replace_service=state_to_pb(new))]
+    pkey = key_to_pb(new.key)
+    out = [op(set_service=service_to_pb(new.service))] if old.service != new.service else []
+    out += [op(set_endpoint=pb.EndpointOp(service=pkey, endpoint=endpoint_to_pb(ep)))
+            for ip, ep in new.endpoints.items() if old.endpoints.get(ip) != ep]
+    out += [op(delete_endpoint=pb.EndpointRef(service=pkey, ip=ip))
+            for ip in old.endpoints.keys() - new.endpoints.keys()]
+    return out
+
+
+CHANGED_ENDPOINT = st.builds(Endpoint, ip=st.one_of(IPS, st.just("")),
+                             port=st.sampled_from([0, 80]), ready=st.booleans(),
+                             node_name=st.sampled_from(["", "n1"]))
+
+
+@given(old=st.one_of(st.none(), st.tuples(SERVICE, st.lists(CHANGED_ENDPOINT, max_size=4))),
+       new=st.one_of(st.none(), st.tuples(SERVICE, st.lists(CHANGED_ENDPOINT, max_size=4))),
+       same_service=st.booleans())
+def test_a_changes_ops_and_digest_delta_come_from_the_snapshots_encoder(
+        old: tuple[ServicePort, list[Endpoint]] | None,
+        new: tuple[ServicePort, list[Endpoint]] | None, same_service: bool) -> None:
+    """The change path writes the bytes protobuf's deterministic serialisation would, the
+    replace_service and set_service ops being the very bytes snapshots send."""
+    encoder = RecordEncoder()
+    old_rec = ServicePortState(old[0], {e.ip: e for e in old[1]}) if old else None
+    new_rec = None
+    if new:
+        svc = new[0]
+        if old:  # one service port changing; its endpoints shared where the IP is kept
+            svc = old[0] if same_service else dataclasses.replace(svc, key=old[0].key)
+            kept = {e.ip: e for e in old[1][:2]}
+            new_rec = ServicePortState(svc, kept | {e.ip: e for e in new[1]})
+        else:
+            new_rec = ServicePortState(svc, {e.ip: e for e in new[1]})
+    ops, delta = diff_with_digest(old_rec, new_rec, encoder)
+    assert [op.data for op in ops] == _pb_ops(old_rec, new_rec)
+    before = record_term(state_to_pb(old_rec)) if old_rec else 0
+    after = record_term(state_to_pb(new_rec)) if new_rec else 0
+    assert delta & DIGEST_MASK == (after - before) & DIGEST_MASK
+    for op in ops:
+        if op.kind == "replace_service":
+            assert op.data is encoder.op(new_rec)  # type: ignore[arg-type]
+        if op.kind == "set_service":
+            assert op.data is encoder.service(new_rec.service)[0]  # type: ignore[union-attr]
