@@ -1,13 +1,14 @@
 """pytest plugin for the emulated IPVS guest: Python runs 20-25x slower there, so the
-shared scenario suite's waits (process start-up, "eventually", the default wait for an
-answer) are stretched; explicit timeouts (those that check for drops) are kept.
+shared scenario suite's waits (process start-up, local mode's cold start and state
+comparison, a --cleanup process, "eventually", the default wait for an answer) are
+stretched; explicit timeouts (those that check for drops) are kept.
 
 Loaded with ``-p tests.ipvs.slow_guest`` by tests/test_ipvs_vm.py; only wait
 bounds change, never what the tests assert. The factor comes from
 SVCPROXY_IPVS_GUEST_TIME_SCALE (default 8).
 
 One scenario checks a behaviour IPVS does not have, so it is marked as an
-expected failure for ipvs (strict: it is reported if it ever passes).
+expected failure for ipvs and ipvs-local (strict: it is reported if it ever passes).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from typing import Any
 
 import pytest
 
+_PERSISTENCE = (
+    "IPVS persistence: the template outlives timeoutSeconds while connections it created "
+    "are still tracked (TIME_WAIT lasts 2 minutes in IPVS), as in kube-proxy's IPVS mode; "
+    "the test waits 30 s")
 KNOWN_DIFFERENCES = {
-    "test_session_affinity_client_ip_until_timeout[ipvs]": (
-        "IPVS persistence: the template outlives timeoutSeconds while connections it "
-        "created are still tracked (TIME_WAIT lasts 2 minutes in IPVS), as in kube-proxy's "
-        "IPVS mode; the test waits 30 s"),
+    f"test_session_affinity_client_ip_until_timeout[{case}]": _PERSISTENCE
+    for case in ("ipvs", "ipvs-local")
 }
 OPEN_ISSUES: dict[str, str] = {}
 SCALE = float(os.environ.get("SVCPROXY_IPVS_GUEST_TIME_SCALE", "8"))
@@ -46,6 +49,9 @@ def pytest_configure() -> None:
     _stretch(processes.wait_for_path, "timeout")
     _stretch(harness.ScenarioLab.eventually, "timeout")
     _stretch(harness.ScenarioLab.probe, "timeout")
+    _stretch(harness.ScenarioLab.assert_same_state, "timeout")
+    harness.LOCAL_COLD_START *= SCALE
+    harness.CLEANUP_TIMEOUT *= SCALE
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

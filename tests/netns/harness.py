@@ -44,6 +44,7 @@ from .socket_level import SocketLevel
 T = TypeVar("T")
 NODE = "node1"
 LOCAL_COLD_START = 90.0  # generous: the loaded machine has taken 20 s
+CLEANUP_TIMEOUT = 60.0  # one ``--cleanup`` process, start-up included
 
 
 @contextmanager
@@ -153,8 +154,8 @@ class ScenarioLab:
             self.agent.stop()
             self.agent = None
         env = {k: v for k, v in {**os.environ, **self._backend_env()}.items() if v is not None}
-        return subprocess.run(self._backend_argv("--cleanup"), capture_output=True, timeout=60,
-                              env=env)
+        return subprocess.run(self._backend_argv("--cleanup"), capture_output=True,
+                              timeout=CLEANUP_TIMEOUT, env=env)
 
     def stop(self) -> None:
         for proc in (self.agent, self.frontend):
