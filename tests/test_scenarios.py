@@ -1,4 +1,4 @@
-"""Real-traffic scenarios shared by every backend (nft, iptables; ipvs in its guest).
+"""Real-traffic scenarios shared by every backend (nft, iptables, ebpf; ipvs in its guest).
 
 One lab per backend: node1 (pods a, b and an in-cluster client) and node2
 (pods c, d) joined by a LAN with two external clients; the real frontend
@@ -8,9 +8,10 @@ real connections see, changes the manifests and asserts again, without
 restarting anything. Pods answer with their name, the source address they
 saw and the port they were reached on.
 
-The ``-local`` cases run the backend in local mode (kube-proxy's flags, a kubeconfig, no
-frontend address) against the stand-in apiserver holding the same objects; after each
-scenario the state it follows must equal the frontend's for node1 in split mode.
+The ``-local`` cases (nft, iptables, ebpf) run the backend in local mode (kube-proxy's
+flags, a kubeconfig, no frontend address) against the stand-in apiserver inside node1's
+namespace holding the same objects; after each scenario the state it follows must equal
+the frontend's for node1 in split mode.
 """
 
 from __future__ import annotations
