@@ -18,7 +18,7 @@ import pytest
 from svcproxy.frontend.sources.apiserver import ApiserverConfigError, ApiserverSource
 from svcproxy.frontend.sources.apiserver_backoff import Backoff, BackoffPolicy
 from svcproxy.frontend.sources.apiserver_resources import object_ref
-from svcproxy.frontend.sources.events import KINDS, Delete, Event, Replace, Upsert
+from svcproxy.frontend.sources.events import KINDS, Delete, Event, RawObject, Replace, Upsert
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 
 TOKEN = "s3cret"
@@ -49,7 +49,7 @@ class StoreSink:
             if event.first:
                 self._listing[event.kind] = set()
             listed = self._listing[event.kind]
-            for obj in event.objs:
+            for obj in (o.decoded() if isinstance(o, RawObject) else o for o in event.objs):
                 listed.add((event.kind, *object_ref(obj)))
                 self.objects[(event.kind, *object_ref(obj))] = obj
             if event.last:

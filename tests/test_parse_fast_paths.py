@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +22,7 @@ from svcproxy.frontend.sources.kubevalidation import (
     _walk,
     validate_endpoint_slice,
 )
+from svcproxy.frontend.sources.typed_slices import decode_slice
 from svcproxy.frontend.store.objects import SvcPort, canonical_ip, parse_endpoint_slice
 from svcproxy.model import Protocol, normalize_ip
 from tests.hostile import endpoint_slice, spoiled
@@ -129,3 +132,116 @@ def test_merged_endpoints_are_whole_dataclasses(endpoints: list[dict[str, Any]])
         same = replace(ep)  # the keyword __init__, from every field
         assert ep == same and hash(ep) == hash(same) and repr(ep) == repr(same)
 
+
+
+# A listed slice as the apiserver serves it, every field the typed decoding knows set.
+TYPED_SLICE = dict(PLAIN_SLICE, endpoints=[
+    {k: v for k, v in WIDE_ENDPOINT.items() if k not in ("hints", "hostname")},
+    dict(endpoint_slice()["endpoints"][0], hostname=""),
+    {"addresses": ["10.0.0.9", "10.0.0.9", "10.0.0.8"],
+     "conditions": {"ready": False, "serving": True, "terminating": True}},
+    {"addresses": ["10.0.0.10"]}], ports=[
+    {"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"},
+    {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "all"}, {"port": 9}],
+    metadata={"name": "web-1", "namespace": "shop", "uid": "u-1", "resourceVersion": "7",
+              "generation": 3, "creationTimestamp": "2026-11-27T05:00:00Z",
+              "generateName": "web-", "labels": {"kubernetes.io/service-name": "web",
+                                                 "endpointslice.kubernetes.io/managed-by": "x"},
+              "annotations": {"endpoints.kubernetes.io/last-change-trigger-time":
+                              "2026-11-27T05:00:00Z", "note": "a b"},
+              "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web",
+                                   "uid": "u-0", "controller": True,
+                                   "blockOwnerDeletion": True}]})
+TEXTS = st.one_of(st.sampled_from(["a", "s1", "a.b", "x" * 63]), st.sampled_from(
+    ["", "A", "-a", "a_b", "x" * 64, "y" * 254, "é", "a/b", "a\n"]), st.text(max_size=8))
+ADDRESSES = st.lists(st.one_of(st.sampled_from(
+    ["10.0.0.1", "127.0.0.1", "0.0.0.0", "169.254.0.1", "224.0.0.1", "224.0.1.1", "0.0.0.1"]),
+    IPV4ISH), max_size=2)
+
+
+def _typed_and_general(data: bytes, limits: ObjectLimits) -> None:
+    """``decode_slice`` gives what the general path gives, or leaves ``data`` to it."""
+    fast = decode_slice(data, limits, seen_at=1.0)
+    if fast is None:
+        return
+    obj = json.loads(data)
+    verdict = validate_endpoint_slice(obj, limits)
+    assert verdict.ok and not verdict.warnings, verdict.errors or verdict.warnings
+    assert parse_endpoint_slice(obj, seen_at=1.0) == fast
+
+
+def test_a_listed_slice_of_the_common_shape_takes_the_typed_path() -> None:
+    data = json.dumps(TYPED_SLICE).encode()
+    assert decode_slice(data, ObjectLimits(), seen_at=1.0) is not None
+    _typed_and_general(data, ObjectLimits())
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spoiled(TYPED_SLICE), LIMITS)
+@example(TYPED_SLICE, ObjectLimits(max_object_bytes=3000))
+@example(dict(TYPED_SLICE, addressType="IPv6"), ObjectLimits())
+@example(dict(TYPED_SLICE, ports=[{"name": "a"}, {"name": "a", "port": 1}]), ObjectLimits())
+@example(dict(TYPED_SLICE, ports=[{"port": 1}, {"port": 2}]), ObjectLimits())
+def test_a_typed_slice_is_what_the_general_path_makes(obj: Any, limits: ObjectLimits) -> None:
+    try:
+        data = json.dumps(obj).encode()
+    except (TypeError, ValueError):
+        return  # not JSON: no apiserver serves it
+    _typed_and_general(data, limits)
+
+
+META = st.fixed_dictionaries({
+    "name": TEXTS, "namespace": st.one_of(st.none(), TEXTS),
+    "labels": st.dictionaries(TEXTS, TEXTS, max_size=2).map(
+        lambda d: dict(d, **{"kubernetes.io/service-name": "web"})),
+    "annotations": st.dictionaries(TEXTS, TEXTS, max_size=2)})
+PORTS = st.lists(st.fixed_dictionaries({}, optional={
+    "name": st.one_of(st.none(), TEXTS),
+    "protocol": st.sampled_from([None, "", "TCP", "UDP", "SCTP", "tcp", "HTTP"]),
+    "port": st.sampled_from([None, 0, 1, 80, 65535, 65536, -1])}), max_size=2)
+ENDPOINTS = st.lists(st.fixed_dictionaries({"addresses": ADDRESSES, "conditions": CONDITIONS},
+                                           optional={"nodeName": st.one_of(st.none(), TEXTS),
+                                                     "zone": st.one_of(st.none(), TEXTS),
+                                                     "hostname": st.one_of(st.none(), TEXTS)}),
+                     max_size=2)
+
+
+@settings(max_examples=500, deadline=None)
+@given(META)
+def test_typed_metadata_is_checked_as_the_general_path_checks_it(meta: dict[str, Any]) -> None:
+    obj = dict(TYPED_SLICE, metadata=meta)
+    _typed_and_general(json.dumps(obj).encode(), ObjectLimits())
+
+
+@settings(max_examples=500, deadline=None)
+@given(PORTS, ENDPOINTS)
+def test_typed_ports_and_endpoints_are_checked_as_the_general_path_checks_them(
+        ports: list[Any], endpoints: list[Any]) -> None:
+    obj = dict(TYPED_SLICE, ports=ports, endpoints=endpoints)
+    _typed_and_general(json.dumps(obj).encode(), ObjectLimits())
+
+
+@pytest.mark.parametrize("text", [
+    # duplicate keys: the last one counts, for json as for msgspec
+    '{"metadata": {"name": "a", "name": "B", "labels": {"kubernetes.io/service-name": "w"}},'
+    ' "addressType": "IPv4"}',
+    '{"metadata": {"name": "B", "name": "a", "labels": {"kubernetes.io/service-name": "w"}},'
+    ' "addressType": "IPv4", "addressType": "IPv4"}',
+    # escapes, a lone surrogate, numbers json and msgspec read differently
+    '{"metadata": {"name": "\\u0061", "labels": {"kubernetes.io/service-name": "w"},'
+    ' "annotations": {"x": "\\ud800"}}, "addressType": "IPv4"}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"}},'
+    ' "addressType": "IPv4", "ports": [{"port": 80.0}, {"port": 1e2}]}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"}},'
+    ' "addressType": "IPv4", "ports": [{"port": 80}], "endpoints": [{"addresses": ["1.2.3.4"],'
+    ' "targetRef": {"x": NaN}}]}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"}},'
+    ' "addressType": "IPv4", "endpoints": [{"addresses": ["1.2.3.4"], "hints": null}]}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"}},'
+    ' "addressType": "IPv4", "endpoints": [{"addresses": ["1.2.3.4"],'
+    ' "targetRef": {"x": 1' + "0" * 400 + ', "y": 1e400, "z": ' + "1" * 5000 + '}}]}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"},'
+    ' "managedFields": [{"fieldsV1": {"f:a": {"f:b": {}}}}]}, "addressType": "IPv4"}',
+])
+def test_json_the_decoders_may_read_differently(text: str) -> None:
+    _typed_and_general(text.encode(), ObjectLimits())

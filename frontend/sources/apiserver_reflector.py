@@ -21,16 +21,33 @@ from typing import Any
 
 import kubernetes.client
 import kubernetes.watch
+import msgspec
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
-from .events import Delete, Event, Kind, Replace, Sink, Upsert
+from .events import Delete, Event, Kind, RawObject, Replace, Sink, Upsert
 
 log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 
 HTTP_GONE = 410
+
+
+class _PageMeta(msgspec.Struct):
+    resourceVersion: str | None = None
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class _Page(msgspec.Struct):
+    """A list response with its items left as JSON (EndpointSlices: see RawObject)."""
+
+    items: list[msgspec.Raw] | None = None
+    metadata: _PageMeta | None = None
+
+
+_PAGE = msgspec.json.Decoder(_Page)
+Listed = dict[str, Any] | RawObject
 
 
 @dataclass(frozen=True)
@@ -106,16 +123,14 @@ class KindReflector:
         token: str | None = None
         pages = items = 0
         while True:
-            body = self._get_page(token)
-            objs = [self.resource.complete(item) for item in body.get("items") or []]
-            meta = body.get("metadata") or {}
-            token = meta.get("continue") or None
+            objs, token, version = self._get_page(token)
+            token = token or None
             self._emit(Replace(self.resource.kind, objs, first=pages == 0, last=token is None))
             pages += 1
             items += len(objs)
             if token is None:
                 break
-        self.resource_version = str(meta.get("resourceVersion") or "")
+        self.resource_version = str(version or "")
         self._backoff.reset()
         self.failing_since = None
         log.info(
@@ -125,8 +140,8 @@ class KindReflector:
         )
         self._on_listed(self.resource.kind)
 
-    def _get_page(self, token: str | None) -> dict[str, Any]:
-        """One list request, returned as the raw JSON dict."""
+    def _get_page(self, token: str | None) -> tuple[list[Listed], Any, Any]:
+        """One list request: its items, continue token and resourceVersion."""
         opts = self._options
         resp = self._list_call(
             limit=opts.page_size,
@@ -135,9 +150,28 @@ class KindReflector:
             _request_timeout=(opts.connect_timeout, opts.list_read_timeout),
         )
         try:
-            return json.loads(resp.data)
+            return self._read_page(resp.data)
         finally:
             resp.release_conn()
+
+    def _read_page(self, data: bytes) -> tuple[list[Listed], Any, Any]:
+        """A list response's items (dicts; EndpointSlice objects as RawObject, for the
+        store to decode), continue token and resourceVersion."""
+        if self.resource.kind == "EndpointSlice":
+            try:
+                page = _PAGE.decode(data)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass  # the general path says what is wrong with it
+            else:
+                meta = page.metadata or _PageMeta()
+                kind, version = self.resource.kind, self.resource.api_version
+                return ([RawObject(kind, version, item) if memoryview(item)[:1] == b"{"
+                         else self.resource.complete(json.loads(bytes(item)))
+                         for item in page.items or []], meta.continue_, meta.resourceVersion)
+        body = json.loads(data)
+        meta = body.get("metadata") or {}
+        return ([self.resource.complete(item) for item in body.get("items") or []],
+                meta.get("continue"), meta.get("resourceVersion"))
 
     def _watch_once(self) -> bool:
         """Stream one watch to its end; True if it was healthy (not an instant close)."""

@@ -7,9 +7,12 @@ taking a batch of events; it is thread-safe.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import msgspec
 
 Kind = Literal["Service", "EndpointSlice", "Node"]
 KINDS: tuple[Kind, ...] = ("Service", "EndpointSlice", "Node")
@@ -33,6 +36,24 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
+class RawObject:
+    """A listed object still as the apiserver's JSON (an EndpointSlice: the store decodes
+    it, straight into its object when of the common shape, see typed_slices.py)."""
+
+    kind: Kind
+    api_version: str
+    data: bytes | msgspec.Raw
+
+    def decoded(self) -> Any:
+        """The JSON as a listed dict is: decoded, with kind and apiVersion filled in."""
+        obj = json.loads(bytes(self.data))
+        if isinstance(obj, dict):
+            obj.setdefault("kind", self.kind)
+            obj.setdefault("apiVersion", self.api_version)
+        return obj
+
+
+@dataclass(frozen=True, slots=True)
 class Replace:
     """The complete current set of one kind (initial list or relist after 410 Gone).
 
@@ -45,7 +66,7 @@ class Replace:
     """
 
     kind: Kind
-    objs: list[dict[str, Any]] = field(default_factory=list)
+    objs: list[dict[str, Any] | RawObject] = field(default_factory=list)
     first: bool = True
     last: bool = True
 

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from svcproxy.frontend import metrics
+from svcproxy.frontend.sources.events import RawObject
 from svcproxy.frontend.sources.kubevalidation import (
     DEFAULT_LIMITS,
     ObjectLimits,
@@ -21,6 +22,7 @@ from svcproxy.frontend.sources.kubevalidation import (
     object_key,
     validate,
 )
+from svcproxy.frontend.sources.typed_slices import decode_slice
 from svcproxy.frontend.store.objects import (
     EndpointSlice,
     Node,
@@ -55,8 +57,24 @@ class Intake:
         # What was last said about an object, so an unchanged refusal is logged once.
         self._said: dict[tuple[str, str, str], str] = {}
 
+    def decode(self, raw: RawObject) -> EndpointSlice | dict[str, Any] | None:
+        """A listed EndpointSlice's JSON: its object when of the common shape (valid as it
+        is, see typed_slices.py), else its dict, for ``parse`` to say why or read it."""
+        parsed = decode_slice(raw.data, self.limits)
+        if parsed is not None:
+            return parsed
+        try:
+            return raw.decoded()  # type: ignore[no-any-return]
+        except ValueError:  # what msgspec reads but json does not (a 5,000-digit number)
+            return None  # refused alone by ``parse``, as not a mapping
+
     def parse(self, kind: str, obj: Any, served: bool) -> Parsed | None:
-        """The parsed object, or None when refused (``served``: a valid version is in use)."""
+        """The parsed object, or None when refused (``served``: a valid version is in use);
+        an EndpointSlice from ``decode`` is valid as it is."""
+        if type(obj) is EndpointSlice:
+            if self._said:  # as _accepted: nothing to warn of, what was said is forgotten
+                self._said.pop((kind, *obj.key), None)
+            return obj
         try:
             verdict = validate(kind, obj, self.limits)
             if not verdict.ok:

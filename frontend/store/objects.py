@@ -304,6 +304,21 @@ _new = object.__new__
      "hint_nodes"))
 
 
+def plain_endpoint(addresses: tuple[str, ...], ready: bool, serving: bool, terminating: bool,
+                   node_name: str, zone: str) -> SliceEndpoint:
+    """A SliceEndpoint without hints, built through the slots' descriptors."""
+    out = _new(SliceEndpoint)
+    _SET_ADDRESSES(out, addresses)
+    _SET_READY(out, ready)
+    _SET_SERVING(out, serving)
+    _SET_TERMINATING(out, terminating)
+    _SET_NODE(out, node_name)
+    _SET_ZONE(out, zone)
+    _SET_HINT_ZONES(out, ())
+    _SET_HINT_NODES(out, ())
+    return out
+
+
 def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
     cond = ep.get("conditions")
     if ep.get("hints") is None and type(cond) is dict:
@@ -312,18 +327,12 @@ def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
         ready = True if ready is None else bool(ready)
         serving = cond.get("serving")
         addresses = ep.get("addresses")
-        out = _new(SliceEndpoint)
-        _SET_ADDRESSES(out, _ips(addresses if type(addresses) is list
-                                 else _list(addresses, f"endpoints[{i}].addresses"),
-                                 f"endpoints[{i}].addresses"))
-        _SET_READY(out, ready)
-        _SET_SERVING(out, ready if serving is None else bool(serving))
-        _SET_TERMINATING(out, bool(cond.get("terminating") or False))
-        _SET_NODE(out, str(ep.get("nodeName") or ""))
-        _SET_ZONE(out, str(ep.get("zone") or ""))
-        _SET_HINT_ZONES(out, ())
-        _SET_HINT_NODES(out, ())
-        return out
+        return plain_endpoint(
+            _ips(addresses if type(addresses) is list
+                 else _list(addresses, f"endpoints[{i}].addresses"), f"endpoints[{i}].addresses"),
+            ready, ready if serving is None else bool(serving),
+            bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
+            str(ep.get("zone") or ""))
     where = f"endpoints[{i}]"
     cond = _dict(cond, f"{where}.conditions")
     hints = _dict(ep.get("hints"), f"{where}.hints")

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from svcproxy.frontend import metrics
-from svcproxy.frontend.sources.events import KINDS, Delete, Event, Kind, Replace, Upsert
+from svcproxy.frontend.sources.events import (
+    KINDS,
+    Delete,
+    Event,
+    Kind,
+    RawObject,
+    Replace,
+    Upsert,
+)
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import object_key
 from svcproxy.frontend.store.objects import EndpointSlice, Node, Service
@@ -141,8 +149,9 @@ class Store:
         if ev.first or kind not in self._listing:
             self._listing[kind] = set()
         listed = self._listing[kind]
-        for obj in ev.objs:
-            key = object_key(kind, obj)
+        for item in ev.objs:
+            obj = self.intake.decode(item) if type(item) is RawObject else item
+            key = obj.key if type(obj) is EndpointSlice else object_key(kind, obj)
             listed.add(key)
             self._upsert(kind, obj, key, touched)
         if not ev.last:

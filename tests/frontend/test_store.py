@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from svcproxy.frontend import metrics
-from svcproxy.frontend.sources.events import Delete, Replace, Upsert
+from svcproxy.frontend.sources.events import Delete, RawObject, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
+from svcproxy.frontend.store.objects import EndpointSlice
 from svcproxy.frontend.store.store import Store
 from tests.test_engine import endpoint, node, service, slice_
 
@@ -75,3 +80,26 @@ def test_a_listing_cut_short_is_forgotten_at_the_next_first_part() -> None:
     assert "Node" not in store.listed
     store.apply([Replace("Node", [node("n2")], first=True, last=True)])
     assert set(store.nodes) == {"n2"} and "Node" in store.listed
+
+
+def test_listed_raw_slices_are_kept_or_refused_as_their_dicts_are(
+        caplog: pytest.LogCaptureFixture) -> None:
+    trigger = {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-27T05:00:00Z"}
+    good = slice_("web-1", "web", [endpoint("10.0.0.1"), endpoint("10.0.0.2", "n2")])
+    odd = dict(slice_("web-2", "web", [endpoint("10.0.0.3")]), extra={"a": 1})
+    good["metadata"]["annotations"] = odd["metadata"]["annotations"] = trigger
+    bad = slice_("web-3", "web", [endpoint("127.0.0.1")])
+    items = [good, odd, bad]
+    raw = [RawObject("EndpointSlice", "discovery.k8s.io/v1", json.dumps(o).encode())
+           for o in items] + [RawObject("EndpointSlice", "discovery.k8s.io/v1", b"1" * 5000)]
+    assert isinstance(Intake().decode(raw[0]), EndpointSlice)  # the typed path
+    assert isinstance(Intake().decode(raw[1]), dict)  # a field it does not know
+    by_dicts, by_raw = Store(Intake("raw-a")), Store(Intake("raw-b"))
+    by_dicts.apply([Replace("EndpointSlice", [*items, None])])  # type: ignore[list-item]
+    lines = [r.getMessage().replace("raw-a", "raw") for r in caplog.records]
+    caplog.clear()
+    by_raw.apply([Replace("EndpointSlice", raw)])
+    assert [r.getMessage().replace("raw-b", "raw") for r in caplog.records] == lines
+    assert by_raw.slices == by_dicts.slices
+    assert set(by_raw.slices) == {("default", "web-1"), ("default", "web-2")}
+    assert _refused("raw-a") == _refused("raw-b") == 2

@@ -1,0 +1,201 @@
+"""Listed EndpointSlices of the common shape, decoded from their JSON straight into the
+store's objects (msgspec's typed decoding, in C) instead of dicts then kubevalidation and
+parse. Only what those would accept as it is: anything else, or any doubt (a field not
+listed here, managedFields, hints, an IPv6 or FQDN slice, limits below the defaults), is
+None, and the caller takes the general path, which says why and gives the same object.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from svcproxy.frontend.sources.kubevalidation import (
+    _FORBIDDEN_IPV4,
+    _QUALIFIED,
+    CANONICAL_IPV4,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    MAX_ANNOTATIONS_BYTES,
+    MAX_ENDPOINT_ADDRESSES,
+    MAX_SLICE_ENDPOINTS,
+    MAX_SLICE_PORTS,
+    PROTOCOLS,
+    SERVICE_NAME_LABEL,
+    TRIGGER_TIME_ANNOTATION,
+    ObjectLimits,
+    _matches,
+    is_qualified_name,
+    trigger_time_problem,
+)
+from svcproxy.frontend.store.objects import (
+    EndpointSlice,
+    SliceEndpoint,
+    SlicePort,
+    parse_time,
+    plain_endpoint,
+)
+from svcproxy.model import Protocol
+
+Scalar = str | int | float | bool | None
+
+
+class _OwnerRef(msgspec.Struct, forbid_unknown_fields=True):
+    apiVersion: str | None = None
+    kind: str | None = None
+    name: str | None = None
+    uid: str | None = None
+    controller: bool | None = None
+    blockOwnerDeletion: bool | None = None
+
+
+class _Meta(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    uid: str | None = None
+    resourceVersion: str | None = None
+    generation: int | None = None
+    creationTimestamp: str | None = None
+    generateName: str | None = None
+    ownerReferences: list[_OwnerRef] | None = None
+
+
+class _Conditions(msgspec.Struct, forbid_unknown_fields=True):
+    ready: bool | None = None
+    serving: bool | None = None
+    terminating: bool | None = None
+
+
+class _Endpoint(msgspec.Struct, forbid_unknown_fields=True):
+    addresses: list[str]
+    conditions: _Conditions | None = None
+    nodeName: str | None = None
+    zone: str | None = None
+    hostname: str | None = None
+    targetRef: dict[str, Scalar] | None = None
+
+
+class _Port(msgspec.Struct, forbid_unknown_fields=True):
+    name: str | None = None
+    protocol: str | None = None
+    port: int | None = None
+    appProtocol: str | None = None
+
+
+class _Slice(msgspec.Struct, forbid_unknown_fields=True):
+    metadata: _Meta
+    addressType: str
+    endpoints: list[_Endpoint] | None = None
+    ports: list[_Port] | None = None
+    kind: str | None = None
+    apiVersion: str | None = None
+
+
+_DECODER = msgspec.json.Decoder(_Slice)
+# ``check_size`` counts at most 8 per byte of JSON (a scalar is 8, text its length, a
+# key its length + 3, a container 2); these structs are at most 3 levels deep.
+_BYTES_PER_BYTE = 8
+_DEPTH = 3
+_NAME = 253
+
+
+def decode_slice(data: bytes | msgspec.Raw, limits: ObjectLimits,
+                 seen_at: float | None = None) -> EndpointSlice | None:
+    """The EndpointSlice the general path would make of ``data`` (an item's JSON), or
+    None when not of the common shape (then take the general path)."""
+    if limits.max_depth < _DEPTH or limits.max_name_length < _NAME or \
+            _BYTES_PER_BYTE * len(data) > limits.max_object_bytes:
+        return None
+    try:
+        obj = _DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if obj.addressType != "IPv4":
+        return None
+    meta = obj.metadata
+    name, namespace = meta.name, meta.namespace
+    if not name or len(name) > _NAME or not _matches(DNS1123_SUBDOMAIN, name):
+        return None
+    if namespace and (len(namespace) > 63 or not _matches(DNS1123_LABEL, namespace)):
+        return None
+    labels = meta.labels or {}
+    for key, value in labels.items():
+        if not is_qualified_name(key) or len(value) > 63 or \
+                not (value == "" or _QUALIFIED.fullmatch(value)):
+            return None
+    service = labels.get(SERVICE_NAME_LABEL)
+    annotations = meta.annotations or {}
+    if not service or not _annotations_ok(annotations):
+        return None
+    ports = _ports(obj.ports or [])
+    endpoints = _endpoints(obj.endpoints or [])
+    if ports is None or endpoints is None:
+        return None
+    trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
+    return EndpointSlice(namespace or "default", name, service, "IPv4", ports, endpoints,
+                         trigger or (seen_at if seen_at is not None else time.time()))
+
+
+def _annotations_ok(annotations: dict[str, str]) -> bool:
+    size = 0
+    for key, value in annotations.items():
+        if not is_qualified_name(key) or not value.isascii():
+            return False
+        size += len(key) + len(value)
+    if size > MAX_ANNOTATIONS_BYTES:
+        return False
+    trigger = annotations.get(TRIGGER_TIME_ANNOTATION)
+    return trigger is None or trigger_time_problem(trigger) is None
+
+
+def _ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
+    if len(ports) > MAX_SLICE_PORTS:
+        return None
+    names: set[str] = set()
+    out = []
+    for p in ports:
+        name = p.name or ""
+        if name and (len(name) > 63 or not _matches(DNS1123_LABEL, name)) or name in names:
+            return None
+        names.add(name)
+        protocol = p.protocol or "TCP"
+        if protocol not in PROTOCOLS:
+            return None
+        if p.port is None:
+            continue
+        if not 1 <= p.port <= 65535:
+            return None
+        out.append(SlicePort(name, Protocol(protocol), p.port))
+    return tuple(out)
+
+
+def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
+    if len(endpoints) > MAX_SLICE_ENDPOINTS:
+        return None
+    out = []
+    for ep in endpoints:
+        addresses = ep.addresses
+        if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname:
+            return None
+        for address in addresses:
+            if not CANONICAL_IPV4.fullmatch(address) or address.startswith(_FORBIDDEN_IPV4):
+                return None
+        node, zone = ep.nodeName or "", ep.zone or ""
+        if node and (len(node) > _NAME or not _matches(DNS1123_SUBDOMAIN, node)):
+            return None
+        if zone and (len(zone) > 63 or not _matches(_QUALIFIED, zone)):
+            return None
+        cond = ep.conditions
+        ready = serving = True
+        terminating = False
+        if cond is not None:
+            ready = True if cond.ready is None else cond.ready
+            serving = ready if cond.serving is None else cond.serving
+            terminating = bool(cond.terminating)
+        out.append(plain_endpoint(
+            (addresses[0],) if len(addresses) == 1 else tuple(dict.fromkeys(addresses)),
+            ready, serving, terminating, node, zone))
+    return tuple(out)
