@@ -151,7 +151,13 @@ TYPED_SLICE = dict(PLAIN_SLICE, endpoints=[
                               "2026-11-27T05:00:00Z", "note": "a b"},
               "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web",
                                    "uid": "u-0", "controller": True,
-                                   "blockOwnerDeletion": True}]})
+                                   "blockOwnerDeletion": True}],
+              "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                                 "apiVersion": "discovery.k8s.io/v1", "fieldsType": "FieldsV1",
+                                 "time": "2026-11-27T05:00:00Z", "fieldsV1": {
+                                     "f:addressType": {}, "f:endpoints": {}, "f:metadata": {
+                                         "f:labels": {".": {}, "f:kubernetes.io/service-name":
+                                                      {}}}}}]})
 TEXTS = st.one_of(st.sampled_from(["a", "s1", "a.b", "x" * 63]), st.sampled_from(
     ["", "A", "-a", "a_b", "x" * 64, "y" * 254, "é", "a/b", "a\n"]), st.text(max_size=8))
 ADDRESSES = st.lists(st.one_of(st.sampled_from(
@@ -242,6 +248,14 @@ def test_typed_ports_and_endpoints_are_checked_as_the_general_path_checks_them(
     ' "targetRef": {"x": 1' + "0" * 400 + ', "y": 1e400, "z": ' + "1" * 5000 + '}}]}',
     '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"},'
     ' "managedFields": [{"fieldsV1": {"f:a": {"f:b": {}}}}]}, "addressType": "IPv4"}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"},'
+    ' "managedFields": [{"fieldsV1": {"f:a": ' + "1" * 5000 + '}}]}, "addressType": "IPv4"}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"},'
+    ' "managedFields": [{"fieldsV1": ' + "[" * 61 + "]" * 61 + '}]}, "addressType": "IPv4"}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"},'
+    ' "managedFields": [{"fieldsV1": ' + "[" * 59 + "]" * 59 + '}]}, "addressType": "IPv4"}',
+    '{"metadata": {"name": "a", "labels": {"kubernetes.io/service-name": "w"},'
+    ' "managedFields": [{"fieldsV1": ' + "[" * 70 + "]" * 70 + '}]}, "addressType": "IPv4"}',
 ])
 def test_json_the_decoders_may_read_differently(text: str) -> None:
     _typed_and_general(text.encode(), ObjectLimits())

@@ -1,12 +1,13 @@
 """Listed EndpointSlices of the common shape, decoded from their JSON straight into the
 store's objects (msgspec's typed decoding, in C) instead of dicts then kubevalidation and
 parse. Only what those would accept as it is: anything else, or any doubt (a field not
-listed here, managedFields, hints, an IPv6 or FQDN slice, limits below the defaults), is
+listed here, hints, an IPv6 or FQDN slice, limits below the defaults), is
 None, and the caller takes the general path, which says why and gives the same object.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgspec
@@ -50,6 +51,16 @@ class _OwnerRef(msgspec.Struct, forbid_unknown_fields=True):
     blockOwnerDeletion: bool | None = None
 
 
+class _ManagedFields(msgspec.Struct, forbid_unknown_fields=True):
+    manager: str | None = None
+    operation: str | None = None
+    apiVersion: str | None = None
+    time: str | None = None
+    fieldsType: str | None = None
+    subresource: str | None = None
+    fieldsV1: msgspec.Raw = msgspec.Raw(b"null")
+
+
 class _Meta(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     namespace: str | None = None
@@ -61,6 +72,7 @@ class _Meta(msgspec.Struct, forbid_unknown_fields=True):
     creationTimestamp: str | None = None
     generateName: str | None = None
     ownerReferences: list[_OwnerRef] | None = None
+    managedFields: list[_ManagedFields] | None = None
 
 
 class _Conditions(msgspec.Struct, forbid_unknown_fields=True):
@@ -128,7 +140,8 @@ def decode_slice(data: bytes | msgspec.Raw, limits: ObjectLimits,
             return None
     service = labels.get(SERVICE_NAME_LABEL)
     annotations = meta.annotations or {}
-    if not service or not _annotations_ok(annotations):
+    if not service or not _annotations_ok(annotations) or \
+            meta.managedFields and not _fields_ok(meta.managedFields, limits):
         return None
     ports = _ports(obj.ports or [])
     endpoints = _endpoints(obj.endpoints or [])
@@ -137,6 +150,20 @@ def decode_slice(data: bytes | msgspec.Raw, limits: ObjectLimits,
     trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
     return EndpointSlice(namespace or "default", name, service, "IPv4", ports, endpoints,
                          trigger or (seen_at if seen_at is not None else time.time()))
+
+
+def _fields_ok(entries: list[_ManagedFields], limits: ObjectLimits) -> bool:
+    """Each fieldsV1 (left as JSON) within the depth limit, counted from its brackets (a
+    bound: it is 4 levels in), and read by ``json`` as the general path reads it."""
+    for entry in entries:
+        data = bytes(entry.fieldsV1)
+        if 4 + data.count(b"{") + data.count(b"[") > limits.max_depth:
+            return False
+        try:
+            json.loads(data)
+        except ValueError:
+            return False
+    return True
 
 
 def _annotations_ok(annotations: dict[str, str]) -> bool:
