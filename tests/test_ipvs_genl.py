@@ -76,13 +76,6 @@ def test_parsing_reads_back_what_was_encoded() -> None:
         genl.DestId("10.244.0.7", 3869), 0, genl.FWD_MASQ)
 
 
-def test_batched_buffer_splits_into_messages_and_errors() -> None:
-    buffer = b"".join(genl.frame(2, (-17 if i else 0).to_bytes(4, "little", signed=True) +
-                                 bytes(16), seq=i) for i in range(3))
-    seen = [(kind, seq, genl.error_code(p)) for kind, _f, seq, p in genl.iter_messages(buffer)]
-    assert seen == [(2, 0, 0), (2, 1, -17), (2, 2, -17)]
-
-
 def test_firewall_mark_services_round_trip() -> None:
     spec = genl.ServiceSpec(genl.fwmark_service(6, 0x30000), "rr", 10800)
     assert genl.parse_service(genl.genl_body(*genl.add_service(spec))) == spec

@@ -26,6 +26,8 @@ import struct
 import threading
 from collections.abc import Sequence
 
+from svcproxy.sdk import netlink
+
 log = logging.getLogger(__name__)
 
 INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
@@ -35,16 +37,12 @@ COUNTERS = (INVALID_DROPPED, LOCALHOST_NODEPORTS)
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_ACCT = 7
 MSG_NEW, MSG_GET, MSG_DEL = 0, 1, 3
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
-NLM_F_DUMP, NLM_F_EXCL, NLM_F_CREATE = 0x300, 0x200, 0x400
+NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
 NFACCT_NAME, NFACCT_PKTS = 1, 2
 NAME_MAX = 32
 CLONE_NEWNET = 0x40000000
 TIMEOUT = 5.0  # seconds for the kernel's answer (it always answers: data, ACK or error)
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _GENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
-_ATTR = struct.Struct("=HH")
 
 
 class NfacctError(OSError):
@@ -58,28 +56,11 @@ def netns_path(prefix: Sequence[str]) -> str | None:
     return None
 
 
-def _attr(kind: int, payload: bytes) -> bytes:
-    data = _ATTR.pack(_ATTR.size + len(payload), kind) + payload
-    return data + b"\0" * (-len(data) % 4)
-
-
 def _name(name: str) -> bytes:
     raw = name.encode() + b"\0"
     if len(raw) > NAME_MAX:
         raise ValueError(f"nfacct name {name!r} is longer than {NAME_MAX - 1} bytes")
-    return _attr(NFACCT_NAME, raw)
-
-
-def _attrs(data: bytes) -> dict[int, bytes]:
-    found: dict[int, bytes] = {}
-    offset = 0
-    while offset + _ATTR.size <= len(data):
-        length, kind = _ATTR.unpack_from(data, offset)
-        if length < _ATTR.size:
-            break
-        found[kind & 0x3FFF] = data[offset + _ATTR.size:offset + length]
-        offset += (length + 3) & ~3
-    return found
+    return netlink.attr(NFACCT_NAME, raw)
 
 
 class Nfacct:
@@ -105,29 +86,23 @@ class Nfacct:
             self._seq += 1
             body = _GENMSG.pack(socket.AF_UNSPEC, 0, 0) + payload
             kind = (NFNL_SUBSYS_ACCT << 8) | msg
-            sock.send(_HEADER.pack(_HEADER.size + len(body), kind, NLM_F_REQUEST | flags,
-                                   self._seq, 0) + body)
-            return self._answer(sock, self._seq, dump=flags & NLM_F_DUMP == NLM_F_DUMP)
+            sock.send(netlink.message(kind, netlink.NLM_F_REQUEST | flags, self._seq, body))
+            dump = flags & netlink.NLM_F_DUMP == netlink.NLM_F_DUMP
+            return self._answer(sock, self._seq, dump)
 
     @staticmethod
     def _answer(sock: socket.socket, seq: int, dump: bool) -> list[tuple[int, bytes]]:
         # The reply to a GET of one object carries NLM_F_MULTI too, without an end.
         replies: list[tuple[int, bytes]] = []
         while True:
-            data = sock.recv(65536)
-            offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, kind, _flags, got, _pid = _HEADER.unpack_from(data, offset)
-                body = data[offset + _HEADER.size:offset + length]
-                offset += (length + 3) & ~3
+            for kind, _flags, got, body in netlink.messages(sock.recv(65536)):
                 if got != seq:
                     continue
-                if kind == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", body)[0]
-                    if code:
+                if kind == netlink.NLMSG_ERROR:
+                    if code := netlink.error_code(body):
                         raise NfacctError(code, os.strerror(code))
                     return replies
-                if kind == NLMSG_DONE:
+                if kind == netlink.NLMSG_DONE:
                     return replies
                 replies.append((kind, body))
                 if not dump:
@@ -136,7 +111,7 @@ class Nfacct:
     def create(self, name: str) -> None:
         """Make the object ``name`` (an existing one is kept, with its counts)."""
         try:
-            self._request(MSG_NEW, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK, _name(name))
+            self._request(MSG_NEW, NLM_F_CREATE | NLM_F_EXCL | netlink.NLM_F_ACK, _name(name))
         except NfacctError as err:
             if err.errno != errno.EEXIST:
                 raise
@@ -144,7 +119,7 @@ class Nfacct:
     def packets(self, name: str) -> int:
         """Packets counted by ``name`` so far."""
         for _, body in self._request(MSG_GET, 0, _name(name)):
-            value = _attrs(body[_GENMSG.size:]).get(NFACCT_PKTS)
+            value = netlink.attrs(body, _GENMSG.size).get(NFACCT_PKTS)
             if value is not None:
                 return int(struct.unpack(">Q", value)[0])
         raise NfacctError(errno.ENODATA, f"nfacct {name}: no packet count in the answer")
@@ -152,8 +127,8 @@ class Nfacct:
     def names(self) -> list[str]:
         """Every object's name in this namespace."""
         found = []
-        for _, body in self._request(MSG_GET, NLM_F_DUMP, b""):
-            raw = _attrs(body[_GENMSG.size:]).get(NFACCT_NAME)
+        for _, body in self._request(MSG_GET, netlink.NLM_F_DUMP, b""):
+            raw = netlink.attrs(body, _GENMSG.size).get(NFACCT_NAME)
             if raw is not None:
                 found.append(raw.split(b"\0", 1)[0].decode(errors="replace"))
         return found
@@ -162,7 +137,7 @@ class Nfacct:
         """Remove the object ``name``; False if there is none. Raises (EBUSY) while a
         rule references it."""
         try:
-            self._request(MSG_DEL, NLM_F_ACK, _name(name))
+            self._request(MSG_DEL, netlink.NLM_F_ACK, _name(name))
         except NfacctError as err:
             if err.errno == errno.ENOENT:
                 return False

@@ -13,15 +13,10 @@ import functools
 import ipaddress
 import socket
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_DUMP = 0x300
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLA_F_NESTED = 0x8000
+from svcproxy.sdk import netlink
+from svcproxy.sdk.netlink import NLM_F_ACK, NLM_F_REQUEST, attr, iter_attrs
 
 CMD_NEW_SERVICE = 1
 CMD_SET_SERVICE = 2
@@ -132,12 +127,6 @@ class DestStats:
     inactive: int
 
 
-def attr(kind: int, payload: bytes) -> bytes:
-    """One netlink attribute, padded to 4 bytes."""
-    header = struct.pack("=HH", 4 + len(payload), kind)
-    return header + payload + b"\0" * (-len(payload) % 4)
-
-
 def _u16(kind: int, value: int) -> bytes:
     return attr(kind, struct.pack("=H", value))
 
@@ -202,7 +191,7 @@ def genl_body(cmd: int, attrs: bytes) -> bytes:
 
 def frame(msg_type: int, body: bytes, seq: int, flags: int = NLM_F_ACK) -> bytes:
     """One complete netlink message: nlmsghdr, then ``body``."""
-    return struct.pack("=IHHII", 16 + len(body), msg_type, NLM_F_REQUEST | flags, seq, 0) + body
+    return netlink.message(msg_type, NLM_F_REQUEST | flags, seq, body)
 
 
 def message(family_id: int, cmd: int, attrs: bytes, seq: int, flags: int = NLM_F_ACK) -> bytes:
@@ -255,32 +244,6 @@ def dump_dests(service: ServiceId) -> tuple[int, bytes]:
 
 def _service_and_dest(service: ServiceId, dest: bytes) -> bytes:
     return nested(ATTR_SERVICE, service_key_attrs(service)) + nested(ATTR_DEST, dest)
-
-
-def iter_messages(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
-    """(type, flags, seq, payload) of each netlink message in a buffer."""
-    offset = 0
-    while offset + 16 <= len(data):
-        length, kind, flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
-        if length < 16:
-            return
-        yield kind, flags, seq, data[offset + 16 : offset + length]
-        offset += (length + 3) & ~3
-
-
-def error_code(payload: bytes) -> int:
-    """The (negative errno or 0) of an NLMSG_ERROR payload."""
-    return int(struct.unpack_from("=i", payload)[0])
-
-
-def iter_attrs(data: bytes) -> Iterator[tuple[int, bytes]]:
-    offset = 0
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4:
-            return
-        yield kind & ~NLA_F_NESTED, data[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
 
 
 def _nested_attrs(payload: bytes, wanted: int) -> dict[int, bytes]:

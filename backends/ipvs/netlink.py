@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from svcproxy.backends.ipvs import genl
+from svcproxy.sdk import netlink
 
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10
@@ -40,7 +41,7 @@ class Request:
     what: str
     body: bytes
     msg_type: int = DEFAULT_TYPE
-    flags: int = genl.NLM_F_ACK
+    flags: int = netlink.NLM_F_ACK
     ignore: frozenset[int] = frozenset()
     # The virtual server the request is about (to tell which service port a failure is).
     sid: genl.ServiceId | None = None
@@ -119,11 +120,11 @@ class NetlinkBatch:
         failures: list[Failure] = []
         while pending:
             data = self.sock.recv(RCVBUF)
-            for kind, _flags, seq, payload in genl.iter_messages(data):
-                if kind != genl.NLMSG_ERROR or seq not in pending:
+            for kind, _flags, seq, payload in netlink.messages(data):
+                if kind != netlink.NLMSG_ERROR or seq not in pending:
                     continue
                 request = pending.pop(seq)
-                code = -genl.error_code(payload)
+                code = netlink.error_code(payload)
                 if code and code not in request.ignore:
                     failures.append(Failure(request, code))
         return failures
@@ -132,19 +133,18 @@ class NetlinkBatch:
         """The payloads of a dump request."""
         self.seq += 1
         seq = self.seq
-        self.sock.send(genl.frame(msg_type, body, seq, genl.NLM_F_DUMP))
+        self.sock.send(genl.frame(msg_type, body, seq, netlink.NLM_F_DUMP))
         payloads: list[bytes] = []
         while True:
             data = self.sock.recv(RCVBUF)
-            for kind, _flags, mseq, payload in genl.iter_messages(data):
+            for kind, _flags, mseq, payload in netlink.messages(data):
                 if mseq != seq:
                     continue
-                if kind == genl.NLMSG_DONE:
+                if kind == netlink.NLMSG_DONE:
                     return payloads
-                if kind == genl.NLMSG_ERROR:
-                    code = genl.error_code(payload)
-                    if code:
-                        raise OSError(-code, os.strerror(-code))
+                if kind == netlink.NLMSG_ERROR:
+                    if code := netlink.error_code(payload):
+                        raise OSError(code, os.strerror(code))
                     return payloads
                 payloads.append(payload)
 

@@ -11,7 +11,7 @@ import ipaddress
 import socket
 import struct
 
-from svcproxy.backends.ipvs.genl import attr
+from svcproxy.sdk.netlink import attr, attrs
 
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
@@ -71,18 +71,6 @@ def dump_routes_body(family: int) -> bytes:
     return struct.pack("=BBBBBBBBI", family, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
-def _attrs(data: bytes) -> dict[int, bytes]:
-    result: dict[int, bytes] = {}
-    offset = 0
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4:
-            break
-        result[kind & 0x7FFF] = data[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-    return result
-
-
 def _text(family: int, raw: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET, raw)
 
@@ -90,12 +78,12 @@ def _text(family: int, raw: bytes) -> str:
 def parse_address(payload: bytes) -> tuple[int, str] | None:
     """(ifindex, address) of an RTM_NEWADDR message."""
     family, _plen, _flags, _scope, index = struct.unpack_from("=BBBBI", payload)
-    attrs = _attrs(payload[8:])
-    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
+    found = attrs(payload, 8)
+    raw = found.get(IFA_LOCAL) or found.get(IFA_ADDRESS)
     if raw is None or family not in (socket.AF_INET, socket.AF_INET6):
         return None
-    if family == socket.AF_INET6 and IFA_ADDRESS in attrs:
-        raw = attrs[IFA_ADDRESS]
+    if family == socket.AF_INET6 and IFA_ADDRESS in found:
+        raw = found[IFA_ADDRESS]
     return index, _text(family, raw)
 
 
@@ -103,12 +91,12 @@ def parse_local_route(payload: bytes) -> tuple[int, str] | None:
     """(output ifindex, destination) of a ``local`` route in the local table, else None."""
     family, dst_len, _s, _t, table, _p, _scope, kind, _f = struct.unpack_from(
         "=BBBBBBBBI", payload)
-    attrs = _attrs(payload[12:])
-    if RTA_TABLE in attrs:
-        table = struct.unpack("=I", attrs[RTA_TABLE][:4])[0]
-    if kind != RTN_LOCAL or table != RT_TABLE_LOCAL or RTA_DST not in attrs:
+    found = attrs(payload, 12)
+    if RTA_TABLE in found:
+        table = struct.unpack("=I", found[RTA_TABLE][:4])[0]
+    if kind != RTN_LOCAL or table != RT_TABLE_LOCAL or RTA_DST not in found:
         return None
     if dst_len != (128 if family == socket.AF_INET6 else 32):
         return None
-    oif = struct.unpack("=I", attrs[RTA_OIF][:4])[0] if RTA_OIF in attrs else 0
-    return oif, _text(family, attrs[RTA_DST])
+    oif = struct.unpack("=I", found[RTA_OIF][:4])[0] if RTA_OIF in found else 0
+    return oif, _text(family, found[RTA_DST])

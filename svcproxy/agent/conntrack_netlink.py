@@ -18,13 +18,26 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from svcproxy.sdk.netlink import (
+    ATTR_HEADER,
+    NLA_F_NESTED,
+    NLA_TYPE_MASK,
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    attr,
+    attr_spans,
+    error_code,
+    message,
+    message_spans,
+    nested,
+)
+
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_CTNETLINK = 1
 IPCTNL_MSG_CT_GET, IPCTNL_MSG_CT_DELETE = 1, 2
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLA_F_NESTED = 0x8000
-NLA_TYPE_MASK = 0x3FFF
 CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_ZONE, CTA_FILTER = 1, 2, 18, 25
 CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
@@ -32,9 +45,7 @@ CTA_FILTER_ORIG_FLAGS = 1
 CTA_FILTER_FLAG_CTA_PROTO_NUM = 1 << 3
 FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
 _BATCH_BYTES = 32 * 1024
-_HDR = struct.Struct("=IHHII")
 _NFGEN = struct.Struct("=BBH")
-_NLA = struct.Struct("=HH")
 
 
 class NetlinkError(OSError):
@@ -56,45 +67,25 @@ class Flow:
     zone: int = 0
 
 
-def _attr(kind: int, payload: bytes) -> bytes:
-    length = _NLA.size + len(payload)
-    return _NLA.pack(length, kind) + payload + b"\0" * (-length % 4)
-
-
-def _nested(kind: int, *children: bytes) -> bytes:
-    return _attr(kind | NLA_F_NESTED, b"".join(children))
-
-
 def _message(kind: int, flags: int, seq: int, family: int, body: bytes) -> bytes:
     payload = _NFGEN.pack(family, 0, 0) + body
-    return _HDR.pack(_HDR.size + len(payload), (NFNL_SUBSYS_CTNETLINK << 8) | kind,
-                     flags, seq, 0) + payload
-
-
-def _attrs(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(type, payload start, payload end) of the attributes in data[start:end]."""
-    while start + _NLA.size <= end:
-        length, kind = _NLA.unpack_from(data, start)
-        if length < _NLA.size:
-            return
-        yield kind & NLA_TYPE_MASK, start + _NLA.size, start + length
-        start += (length + 3) & ~3
+    return message((NFNL_SUBSYS_CTNETLINK << 8) | kind, flags, seq, payload)
 
 
 def _tuple(data: bytes, start: int, end: int, family: int) -> tuple[str, str, int, int, int]:
     """(src, dst, protocol, sport, dport) of a CTA_TUPLE_* attribute."""
     src = dst = ""
     proto = sport = dport = 0
-    for kind, a, b in _attrs(data, start, end):
+    for kind, a, b in attr_spans(data, start, end):
         if kind == CTA_TUPLE_IP:
-            for ip_kind, c, d in _attrs(data, a, b):
+            for ip_kind, c, d in attr_spans(data, a, b):
                 text = socket.inet_ntop(FAMILIES[family], data[c:d])
                 if ip_kind in (1, 3):
                     src = text
                 elif ip_kind in (2, 4):
                     dst = text
         elif kind == CTA_TUPLE_PROTO:
-            for p_kind, c, _d in _attrs(data, a, b):
+            for p_kind, c, _d in attr_spans(data, a, b):
                 if p_kind == CTA_PROTO_NUM:
                     proto = data[c]
                 elif p_kind == CTA_PROTO_SRC_PORT:
@@ -144,9 +135,9 @@ def parse_flow(data: bytes, start: int, end: int) -> Flow | None:
 def _zone(data: bytes, start: int, end: int) -> int:
     """CTA_ZONE, which the kernel writes right after the tuples when the zone is not 0."""
     if start + 6 <= end:
-        _length, kind = _NLA.unpack_from(data, start)
+        _length, kind = ATTR_HEADER.unpack_from(data, start)
         if kind & NLA_TYPE_MASK == CTA_ZONE:
-            return int(struct.unpack_from("!H", data, start + _NLA.size)[0])
+            return int(struct.unpack_from("!H", data, start + ATTR_HEADER.size)[0])
     return 0
 
 
@@ -157,7 +148,7 @@ def _parse_generic(data: bytes, start: int, end: int) -> Flow | None:
         return None
     orig = reply = None
     zone = 0
-    for kind, a, b in _attrs(data, start + _NFGEN.size, end):
+    for kind, a, b in attr_spans(data, start + _NFGEN.size, end):
         if kind == CTA_TUPLE_ORIG:
             orig = _tuple(data, a, b, family)
         elif kind == CTA_TUPLE_REPLY:
@@ -171,19 +162,19 @@ def _parse_generic(data: bytes, start: int, end: int) -> Flow | None:
 
 def _ip_attrs(family: int, src: str, dst: str) -> bytes:
     base = 1 if family == 4 else 3
-    return (_attr(base, ipaddress.ip_address(src).packed)
-            + _attr(base + 1, ipaddress.ip_address(dst).packed))
+    return (attr(base, ipaddress.ip_address(src).packed)
+            + attr(base + 1, ipaddress.ip_address(dst).packed))
 
 
 def delete_message(flow: Flow, seq: int) -> bytes:
     """IPCTNL_MSG_CT_DELETE naming ``flow``'s original tuple."""
-    proto = _nested(CTA_TUPLE_PROTO, _attr(CTA_PROTO_NUM, bytes([flow.protocol])),
-                    _attr(CTA_PROTO_SRC_PORT, struct.pack("!H", flow.orig_sport)),
-                    _attr(CTA_PROTO_DST_PORT, struct.pack("!H", flow.orig_dport)))
-    body = _nested(CTA_TUPLE_ORIG, _nested(CTA_TUPLE_IP, _ip_attrs(
+    proto = nested(CTA_TUPLE_PROTO, attr(CTA_PROTO_NUM, bytes([flow.protocol])),
+                   attr(CTA_PROTO_SRC_PORT, struct.pack("!H", flow.orig_sport)),
+                   attr(CTA_PROTO_DST_PORT, struct.pack("!H", flow.orig_dport)))
+    body = nested(CTA_TUPLE_ORIG, nested(CTA_TUPLE_IP, _ip_attrs(
         flow.family, flow.orig_src, flow.orig_dst)), proto)
     if flow.zone:
-        body += _attr(CTA_ZONE, struct.pack("!H", flow.zone))
+        body += attr(CTA_ZONE, struct.pack("!H", flow.zone))
     return _message(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq,
                     FAMILIES[flow.family], body)
 
@@ -193,24 +184,24 @@ def add_message(flow: Flow, reply_sport: int, timeout: int, seq: int) -> bytes:
     differs from the original destination); for tests and benchmarks."""
 
     def tup(kind: int, src: str, dst: str, sport: int, dport: int) -> bytes:
-        return _nested(kind, _nested(CTA_TUPLE_IP, _ip_attrs(flow.family, src, dst)),
-                       _nested(CTA_TUPLE_PROTO, _attr(CTA_PROTO_NUM, bytes([flow.protocol])),
-                               _attr(CTA_PROTO_SRC_PORT, struct.pack("!H", sport)),
-                               _attr(CTA_PROTO_DST_PORT, struct.pack("!H", dport))))
+        return nested(kind, nested(CTA_TUPLE_IP, _ip_attrs(flow.family, src, dst)),
+                      nested(CTA_TUPLE_PROTO, attr(CTA_PROTO_NUM, bytes([flow.protocol])),
+                             attr(CTA_PROTO_SRC_PORT, struct.pack("!H", sport)),
+                             attr(CTA_PROTO_DST_PORT, struct.pack("!H", dport))))
 
     body = (tup(CTA_TUPLE_ORIG, flow.orig_src, flow.orig_dst, flow.orig_sport, flow.orig_dport)
             + tup(CTA_TUPLE_REPLY, flow.reply_src, flow.orig_src, reply_sport, flow.orig_sport)
-            + _attr(7, struct.pack("!I", timeout)))  # CTA_TIMEOUT
+            + attr(7, struct.pack("!I", timeout)))  # CTA_TIMEOUT
     return _message(0, NLM_F_REQUEST | NLM_F_ACK | 0x400 | 0x200, seq,  # CREATE | EXCL
                     FAMILIES[flow.family], body)
 
 
 def dump_message(family: int, protocol: int, seq: int) -> bytes:
     """A dump of one family's entries of one protocol (filtered by the kernel, 5.8+)."""
-    body = (_nested(CTA_TUPLE_ORIG, _nested(CTA_TUPLE_PROTO,
-                                             _attr(CTA_PROTO_NUM, bytes([protocol]))))
-            + _nested(CTA_FILTER, _attr(CTA_FILTER_ORIG_FLAGS,
-                                        struct.pack("=I", CTA_FILTER_FLAG_CTA_PROTO_NUM))))
+    body = (nested(CTA_TUPLE_ORIG, nested(CTA_TUPLE_PROTO,
+                                          attr(CTA_PROTO_NUM, bytes([protocol]))))
+            + nested(CTA_FILTER, attr(CTA_FILTER_ORIG_FLAGS,
+                                      struct.pack("=I", CTA_FILTER_FLAG_CTA_PROTO_NUM))))
     return _message(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, FAMILIES[family], body)
 
 
@@ -265,7 +256,7 @@ class Ctnetlink:
                 if kind == NLMSG_DONE:
                     return [f for f in flows if f.protocol == protocol]
                 if kind == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", data, start)[0]
+                    code = error_code(data, start)
                     if code:
                         raise NetlinkError(code, f"conntrack dump: {os.strerror(code)}")
                     continue
@@ -275,14 +266,8 @@ class Ctnetlink:
 
     @staticmethod
     def _messages(data: bytes) -> Iterator[tuple[int, int, int]]:
-        pos = 0
-        while pos + _HDR.size <= len(data):
-            length, kind, _flags, _seq, _pid = _HDR.unpack_from(data, pos)
-            if length < _HDR.size:
-                return
-            yield kind & 0xFF if kind >> 8 == NFNL_SUBSYS_CTNETLINK else kind, \
-                pos + _HDR.size, pos + length
-            pos += (length + 3) & ~3
+        for kind, _flags, _seq, start, end in message_spans(data):
+            yield kind & 0xFF if kind >> 8 == NFNL_SUBSYS_CTNETLINK else kind, start, end
 
     def delete(self, flows: Iterable[Flow]) -> int:
         """Delete ``flows``, many per send; returns how many were deleted (an entry already
@@ -315,7 +300,7 @@ class Ctnetlink:
                 if kind != NLMSG_ERROR:
                     continue
                 pending -= 1
-                code = -struct.unpack_from("=i", data, start)[0]
+                code = error_code(data, start)
                 if code == 0:
                     deleted += 1
                 elif code != errno.ENOENT and not failure:

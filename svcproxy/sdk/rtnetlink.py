@@ -13,13 +13,11 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
+from svcproxy.sdk import netlink
+
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _RTMSG = struct.Struct("=BBBBBBBBI")
-_RTATTR = struct.Struct("=HH")  # length, type
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _RTM_NEWADDR, _RTM_GETADDR, _RTM_NEWROUTE, _RTM_GETROUTE = 20, 22, 24, 26
 _IFA_ADDRESS, _IFA_FLAGS = 1, 8
 _RTA_DST, _RTA_OIF, _RTA_PRIORITY, _RTA_PREFSRC = 1, 4, 6, 7
@@ -48,42 +46,22 @@ class RouteEntry:
     priority: int
 
 
-def _dump(kind: int, body: bytes) -> Iterator[tuple[int, bytes, int]]:
-    """(message type, buffer, offset of the message's body) for every answer to one dump
-    request; raises OSError for a netlink error."""
+def _dump(kind: int, body: bytes) -> Iterator[tuple[int, bytes]]:
+    """(message type, body) of every answer to one dump request; raises OSError for a
+    netlink error."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
         sock.bind((0, 0))
-        request = _HEADER.pack(_HEADER.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP,
-                               1, 0) + body
-        sock.sendall(request)
+        sock.sendall(netlink.message(kind, netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP, 1, body))
         while True:
             data = sock.recv(1 << 16)
-            at = 0
-            while at + _HEADER.size <= len(data):
-                length, mtype, _flags, _seq, _pid = _HEADER.unpack_from(data, at)
-                if length < _HEADER.size:
+            for mtype, _flags, _seq, msg in netlink.messages(data):
+                if mtype == netlink.NLMSG_DONE:
                     return
-                if mtype == _NLMSG_DONE:
+                if mtype == netlink.NLMSG_ERROR:
+                    if code := netlink.error_code(msg):
+                        raise OSError(code, os.strerror(code))
                     return
-                if mtype == _NLMSG_ERROR:
-                    (code,) = struct.unpack_from("=i", data, at + _HEADER.size)
-                    if code:
-                        raise OSError(-code, os.strerror(-code))
-                    return
-                yield mtype, data[at:at + length], _HEADER.size
-                at += (length + 3) & ~3
-
-
-def _attrs(msg: bytes, at: int) -> dict[int, bytes]:
-    """The message's attributes from ``at`` on (the last of each type)."""
-    out = {}
-    while at + _RTATTR.size <= len(msg):
-        length, kind = _RTATTR.unpack_from(msg, at)
-        if length < _RTATTR.size:
-            break
-        out[kind & 0x3FFF] = msg[at + _RTATTR.size:at + length]
-        at += (length + 3) & ~3
-    return out
+                yield mtype, msg
 
 
 def _ip(raw: bytes) -> str:
@@ -94,11 +72,11 @@ def addresses() -> list[AddressEntry]:
     """Every address of every interface in this network namespace (both families)."""
     out = []
     body = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-    for mtype, msg, at in _dump(_RTM_GETADDR, body):
+    for mtype, msg in _dump(_RTM_GETADDR, body):
         if mtype != _RTM_NEWADDR:
             continue
-        family, _prefix, flags, scope, index = _IFADDRMSG.unpack_from(msg, at)
-        attrs = _attrs(msg, at + _IFADDRMSG.size)
+        family, _prefix, flags, scope, index = _IFADDRMSG.unpack_from(msg)
+        attrs = netlink.attrs(msg, _IFADDRMSG.size)
         if family not in (socket.AF_INET, socket.AF_INET6) or _IFA_ADDRESS not in attrs:
             continue
         if _IFA_FLAGS in attrs:
@@ -111,10 +89,10 @@ def default_routes(family: int) -> list[RouteEntry]:
     """The routes of ``family`` without a destination (default routes), any table."""
     out = []
     body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
-    for mtype, msg, at in _dump(_RTM_GETROUTE, body):
-        if mtype != _RTM_NEWROUTE or msg[at] != family:
+    for mtype, msg in _dump(_RTM_GETROUTE, body):
+        if mtype != _RTM_NEWROUTE or msg[0] != family:
             continue
-        attrs = _attrs(msg, at + _RTMSG.size)
+        attrs = netlink.attrs(msg, _RTMSG.size)
         if _RTA_DST in attrs:
             continue
         oif = struct.unpack("=I", attrs[_RTA_OIF])[0] if _RTA_OIF in attrs else 0
