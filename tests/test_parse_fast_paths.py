@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from svcproxy.frontend.computation.compute import merge_endpoints
 from svcproxy.frontend.sources import kubevalidation
+from svcproxy.frontend.sources.events import RawObject, Replace
+from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import (
     _FORBIDDEN_IPV4,
     CANONICAL_IPV4,
@@ -21,9 +23,18 @@ from svcproxy.frontend.sources.kubevalidation import (
     _plain_ipv4_endpoint,
     _walk,
     validate_endpoint_slice,
+    validate_service,
 )
+from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
-from svcproxy.frontend.store.objects import SvcPort, canonical_ip, parse_endpoint_slice
+from svcproxy.frontend.store.objects import (
+    Service,
+    SvcPort,
+    canonical_ip,
+    parse_endpoint_slice,
+    parse_service,
+)
+from svcproxy.frontend.store.store import Store
 from svcproxy.model import Protocol, normalize_ip
 from tests.hostile import endpoint_slice, spoiled
 
@@ -259,3 +270,190 @@ def test_typed_ports_and_endpoints_are_checked_as_the_general_path_checks_them(
 ])
 def test_json_the_decoders_may_read_differently(text: str) -> None:
     _typed_and_general(text.encode(), ObjectLimits())
+
+
+# A listed Service as the apiserver serves it, every field the typed decoding knows set.
+TYPED_SERVICE: dict[str, Any] = {
+    "metadata": {"name": "web", "namespace": "shop", "uid": "u-2", "resourceVersion": "9",
+                 "creationTimestamp": "2026-11-27T05:00:00Z", "generation": 1,
+                 "labels": {"app": "web", "service.kubernetes.io/service-proxy-name": "x"},
+                 "annotations": {"svcproxy.io/b": "2", "svcproxy.io/a": "1", "note": "a b",
+                                 "service.kubernetes.io/topology-mode": "Auto"},
+                 "finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
+                 "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                                    "apiVersion": "v1", "fieldsType": "FieldsV1",
+                                    "time": "2026-11-27T05:00:00Z",
+                                    "fieldsV1": {"f:spec": {"f:ports": {}}}}]},
+    "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+             "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+             "selector": {"app": "web"}, "ports": [
+                 {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP",
+                  "nodePort": 30080, "appProtocol": "http"},
+                 {"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP",
+                  "nodePort": 30053},
+                 {"name": "dns-tcp", "port": 53, "nodePort": 30053}],
+             "sessionAffinity": "ClientIP",
+             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+             "externalIPs": ["192.0.2.7", "192.0.2.7", "192.0.2.8"],
+             "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Cluster",
+             "healthCheckNodePort": 31000, "allocateLoadBalancerNodePorts": True,
+             "loadBalancerClass": "lb", "loadBalancerIP": "", "publishNotReadyAddresses": False,
+             "trafficDistribution": "PreferClose", "externalName": ""},
+    "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.100", "ipMode": "Proxy"},
+                                            {"hostname": "lb.example"}, {"ip": "192.0.2.101"}]}}}
+# The bench's Service, as the stand-in apiserver serves it.
+PLAIN_SERVICE: dict[str, Any] = {
+    "metadata": {"name": "s1", "namespace": "bench", "uid": "u", "resourceVersion": "3",
+                 "creationTimestamp": "2026-11-27T05:00:00Z"},
+    "spec": {"clusterIP": "10.96.0.2", "ports": [{"name": "p", "port": 80}]}}
+
+
+def _typed_service_and_general(data: bytes, limits: ObjectLimits) -> Service | None:
+    """``decode_service`` gives what the general path gives (on the dict as listed, kind
+    and apiVersion filled in), or leaves ``data`` to it."""
+    fast = decode_service(data, limits)
+    if fast is None:
+        return None
+    obj = RawObject("Service", "v1", data).decoded()
+    verdict = validate_service(obj, limits)
+    assert verdict.ok and not verdict.warnings, verdict.errors or verdict.warnings
+    assert parse_service(obj) == fast
+    return fast
+
+
+@pytest.mark.parametrize("obj", [TYPED_SERVICE, PLAIN_SERVICE, dict(
+    PLAIN_SERVICE, spec={"clusterIP": "None", "clusterIPs": ["None"]}), dict(
+    PLAIN_SERVICE, spec={"clusterIPs": ["10.0.0.1"], "ports": [{"port": 1, "targetPort": 0}],
+                         "sessionAffinity": "ClientIP", "type": "NodePort"}, status=None)])
+def test_a_listed_service_of_the_common_shape_takes_the_typed_path(obj: Any) -> None:
+    assert _typed_service_and_general(json.dumps(obj).encode(), ObjectLimits()) is not None
+
+
+@pytest.mark.parametrize("obj, limits", [
+    (dict(PLAIN_SERVICE, spec={"clusterIP": "fd00::1", "ports": [{"port": 1}]}), None),
+    (dict(PLAIN_SERVICE, spec={"clusterIPs": ["10.0.0.1", "fd00::1"], "ports": [{"port": 1}]}),
+     None),
+    (dict(PLAIN_SERVICE, spec={"type": "ExternalName", "externalName": "a.b"}), None),
+    (dict(PLAIN_SERVICE, spec={"clusterIP": "10.0.0.1", "ports": [{"port": 1}],
+                               "loadBalancerSourceRanges": ["10.0.0.0/8"]}), None),
+    (dict(PLAIN_SERVICE, spec={"clusterIP": "10.0.0.1", "ports": [{"port": 1}], "x": 1}), None),
+    (dict(PLAIN_SERVICE, spec={"clusterIP": "010.0.0.1", "ports": [{"port": 1}]}), None),
+    (dict(PLAIN_SERVICE, spec={"clusterIP": "10.0.0.1", "ports": [
+        {"port": 1, "targetPort": None}]}), None),
+    (dict(PLAIN_SERVICE, spec={"clusterIP": "10.0.0.1", "ports": [{"port": 1}],
+                               "sessionAffinity": "ClientIP",
+                               "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": None}}}),
+     None),
+    (PLAIN_SERVICE, ObjectLimits(max_name_length=63)),
+    (PLAIN_SERVICE, ObjectLimits(max_depth=2)),
+    (PLAIN_SERVICE, ObjectLimits(max_object_bytes=1000)),
+    (TYPED_SERVICE, ObjectLimits(max_depth=3)),
+])
+def test_a_service_the_typed_path_doubts_takes_the_general_path(
+        obj: Any, limits: ObjectLimits | None) -> None:
+    data = json.dumps(obj).encode()
+    assert decode_service(data, limits or ObjectLimits()) is None
+    decoded = Intake(limits=limits or ObjectLimits()).decode(RawObject("Service", "v1", data))
+    assert isinstance(decoded, dict)
+
+
+def test_listed_raw_services_are_kept_or_refused_as_their_dicts_are() -> None:
+    items = [PLAIN_SERVICE, dict(TYPED_SERVICE, metadata=dict(TYPED_SERVICE["metadata"],
+                                                              namespace="")),
+             dict(PLAIN_SERVICE, spec={"clusterIP": "fd00::1", "ports": [{"port": 1}]},
+                  metadata={"name": "v6"}),
+             dict(PLAIN_SERVICE, spec={"clusterIP": "224.0.0.9", "ports": [{"port": 1}]},
+                  metadata={"name": "bad"})]
+    raw = [RawObject("Service", "v1", json.dumps(o).encode()) for o in items]
+    by_dicts, by_raw = Store(), Store()
+    by_dicts.apply([Replace("Service", [RawObject.decoded(r) for r in raw])])
+    by_raw.apply([Replace("Service", raw)])
+    assert by_raw.services == by_dicts.services
+    assert set(by_raw.services) == {("bench", "s1"), ("default", "web"), ("default", "v6")}
+    assert type(Intake().decode(raw[0])) is Service
+
+
+def _mostly(valid: list[Any], hostile: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """One of ``valid`` seven times in eight, else a hostile value."""
+    return st.integers(0, 7).flatmap(lambda n: st.sampled_from(valid) if n else hostile)
+
+
+PORT_NAMES = _mostly(["a", "b", "http", "dns-tcp"], st.one_of(st.none(), TEXTS))
+TARGETS = _mostly([8080, "http", 0, ""], st.one_of(st.sampled_from(
+    [65535, 65536, -1, "HTTP", "a--b", "-a", "1234", "x" * 16, True]), TEXTS))
+SERVICE_PORTS = st.lists(st.fixed_dictionaries({"name": PORT_NAMES, "port": _mostly(
+    [80, 53, 443], st.sampled_from([None, 0, 65535, 65536, -1, True]))}, optional={
+    "protocol": _mostly([None, "TCP", "UDP"], st.sampled_from(["", "SCTP", "tcp", "HTTP"])),
+    "targetPort": TARGETS, "nodePort": _mostly([None, 0], st.sampled_from(
+        [30080, 30053, 65536, -1]))}), min_size=1, max_size=3)
+IPS = _mostly(["10.96.0.1", "None", ""], st.one_of(st.sampled_from(
+    ["224.1.2.3", "239.0.0.1", "240.0.0.1", "255.255.255.255", "255.255.255.254", "fd00::1",
+     "10.0.0.01", "127.0.0.1", "0.0.0.0", "169.254.1.1", "224.0.0.1"]), IPV4ISH))
+CLUSTER_IPS = st.one_of(IPS.map(lambda ip: {"clusterIP": ip}), IPS.map(
+    lambda ip: {"clusterIP": ip, "clusterIPs": [ip]}), IPS.map(lambda ip: {"clusterIPs": [ip]}),
+    st.fixed_dictionaries({"clusterIP": IPS, "clusterIPs": st.lists(IPS, max_size=3)}))
+SPECS = st.tuples(CLUSTER_IPS, st.fixed_dictionaries({"ports": SERVICE_PORTS}, optional={
+    "type": _mostly([None, "ClusterIP", "NodePort", "LoadBalancer"],
+                    st.sampled_from(["", "ExternalName", "Bogus"])),
+    "externalIPs": _mostly([[], ["192.0.2.1"], ["192.0.2.1", "192.0.2.1"]], ADDRESSES),
+    "sessionAffinity": _mostly([None, "None", "ClientIP"], st.sampled_from(["", "clientip"])),
+    "sessionAffinityConfig": st.fixed_dictionaries({}, optional={
+        "clientIP": st.fixed_dictionaries({}, optional={"timeoutSeconds": _mostly(
+            [1, 600, 86400], st.sampled_from([0, 86401, -5, True]))})}),
+    "internalTrafficPolicy": _mostly([None, "Cluster", "Local"], st.sampled_from(["", "x"])),
+    "externalTrafficPolicy": _mostly([None, "Cluster", "Local"], st.sampled_from(["", "x"])),
+    "trafficDistribution": _mostly([None, "PreferClose"], st.sampled_from(
+        ["", "PreferSameNode", "Far"])),
+    "healthCheckNodePort": _mostly([None, 0, 31000], st.sampled_from([65535, 65536, -1])),
+    "loadBalancerSourceRanges": _mostly([[]], st.just(["10.0.0.0/8"]))})).map(
+        lambda parts: {**parts[0], **parts[1]})
+STATUSES = st.fixed_dictionaries({"loadBalancer": st.fixed_dictionaries({}, optional={
+    "ingress": st.lists(st.fixed_dictionaries({}, optional={
+        "ip": _mostly(["192.0.2.1", ""], st.one_of(st.none(), st.sampled_from(
+            ["0.0.0.0", "fd00::1", "10.0.0.01"]), IPV4ISH)),
+        "ipMode": _mostly([None, "VIP", "Proxy"], st.sampled_from(["", "Bogus"])),
+        "hostname": st.just("lb.example")}), max_size=2)})})
+SERVICE_META = st.fixed_dictionaries({"name": _mostly(["web", "a-1", "z" * 63], st.one_of(
+    st.sampled_from(["1a", "a.b", "z" * 64]), TEXTS))}, optional={
+    "namespace": _mostly([None, "", "shop"], TEXTS),
+    "labels": st.dictionaries(_mostly(["app", "service.kubernetes.io/service-proxy-name"],
+                                      TEXTS), _mostly(["web", ""], TEXTS), max_size=2),
+    "annotations": st.dictionaries(_mostly(
+        ["svcproxy.io/x", "note", "service.kubernetes.io/topology-aware-hints",
+         "service.kubernetes.io/topology-mode"], st.one_of(st.just("svcproxy.io/"), TEXTS)),
+        _mostly(["Auto", "a b", ""], TEXTS), max_size=3)})
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spoiled(TYPED_SERVICE), LIMITS)
+@example(TYPED_SERVICE, ObjectLimits(max_object_bytes=5000))
+@example(dict(TYPED_SERVICE, spec=dict(TYPED_SERVICE["spec"], type="ClusterIP")),
+         ObjectLimits())
+@example(dict(TYPED_SERVICE, spec=dict(TYPED_SERVICE["spec"], clusterIP="None",
+                                       clusterIPs=["None"], type=None)), ObjectLimits())
+def test_a_typed_service_is_what_the_general_path_makes(obj: Any, limits: ObjectLimits) -> None:
+    try:
+        data = json.dumps(obj).encode()
+    except (TypeError, ValueError):
+        return  # not JSON: no apiserver serves it
+    _typed_service_and_general(data, limits)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(SERVICE_META)
+def test_typed_service_metadata_is_checked_as_the_general_path_checks_it(
+        meta: dict[str, Any]) -> None:
+    _typed_service_and_general(json.dumps(dict(PLAIN_SERVICE, metadata=meta)).encode(),
+                               ObjectLimits())
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SPECS, STATUSES)
+@example({"clusterIP": "224.0.0.1", "ports": [{"port": 1}]}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1, "nodePort": 30000}]}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"name": "a", "port": 1},
+                                             {"name": "b", "port": 1}]}, {})
+def test_typed_service_specs_are_checked_as_the_general_path_checks_them(
+        spec: dict[str, Any], status: dict[str, Any]) -> None:
+    obj = {"metadata": {"name": "web"}, "spec": spec, "status": status}
+    _typed_service_and_general(json.dumps(obj).encode(), ObjectLimits())

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
-from .events import Delete, Event, Kind, RawObject, Replace, Sink, Upsert
+from .events import RAW_KINDS, Delete, Event, Kind, RawObject, Replace, Sink, Upsert
 
 log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 
@@ -40,7 +40,7 @@ class _PageMeta(msgspec.Struct):
 
 
 class _Page(msgspec.Struct):
-    """A list response with its items left as JSON (EndpointSlices: see RawObject)."""
+    """A list response with its items left as JSON (see RawObject)."""
 
     items: list[msgspec.Raw] | None = None
     metadata: _PageMeta | None = None
@@ -155,9 +155,9 @@ class KindReflector:
             resp.release_conn()
 
     def _read_page(self, data: bytes) -> tuple[list[Listed], Any, Any]:
-        """A list response's items (dicts; EndpointSlice objects as RawObject, for the
+        """A list response's items (dicts; objects of RAW_KINDS as RawObject, for the
         store to decode), continue token and resourceVersion."""
-        if self.resource.kind == "EndpointSlice":
+        if self.resource.kind in RAW_KINDS:
             try:
                 page = _PAGE.decode(data)
             except (msgspec.ValidationError, msgspec.DecodeError):

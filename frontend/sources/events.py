@@ -16,6 +16,9 @@ import msgspec
 
 Kind = Literal["Service", "EndpointSlice", "Node"]
 KINDS: tuple[Kind, ...] = ("Service", "EndpointSlice", "Node")
+# The kinds whose listed items are handed on as JSON (RawObject), for the store's intake
+# to decode straight into its objects when of the common shape (typed_*.py).
+RAW_KINDS: tuple[Kind, ...] = ("Service", "EndpointSlice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +40,8 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class RawObject:
-    """A listed object still as the apiserver's JSON (an EndpointSlice: the store decodes
-    it, straight into its object when of the common shape, see typed_slices.py)."""
+    """A listed object still as the apiserver's JSON (of a kind in RAW_KINDS: the store
+    decodes it, straight into its object when of the common shape)."""
 
     kind: Kind
     api_version: str

@@ -10,7 +10,10 @@ refuses that object only. Values Kubernetes lets through but svcproxy cannot use
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.sources.events import RawObject
@@ -22,6 +25,7 @@ from svcproxy.frontend.sources.kubevalidation import (
     object_key,
     validate,
 )
+from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
 from svcproxy.frontend.store.objects import (
     EndpointSlice,
@@ -37,6 +41,9 @@ log = logging.getLogger("svcproxy.frontend.engine")
 Parsed = Service | EndpointSlice | Node
 _PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
 _MEMORY = 10000
+# A RawObject's typed path (one for each of events.RAW_KINDS): its object, or None.
+_TYPED: dict[str, Callable[[bytes | msgspec.Raw, ObjectLimits], Service | EndpointSlice | None]] \
+    = {"Service": decode_service, "EndpointSlice": decode_slice}
 
 
 def describe(kind: str, obj: Any) -> str:
@@ -57,10 +64,11 @@ class Intake:
         # What was last said about an object, so an unchanged refusal is logged once.
         self._said: dict[tuple[str, str, str], str] = {}
 
-    def decode(self, raw: RawObject) -> EndpointSlice | dict[str, Any] | None:
-        """A listed EndpointSlice's JSON: its object when of the common shape (valid as it
-        is, see typed_slices.py), else its dict, for ``parse`` to say why or read it."""
-        parsed = decode_slice(raw.data, self.limits)
+    def decode(self, raw: RawObject) -> Service | EndpointSlice | dict[str, Any] | None:
+        """A listed object's JSON: its object when of the common shape (valid as it is, see
+        typed_services.py and typed_slices.py), else its dict, for ``parse`` to say why or
+        read it."""
+        parsed = _TYPED[raw.kind](raw.data, self.limits)
         if parsed is not None:
             return parsed
         try:
@@ -70,8 +78,8 @@ class Intake:
 
     def parse(self, kind: str, obj: Any, served: bool) -> Parsed | None:
         """The parsed object, or None when refused (``served``: a valid version is in use);
-        an EndpointSlice from ``decode`` is valid as it is."""
-        if type(obj) is EndpointSlice:
+        a Service or EndpointSlice from ``decode`` is valid as it is."""
+        if type(obj) is EndpointSlice or type(obj) is Service:
             if self._said:  # as _accepted: nothing to warn of, what was said is forgotten
                 self._said.pop((kind, *obj.key), None)
             return obj

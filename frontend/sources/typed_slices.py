@@ -7,7 +7,6 @@ None, and the caller takes the general path, which says why and gives the same o
 
 from __future__ import annotations
 
-import json
 import time
 
 import msgspec
@@ -18,7 +17,6 @@ from svcproxy.frontend.sources.kubevalidation import (
     CANONICAL_IPV4,
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
-    MAX_ANNOTATIONS_BYTES,
     MAX_ENDPOINT_ADDRESSES,
     MAX_SLICE_ENDPOINTS,
     MAX_SLICE_PORTS,
@@ -27,9 +25,9 @@ from svcproxy.frontend.sources.kubevalidation import (
     TRIGGER_TIME_ANNOTATION,
     ObjectLimits,
     _matches,
-    is_qualified_name,
     trigger_time_problem,
 )
+from svcproxy.frontend.sources.typed_metadata import NAME, Meta, metadata_ok, within
 from svcproxy.frontend.store.objects import (
     EndpointSlice,
     SliceEndpoint,
@@ -40,39 +38,6 @@ from svcproxy.frontend.store.objects import (
 from svcproxy.model import Protocol
 
 Scalar = str | int | float | bool | None
-
-
-class _OwnerRef(msgspec.Struct, forbid_unknown_fields=True):
-    apiVersion: str | None = None
-    kind: str | None = None
-    name: str | None = None
-    uid: str | None = None
-    controller: bool | None = None
-    blockOwnerDeletion: bool | None = None
-
-
-class _ManagedFields(msgspec.Struct, forbid_unknown_fields=True):
-    manager: str | None = None
-    operation: str | None = None
-    apiVersion: str | None = None
-    time: str | None = None
-    fieldsType: str | None = None
-    subresource: str | None = None
-    fieldsV1: msgspec.Raw = msgspec.Raw(b"null")
-
-
-class _Meta(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    namespace: str | None = None
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
-    uid: str | None = None
-    resourceVersion: str | None = None
-    generation: int | None = None
-    creationTimestamp: str | None = None
-    generateName: str | None = None
-    ownerReferences: list[_OwnerRef] | None = None
-    managedFields: list[_ManagedFields] | None = None
 
 
 class _Conditions(msgspec.Struct, forbid_unknown_fields=True):
@@ -98,7 +63,7 @@ class _Port(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _Slice(msgspec.Struct, forbid_unknown_fields=True):
-    metadata: _Meta
+    metadata: Meta
     addressType: str
     endpoints: list[_Endpoint] | None = None
     ports: list[_Port] | None = None
@@ -107,75 +72,34 @@ class _Slice(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _DECODER = msgspec.json.Decoder(_Slice)
-# ``check_size`` counts at most 8 per byte of JSON (a scalar is 8, text its length, a
-# key its length + 3, a container 2); these structs are at most 3 levels deep.
-_BYTES_PER_BYTE = 8
-_DEPTH = 3
-_NAME = 253
+_DEPTH = 3  # these structs are at most 3 levels deep
 
 
 def decode_slice(data: bytes | msgspec.Raw, limits: ObjectLimits,
                  seen_at: float | None = None) -> EndpointSlice | None:
     """The EndpointSlice the general path would make of ``data`` (an item's JSON), or
     None when not of the common shape (then take the general path)."""
-    if limits.max_depth < _DEPTH or limits.max_name_length < _NAME or \
-            _BYTES_PER_BYTE * len(data) > limits.max_object_bytes:
+    if not within(data, limits, _DEPTH):
         return None
     try:
         obj = _DECODER.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    if obj.addressType != "IPv4":
-        return None
     meta = obj.metadata
-    name, namespace = meta.name, meta.namespace
-    if not name or len(name) > _NAME or not _matches(DNS1123_SUBDOMAIN, name):
+    if obj.addressType != "IPv4" or not metadata_ok(meta, DNS1123_SUBDOMAIN, NAME, limits):
         return None
-    if namespace and (len(namespace) > 63 or not _matches(DNS1123_LABEL, namespace)):
-        return None
-    labels = meta.labels or {}
-    for key, value in labels.items():
-        if not is_qualified_name(key) or len(value) > 63 or \
-                not (value == "" or _QUALIFIED.fullmatch(value)):
-            return None
-    service = labels.get(SERVICE_NAME_LABEL)
+    service = (meta.labels or {}).get(SERVICE_NAME_LABEL)
     annotations = meta.annotations or {}
-    if not service or not _annotations_ok(annotations) or \
-            meta.managedFields and not _fields_ok(meta.managedFields, limits):
+    trigger_text = annotations.get(TRIGGER_TIME_ANNOTATION)
+    if not service or trigger_text is not None and trigger_time_problem(trigger_text):
         return None
     ports = _ports(obj.ports or [])
     endpoints = _endpoints(obj.endpoints or [])
     if ports is None or endpoints is None:
         return None
-    trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
-    return EndpointSlice(namespace or "default", name, service, "IPv4", ports, endpoints,
-                         trigger or (seen_at if seen_at is not None else time.time()))
-
-
-def _fields_ok(entries: list[_ManagedFields], limits: ObjectLimits) -> bool:
-    """Each fieldsV1 (left as JSON) within the depth limit, counted from its brackets (a
-    bound: it is 4 levels in), and read by ``json`` as the general path reads it."""
-    for entry in entries:
-        data = bytes(entry.fieldsV1)
-        if 4 + data.count(b"{") + data.count(b"[") > limits.max_depth:
-            return False
-        try:
-            json.loads(data)
-        except ValueError:
-            return False
-    return True
-
-
-def _annotations_ok(annotations: dict[str, str]) -> bool:
-    size = 0
-    for key, value in annotations.items():
-        if not is_qualified_name(key) or not value.isascii():
-            return False
-        size += len(key) + len(value)
-    if size > MAX_ANNOTATIONS_BYTES:
-        return False
-    trigger = annotations.get(TRIGGER_TIME_ANNOTATION)
-    return trigger is None or trigger_time_problem(trigger) is None
+    trigger = parse_time(trigger_text)
+    return EndpointSlice(meta.namespace or "default", meta.name, service, "IPv4", ports,
+                         endpoints, trigger or (seen_at if seen_at is not None else time.time()))
 
 
 def _ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
@@ -211,7 +135,7 @@ def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
             if not CANONICAL_IPV4.fullmatch(address) or address.startswith(_FORBIDDEN_IPV4):
                 return None
         node, zone = ep.nodeName or "", ep.zone or ""
-        if node and (len(node) > _NAME or not _matches(DNS1123_SUBDOMAIN, node)):
+        if node and (len(node) > NAME or not _matches(DNS1123_SUBDOMAIN, node)):
             return None
         if zone and (len(zone) > 63 or not _matches(_QUALIFIED, zone)):
             return None

@@ -151,7 +151,7 @@ class Store:
         listed = self._listing[kind]
         for item in ev.objs:
             obj = self.intake.decode(item) if type(item) is RawObject else item
-            key = obj.key if type(obj) is EndpointSlice else object_key(kind, obj)
+            key = obj.key if type(obj) in (EndpointSlice, Service) else object_key(kind, obj)
             listed.add(key)
             self._upsert(kind, obj, key, touched)
         if not ev.last:
