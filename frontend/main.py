@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from prometheus_client import start_http_server
 
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.gctuning import paused_until
@@ -21,10 +20,10 @@ from svcproxy.frontend.serving.readiness import Readiness
 from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, start_server
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import ObjectLimits
-from svcproxy.frontend.sources.manifests import ManifestLimits
 
 if TYPE_CHECKING:
     from svcproxy.frontend.serving.workers import StreamWorkers
+    from svcproxy.frontend.sources.manifests import ManifestLimits
     from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
 log = logging.getLogger(__name__)
@@ -48,9 +47,10 @@ class FrontendOptions:
     auth: AuthConfig | None = None
     healthz_bind_address: str = ""
     apiserver_lost_after: float = 60.0
-    # Bounds on one object from any source, and on one manifest file.
+    # Bounds on one object from any source, and on one manifest file (None: the
+    # manifest source's defaults; its module is imported only when it is used).
     object_limits: ObjectLimits = ObjectLimits()
-    manifest_limits: ManifestLimits = ManifestLimits()
+    manifest_limits: ManifestLimits | None = None
     # --max-streams, --max-streams-per-peer, --stream-write-timeout
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
 
@@ -58,10 +58,10 @@ class FrontendOptions:
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
     """The source the options name, started (its module imported only then)."""
     if opts.manifests is not None:
-        from svcproxy.frontend.sources.manifests import ManifestSource
+        from svcproxy.frontend.sources.manifests import DEFAULT_MANIFEST_LIMITS, ManifestSource
 
         source = ManifestSource(opts.manifests, engine.submit_threadsafe,
-                                limits=opts.manifest_limits)
+                                limits=opts.manifest_limits or DEFAULT_MANIFEST_LIMITS)
         log.info("reading manifests from %s", opts.manifests)
     elif opts.upstream is not None:
         from svcproxy.frontend.sources.upstream import UpstreamSource
@@ -88,6 +88,8 @@ def source_name(opts: FrontendOptions) -> str:
 def start_metrics(address: str) -> None:
     if not address:
         return
+    from prometheus_client import start_http_server
+
     host, _, port = address.rpartition(":")
     start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0")
     log.info("serving /metrics on %s", address)
@@ -112,9 +114,12 @@ class Frontend:
         self.guard = CallGuard(auth)
 
     async def start(self) -> None:
+        """The source first: its list requests are out (the apiserver answers them on its
+        own) while the API server is set up."""
         self.engine.loop = asyncio.get_running_loop()
         self._collector = asyncio.create_task(paused_until(self.engine.synced))
         await self.readiness.start(self.opts.healthz_bind_address)
+        self._source = self.readiness.source = _start_source(self.opts, self.engine)
         servicer = NodeStateServicer(self.engine, self.opts.stream_limits)
         self._server, self.port = await start_server(self.engine, self.opts.listen,
                                                       self.opts.tls, self.guard,
@@ -128,17 +133,18 @@ class Frontend:
                                          self.guard, servicer)
             self.workers.start()
         start_metrics(self.opts.metrics_bind_address)
-        self._source = self.readiness.source = _start_source(self.opts, self.engine)
 
     async def stop(self) -> None:
         if self._collector is not None:
             self._collector.cancel()
         self.readiness.stop()
-        await asyncio.get_running_loop().run_in_executor(
-            None, self._source.stop)  # type: ignore[attr-defined]
+        if self._source is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._source.stop)  # type: ignore[attr-defined]
         if self.workers is not None:
             await self.workers.stop()
-        await self._server.stop(grace=1)  # type: ignore[attr-defined]
+        if self._server is not None:
+            await self._server.stop(grace=1)  # type: ignore[attr-defined]
 
 
 async def run_frontend(opts: FrontendOptions) -> int:

@@ -116,13 +116,14 @@ discover_node_ips(), interface_addresses(("lo",))
 Frontend(FrontendOptions(listen="unix:///nonexistent/api.sock", kubeconfig=sys.argv[1]))
 load_api_client(sys.argv[1])
 print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} |
-                        {m for m in sys.modules if m.startswith("kubernetes.")})))
+                        {m for m in sys.modules if m.startswith(("kubernetes.", "svcproxy."))})))
 """
 
 
 def test_local_start_imports_only_what_it_uses(tmp_path: Path) -> None:
     """The frontend's kubernetes client without the package's other subpackages, node
-    addresses without pyroute2, no cryptography or stream workers unless asked for."""
+    addresses without pyroute2; no cryptography, TLS, stream workers, manifest or upstream
+    source unless asked for."""
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, "http://127.0.0.1:1", "t")
     out = subprocess.run([sys.executable, "-c", START_IMPORTS, str(kubeconfig)], check=True,
@@ -132,5 +133,7 @@ def test_local_start_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert {"kubernetes", "kubernetes.client", "kubernetes.config", "grpc"} <= loaded
     unused = {"pyroute2", "jsonschema", "kubernetes_validate", "websocket", "cryptography",
               "kubernetes.dynamic", "kubernetes.stream", "kubernetes.leaderelection",
-              "kubernetes.informer"}
+              "kubernetes.informer", "svcproxy.frontend.sources.manifests",
+              "svcproxy.frontend.sources.upstream", "svcproxy.frontend.serving.workers",
+              "svcproxy.frontend.serving.access.tls"}
     assert not loaded & unused, f"imported at start: {sorted(loaded & unused)}"

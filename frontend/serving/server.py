@@ -23,7 +23,6 @@ from svcproxy.convert import node_to_pb
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
-from svcproxy.frontend.serving.access.tls import dynamic_server_credentials
 from svcproxy.frontend.serving.limits import (
     Refused,
     StallWatch,
@@ -151,7 +150,10 @@ def api_handler(servicer: Servicer, raw_unary: bool = False) -> grpc.GenericRpcH
 
 def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
     """TLS, or mutual TLS when a client CA is given; the files are re-read when they
-    change (new connections use the new ones; existing streams continue)."""
+    change (new connections use the new ones; existing streams continue). Imported only
+    then: a plaintext or unix-socket start (local mode's) needs none of it."""
+    from svcproxy.frontend.serving.access.tls import dynamic_server_credentials
+
     return dynamic_server_credentials(tls.cert, tls.key, tls.client_ca)
 
 
