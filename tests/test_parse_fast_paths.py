@@ -392,21 +392,25 @@ IPS = _mostly(["10.96.0.1", "None", ""], st.one_of(st.sampled_from(
 CLUSTER_IPS = st.one_of(IPS.map(lambda ip: {"clusterIP": ip}), IPS.map(
     lambda ip: {"clusterIP": ip, "clusterIPs": [ip]}), IPS.map(lambda ip: {"clusterIPs": [ip]}),
     st.fixed_dictionaries({"clusterIP": IPS, "clusterIPs": st.lists(IPS, max_size=3)}))
-SPECS = st.tuples(CLUSTER_IPS, st.fixed_dictionaries({"ports": SERVICE_PORTS}, optional={
+TIMEOUTS = st.sampled_from([0, 1, 600, 86400, 86401, -5, True])
+AFFINITIES = st.one_of(st.fixed_dictionaries({}, optional={
+    "sessionAffinity": _mostly([None, "None", "ClientIP"], st.sampled_from(["", "clientip"])),
+    "sessionAffinityConfig": st.fixed_dictionaries({}, optional={
+        "clientIP": st.fixed_dictionaries({}, optional={"timeoutSeconds": TIMEOUTS})})}),
+    TIMEOUTS.map(lambda t: {"sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": t}}}))
+SPECS = st.tuples(CLUSTER_IPS, AFFINITIES, st.fixed_dictionaries({
+    "ports": SERVICE_PORTS}, optional={
     "type": _mostly([None, "ClusterIP", "NodePort", "LoadBalancer"],
                     st.sampled_from(["", "ExternalName", "Bogus"])),
     "externalIPs": _mostly([[], ["192.0.2.1"], ["192.0.2.1", "192.0.2.1"]], ADDRESSES),
-    "sessionAffinity": _mostly([None, "None", "ClientIP"], st.sampled_from(["", "clientip"])),
-    "sessionAffinityConfig": st.fixed_dictionaries({}, optional={
-        "clientIP": st.fixed_dictionaries({}, optional={"timeoutSeconds": _mostly(
-            [1, 600, 86400], st.sampled_from([0, 86401, -5, True]))})}),
     "internalTrafficPolicy": _mostly([None, "Cluster", "Local"], st.sampled_from(["", "x"])),
     "externalTrafficPolicy": _mostly([None, "Cluster", "Local"], st.sampled_from(["", "x"])),
     "trafficDistribution": _mostly([None, "PreferClose"], st.sampled_from(
         ["", "PreferSameNode", "Far"])),
     "healthCheckNodePort": _mostly([None, 0, 31000], st.sampled_from([65535, 65536, -1])),
     "loadBalancerSourceRanges": _mostly([[]], st.just(["10.0.0.0/8"]))})).map(
-        lambda parts: {**parts[0], **parts[1]})
+        lambda parts: {**parts[0], **parts[1], **parts[2]})
 STATUSES = st.fixed_dictionaries({"loadBalancer": st.fixed_dictionaries({}, optional={
     "ingress": st.lists(st.fixed_dictionaries({}, optional={
         "ip": _mostly(["192.0.2.1", ""], st.one_of(st.none(), st.sampled_from(
@@ -453,6 +457,11 @@ def test_typed_service_metadata_is_checked_as_the_general_path_checks_it(
 @example({"clusterIP": "10.0.0.1", "ports": [{"port": 1, "nodePort": 30000}]}, {})
 @example({"clusterIP": "10.0.0.1", "ports": [{"name": "a", "port": 1},
                                              {"name": "b", "port": 1}]}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1, "targetPort": "a--b"}]}, {})
+@example({"clusterIP": "239.1.1.1", "ports": [{"port": 1}]}, {})
+@example({"clusterIP": "None", "type": "NodePort", "ports": [{"port": 1}]}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1}], "sessionAffinity": "ClientIP",
+          "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86401}}}, {})
 def test_typed_service_specs_are_checked_as_the_general_path_checks_them(
         spec: dict[str, Any], status: dict[str, Any]) -> None:
     obj = {"metadata": {"name": "web"}, "spec": spec, "status": status}
