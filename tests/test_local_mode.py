@@ -137,3 +137,23 @@ def test_local_start_imports_only_what_it_uses(tmp_path: Path) -> None:
               "svcproxy.frontend.sources.upstream", "svcproxy.frontend.serving.workers",
               "svcproxy.frontend.serving.access.tls"}
     assert not loaded & unused, f"imported at start: {sorted(loaded & unused)}"
+
+
+def test_backend_version_is_read_only_when_asked_for() -> None:
+    """``svcproxy backend --version`` (kube-proxy's flag) prints the installed version; the
+    parser every start builds does not look it up."""
+    from importlib.metadata import version
+
+    from svcproxy.agent import kubeproxy_cli
+
+    done = subprocess.run([*SVCPROXY, "backend", "--version"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout == f"svcproxy {version('svcproxy')}\n"
+    looked_up = []
+    real = kubeproxy_cli.version_text
+    kubeproxy_cli.version_text = lambda: looked_up.append(1) or real()  # type: ignore[assignment]
+    try:
+        kubeproxy_cli.build_parser().parse_known_args(["--hostname-override=a"])
+    finally:
+        kubeproxy_cli.version_text = real  # type: ignore[assignment]
+    assert not looked_up

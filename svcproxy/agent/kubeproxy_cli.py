@@ -71,6 +71,20 @@ def version_text() -> str:
         return "svcproxy (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for (reading the
+    package's metadata is a few ms of every start otherwise)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 help: str | None = None) -> None:  # noqa: A002 - argparse's keyword
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="svcproxy backend", allow_abbrev=False,
@@ -79,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "flags (--api ADDR or $SVCPROXY_API for the frontend, --api-ca, --nft-api ...) are "
         "passed to the backend: 'svcproxy backend NAME --help' lists them; 'svcproxy "
         "backend' alone lists the installed backends.")
-    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version and exit")
     add_kube_proxy_flags(parser)
     return parser
 
