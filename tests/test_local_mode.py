@@ -4,6 +4,7 @@ from a stand-in apiserver, and follows its changes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,9 @@ import threading
 import time
 from pathlib import Path
 from queue import Empty, Queue
+from typing import Any
+
+import pytest
 
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 from tests.test_apiserver_source import endpoint_slice, node, service
@@ -157,3 +161,37 @@ def test_backend_version_is_read_only_when_asked_for() -> None:
     finally:
         kubeproxy_cli.version_text = real  # type: ignore[assignment]
     assert not looked_up
+
+
+def test_frontend_asks_the_apiserver_before_setting_up_its_api_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source starts first: the list requests are out (the apiserver answers them on
+    its own) while the gRPC server is set up, not after."""
+    from svcproxy.frontend import main
+
+    fake = FakeApiserver(token="t")
+    try:
+        fake.create("Node", node("node-a"))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, "t")
+        real, listed_first = main.start_server, []
+
+        async def start_server(*args: Any, **kw: Any) -> Any:
+            deadline = time.monotonic() + 10
+            while not fake.list_requests and time.monotonic() < deadline:
+                time.sleep(0.01)  # blocks the loop: only the source's own threads can ask
+            listed_first.append(bool(fake.list_requests))
+            return await real(*args, **kw)
+
+        monkeypatch.setattr(main, "start_server", start_server)
+        frontend = main.Frontend(main.FrontendOptions(
+            listen=f"unix://{tmp_path / 'api.sock'}", kubeconfig=str(kubeconfig),
+            metrics_bind_address=""))
+
+        async def start_and_stop() -> None:
+            await frontend.start()
+            await frontend.stop()
+
+        asyncio.run(start_and_stop())
+        assert listed_first == [True]
+    finally:
+        fake.close()
