@@ -1,17 +1,27 @@
-"""Frontend cold start: process start -> synced (every Service, EndpointSlice and Node
-listed from the apiserver through the official client, parsed, validated and computed).
+"""Frontend cold start: 10,000 services x 10 endpoints, 100 nodes listed from the
+stand-in apiserver (tests/fakeapiserver.py, another process) through the official client,
+parsed, validated and computed, until the frontend is synced. Two figures:
+
+- **from process start**: ``svcproxy frontend --kubeconfig ... --listen unix://...`` run
+  as a process, from its start to its "frontend synced" log line (wall, and its CPU time
+  then from /proc), interpreter, imports and all, with its modules' bytecode cached as an
+  installed package has it (``$PYTHONPYCACHEPREFIX``, .cache/bench-pycache, filled by one
+  uncounted start);
+- **in process**: a Frontend made in this process, after the imports, to its sync, with
+  the time in ``Engine.submit`` (parse, validation, computation, on the event loop) apart
+  from the rest (the listing: HTTP, JSON decoding, in the reflector threads).
 
     .venv/bin/python bench/bench_frontend_cold_start.py [--services 10000] [--endpoints 10]
-        [--nodes 100] [--profile] [--sync-only]
+        [--nodes 100] [--profile] [--sync-only] [--before DIR [--after DIR] [--rounds 3]]
 
-The stand-in apiserver (tests/fakeapiserver.py) runs in another process with the
-cluster. The frontend runs here as in production (Frontend with --kubeconfig); the
-time spent in ``Engine.submit`` (parse, validation, computation, on the event loop) is
-measured apart from the rest (the listing: HTTP, JSON decoding, in the reflector
-threads). Views are made when a client first asks for one, so the bench then times
-the first snapshot of one node, of every other node and of the cluster view (what
-100 backends and a cluster watcher connecting right after the sync would cost).
-``--profile`` prints where the event loop thread's CPU goes (cProfile).
+Views are made when a client first asks for one, so the bench then times the first
+snapshot of one node, of every other node and of the cluster view (what 100 backends and
+a cluster watcher connecting right after the sync would cost). ``--profile`` prints where
+the event loop thread's CPU goes (cProfile). ``--before DIR`` compares with another
+commit's checkout (``git worktree add --detach DIR COMMIT``, mapped as
+bench_local_cold_start.py maps it; ``--after DIR`` another, default this tree): both
+figures of both trees, alternating (ABBA...), against one apiserver, with medians and
+ratios.
 """
 
 from __future__ import annotations
@@ -21,6 +31,9 @@ import asyncio
 import cProfile
 import os
 import pstats
+import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +42,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PYCACHE = ROOT / ".cache" / "bench-pycache"
+IN_PROCESS = re.compile(r"synced in ([0-9.]+) s wall, ([0-9.]+) s CPU")
 APISERVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
@@ -96,7 +111,8 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
     if profiler is not None:
         profiler.disable()
     engine = frontend.engine
-    print(f"synced in {wall:.2f} s wall, {cpu:.2f} s CPU (this process, every thread): "
+    print(f"in process (after the imports): synced in {wall:.2f} s wall, {cpu:.2f} s CPU "
+          f"(this process, every thread): "
           f"{len(engine.store.services)} services, {len(engine.store.slices)} slices, "
           f"{len(engine.store.nodes)} nodes")
     print(f"  Engine.submit (parse, validate, compute; {in_submit[1]} batches): "
@@ -115,6 +131,89 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
     await frontend.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a process of ``tree``'s svcproxy (another checkout first on the
+    path, ahead of this tree's editable install), its bytecode cached."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    if tree != ROOT:
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def prepare_tree(tree: Path) -> None:
+    """Map another checkout's folders into its svcproxy package as the editable install
+    maps this tree's (frontend/, backends/; the generated svcproxy/v1 copied)."""
+    for name in ("frontend", "backends"):
+        if not (tree / "svcproxy" / name).exists():
+            (tree / "svcproxy" / name).symlink_to(f"../{name}")
+    if not (tree / "svcproxy" / "v1").exists():
+        shutil.copytree(ROOT / "svcproxy" / "v1", tree / "svcproxy" / "v1")
+
+
+def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT) -> tuple[float, float]:
+    """Wall and CPU seconds from starting ``svcproxy frontend`` to its "frontend synced"."""
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig",
+                             str(kubeconfig), "--listen", f"unix://{sock}",
+                             "--metrics-bind-address", ""], env=tree_env(tree),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "frontend synced" in line:
+                return time.monotonic() - start, cpu_seconds(proc.pid)
+        raise RuntimeError("the frontend ended before syncing")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def in_process(kubeconfig: Path, tree: Path) -> tuple[float, float]:
+    """The in-process figure (wall, CPU) of ``tree``, from this bench run in a process of
+    its own against the running apiserver."""
+    out = subprocess.run([sys.executable, __file__, "--kubeconfig", str(kubeconfig),
+                          "--sync-only"], env=tree_env(tree), capture_output=True, text=True,
+                         check=True, timeout=600).stdout
+    m = IN_PROCESS.search(out)
+    if m is None:
+        raise RuntimeError(f"no figure in {out!r}")
+    return float(m[1]), float(m[2])
+
+
+def compare(kubeconfig: Path, tmp: Path, before: Path, after: Path, rounds: int) -> None:
+    """Both figures of ``before``'s tree and of ``after``'s, alternating (ABBA...)."""
+    for tree in {before, after} - {ROOT}:
+        prepare_tree(tree)
+    for tree in (before, after):
+        from_process_start(kubeconfig, tmp / "warm.sock", tree)  # fills the bytecode cache
+    runs: dict[str, list[tuple[float, float, float, float]]] = {"before": [], "after": []}
+    for i in range(rounds):
+        for which in ("before", "after") if i % 2 == 0 else ("after", "before"):
+            tree = before if which == "before" else after
+            start = from_process_start(kubeconfig, tmp / f"{which}{i}.sock", tree)
+            inside = in_process(kubeconfig, tree)
+            runs[which].append((*start, *inside))
+            print(f"round {i + 1} {which:<6} from process start {start[0]:.2f} s wall, "
+                  f"{start[1]:.2f} s CPU; in process {inside[0]:.2f} s wall, {inside[1]:.2f} s "
+                  f"CPU (load {os.getloadavg()[0]:.1f})", flush=True)
+    med = {w: [statistics.median(r[k] for r in rs) for k in range(4)] for w, rs in runs.items()}
+    names = ("from process start wall", "CPU", "in process wall", "CPU")
+    for k, name in enumerate(names):
+        print(f"median {name}: before {med['before'][k]:.2f} s, after {med['after'][k]:.2f} s "
+              f"(after/before {med['after'][k] / med['before'][k]:.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,7 +225,19 @@ def main() -> None:
     parser.add_argument("--sync-only", action="store_true",
                         help="stop at the sync (no snapshots): for instruction counts, e.g. "
                         "under valgrind --tool=cachegrind, which a loaded machine leaves exact")
+    parser.add_argument("--before", type=Path, help="another commit's checkout to compare with")
+    parser.add_argument("--after", type=Path, default=ROOT,
+                        help="the checkout compared with --before's (default this tree)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kubeconfig", type=Path,
+                        help="a running apiserver's (no stand-in started): the in-process "
+                        "figure alone")
     args = parser.parse_args()
+    if args.kubeconfig is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            asyncio.run(cold_start(args.kubeconfig, Path(tmp) / "api.sock", args.profile,
+                                   args.sync_only))
+        return
     print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, load "
           f"{os.getloadavg()[0]:.1f}; {args.services} services x {args.endpoints} endpoints,"
           f" {args.nodes} nodes", flush=True)
@@ -136,6 +247,14 @@ def main() -> None:
         apiserver = start_apiserver(args, kubeconfig)
         print(f"stand-in apiserver filled in {time.perf_counter() - t0:.1f} s", flush=True)
         try:
+            if args.before is not None:
+                compare(kubeconfig, Path(tmp), args.before.resolve(), args.after.resolve(),
+                        args.rounds)
+                return
+            from_process_start(kubeconfig, Path(tmp) / "warm.sock")  # the bytecode cache
+            wall, cpu = from_process_start(kubeconfig, Path(tmp) / "start.sock")
+            print(f"from process start (svcproxy frontend): synced in {wall:.2f} s wall, "
+                  f"{cpu:.2f} s CPU (load {os.getloadavg()[0]:.1f})", flush=True)
             asyncio.run(cold_start(kubeconfig, Path(tmp) / "api.sock", args.profile,
                                    args.sync_only))
         finally:

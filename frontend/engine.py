@@ -54,8 +54,8 @@ class Engine:
     def _submit(self, events: Iterable[Event]) -> None:
         self.changelog.publish(self.store.apply(events))
         if not self.synced.is_set() and self.store.listed_all:
-            log.info("frontend synced: %d services, %d endpoint slices, %d nodes",
-                     len(self.store.services), len(self.store.slices), len(self.store.nodes))
             self.changelog.start()
             settle_long_lived_state()
             self.synced.set()
+            log.info("frontend synced: %d services, %d endpoint slices, %d nodes",
+                     len(self.store.services), len(self.store.slices), len(self.store.nodes))
