@@ -260,7 +260,11 @@ def main() -> None:
         finally:
             assert apiserver.stdin is not None
             apiserver.stdin.close()
-            apiserver.wait(10)
+            try:
+                apiserver.wait(60)
+            except subprocess.TimeoutExpired:
+                apiserver.kill()
+                apiserver.wait()
 
 
 if __name__ == "__main__":

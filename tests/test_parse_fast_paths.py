@@ -17,6 +17,7 @@ from svcproxy.frontend.sources.events import RawObject, Replace
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import (
     _FORBIDDEN_IPV4,
+    ALLOWED_IPV4,
     CANONICAL_IPV4,
     ObjectLimits,
     _ipv4_problem,
@@ -89,6 +90,13 @@ def test_forbidden_canonical_ipv4_by_prefix_is_the_rule(n: int) -> None:
     text = ".".join(str(n >> shift & 255) for shift in (24, 16, 8, 0))
     assert CANONICAL_IPV4.fullmatch(text)
     assert text.startswith(_FORBIDDEN_IPV4) == (_ipv4_problem(n) is not None)
+    assert (ALLOWED_IPV4.fullmatch(text) is None) == (_ipv4_problem(n) is not None)
+
+
+@given(TEXT)
+def test_an_allowed_ipv4_address_is_canonical_and_not_forbidden(text: str) -> None:
+    assert (ALLOWED_IPV4.fullmatch(text) is not None) == (
+        CANONICAL_IPV4.fullmatch(text) is not None and not text.startswith(_FORBIDDEN_IPV4))
 
 
 # A plain endpoint as large as the plain shape allows, with a targetRef.

@@ -354,6 +354,9 @@ CANONICAL_IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII
 # What ``_ipv4_problem`` refuses, as prefixes of canonical addresses (0.0.0.0 is one
 # only of itself): loopback, link-local, link-local multicast.
 _FORBIDDEN_IPV4 = ("0.0.0.0", "127.", "169.254.", "224.0.0.")
+# A canonical IPv4 address Kubernetes allows for an endpoint: both tests in one match.
+ALLOWED_IPV4 = re.compile(rf"(?!{'|'.join(map(re.escape, _FORBIDDEN_IPV4))})"
+                          + CANONICAL_IPV4.pattern, re.ASCII)
 
 
 def _ipv4(text: str) -> int | None:
@@ -678,8 +681,7 @@ def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> int:
     if type(addresses) is not list or not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES:
         return 0
     for address in addresses:
-        if type(address) is not str or not CANONICAL_IPV4.fullmatch(address) or \
-                address.startswith(_FORBIDDEN_IPV4):
+        if type(address) is not str or not ALLOWED_IPV4.fullmatch(address):
             return 0
     cond = ep.get("conditions")
     if cond is not None:

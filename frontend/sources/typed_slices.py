@@ -12,9 +12,8 @@ import time
 import msgspec
 
 from svcproxy.frontend.sources.kubevalidation import (
-    _FORBIDDEN_IPV4,
     _QUALIFIED,
-    CANONICAL_IPV4,
+    ALLOWED_IPV4,
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     MAX_ENDPOINT_ADDRESSES,
@@ -123,21 +122,42 @@ def _ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
     return tuple(out)
 
 
+# Node name and zone pairs found valid (a cluster has a few hundred): one look-up each.
+_PLACES: set[tuple[str, str]] = set()
+
+
+def _place_ok(node: str, zone: str) -> bool:
+    if (node, zone) in _PLACES:
+        return True
+    if node and (len(node) > NAME or not DNS1123_SUBDOMAIN.fullmatch(node)) or \
+            zone and (len(zone) > 63 or not _QUALIFIED.fullmatch(zone)):
+        return False
+    if len(_PLACES) > 10_000:
+        _PLACES.clear()
+    _PLACES.add((node, zone))
+    return True
+
+
 def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
     if len(endpoints) > MAX_SLICE_ENDPOINTS:
         return None
     out = []
+    allowed = ALLOWED_IPV4.fullmatch
     for ep in endpoints:
         addresses = ep.addresses
-        if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname:
-            return None
-        for address in addresses:
-            if not CANONICAL_IPV4.fullmatch(address) or address.startswith(_FORBIDDEN_IPV4):
+        if len(addresses) == 1 and not ep.hostname:
+            if not allowed(addresses[0]):
                 return None
+            unique = (addresses[0],)
+        else:
+            if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname:
+                return None
+            for address in addresses:
+                if not allowed(address):
+                    return None
+            unique = tuple(dict.fromkeys(addresses))
         node, zone = ep.nodeName or "", ep.zone or ""
-        if node and (len(node) > NAME or not _matches(DNS1123_SUBDOMAIN, node)):
-            return None
-        if zone and (len(zone) > 63 or not _matches(_QUALIFIED, zone)):
+        if not _place_ok(node, zone):
             return None
         cond = ep.conditions
         ready = serving = True
@@ -146,7 +166,5 @@ def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
             ready = True if cond.ready is None else cond.ready
             serving = ready if cond.serving is None else cond.serving
             terminating = bool(cond.terminating)
-        out.append(plain_endpoint(
-            (addresses[0],) if len(addresses) == 1 else tuple(dict.fromkeys(addresses)),
-            ready, serving, terminating, node, zone))
+        out.append(plain_endpoint(unique, ready, serving, terminating, node, zone))
     return tuple(out)
