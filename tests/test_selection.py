@@ -156,8 +156,9 @@ def test_whole_categorisation_on_the_wire() -> None:
 
     svc = ServicePort(KEY, type=ServiceType.LOAD_BALANCER, external_traffic_policy=L,
                       has_endpoints=True)
-    remote = Endpoint("10.0.0.2", 80, node_name="other")
-    local = Endpoint("10.0.0.1", 80, node_name="me")
+    # As merged (PortBase): marked with the selection of a node that hosts neither.
+    remote = Endpoint("10.0.0.2", 80, node_name="other", internal=True, cluster=True)
+    local = Endpoint("10.0.0.1", 80, node_name="me", internal=True, cluster=True)
     base = ServiceBase((PortBase(svc, (local, remote)),), frozenset({"me", "other"}),
                        frozenset(), False)
     here = node_records(base, "me", "")[KEY]

@@ -10,16 +10,17 @@ exactly what every other such node in its zone sees.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from svcproxy.frontend.computation.selection import categorize_by_family
-from svcproxy.frontend.store.objects import EndpointSlice, Service, SvcPort
+from svcproxy.frontend.store.objects import EndpointSlice, Service, SliceEndpoint, SvcPort
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
 
 @dataclass(frozen=True, slots=True)
 class PortBase:
-    """A service port with its merged endpoints, before any node is considered."""
+    """A service port with its merged endpoints, before any node is considered (each
+    endpoint carries the selection of a node that hosts none of them, with no topology)."""
 
     service: ServicePort
     endpoints: tuple[Endpoint, ...]
@@ -43,41 +44,66 @@ def is_proxied(svc: Service, proxy_name: str) -> bool:
     return svc.proxy_name is None or svc.proxy_name == proxy_name
 
 
+# Endpoints and service ports are built through their slots' descriptors: the same
+# objects as the keyword __init__ makes (it checks nothing), at under half the cost.
+_new = object.__new__
+_ENDPOINT_SLOTS = [Endpoint.__dict__[name] for name in Endpoint.__slots__]
+_SERVICE_SLOTS = [ServicePort.__dict__[name] for name in ServicePort.__slots__]
+(_SET_IP, _SET_PORT, _SET_READY, _SET_SERVING, _SET_TERMINATING, _SET_IS_LOCAL, _SET_NODE,
+ _SET_ZONE, _SET_HINT_ZONES, _SET_HINT_NODES, _SET_INTERNAL, _SET_EXTERNAL, _SET_CLUSTER,
+ _SET_LOCAL) = (slot.__set__ for slot in _ENDPOINT_SLOTS)
+_SET_HAS_LOCAL = ServicePort.__dict__["has_local_endpoints"].__set__
+_SET_HAS_ENDPOINTS = ServicePort.__dict__["has_endpoints"].__set__
+
+
 def _service_port(svc: Service, port: SvcPort, has: bool, trigger: float) -> ServicePort:
     stype = svc.proxyable_type
     assert stype is not None
-    return ServicePort(
-        key=ServicePortKey(svc.namespace, svc.name, port.name, port.protocol),
-        type=stype, cluster_ips=svc.cluster_ips, port=port.port, node_port=port.node_port,
-        external_ips=svc.external_ips, load_balancer_ingress=svc.load_balancer_ingress,
-        load_balancer_source_ranges=svc.load_balancer_source_ranges,
-        session_affinity=svc.session_affinity,
-        session_affinity_timeout=svc.session_affinity_timeout,
-        internal_traffic_policy=svc.internal_traffic_policy,
-        external_traffic_policy=svc.external_traffic_policy,
-        health_check_node_port=svc.health_check_node_port,
-        traffic_distribution=svc.traffic_distribution, has_endpoints=has,
-        options=svc.options, trigger_time=trigger)
+    new = _new(ServicePort)
+    for slot, value in zip(_SERVICE_SLOTS, (
+            ServicePortKey(svc.namespace, svc.name, port.name, port.protocol), stype,
+            svc.cluster_ips, port.port, port.node_port, svc.external_ips,
+            svc.load_balancer_ingress, svc.load_balancer_source_ranges, svc.session_affinity,
+            svc.session_affinity_timeout, svc.internal_traffic_policy,
+            svc.external_traffic_policy, svc.health_check_node_port,
+            svc.traffic_distribution, has, svc.options, trigger, False), strict=True):
+        slot.__set__(new, value)
+    return new
 
 
-def _better(new: Endpoint, old: Endpoint) -> bool:
-    """For a duplicate address: prefer the non-terminating copy, then the ready one."""
-    return (not new.terminating, new.ready) > (not old.terminating, old.ready)
+def _with_local(svc: ServicePort) -> ServicePort:
+    """``svc`` with ``has_local_endpoints`` set."""
+    new = _new(ServicePort)
+    for slot in _SERVICE_SLOTS:
+        slot.__set__(new, slot.__get__(svc))
+    _SET_HAS_LOCAL(new, True)
+    return new
 
 
-# Merged endpoints are built through the slots' descriptors: the same objects as the
-# keyword __init__ makes (it checks nothing), at under half the cost.
-_new = object.__new__
-(_SET_IP, _SET_PORT, _SET_READY, _SET_SERVING, _SET_TERMINATING, _SET_IS_LOCAL, _SET_NODE,
- _SET_ZONE, _SET_HINT_ZONES, _SET_HINT_NODES, _SET_INTERNAL, _SET_EXTERNAL, _SET_CLUSTER,
- _SET_LOCAL) = (Endpoint.__dict__[name].__set__ for name in (
-     "ip", "port", "ready", "serving", "terminating", "is_local", "node_name", "zone",
-     "hint_zones", "hint_nodes", "internal", "external", "cluster", "local"))
+def _marked(ep: Endpoint, is_local: bool, internal: bool = False, external: bool = False,
+            cluster: bool = False, local: bool = False) -> Endpoint:
+    """``ep`` on one node: ``is_local`` and its selection set."""
+    new = _new(Endpoint)
+    for slot in _ENDPOINT_SLOTS[:5]:
+        slot.__set__(new, slot.__get__(ep))
+    _SET_IS_LOCAL(new, is_local)
+    for slot in _ENDPOINT_SLOTS[6:10]:
+        slot.__set__(new, slot.__get__(ep))
+    _SET_INTERNAL(new, internal)
+    _SET_EXTERNAL(new, external)
+    _SET_CLUSTER(new, cluster)
+    _SET_LOCAL(new, local)
+    return new
 
 
-def merge_endpoints(port: SvcPort, slices: Iterable[EndpointSlice]) -> tuple[Endpoint, ...]:
-    """All endpoints of one service port across slices, by IP, target port resolved by name."""
-    merged: dict[str, Endpoint] = {}
+def merge_endpoints(port: SvcPort, slices: Iterable[EndpointSlice], internal_local: bool = False,
+                    external_local: bool = False) -> tuple[Endpoint, ...]:
+    """All endpoints of one service port across slices, by IP, target port resolved by name
+    (for a duplicate address: the non-terminating copy, then the ready one, then the first),
+    each marked with the selection of a node that hosts none of them, with no topology
+    (``categorize(service, endpoints, "", "")`` for a port whose traffic policies are Local
+    as given): most nodes' records then share these very objects."""
+    merged: dict[str, tuple[SliceEndpoint, int]] = {}
     for sl in slices:
         target = next((p.port for p in sl.ports
                        if p.name == port.name and p.protocol == port.protocol), None)
@@ -86,25 +112,42 @@ def merge_endpoints(port: SvcPort, slices: Iterable[EndpointSlice]) -> tuple[End
         for ep in sl.endpoints:
             if not ep.addresses:
                 continue
-            new = _new(Endpoint)
-            _SET_IP(new, ep.addresses[0])
-            _SET_PORT(new, target)
-            _SET_READY(new, ep.ready)
-            _SET_SERVING(new, ep.serving)
-            _SET_TERMINATING(new, ep.terminating)
-            _SET_IS_LOCAL(new, False)
-            _SET_NODE(new, ep.node_name)
-            _SET_ZONE(new, ep.zone)
-            _SET_HINT_ZONES(new, ep.hint_zones)
-            _SET_HINT_NODES(new, ep.hint_nodes)
-            _SET_INTERNAL(new, False)
-            _SET_EXTERNAL(new, False)
-            _SET_CLUSTER(new, False)
-            _SET_LOCAL(new, False)
-            old = merged.get(new.ip)
-            if old is None or _better(new, old):
-                merged[new.ip] = new
-    return tuple(merged[ip] for ip in sorted(merged))
+            ip = ep.addresses[0]
+            old = merged.get(ip)
+            if old is None or (not ep.terminating, ep.ready) > (not old[0].terminating,
+                                                                 old[0].ready):
+                merged[ip] = (ep, target)
+    # Per family: the ready endpoints if any, else the serving-and-terminating ones.
+    ready_v4 = ready_v6 = False
+    for ip, (ep, _) in merged.items():
+        if ep.ready:
+            if ":" in ip:
+                ready_v6 = True
+            else:
+                ready_v4 = True
+    out = []
+    for ip in sorted(merged):
+        ep, target = merged[ip]
+        ready = ep.ready
+        chosen = ready if (ready_v6 if ":" in ip else ready_v4) else \
+            ep.serving and ep.terminating
+        new = _new(Endpoint)
+        _SET_IP(new, ip)
+        _SET_PORT(new, target)
+        _SET_READY(new, ready)
+        _SET_SERVING(new, ep.serving)
+        _SET_TERMINATING(new, ep.terminating)
+        _SET_IS_LOCAL(new, False)
+        _SET_NODE(new, ep.node_name)
+        _SET_ZONE(new, ep.zone)
+        _SET_HINT_ZONES(new, ep.hint_zones)
+        _SET_HINT_NODES(new, ep.hint_nodes)
+        _SET_INTERNAL(new, chosen and not internal_local)
+        _SET_EXTERNAL(new, chosen and not external_local)
+        _SET_CLUSTER(new, chosen)
+        _SET_LOCAL(new, False)
+        out.append(new)
+    return tuple(out)
 
 
 def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
@@ -115,18 +158,31 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
     # By name: where two slices hold one address with equal conditions, the same copy
     # wins on every frontend, whatever order the slices arrived in.
     slices = sorted((s for s in slices if s.address_type != "FQDN"), key=lambda s: s.name)
-    trigger = max((s.trigger_time for s in slices), default=0.0)
+    trigger = max([s.trigger_time for s in slices], default=0.0)
     ports = []
+    nodes: set[str] = set()
+    hinted: set[str] = set()
+    uses_zones = False
     for port in svc.ports:
-        eps = merge_endpoints(port, slices)
-        has = any(e.ready or (e.serving and e.terminating) for e in eps)
-        ports.append(PortBase(_service_port(svc, port, has, trigger), eps))
-    all_eps = [e for p in ports for e in p.endpoints]
-    return ServiceBase(
-        tuple(ports),
-        frozenset(e.node_name for e in all_eps if e.node_name),
-        frozenset(n for e in all_eps for n in e.hint_nodes),
-        any(e.hint_zones for e in all_eps))
+        service = _service_port(svc, port, False, trigger)
+        eps = merge_endpoints(port, slices, service.internal_policy_local,
+                              service.external_policy_local)
+        has = False
+        for e in eps:
+            # An endpoint is ready or serving-and-terminating exactly when some endpoint
+            # of its family is chosen.
+            if e.cluster:
+                has = True
+            nodes.add(e.node_name)
+            if e.hint_nodes:
+                hinted.update(e.hint_nodes)
+            if e.hint_zones:
+                uses_zones = True
+        if has:
+            _SET_HAS_ENDPOINTS(service, True)
+        ports.append(PortBase(service, eps))
+    nodes.discard("")
+    return ServiceBase(tuple(ports), frozenset(nodes), frozenset(hinted), uses_zones)
 
 
 def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str, str]:
@@ -138,48 +194,83 @@ def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str, 
     return ("zone", "", zone)
 
 
-def _marked(ep: Endpoint, is_local: bool, internal: bool = False, external: bool = False,
-            cluster: bool = False, local: bool = False) -> Endpoint:
-    return Endpoint(ep.ip, ep.port, ep.ready, ep.serving, ep.terminating, is_local,
-                    ep.node_name, ep.zone, ep.hint_zones, ep.hint_nodes, internal, external,
-                    cluster, local)
+class SharedParts:
+    """What the node classes of one service version share: each port's record for a node
+    that gets its merged endpoints as they are (by port index), the endpoints marked
+    otherwise (by port index, IP and marks) and the ports with local endpoints."""
 
+    def __init__(self) -> None:
+        self.plain: dict[int, ServicePortState] = {}
+        self.variants: dict[tuple[int, str, tuple[bool, ...]], Endpoint] = {}
+        self.with_local: dict[int, ServicePort] = {}
 
-EndpointVariants = dict[tuple[ServicePortKey, str, bool, bool, bool, bool, bool], Endpoint]
+    def plain_record(self, index: int, port: PortBase) -> ServicePortState:
+        found = self.plain.get(index)
+        if found is None:
+            found = self.plain[index] = ServicePortState(
+                port.service, {e.ip: e for e in port.endpoints})
+        return found
 
 
 def node_records(base: ServiceBase, node_name: str, zone: str,
-                 variants: EndpointVariants | None = None,
-                 with_local: dict[ServicePortKey, ServicePort] | None = None
-                 ) -> dict[ServicePortKey, ServicePortState]:
-    """The records one node gets for one service.
-
-    ``variants`` shares identical endpoint objects between the node classes of one
-    service version, ``with_local`` their service ports with local endpoints.
-    """
-    variants = {} if variants is None else variants
-    with_local = {} if with_local is None else with_local
+                 shared: SharedParts | None = None) -> dict[ServicePortKey, ServicePortState]:
+    """The records one node gets for one service (``shared`` between the node classes of
+    one service version)."""
+    shared = SharedParts() if shared is None else shared
     out: dict[ServicePortKey, ServicePortState] = {}
-    for port in base.ports:
+    # A node that hosts no endpoint and is named in no hint, with no zone hints to follow,
+    # selects as the merged endpoints are marked.
+    plain = not ((node_name and (node_name in base.endpoint_nodes
+                                 or node_name in base.hinted_nodes))
+                 or (zone and base.uses_zones))
+    for index, port in enumerate(base.ports):
         key = port.service.key
-        mine = [e if not (node_name and e.node_name == node_name) else _marked(e, True)
-                for e in port.endpoints]
-        sel = categorize_by_family(port.service, mine, node_name, zone)
-        eps = {}
-        for e in mine:
-            vkey = (key, e.ip, e.is_local, e.ip in sel.internal, e.ip in sel.external,
-                    e.ip in sel.cluster, e.ip in sel.local)
-            marked = variants.get(vkey)
-            if marked is None:
-                marked = variants[vkey] = _marked(e, *vkey[2:])
-            eps[e.ip] = marked
-        # Only a node hosting endpoints has a local set: its class is its own.
-        svc = port.service
-        if sel.has_local:
-            svc = with_local.get(key) or with_local.setdefault(
-                key, replace(svc, has_local_endpoints=True))
-        out[key] = ServicePortState(svc, eps)
+        out[key] = (shared.plain_record(index, port) if plain
+                    else _port_record(index, port, node_name, zone, shared))
     return out
+
+
+def _port_record(index: int, port: PortBase, node_name: str, zone: str,
+                 shared: SharedParts) -> ServicePortState:
+    """One port's record on one node: its endpoints marked with the node's selection."""
+    eps: tuple[Endpoint, ...] | list[Endpoint] = port.endpoints
+    if node_name and any(e.node_name == node_name for e in eps):
+        eps = [_marked(e, True) if e.node_name == node_name else e for e in eps]
+    svc = port.service
+    sel = categorize_by_family(svc, eps, node_name, zone)
+    internal, external, cluster, local = sel.internal, sel.external, sel.cluster, sel.local
+    variants = shared.variants
+    chosen = {}
+    as_merged = True
+    for e in eps:
+        ip = e.ip
+        marks = (e.is_local, ip in internal, ip in external, ip in cluster, ip in local)
+        if marks == (False, e.internal, e.external, e.cluster, e.local):
+            chosen[ip] = e
+            continue
+        as_merged = False
+        vkey = (index, ip, marks)
+        marked = variants.get(vkey)
+        if marked is None:
+            if node_name and e.node_name == node_name:
+                # Made above for this node, seen by nothing else yet: marked in place.
+                _SET_INTERNAL(e, marks[1])
+                _SET_EXTERNAL(e, marks[2])
+                _SET_CLUSTER(e, marks[3])
+                _SET_LOCAL(e, marks[4])
+                marked = e
+            else:
+                marked = _marked(e, *marks)
+            variants[vkey] = marked
+        chosen[ip] = marked
+    if as_merged:
+        return shared.plain_record(index, port)
+    # Only a node hosting endpoints has a local set: its class is its own.
+    if local:
+        found = shared.with_local.get(index)
+        svc = found if found is not None else shared.with_local.setdefault(
+            index, _with_local(svc))
+    return ServicePortState(svc, chosen)
 
 
 class NodeClassCache:
@@ -189,14 +280,12 @@ class NodeClassCache:
         self.base = base
         self._by_class: dict[tuple[str, str, str],
                              Mapping[ServicePortKey, ServicePortState]] = {}
-        self._variants: EndpointVariants = {}
-        self._with_local: dict[ServicePortKey, ServicePort] = {}
+        self._shared = SharedParts()
 
     def records(self, node_name: str, zone: str) -> Mapping[ServicePortKey, ServicePortState]:
         cls = node_class(self.base, node_name, zone)
         found = self._by_class.get(cls)
         if found is None:
-            found = node_records(self.base, node_name, zone, self._variants,
-                                 self._with_local)
+            found = node_records(self.base, node_name, zone, self._shared)
             self._by_class[cls] = found
         return found

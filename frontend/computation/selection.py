@@ -69,40 +69,58 @@ def _in_topology(ep: Endpoint, mode: str, node_name: str, zone: str) -> bool:
 
 def cluster_endpoints(endpoints: Sequence[Endpoint], node_name: str, zone: str) -> set[str]:
     """IPs of the endpoints for Cluster traffic policy."""
-    mode = topology_mode(endpoints, node_name, zone)
-    chosen = {e.ip for e in endpoints if e.ready and _in_topology(e, mode, node_name, zone)}
-    if not chosen:
-        chosen = {e.ip for e in endpoints if e.serving and e.terminating}
-    return chosen
+    return set(_cluster(endpoints, node_name, zone))
+
+
+def _cluster(endpoints: Sequence[Endpoint], node_name: str, zone: str) -> frozenset[str]:
+    """``cluster_endpoints``: the ready ones (narrowed by the hints when ``topology_mode``
+    allows, which leaves at least one), else the serving-and-terminating ones."""
+    ready = [e for e in endpoints if e.ready]
+    if not ready:
+        return frozenset([e.ip for e in endpoints if e.serving and e.terminating])
+    mode = topology_mode(ready, node_name, zone) if ready[0].hint_nodes or \
+        ready[0].hint_zones else ""
+    if mode:
+        ready = [e for e in ready if _in_topology(e, mode, node_name, zone)]
+    return frozenset([e.ip for e in ready])
 
 
 def local_endpoints(endpoints: Sequence[Endpoint]) -> set[str]:
     """IPs of the endpoints for Local traffic policy: ready local ones, else terminating ones."""
-    ready = {e.ip for e in endpoints if e.is_local and e.ready}
-    if ready:
-        return ready
-    return {e.ip for e in endpoints if e.is_local and e.serving and e.terminating}
+    return set(_local(endpoints))
+
+
+def _local(endpoints: Sequence[Endpoint]) -> frozenset[str]:
+    mine = [e for e in endpoints if e.is_local]
+    if not mine:
+        return _NONE
+    ready = [e.ip for e in mine if e.ready]
+    return frozenset(ready or [e.ip for e in mine if e.serving and e.terminating])
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def categorize(service: ServicePort, endpoints: Sequence[Endpoint], node_name: str,
                zone: str) -> Selection:
     """Which endpoints this node uses for internal and external traffic (endpoints carry
     ``is_local``)."""
-    cluster = cluster_endpoints(endpoints, node_name, zone)
-    local = local_endpoints(endpoints)
+    cluster = _cluster(endpoints, node_name, zone)
+    local = _local(endpoints)
     internal = local if service.internal_policy_local else cluster
     external = local if service.external_policy_local else cluster
-    has_any = any(e.ready or (e.serving and e.terminating) for e in endpoints)
-    return Selection(frozenset(internal), frozenset(external), has_any, frozenset(cluster),
-                     frozenset(local))
+    # Some endpoint is ready or serving-and-terminating exactly when the cluster set has one.
+    return Selection(internal, external, bool(cluster), cluster, local)
 
 
 def categorize_by_family(service: ServicePort, endpoints: Sequence[Endpoint], node_name: str,
                          zone: str) -> Selection:
     """``categorize`` per IP family, united: each family's proxier in kube-proxy sees only
     its own endpoints, so topology and the terminating fallback are decided per family."""
+    if not any(":" in e.ip for e in endpoints):
+        return categorize(service, endpoints, node_name, zone)
     v6 = [e for e in endpoints if ":" in e.ip]
-    if not v6 or len(v6) == len(endpoints):
+    if len(v6) == len(endpoints):
         return categorize(service, endpoints, node_name, zone)
     a = categorize(service, [e for e in endpoints if ":" not in e.ip], node_name, zone)
     b = categorize(service, v6, node_name, zone)

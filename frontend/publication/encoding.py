@@ -201,6 +201,8 @@ class RecordEncoder:
         # By value: the serialised set_service op (field 1 of a ServicePortState too),
         # its term, and the port's key_field.
         self._services: dict[ServicePort, tuple[bytes, int, bytes]] = {}
+        # The same by object (hashing a service port's 18 fields is what costs).
+        self._service_ids: dict[int, tuple[ServicePort, tuple[bytes, int, bytes]]] = {}
         # By object: the port's key field, field 2 of a ServicePortState, and the term
         # in that port.
         self._endpoints: dict[int, tuple[Endpoint, bytes, bytes, int]] = {}
@@ -227,13 +229,17 @@ class RecordEncoder:
     def service(self, svc: ServicePort) -> tuple[bytes, int, bytes]:
         """The serialised ``set_service`` op of ``svc``, its digest term (``convert.
         service_term``) and its port's ``key_field``."""
+        known = self._service_ids.get(id(svc))
+        if known is not None and known[0] is svc:
+            return known[1]
+        self._bound()
         hit = self._services.get(svc)
         if hit is None:
-            self._bound()
             key = key_field(svc.key)
             data = service_message(svc, key)
             hit = self._services[svc] = (_message(_SET_SERVICE, data), term_of(b"s", data),
                                          key)
+        self._service_ids[id(svc)] = (svc, hit)
         return hit
 
     def endpoint(self, ep: Endpoint, port_key: bytes) -> tuple[Endpoint, bytes, bytes, int]:
@@ -249,8 +255,8 @@ class RecordEncoder:
 
     def _bound(self) -> None:
         """Start the caches again once they are past their bounds."""
-        if len(self._records) > MAX_RECORDS or \
-                len(self._endpoints) + len(self._services) > MAX_PARTS:
+        if len(self._records) > MAX_RECORDS or len(self._endpoints) + len(self._services) \
+                + len(self._service_ids) > MAX_PARTS:
             self.__init__()  # type: ignore[misc]
 
     def _encoded(self, rec: ServicePortState) -> tuple[ServicePortState, bytes, int]:
