@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 
 from svcproxy.frontend.computation.selection import categorize_by_family
 from svcproxy.frontend.store.objects import EndpointSlice, Service, SliceEndpoint, SvcPort
-from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
+from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState, ServiceType
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,35 +48,50 @@ def is_proxied(svc: Service, proxy_name: str) -> bool:
 # Endpoints and service ports are built through their slots' descriptors: the same
 # objects as the keyword __init__ makes (it checks nothing), at under half the cost.
 _new = object.__new__
-_ENDPOINT_SLOTS = [Endpoint.__dict__[name] for name in Endpoint.__slots__]
-_SERVICE_SLOTS = [ServicePort.__dict__[name] for name in ServicePort.__slots__]
 (_SET_IP, _SET_PORT, _SET_READY, _SET_SERVING, _SET_TERMINATING, _SET_IS_LOCAL, _SET_NODE,
  _SET_ZONE, _SET_HINT_ZONES, _SET_HINT_NODES, _SET_INTERNAL, _SET_EXTERNAL, _SET_CLUSTER,
- _SET_LOCAL) = (slot.__set__ for slot in _ENDPOINT_SLOTS)
-_SET_HAS_LOCAL = ServicePort.__dict__["has_local_endpoints"].__set__
-_SET_HAS_ENDPOINTS = ServicePort.__dict__["has_endpoints"].__set__
+ _SET_LOCAL) = (Endpoint.__dict__[name].__set__ for name in Endpoint.__slots__)
+_SERVICE_SETTERS = [ServicePort.__dict__[name].__set__ for name in ServicePort.__slots__]
+(_SET_KEY, _SET_TYPE, _SET_CLUSTER_IPS, _SET_SVC_PORT, _SET_NODE_PORT, _SET_EXTERNAL_IPS,
+ _SET_LB_INGRESS, _SET_LB_RANGES, _SET_AFFINITY, _SET_AFFINITY_TIMEOUT, _SET_INTERNAL_POLICY,
+ _SET_EXTERNAL_POLICY, _SET_HEALTH_PORT, _SET_DISTRIBUTION, _SET_HAS_ENDPOINTS, _SET_OPTIONS,
+ _SET_TRIGGER, _SET_HAS_LOCAL) = _SERVICE_SETTERS
+_SERVICE_FIELDS = attrgetter(*ServicePort.__slots__)
+# An endpoint's fields but is_local and the four marks.
+_CONDITIONS = attrgetter("ip", "port", "ready", "serving", "terminating")
+_PLACE = attrgetter("node_name", "zone", "hint_zones", "hint_nodes")
 
 
-def _service_port(svc: Service, port: SvcPort, has: bool, trigger: float) -> ServicePort:
-    stype = svc.proxyable_type
-    assert stype is not None
+def _service_port(svc: Service, stype: ServiceType, port: SvcPort, trigger: float
+                  ) -> ServicePort:
+    """The port's ``ServicePort`` (``has_endpoints`` unset: false)."""
     new = _new(ServicePort)
-    for slot, value in zip(_SERVICE_SLOTS, (
-            ServicePortKey(svc.namespace, svc.name, port.name, port.protocol), stype,
-            svc.cluster_ips, port.port, port.node_port, svc.external_ips,
-            svc.load_balancer_ingress, svc.load_balancer_source_ranges, svc.session_affinity,
-            svc.session_affinity_timeout, svc.internal_traffic_policy,
-            svc.external_traffic_policy, svc.health_check_node_port,
-            svc.traffic_distribution, has, svc.options, trigger, False), strict=True):
-        slot.__set__(new, value)
+    _SET_KEY(new, ServicePortKey(svc.namespace, svc.name, port.name, port.protocol))
+    _SET_TYPE(new, stype)
+    _SET_CLUSTER_IPS(new, svc.cluster_ips)
+    _SET_SVC_PORT(new, port.port)
+    _SET_NODE_PORT(new, port.node_port)
+    _SET_EXTERNAL_IPS(new, svc.external_ips)
+    _SET_LB_INGRESS(new, svc.load_balancer_ingress)
+    _SET_LB_RANGES(new, svc.load_balancer_source_ranges)
+    _SET_AFFINITY(new, svc.session_affinity)
+    _SET_AFFINITY_TIMEOUT(new, svc.session_affinity_timeout)
+    _SET_INTERNAL_POLICY(new, svc.internal_traffic_policy)
+    _SET_EXTERNAL_POLICY(new, svc.external_traffic_policy)
+    _SET_HEALTH_PORT(new, svc.health_check_node_port)
+    _SET_DISTRIBUTION(new, svc.traffic_distribution)
+    _SET_HAS_ENDPOINTS(new, False)
+    _SET_OPTIONS(new, svc.options)
+    _SET_TRIGGER(new, trigger)
+    _SET_HAS_LOCAL(new, False)
     return new
 
 
 def _with_local(svc: ServicePort) -> ServicePort:
     """``svc`` with ``has_local_endpoints`` set."""
     new = _new(ServicePort)
-    for slot in _SERVICE_SLOTS:
-        slot.__set__(new, slot.__get__(svc))
+    for set_field, value in zip(_SERVICE_SETTERS, _SERVICE_FIELDS(svc), strict=True):
+        set_field(new, value)
     _SET_HAS_LOCAL(new, True)
     return new
 
@@ -84,11 +100,18 @@ def _marked(ep: Endpoint, is_local: bool, internal: bool = False, external: bool
             cluster: bool = False, local: bool = False) -> Endpoint:
     """``ep`` on one node: ``is_local`` and its selection set."""
     new = _new(Endpoint)
-    for slot in _ENDPOINT_SLOTS[:5]:
-        slot.__set__(new, slot.__get__(ep))
+    ip, port, ready, serving, terminating = _CONDITIONS(ep)
+    node_name, zone, hint_zones, hint_nodes = _PLACE(ep)
+    _SET_IP(new, ip)
+    _SET_PORT(new, port)
+    _SET_READY(new, ready)
+    _SET_SERVING(new, serving)
+    _SET_TERMINATING(new, terminating)
     _SET_IS_LOCAL(new, is_local)
-    for slot in _ENDPOINT_SLOTS[6:10]:
-        slot.__set__(new, slot.__get__(ep))
+    _SET_NODE(new, node_name)
+    _SET_ZONE(new, zone)
+    _SET_HINT_ZONES(new, hint_zones)
+    _SET_HINT_NODES(new, hint_nodes)
     _SET_INTERNAL(new, internal)
     _SET_EXTERNAL(new, external)
     _SET_CLUSTER(new, cluster)
@@ -155,6 +178,8 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
     """The node-independent part of a service's records."""
     if svc is None or not is_proxied(svc, proxy_name):
         return EMPTY_BASE
+    stype = svc.proxyable_type
+    assert stype is not None
     # By name: where two slices hold one address with equal conditions, the same copy
     # wins on every frontend, whatever order the slices arrived in.
     slices = sorted((s for s in slices if s.address_type != "FQDN"), key=lambda s: s.name)
@@ -164,7 +189,7 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
     hinted: set[str] = set()
     uses_zones = False
     for port in svc.ports:
-        service = _service_port(svc, port, False, trigger)
+        service = _service_port(svc, stype, port, trigger)
         eps = merge_endpoints(port, slices, service.internal_policy_local,
                               service.external_policy_local)
         has = False

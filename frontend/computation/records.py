@@ -44,21 +44,29 @@ class ServiceRecords:
 
     def keep(self, svc: ObjKey, cache: NodeClassCache) -> None:
         """Make ``cache`` the current version of ``svc`` (none when it has no ports)."""
+        by_node = self._naming
         old = self.caches.get(svc)
         if old is not None:
-            for name in old.base.endpoint_nodes | old.base.hinted_nodes:
-                naming = self._naming.get(name)
-                if naming is not None:
-                    naming.discard(svc)
-                    if not naming:
-                        del self._naming[name]
+            for names in (old.base.endpoint_nodes, old.base.hinted_nodes):
+                for name in names:
+                    naming = by_node.get(name)
+                    if naming is not None:
+                        naming.discard(svc)
+                        if not naming:
+                            del by_node[name]
         if cache.base.ports:
             self.caches[svc] = cache
-            for name in cache.base.endpoint_nodes | cache.base.hinted_nodes:
-                self._naming.setdefault(name, set()).add(svc)
+            for names in (cache.base.endpoint_nodes, cache.base.hinted_nodes):
+                for name in names:
+                    naming = by_node.get(name)
+                    if naming is None:
+                        by_node[name] = {svc}
+                    else:
+                        naming.add(svc)
         else:
             self.caches.pop(svc, None)
-        self._shared.clear()
+        if self._shared:
+            self._shared.clear()
 
     def port_keys(self, svc: ObjKey) -> set[ServicePortKey]:
         """The service ports the current version of ``svc`` has."""
