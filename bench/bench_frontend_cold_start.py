@@ -163,7 +163,7 @@ def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT) -> tuple
     proc = subprocess.Popen([sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig",
                              str(kubeconfig), "--listen", f"unix://{sock}",
                              "--metrics-bind-address", ""], env=tree_env(tree),
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, cwd=tree)  # -m: cwd first
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
