@@ -9,7 +9,7 @@ exactly what every other such node in its zone sees.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -220,12 +220,15 @@ def node_class(base: ServiceBase, node_name: str, zone: str) -> tuple[str, str, 
 
 
 class SharedParts:
-    """What the node classes of one service version share: each port's record for a node
-    that gets its merged endpoints as they are (by port index), the endpoints marked
-    otherwise (by port index, IP and marks) and the ports with local endpoints."""
+    """What the node classes of one service version share, by port index: the record of
+    a node that gets the merged endpoints as they are, the sets they are marked in, where
+    they run, the endpoints marked otherwise (by port index, IP and marks) and the ports
+    with local endpoints."""
 
     def __init__(self) -> None:
         self.plain: dict[int, ServicePortState] = {}
+        self.marks: dict[int, tuple[frozenset[str], ...] | None] = {}
+        self.hosts: dict[int, dict[str, list[int]]] = {}
         self.variants: dict[tuple[int, str, tuple[bool, ...]], Endpoint] = {}
         self.with_local: dict[int, ServicePort] = {}
 
@@ -234,6 +237,29 @@ class SharedParts:
         if found is None:
             found = self.plain[index] = ServicePortState(
                 port.service, {e.ip: e for e in port.endpoints})
+        return found
+
+    def plain_marks(self, index: int, port: PortBase) -> tuple[frozenset[str], ...] | None:
+        """The IPs the merged endpoints are marked internal, external and cluster in (None
+        when one is marked local or local: then none is taken as it is without a look)."""
+        if index in self.marks:
+            return self.marks[index]
+        eps = port.endpoints
+        found = None if any(e.is_local or e.local for e in eps) else (
+            frozenset([e.ip for e in eps if e.internal]),
+            frozenset([e.ip for e in eps if e.external]),
+            frozenset([e.ip for e in eps if e.cluster]))
+        self.marks[index] = found
+        return found
+
+    def hosted(self, index: int, port: PortBase) -> dict[str, list[int]]:
+        """Node name -> the positions of the port's endpoints running there."""
+        found = self.hosts.get(index)
+        if found is None:
+            found = self.hosts[index] = {}
+            for position, e in enumerate(port.endpoints):
+                if e.node_name:
+                    found.setdefault(e.node_name, []).append(position)
         return found
 
 
@@ -259,15 +285,25 @@ def _port_record(index: int, port: PortBase, node_name: str, zone: str,
                  shared: SharedParts) -> ServicePortState:
     """One port's record on one node: its endpoints marked with the node's selection."""
     eps: tuple[Endpoint, ...] | list[Endpoint] = port.endpoints
-    if node_name and any(e.node_name == node_name for e in eps):
-        eps = [_marked(e, True) if e.node_name == node_name else e for e in eps]
+    here = shared.hosted(index, port).get(node_name, ()) if node_name else ()
+    if here:
+        eps = list(eps)
+        for position in here:
+            eps[position] = _marked(eps[position], True)
     svc = port.service
     sel = categorize_by_family(svc, eps, node_name, zone)
     internal, external, cluster, local = sel.internal, sel.external, sel.cluster, sel.local
+    todo: Sequence[Endpoint] = eps
+    chosen: dict[str, Endpoint]
+    if (internal, external, cluster) == shared.plain_marks(index, port):
+        # Every endpoint not running here is marked as merged: only this node's change.
+        chosen = dict(shared.plain_record(index, port).endpoints)
+        todo = [eps[position] for position in here]
+    else:
+        chosen = {}
     variants = shared.variants
-    chosen = {}
     as_merged = True
-    for e in eps:
+    for e in todo:
         ip = e.ip
         marks = (e.is_local, ip in internal, ip in external, ip in cluster, ip in local)
         if marks == (False, e.internal, e.external, e.cluster, e.local):
@@ -277,7 +313,7 @@ def _port_record(index: int, port: PortBase, node_name: str, zone: str,
         vkey = (index, ip, marks)
         marked = variants.get(vkey)
         if marked is None:
-            if node_name and e.node_name == node_name:
+            if e.is_local and e.node_name == node_name and here:
                 # Made above for this node, seen by nothing else yet: marked in place.
                 _SET_INTERNAL(e, marks[1])
                 _SET_EXTERNAL(e, marks[2])
