@@ -84,8 +84,9 @@ def reach(lab: ScenarioLab, client: str, proto: str, host: str, port: int,
     first = lab.probe(client, proto, host, port, 1, timeout=0.5)
     assert not first.errors, f"{client} -> {host}:{port}/{proto}: {dict(first.errors)}"
     seen = lab.probe(client, proto, host, port, count)
-    assert not seen.errors, f"{client} -> {host}:{port}/{proto}: {dict(seen.errors)}"
-    assert seen.answered == expect, f"{client} -> {host}:{port}/{proto}: {dict(seen.names)}"
+    where = f"{client} -> {host}:{port}/{proto}: {dict(seen.names)}, in order {seen.sequence}"
+    assert not seen.errors, f"{where}: {dict(seen.errors)}"
+    assert seen.answered == expect, where
     return seen
 
 
@@ -137,7 +138,7 @@ def test_cluster_ip_protocols_ports_and_target_port_names(lab: ScenarioLab) -> N
     docs[1] = m.endpoint_slice("multi", eps(lab, "pod-b", "pod-d"), slice_ports, 4)
     lab.apply("multi.yaml", docs)
     lab.eventually(lambda: reach(lab, "client", "tcp", cips[0], 80, {"pod-b", "pod-d"}))
-    lab.eventually(lambda: reach(lab, "client", "udp", cips[0], 80, {"pod-b", "pod-d"}))
+    reach(lab, "client", "udp", cips[0], 80, {"pod-b", "pod-d"})  # the same sync as TCP's
     reach(lab, "client", "tcp", cips[1], 80, set(pods))
 
     lab.delete("multi.yaml")

@@ -32,13 +32,13 @@ OPEN_ISSUES: dict[str, str] = {}
 SCALE = float(os.environ.get("SVCPROXY_IPVS_GUEST_TIME_SCALE", "8"))
 
 
-def _stretch(function: Callable[..., Any], name: str) -> None:
-    """Multiply the default of keyword ``name`` of ``function`` by SCALE."""
+def _stretch(function: Callable[..., Any], name: str, scale: float = SCALE) -> None:
+    """Multiply the default of keyword ``name`` of ``function`` by ``scale``."""
     code = function.__code__
     params = code.co_varnames[: code.co_argcount]
     defaults = list(function.__defaults__ or ())
     index = params.index(name) - (len(params) - len(defaults))
-    defaults[index] = defaults[index] * SCALE
+    defaults[index] = defaults[index] * scale
     function.__defaults__ = tuple(defaults)
 
 
@@ -46,7 +46,8 @@ def pytest_configure() -> None:
     from tests.lab import processes
     from tests.netns import harness
 
-    _stretch(processes.wait_for_path, "timeout")
+    # A process's start (the frontend's socket) took over 120 s in the guest at load 12.
+    _stretch(processes.wait_for_path, "timeout", SCALE * 2.5)
     _stretch(harness.ScenarioLab.eventually, "timeout")
     _stretch(harness.ScenarioLab.probe, "timeout")
     _stretch(harness.ScenarioLab.assert_same_state, "timeout")
@@ -84,7 +85,19 @@ def _node_dump() -> str:
             done = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True,
                                   text=True)
             out.append(f"== {_now()} {ns}: {' '.join(argv[:3])}\n{done.stdout}{done.stderr}")
-    logs = subprocess.run("tail -n 40 /tmp/sp*/backend.log", shell=True, capture_output=True,
+    for ns in (line.split()[0] for line in names.splitlines()
+               if line.split()[0].endswith(("-node1", "-pod-a", "-pod-b", "-client"))):
+        for argv in (["sysctl", "-a", "--pattern", "redirect|bridge|vs\\.|forward"],
+                     ["nstat", "-asz"], ["ip", "route", "show", "cache"],
+                     ["ip", "-6", "route", "show", "cache"], ["ip", "neigh"]):
+            done = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True,
+                                  text=True)
+            out.append(f"== {_now()} {ns}: {' '.join(argv)}\n{done.stdout}{done.stderr}")
+    mods = subprocess.run(["grep", "-E", "br_netfilter|bridge|ip_vs ", "/proc/modules"],
+                          capture_output=True, text=True)
+    out.append(f"== modules\n{mods.stdout}")
+    logs = subprocess.run("grep -h -i sysctl /tmp/sp*/backend.log; "
+                          "tail -n 40 /tmp/sp*/backend.log", shell=True, capture_output=True,
                           text=True)
     out.append(f"== backend logs\n{logs.stdout}")
     return "\n".join(out)
@@ -102,5 +115,5 @@ for v in s.services():
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and item.name.endswith("[ipvs]"):
+    if report.when == "call" and report.failed and item.name.endswith(("[ipvs]", "[ipvs-local]")):
         report.sections.append(("node1 IPVS programming", _node_dump()))

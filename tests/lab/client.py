@@ -87,6 +87,8 @@ class Summary:
     sources: frozenset[str]
     ports: frozenset[int]
     errors: Counter[str]
+    # Each attempt in order: the pod that answered or the error's name.
+    sequence: tuple[str, ...] = ()
 
     @property
     def answered(self) -> frozenset[str]:
@@ -99,4 +101,5 @@ def summarize(replies: list[Reply]) -> Summary:
         sources=frozenset(r.source for r in replies if not r.error),
         ports=frozenset(r.port for r in replies if not r.error),
         errors=Counter(r.error for r in replies if r.error),
+        sequence=tuple(r.error or r.name for r in replies),
     )
