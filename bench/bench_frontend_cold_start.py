@@ -32,7 +32,6 @@ import cProfile
 import os
 import pstats
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from bench_local_cold_start import cpu_seconds, prepare_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 PYCACHE = ROOT / ".cache" / "bench-pycache"
@@ -131,12 +132,6 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
     await frontend.stop()
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system) process ``pid`` has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def tree_env(tree: Path) -> dict[str, str]:
     """The environment of a process of ``tree``'s svcproxy (another checkout first on the
     path, ahead of this tree's editable install), its bytecode cached."""
@@ -145,16 +140,6 @@ def tree_env(tree: Path) -> dict[str, str]:
     if tree != ROOT:
         env["PYTHONPATH"] = str(tree)
     return env
-
-
-def prepare_tree(tree: Path) -> None:
-    """Map another checkout's folders into its svcproxy package as the editable install
-    maps this tree's (frontend/, backends/; the generated svcproxy/v1 copied)."""
-    for name in ("frontend", "backends"):
-        if not (tree / "svcproxy" / name).exists():
-            (tree / "svcproxy" / name).symlink_to(f"../{name}")
-    if not (tree / "svcproxy" / "v1").exists():
-        shutil.copytree(ROOT / "svcproxy" / "v1", tree / "svcproxy" / "v1")
 
 
 def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT) -> tuple[float, float]:

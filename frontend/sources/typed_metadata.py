@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TypeVar
 
 import msgspec
 
@@ -25,6 +26,7 @@ from svcproxy.frontend.sources.kubevalidation import (
 # item is completed with; the longest name Kubernetes allows.
 BYTES_PER_BYTE = 8
 NAME = 253
+T = TypeVar("T")
 
 
 class OwnerRef(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,11 +63,18 @@ class Meta(msgspec.Struct, forbid_unknown_fields=True):
     managedFields: list[ManagedFields] | None = None
 
 
-def within(data: bytes | msgspec.Raw, limits: ObjectLimits, depth: int) -> bool:
-    """Whether ``data`` (an item's JSON, its structs at most ``depth`` levels deep) is
-    within the limits whatever it holds, and the names' limits are Kubernetes' own."""
-    return limits.max_depth >= depth and limits.max_name_length >= NAME and \
-        BYTES_PER_BYTE * len(data) <= limits.max_object_bytes
+def decoded(decoder: msgspec.json.Decoder[T], data: bytes | msgspec.Raw, limits: ObjectLimits,
+            depth: int) -> T | None:
+    """``data`` (an item's JSON) decoded into ``decoder``'s structs (at most ``depth``
+    levels deep) when within the limits whatever it holds and the names' limits are
+    Kubernetes' own; None otherwise, or when not of the structs' shape."""
+    if limits.max_depth < depth or limits.max_name_length < NAME or \
+            BYTES_PER_BYTE * len(data) > limits.max_object_bytes:
+        return None
+    try:
+        return decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 
 
 def metadata_ok(meta: Meta, name_pattern: re.Pattern[str], name_limit: int,

@@ -21,7 +21,7 @@ from svcproxy.frontend.sources.kubevalidation import (
     _matches,
     is_port_name,
 )
-from svcproxy.frontend.sources.typed_metadata import Meta, metadata_ok, within
+from svcproxy.frontend.sources.typed_metadata import Meta, decoded, metadata_ok
 from svcproxy.frontend.store.objects import (
     OPTION_PREFIX,
     SERVICE_PROXY_NAME_LABEL,
@@ -119,11 +119,8 @@ _FORBIDDEN_CLUSTER_IPV4 = (*_FORBIDDEN_IPV4, *(f"{n}." for n in range(224, 240))
 def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service | None:
     """The Service the general path would make of ``data`` (an item's JSON), or None when
     not of the common shape (then take the general path)."""
-    if not within(data, limits, _DEPTH):
-        return None
-    try:
-        obj = _DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    obj = decoded(_DECODER, data, limits, _DEPTH)
+    if obj is None:
         return None
     meta = obj.metadata
     spec = obj.spec or _EMPTY_SPEC

@@ -26,7 +26,7 @@ from svcproxy.frontend.sources.kubevalidation import (
     _matches,
     trigger_time_problem,
 )
-from svcproxy.frontend.sources.typed_metadata import NAME, Meta, metadata_ok, within
+from svcproxy.frontend.sources.typed_metadata import NAME, Meta, decoded, metadata_ok
 from svcproxy.frontend.store.objects import (
     EndpointSlice,
     SliceEndpoint,
@@ -78,11 +78,8 @@ def decode_slice(data: bytes | msgspec.Raw, limits: ObjectLimits,
                  seen_at: float | None = None) -> EndpointSlice | None:
     """The EndpointSlice the general path would make of ``data`` (an item's JSON), or
     None when not of the common shape (then take the general path)."""
-    if not within(data, limits, _DEPTH):
-        return None
-    try:
-        obj = _DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    obj = decoded(_DECODER, data, limits, _DEPTH)
+    if obj is None:
         return None
     meta = obj.metadata
     if obj.addressType != "IPv4" or not metadata_ok(meta, DNS1123_SUBDOMAIN, NAME, limits):
