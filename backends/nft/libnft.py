@@ -16,11 +16,23 @@ import threading
 from .apply import NftError, NftRunner, summarize_error
 
 LARGE = 256 * 1024  # bytes of nft text above which a child ``nft`` process is used
+SONAME = "libnftables.so.1"
+
+
+def _open() -> ctypes.CDLL:
+    """libnftables by its soname; ``find_library`` (which runs ``ldconfig -p`` in a
+    child process, ~8 ms at every start) only when that soname is not found."""
+    try:
+        return ctypes.CDLL(SONAME)
+    except OSError:
+        name = ctypes.util.find_library("nftables")
+        if name is None or name == SONAME:
+            raise
+        return ctypes.CDLL(name)
 
 
 def _load() -> ctypes.CDLL:
-    name = ctypes.util.find_library("nftables") or "libnftables.so.1"
-    lib = ctypes.CDLL(name)
+    lib = _open()
     lib.nft_ctx_new.restype = ctypes.c_void_p
     lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
     lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
