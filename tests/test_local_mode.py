@@ -24,28 +24,59 @@ from tests.test_apiserver_source import endpoint_slice, node, service
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
 
 
-def lines_of(proc: subprocess.Popen[str]) -> Queue[str]:
-    out: Queue[str] = Queue()
+# Bounds on waits that end as soon as what they wait for happens: local mode's cold start
+# took 10-19 s at load 12 on the shared 2-core machine (1.2 s of CPU), as the scenario
+# suite's LOCAL_COLD_START allows for.
+COLD_START = 90.0
+CHANGE = 30.0
+STOP = 60.0
+# Ephemeral ports: an empty address in the file is defaulted (kube-proxy's 127.0.0.1:10249
+# and 0.0.0.0:10256), ports any other process on the machine may hold; the backend then
+# exits at once ("Address already in use") and the test used to wait out its bound.
+PORTS = "healthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: 127.0.0.1:0\n"
 
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.put(line)
 
-    threading.Thread(target=pump, daemon=True).start()
-    return out
+class Output:
+    """A process's stdout lines as they come, and its stderr kept for failure messages
+    (both pipes drained, so a full one never blocks the process)."""
 
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: Queue[str] = Queue()
+        self.stderr: list[str] = []
+        assert proc.stdout is not None and proc.stderr is not None
+        self._pumps = [threading.Thread(target=self._pump, args=(proc.stdout, self.lines.put),
+                                        daemon=True),
+                       threading.Thread(target=self._pump,
+                                        args=(proc.stderr, self.stderr.append), daemon=True)]
+        for pump in self._pumps:
+            pump.start()
 
-def next_with(out: Queue[str], text: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = out.get(timeout=max(0.1, deadline - time.monotonic()))
-        except Empty:
-            break
-        if text in line:
-            return json.loads(line)
-    raise AssertionError(f"no line with {text} within {timeout}s")
+    @staticmethod
+    def _pump(stream: Any, put: Any) -> None:
+        for line in stream:
+            put(line)
+
+    def next_with(self, text: str, timeout: float) -> dict:
+        """The next stdout line holding ``text``; fails with the process's stderr if it
+        exits first or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    self.join()
+                    raise AssertionError(f"exited ({self.proc.returncode}) before a line "
+                                         f"with {text}:\n{''.join(self.stderr)}") from None
+                continue
+            if text in line:
+                return json.loads(line)
+        raise AssertionError(f"no line with {text} within {timeout}s:\n{''.join(self.stderr)}")
+
+    def join(self) -> None:
+        for pump in self._pumps:
+            pump.join(10)
 
 
 def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> None:
@@ -59,27 +90,28 @@ def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> 
         conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                         "kind: KubeProxyConfiguration\nmode: dump\n"
                         f"clientConnection: {{kubeconfig: {kubeconfig}}}\n"
-                        "healthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: ''\n")
+                        + PORTS)
         env = {k: v for k, v in os.environ.items()
                if k not in ("SVCPROXY_API", "KUBERNETES_SERVICE_HOST")}
         proc = subprocess.Popen([*SVCPROXY, "backend", f"--config={conf}",
                                  "--hostname-override=node-a"], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = Output(proc)
         try:
-            out = lines_of(proc)
-            next_with(out, "10.0.0.1")
+            out.next_with("10.0.0.1", COLD_START)
             fake.update("EndpointSlice", endpoint_slice("web-abc", "web",
                                                         ["10.0.0.1", "10.0.0.7"]))
-            next_with(out, "10.0.0.7")
+            out.next_with("10.0.0.7", CHANGE)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(15)
+                proc.wait(STOP)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        assert proc.returncode == 0
-        assert proc.stderr is not None and "Local mode" in proc.stderr.read()
+            out.join()
+        assert proc.returncode == 0, "".join(out.stderr)
+        assert "Local mode" in "".join(out.stderr)
     finally:
         fake.close()
 
@@ -92,7 +124,7 @@ def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) 
     conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                     "kind: KubeProxyConfiguration\nmode: dump\n"
                     f"clientConnection: {{kubeconfig: {missing}}}\n"
-                    "healthzBindAddress: ''\nmetricsBindAddress: ''\n")
+                    + PORTS)
     work = tmp_path / "tmp"
     work.mkdir()
     env = {k: v for k, v in os.environ.items()
