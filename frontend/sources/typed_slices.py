@@ -142,6 +142,7 @@ def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
     allowed = ALLOWED_IPV4.fullmatch
     for ep in endpoints:
         addresses = ep.addresses
+        unique: tuple[str, ...]
         if len(addresses) == 1 and not ep.hostname:
             if not allowed(addresses[0]):
                 return None
