@@ -142,8 +142,6 @@ def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) 
 START_IMPORTS = """
 import json, sys
 from pathlib import Path
-from svcproxy.agent.local_frontend import bare_kubernetes_package
-bare_kubernetes_package()
 from svcproxy.agent.addresses import discover_node_ips
 from svcproxy.frontend.main import Frontend, FrontendOptions
 from svcproxy.frontend.sources.apiserver import load_api_client
@@ -173,6 +171,70 @@ def test_local_start_imports_only_what_it_uses(tmp_path: Path) -> None:
               "svcproxy.frontend.sources.upstream", "svcproxy.frontend.serving.workers",
               "svcproxy.frontend.serving.access.tls"}
     assert not loaded & unused, f"imported at start: {sorted(loaded & unused)}"
+
+
+# The frontend as a process (``svcproxy frontend``), its modules written out as it exits.
+FRONTEND_PROCESS = """
+import atexit, json, sys
+from pathlib import Path
+from svcproxy.cli import main
+atexit.register(lambda: Path(sys.argv[1]).write_text(json.dumps(sorted(sys.modules))))
+sys.exit(main(sys.argv[2:]))
+"""
+# What the kubernetes package's own __init__ would import and the frontend never uses
+# (``kubernetes.utils`` it does: ``kubernetes.client.rest`` imports from it).
+KUBERNETES_UNUSED = {"kubernetes.dynamic", "kubernetes.stream", "kubernetes.leaderelection",
+                     "kubernetes.informer", "kubernetes_validate", "jsonschema", "websocket"}
+
+
+def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
+        tmp_path: Path) -> None:
+    """``svcproxy frontend`` imports the kubernetes client as local mode does (the package
+    without its ``__init__``), and still lists, watches and serves a node's state."""
+    from tests.churn import get_node_state
+
+    fake = FakeApiserver(token="t")
+    modules = tmp_path / "modules.json"
+    try:
+        fake.create("Service", service("web"))
+        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
+        fake.create("Node", node("node-a"))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, "t")
+        target = f"unix://{tmp_path / 'api.sock'}"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FRONTEND_PROCESS, str(modules), "frontend",
+             f"--kubeconfig={kubeconfig}", f"--listen={target}", "--metrics-bind-address="],
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1])
+        out = Output(proc)
+        try:
+            deadline = time.monotonic() + COLD_START
+            while not any("frontend synced" in line for line in out.stderr):
+                assert proc.poll() is None and time.monotonic() < deadline, "".join(out.stderr)
+                time.sleep(0.05)
+            endpoints = [ep for rec in get_node_state(target, "node-a").values()
+                         for ep in rec.endpoints]
+            fake.update("EndpointSlice", endpoint_slice("web-abc", "web",
+                                                        ["10.0.0.1", "10.0.0.7"]))
+            deadline = time.monotonic() + CHANGE
+            while "10.0.0.7" not in str(get_node_state(target, "node-a")):
+                assert time.monotonic() < deadline, "the watched change was not served"
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            out.join()
+        assert proc.returncode == 0, "".join(out.stderr)
+        assert "10.0.0.1" in str(endpoints)
+        loaded = set(json.loads(modules.read_text()))
+        assert {"kubernetes.client", "kubernetes.config", "kubernetes.watch"} <= loaded
+        assert not loaded & KUBERNETES_UNUSED, f"imported: {sorted(loaded & KUBERNETES_UNUSED)}"
+    finally:
+        fake.close()
 
 
 def test_backend_version_is_read_only_when_asked_for() -> None:

@@ -10,10 +10,8 @@ then replaces kube-proxy without a frontend Deployment.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import shutil
-import sys
 import tempfile
 import threading
 from concurrent.futures import Future, wait
@@ -21,20 +19,6 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
-
-
-def bare_kubernetes_package() -> None:
-    """Register the ``kubernetes`` package without running its ``__init__``, so that the
-    frontend's ``import kubernetes.client`` (and ``.config``, ``.watch``) loads those
-    subpackages only: the ``__init__`` also imports ``kubernetes.dynamic`` (with it
-    kubernetes_validate and jsonschema), ``stream`` (websocket), ``leaderelection``,
-    ``informer`` and ``utils``, which the frontend never uses: ~75 modules, ~0.1 s of CPU
-    at every start. Nothing is done when the package is already imported."""
-    if "kubernetes" in sys.modules:
-        return
-    spec = importlib.util.find_spec("kubernetes")
-    if spec is not None and spec.submodule_search_locations is not None:
-        sys.modules["kubernetes"] = importlib.util.module_from_spec(spec)
 
 
 class LocalFrontend:
@@ -61,7 +45,6 @@ class LocalFrontend:
         self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
 
     async def _start(self) -> None:
-        bare_kubernetes_package()
         from svcproxy.frontend.main import Frontend, FrontendOptions
 
         opts = FrontendOptions(listen=self.target, kubeconfig=self.kubeconfig,
