@@ -17,14 +17,31 @@ from svcproxy.frontend.computation.selection import categorize_by_family
 from svcproxy.frontend.store.objects import EndpointSlice, Service, SliceEndpoint, SvcPort
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState, ServiceType
 
+Winners = dict[str, tuple[SliceEndpoint, int]]
 
-@dataclass(frozen=True, slots=True)
+
 class PortBase:
     """A service port with its merged endpoints, before any node is considered (each
-    endpoint carries the selection of a node that hosts none of them, with no topology)."""
+    endpoint carries the selection of a node that hosts none of them, with no topology).
+    Built from the slices' winning endpoints when first read: the sync needs none."""
 
-    service: ServicePort
-    endpoints: tuple[Endpoint, ...]
+    __slots__ = ("service", "_endpoints", "_winners")
+
+    def __init__(self, service: ServicePort, endpoints: tuple[Endpoint, ...] | None = None,
+                 winners: Winners | None = None) -> None:
+        self.service = service
+        self._endpoints = endpoints
+        self._winners = winners
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        eps = self._endpoints
+        if eps is None:
+            svc = self.service
+            eps = self._endpoints = _built(self._winners or {}, svc.internal_policy_local,
+                                           svc.external_policy_local)
+            self._winners = None
+        return eps
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +143,12 @@ def merge_endpoints(port: SvcPort, slices: Iterable[EndpointSlice], internal_loc
     each marked with the selection of a node that hosts none of them, with no topology
     (``categorize(service, endpoints, "", "")`` for a port whose traffic policies are Local
     as given): most nodes' records then share these very objects."""
-    merged: dict[str, tuple[SliceEndpoint, int]] = {}
+    return _built(_winners(port, slices), internal_local, external_local)
+
+
+def _winners(port: SvcPort, slices: Iterable[EndpointSlice]) -> Winners:
+    """``merge_endpoints``' choice: IP -> the slice endpoint kept and its target port."""
+    merged: Winners = {}
     for sl in slices:
         target = next((p.port for p in sl.ports
                        if p.name == port.name and p.protocol == port.protocol), None)
@@ -140,6 +162,12 @@ def merge_endpoints(port: SvcPort, slices: Iterable[EndpointSlice], internal_loc
             if old is None or (not ep.terminating, ep.ready) > (not old[0].terminating,
                                                                  old[0].ready):
                 merged[ip] = (ep, target)
+    return merged
+
+
+def _built(merged: Winners, internal_local: bool, external_local: bool
+           ) -> tuple[Endpoint, ...]:
+    """``merge_endpoints``' endpoints from its winners, by IP."""
     # Per family: the ready endpoints if any, else the serving-and-terminating ones.
     ready_v4 = ready_v6 = False
     for ip, (ep, _) in merged.items():
@@ -190,22 +218,19 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
     uses_zones = False
     for port in svc.ports:
         service = _service_port(svc, stype, port, trigger)
-        eps = merge_endpoints(port, slices, service.internal_policy_local,
-                              service.external_policy_local)
+        merged = _winners(port, slices)
         has = False
-        for e in eps:
-            # An endpoint is ready or serving-and-terminating exactly when some endpoint
-            # of its family is chosen.
-            if e.cluster:
+        for ep, _ in merged.values():
+            if ep.ready or (ep.serving and ep.terminating):
                 has = True
-            nodes.add(e.node_name)
-            if e.hint_nodes:
-                hinted.update(e.hint_nodes)
-            if e.hint_zones:
+            nodes.add(ep.node_name)
+            if ep.hint_nodes:
+                hinted.update(ep.hint_nodes)
+            if ep.hint_zones:
                 uses_zones = True
         if has:
             _SET_HAS_ENDPOINTS(service, True)
-        ports.append(PortBase(service, eps))
+        ports.append(PortBase(service, winners=merged))
     nodes.discard("")
     return ServiceBase(tuple(ports), frozenset(nodes), frozenset(hinted), uses_zones)
 
