@@ -157,6 +157,13 @@ def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
     return dynamic_server_credentials(tls.cert, tls.key, tls.client_ca)
 
 
+# The SDK's nodes ping every 30 s while their watch is quiet (sdk/client.py). gRPC's
+# default lets a client ping once per 5 minutes without data and answers a third early
+# ping with GOAWAY too_many_pings: a quiet watch was cut after ~90 s and the next change
+# waited for the node to reconnect. Pings are accepted every 5 s.
+KEEPALIVE_POLICY = (("grpc.http2.min_ping_interval_without_data_ms", 5000),)
+
+
 async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
                     tls: TLSFiles | None = None, guard: CallGuard | None = None,
                     health_servicer: health_aio.HealthServicer | None = None,
@@ -168,6 +175,7 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
     sets the health status (else it is SERVING once started)."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 << 20),
                                       ("grpc.keepalive_time_ms", 30000),
+                                      *KEEPALIVE_POLICY,
                                       ("grpc.so_reuseport", 1)],
                              interceptors=guard.interceptors() if guard else None)
     server.add_generic_rpc_handlers((handler,))

@@ -65,6 +65,10 @@ def tls_credentials(ca: Path | None, cert: Path | None = None,
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 30000),
+    # Keep pinging while the watch is quiet (gRPC's default stops after two pings
+    # without data, and a frontend gone without a reset would then never be noticed);
+    # the frontend accepts these pings (frontend/serving/server.py).
+    ("grpc.http2.max_pings_without_data", 0),
     # A connection of its own, even when a process watches several nodes.
     ("grpc.use_local_subchannel_pool", 1),
     # No bandwidth-probing PING on received data: with it every small batch costs the
