@@ -281,7 +281,7 @@ def test_agent_process_serves_and_stops_on_sigterm() -> None:
     assert "stopping" in (proc.stderr.read() if proc.stderr else "")
 
 
-def test_agent_reports_a_busy_healthz_port() -> None:
+def test_agent_reports_a_busy_healthz_port(caplog: pytest.LogCaptureFixture) -> None:
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
@@ -290,5 +290,6 @@ def test_agent_reports_a_busy_healthz_port() -> None:
         args = parse("--node-ip", "10.0.0.1", "--healthz-bind-address", f"127.0.0.1:{port}",
                      "--metrics-bind-address", "", "--api", "127.0.0.1:1")
         assert run_agent(CleanupBackend(), config_from_args(args), args) == 1
+        assert f"healthz address 127.0.0.1:{port}" in caplog.text  # which one is busy
     finally:
         squatter.close()

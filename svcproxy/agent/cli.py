@@ -291,8 +291,12 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
             health_check_node_ports=dataplane,
         )
     except OSError as err:
-        log.error("Cannot listen (%s); pick another --healthz-bind-address or "
-                  "--metrics-bind-address, or disable it with ''", err)
+        log.error("Cannot listen on the healthz address %s or the metrics address %s (%s): "
+                  "another process may hold it; pick another --healthz-bind-address / "
+                  "--metrics-bind-address (healthzBindAddress / metricsBindAddress in the "
+                  "--config file), or turn one off with the flag set to ''",
+                  args.healthz_bind_address or "(off)", args.metrics_bind_address or "(off)",
+                  err)
         return 1
     _install_signal_handlers(agent.stop)
     log.info("Backend %s on node %s following %s (node IPs %s)", backend.name,
