@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "scripts" / "ipvs-vm" / "run.sh"
 GUEST_TESTS = ("tests/test_ipvs_guest.py", "tests/test_scenarios.py")
-TIMEOUT = 840
+TIMEOUT = 2700
 
 
 def _missing() -> str:

@@ -57,4 +57,4 @@ BACKENDS: tuple[BackendCase, ...] = (
     )),
 )
 if os.environ.get("SVCPROXY_IPVS_GUEST") == "1":
-    BACKENDS += (BackendCase("ipvs"),)
+    BACKENDS += (BackendCase("ipvs"), BackendCase("ipvs", local=True, label="ipvs-local"))
