@@ -40,7 +40,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from bench_local_cold_start import cpu_seconds, prepare_tree
+from bench_local_cold_start import cpu_seconds, prepare_tree, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 PYCACHE = ROOT / ".cache" / "bench-pycache"
@@ -156,12 +156,7 @@ def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT) -> tuple
                 return time.monotonic() - start, cpu_seconds(proc.pid)
         raise RuntimeError("the frontend ended before syncing")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def in_process(kubeconfig: Path, tree: Path) -> tuple[float, float]:
