@@ -101,7 +101,7 @@ def test_streams_that_do_not_read_hold_one_message_and_unary_stays_fast(frontend
         with channel(fe) as ch:
             api = pb_grpc.NodeStateServiceStub(ch)
             calls = [api.Watch(pb.WatchRequest(node_name="node-a")) for _ in range(streams)]
-            wait_for(lambda: fe.engine.changelog.views["node-a"].watchers == streams)
+            wait_for(lambda: watchers(fe, "node-a") == streams)
             time.sleep(1.0)
             held = tracemalloc.get_traced_memory()[0] - before
             with channel(fe) as other:
@@ -124,6 +124,12 @@ def test_streams_that_do_not_read_hold_one_message_and_unary_stays_fast(frontend
     assert sorted(took)[2] < 1.0, took
 
 
+def watchers(fe: Any, node: str) -> int:
+    """Streams the frontend counts on ``node``'s view (0 before the view exists)."""
+    view = fe.engine.changelog.views.get(node)
+    return view.watchers if view is not None else 0
+
+
 # ---- the write timeout ---------------------------------------------------------------
 
 def test_stream_not_read_is_ended_with_unavailable(frontend_factory, tmp_path) -> None:
@@ -134,7 +140,7 @@ def test_stream_not_read_is_ended_with_unavailable(frontend_factory, tmp_path) -
     with channel(fe) as ch:
         call = pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name="node-a"))
         wait_for(lambda: limits.STALLED._value.get() > ended, timeout=10)
-        wait_for(lambda: fe.engine.changelog.views["node-a"].watchers == 0)  # the handler is gone
+        wait_for(lambda: watchers(fe, "node-a") == 0)  # the handler is gone
         with pytest.raises(grpc.RpcError) as err:
             for _ in call:
                 pass
@@ -372,7 +378,7 @@ def test_stream_workers_counts_are_in_the_main_process_metrics(tmp_path) -> None
             return pb_grpc.NodeStateServiceStub(ch).Watch(pb.WatchRequest(node_name=name))
 
         stalled = [watch("node-a") for _ in range(streams)]  # none reads: each stalls
-        wait_for(lambda: fe.engine.changelog.views["node-a"].watchers == streams, timeout=20)
+        wait_for(lambda: watchers(fe, "node-a") == streams, timeout=20)
         assert set(workers.pids) & serving_pids(fe.frontend.port), "no stream on the worker"
         wait_for(lambda: exposed("svcproxy_frontend_watch_stalled_total")
                  == counted["stalled"] + streams, timeout=20)
