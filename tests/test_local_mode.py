@@ -79,6 +79,17 @@ class Output:
             pump.join(10)
 
 
+def _stop(proc: subprocess.Popen[str], out: Output) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within STOP; its output drained."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out.join()
+
+
 def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> None:
     fake = FakeApiserver(token="s3cret")
     try:
@@ -103,13 +114,7 @@ def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> 
                                                         ["10.0.0.1", "10.0.0.7"]))
             out.next_with("10.0.0.7", CHANGE)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            out.join()
+            _stop(proc, out)
         assert proc.returncode == 0, "".join(out.stderr)
         assert "Local mode" in "".join(out.stderr)
     finally:
@@ -221,13 +226,7 @@ def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
                 assert time.monotonic() < deadline, "the watched change was not served"
                 time.sleep(0.05)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            out.join()
+            _stop(proc, out)
         assert proc.returncode == 0, "".join(out.stderr)
         assert "10.0.0.1" in str(endpoints)
         loaded = set(json.loads(modules.read_text()))
