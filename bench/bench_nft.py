@@ -23,10 +23,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from endpoint_swap import swap_one_endpoint  # noqa: E402
 
 from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
@@ -36,7 +37,7 @@ from svcproxy.sdk import Changes, NodeState  # noqa: E402
 from tests.lab import manifests as m  # noqa: E402
 from tests.lab.plan import NodeSpec, PodSpec  # noqa: E402
 from tests.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
+from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 
 def rss_mb(pid: int | str = "self") -> float:
@@ -107,17 +108,9 @@ def scale(services: int, endpoints: int) -> None:
 def _endpoint_changes(backend: NftBackend, state: NodeState, key: ServicePortKey,
                       label: str, first: int, count: int = 20) -> NodeState:
     """Replace one endpoint of ``key`` ``count`` times; print delta sync times."""
-    record = state.services[key]
     changes: list[float] = []
     for i in range(count):
-        eps = dict(record.endpoints)
-        eps.pop(next(iter(eps)))
-        new = endpoint(pod_ip(first + i))
-        eps[new.ip] = new
-        record = replace(record, endpoints=eps)
-        services_now = dict(state.services)
-        services_now[key] = record
-        state = replace(state, services=services_now, revision=state.revision + 1)
+        state = swap_one_endpoint(state, key, first + i)
         t0 = time.perf_counter()
         backend.sync(state, Changes(frozenset({key})))
         changes.append(time.perf_counter() - t0)

@@ -15,14 +15,15 @@ import gc
 import hashlib
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent.parent))
 
+from endpoint_swap import swap_one_endpoint  # noqa: E402
+
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.sdk import Changes  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
+from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 
 class Keep:
@@ -48,17 +49,10 @@ def main() -> None:
     full = time.process_time() - t0
     full_digest = hashlib.sha256(runner.texts[-1].encode()).hexdigest()[:12]
     key = sorted(state.services)[5_000]
-    record = state.services[key]
     cpu = []
     deltas = hashlib.sha256()
     for i in range(200):
-        eps = dict(record.endpoints)
-        eps.pop(next(iter(eps)))
-        new = endpoint(pod_ip(2_000_000 + i))
-        eps[new.ip] = new
-        record = replace(record, endpoints=eps)
-        state = replace(state, services={**state.services, key: record},
-                        revision=state.revision + 1)
+        state = swap_one_endpoint(state, key, 2_000_000 + i)
         t0 = time.process_time()
         backend.sync(state, Changes(frozenset({key})))
         cpu.append(time.process_time() - t0)

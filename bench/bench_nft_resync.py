@@ -28,10 +28,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from endpoint_swap import swap_one_endpoint  # noqa: E402
 
 from svcproxy.agent.health import ProxyHealth  # noqa: E402
 from svcproxy.agent.node_context import ContextResolver  # noqa: E402
@@ -40,7 +42,7 @@ from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.sdk import Backend, Changes, NodeState  # noqa: E402
 from svcproxy.sdk.testing import FakeSource  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
+from tests.nft_fixtures import CONFIG, big_state, pod_ip  # noqa: E402
 
 PROBE = "spbench_probe"
 NEW_ENDPOINT = re.compile(r"(10\.13\d\.\d+\.\d+) \. 8080")
@@ -162,15 +164,8 @@ def run_mode(label: str, state: NodeState, sync_period: float, window: float, ra
             at = start + i / rate
             time.sleep(max(0.0, at - time.perf_counter()))
             key = keys[(i * 7919) % len(keys)]
-            record = state.services[key]
-            eps = dict(record.endpoints)
-            eps.pop(next(iter(eps)))
-            new = endpoint(pod_ip(first_ip + i))
-            eps[new.ip] = new
-            services = dict(state.services)
-            services[key] = replace(record, endpoints=eps)
-            state = replace(state, services=services, revision=state.revision + 1)
-            pushed[new.ip] = time.perf_counter()
+            state = swap_one_endpoint(state, key, first_ip + i)
+            pushed[pod_ip(first_ip + i)] = time.perf_counter()
             source.push(state, [key])
         deadline = time.perf_counter() + 30
         while time.perf_counter() < deadline and any(monitor.when(ip) is None for ip in pushed):

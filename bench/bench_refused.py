@@ -26,10 +26,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from endpoint_swap import swap_one_endpoint  # noqa: E402
 
 from svcproxy.backends.nft import backend as nft_backend  # noqa: E402
 from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
@@ -39,7 +40,7 @@ from svcproxy.backends.nft.names import TABLE  # noqa: E402
 from svcproxy.sdk import Changes, NodeState  # noqa: E402
 from svcproxy.sdk.refusals import invalid_values  # noqa: E402
 from tests.lab.netns import call_in  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state, endpoint, pod_ip  # noqa: E402
+from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 
 @contextmanager
@@ -91,14 +92,9 @@ def common_path(state: NodeState, on: bool) -> tuple[float, float]:
                 print(f"   (checks on: {SPENT[0]:.3f} s of a {first:.2f} s full sync in the "
                       f"checks, {100 * SPENT[0] / first:.1f}%)", flush=True)
             key = sorted(state.services)[len(state.services) // 2]
-            record, now, times = state.services[key], state, []
+            now, times = state, []
             for i in range(15):
-                eps = dict(record.endpoints)
-                eps.pop(next(iter(eps)))
-                new = endpoint(pod_ip(3_000_000 + i))
-                eps[new.ip] = new
-                record = replace(record, endpoints=eps)
-                now = replace(now, services={**now.services, key: record})
+                now = swap_one_endpoint(now, key, 3_000_000 + i)
                 t0 = time.perf_counter()
                 backend.sync(now, Changes(frozenset({key})))
                 times.append(time.perf_counter() - t0)
