@@ -5,8 +5,6 @@ collection resumes; never left off when the first sync does not come."""
 from __future__ import annotations
 
 import gc
-import io
-import threading
 import time
 from collections.abc import Iterator
 
@@ -14,11 +12,10 @@ import pytest
 
 from svcproxy.agent import collector
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
-from svcproxy.backends.dump.backend import DumpBackend
 from svcproxy.model import NodeInfo
 from svcproxy.sdk.backend import NodeState
-from svcproxy.sdk.testing import FakeSource
+from tests.conftest import wait_for
+from tests.running_agent import dump_agent
 
 CONFIG = NodeConfig(node_name="node1", node_ips=("192.168.50.2",))
 
@@ -37,26 +34,13 @@ def test_paused_from_the_start_to_the_first_sync_then_the_loaded_state_frozen() 
     gc.enable()
     collector.pause_collector_for_start()
     assert not gc.isenabled()
-    out = io.StringIO()
-    source = FakeSource()
-    agent = NodeAgent(source, DumpBackend(out), CONFIG, health_check_node_ports=False,
-                      poll=0.02)
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
+    with dump_agent(CONFIG) as running:
         time.sleep(0.1)
         assert not gc.isenabled(), "collection resumed before the first sync"
         loaded = [object() for _ in range(1000)]
-        source.push(NodeState("node1", 1, NodeInfo("node1"), {}), [])
-        deadline = time.monotonic() + 5
-        while not gc.isenabled() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert gc.isenabled(), "collection did not resume after the first sync"
+        running.source.push(NodeState("node1", 1, NodeInfo("node1"), {}), [])
+        wait_for(gc.isenabled, timeout=30)
         assert gc.get_freeze_count() >= len(loaded)
-    finally:
-        agent.stop()
-        thread.join(5)
-        agent.close()
 
 
 def test_a_collector_already_off_is_left_off() -> None:

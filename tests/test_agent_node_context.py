@@ -19,6 +19,7 @@ from svcproxy.model import NodeInfo, Protocol, ServicePortKey
 from svcproxy.sdk import resolve_context
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
+from tests.conftest import wait_for
 
 CONFIG = NodeConfig("node1", node_ips=("192.168.50.2",), cluster_cidrs=("10.244.0.0/16",),
                     node_port_addresses=("192.168.50.0/24", "127.0.0.0/8"),
@@ -83,28 +84,14 @@ def test_runner_hands_the_context_and_a_new_one_is_a_node_change() -> None:
 
 def test_the_agent_hands_the_dump_backend_its_resolved_context() -> None:
     """What a backend run by the agent gets: the one context, in the dump's snapshot line."""
-    import io
     import json
 
-    from svcproxy.agent.node_agent import NodeAgent
-    from svcproxy.backends.dump.backend import DumpBackend
+    from tests.running_agent import dump_agent
 
-    out = io.StringIO()
-    source = FakeSource()
-    agent = NodeAgent(source, DumpBackend(out), CONFIG, health_check_node_ports=False,
-                      poll=0.02)
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
+    with dump_agent(CONFIG) as (source, agent, out):
         source.push(NodeState("node1", 1, NodeInfo("node1", pod_cidrs=("10.244.3.0/24",)), {}),
                     [KEY])
-        deadline = time.monotonic() + 5
-        while not out.getvalue() and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        agent.stop()
-        thread.join(5)
-        agent.close()
+        wait_for(out.getvalue, timeout=30)
     line = json.loads(out.getvalue().splitlines()[0])
     v4 = line["context"]["families"][0]
     assert v4["node_ips"] == ["192.168.50.2"]
