@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import pytest
@@ -27,6 +28,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
+from tests.conftest import wait_for
+from tests.running_agent import running
 
 GO_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? \+0000 UTC$")
 KEY = ServicePortKey("default", "web", "http", Protocol.TCP)
@@ -97,39 +100,23 @@ class Agent:
 
 @pytest.fixture
 def agent() -> Iterator[Callable[..., Agent]]:
-    made: list[tuple[NodeAgent, threading.Thread, GatedBackend]] = []
+    with ExitStack() as stack:
+        def make(sync_period: float = 30.0) -> Agent:
+            source, backend = FakeSource(), GatedBackend()
+            config = NodeConfig("node-a", sync_period=sync_period, min_sync_period=0.0)
+            node_agent = stack.enter_context(running(NodeAgent(
+                source, backend, config, healthz_address=("127.0.0.1", 0),
+                metrics_address=("127.0.0.1", 0), poll=0.02)))
+            stack.callback(backend.gate.set)  # first: a blocked sync lets the agent stop
+            return Agent(source, backend, node_agent)
 
-    def make(sync_period: float = 30.0) -> Agent:
-        source, backend = FakeSource(), GatedBackend()
-        config = NodeConfig("node-a", sync_period=sync_period, min_sync_period=0.0)
-        node_agent = NodeAgent(source, backend, config, healthz_address=("127.0.0.1", 0),
-                               metrics_address=("127.0.0.1", 0), poll=0.02)
-        thread = threading.Thread(target=node_agent.run, daemon=True)
-        thread.start()
-        made.append((node_agent, thread, backend))
-        return Agent(source, backend, node_agent)
-
-    yield make
-    for node_agent, thread, backend in made:
-        backend.gate.set()
-        node_agent.stop()
-        thread.join(timeout=5)
-        node_agent.close()
-
-
-def until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+        yield make
 
 
 def test_healthz_and_livez_answer_like_kube_proxy(agent: Callable[..., Agent]) -> None:
     a = agent()
     a.source.push(node_state(1, 2))
-    assert until(lambda: a.backend.count == 1)
+    wait_for(lambda: a.backend.count == 1)
     for path in ("/healthz", "/livez"):
         status, headers, body = get(a.healthz, path)
         assert status == 200
@@ -146,26 +133,26 @@ def test_healthz_and_livez_answer_like_kube_proxy(agent: Callable[..., Agent]) -
 def test_healthz_fails_while_updates_stall_and_recovers(agent: Callable[..., Agent]) -> None:
     a = agent(sync_period=0.25)
     a.source.push(node_state(1, 1))
-    assert until(lambda: a.backend.count == 1)
+    wait_for(lambda: a.backend.count == 1)
     a.backend.gate.clear()
     a.source.push(node_state(2, 2), [KEY])
-    assert until(lambda: get(a.healthz, "/healthz")[0] == 503, timeout=3)
+    wait_for(lambda: get(a.healthz, "/healthz")[0] == 503)
     status, _, body = get(a.healthz, "/livez")
     assert status == 503
     doc = json.loads(body)
     assert doc["lastUpdated"] != doc["currentTime"], "stale lastUpdated is reported when failing"
     assert a.metric("kubeproxy_proxy_healthz_total", '{code="503"}') >= 1
     a.backend.gate.set()
-    assert until(lambda: get(a.healthz, "/healthz")[0] == 200, timeout=3)
+    wait_for(lambda: get(a.healthz, "/healthz")[0] == 200)
     assert get(a.healthz, "/livez")[0] == 200
 
 
 def test_terminating_node_fails_healthz_but_not_livez(agent: Callable[..., Agent]) -> None:
     a = agent()
     a.source.push(node_state(1, 1))
-    assert until(lambda: a.backend.count == 1)
+    wait_for(lambda: a.backend.count == 1)
     a.source.push(node_state(2, 1, terminating=True), node_changed=True)
-    assert until(lambda: get(a.healthz, "/healthz")[0] == 503)
+    wait_for(lambda: get(a.healthz, "/healthz")[0] == 503)
     assert json.loads(get(a.healthz, "/healthz")[2])["nodeEligible"] is False
     assert get(a.healthz, "/livez")[0] == 200
 
@@ -194,8 +181,8 @@ def test_metrics_move_as_syncs_happen(agent: Callable[..., Agent]) -> None:
     assert a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 0
 
     a.source.push(node_state(1, 2))
-    assert until(lambda: a.backend.count == 1)
-    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 1)
+    wait_for(lambda: a.backend.count == 1)
+    wait_for(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 1)
     assert a.metric("kubeproxy_sync_full_proxy_rules_duration_seconds_count", FAMILY) == 1
     assert a.metric("kubeproxy_sync_proxy_rules_service_changes_total") == 2
     assert a.metric("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 3
@@ -205,7 +192,7 @@ def test_metrics_move_as_syncs_happen(agent: Callable[..., Agent]) -> None:
     assert abs(first_sync - time.time()) < 10
 
     a.source.push(node_state(2, 4), [KEY], trigger_times=[time.time() - 2.0])
-    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 2)
+    wait_for(lambda: a.metric("kubeproxy_sync_proxy_rules_duration_seconds_count", FAMILY) == 2)
     assert a.metric("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", FAMILY) == 1
     assert a.metric("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 5
     assert a.metric("kubeproxy_sync_proxy_rules_service_changes_total") == 2
@@ -223,14 +210,14 @@ def test_pending_gauges_show_changes_waiting_for_a_stalled_sync(
 ) -> None:
     a = agent()
     a.source.push(node_state(1, 1))
-    assert until(lambda: a.backend.count == 1)
+    wait_for(lambda: a.backend.count == 1)
     a.backend.gate.clear()
     a.source.push(node_state(2, 1), [KEY])
     time.sleep(0.1)
     a.source.push(node_state(3, 2), [KEY, LOCAL])
-    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_service_changes_pending") == 2)
+    wait_for(lambda: a.metric("kubeproxy_sync_proxy_rules_service_changes_pending") == 2)
     a.backend.gate.set()
-    assert until(lambda: a.metric("kubeproxy_sync_proxy_rules_service_changes_pending") == 0)
+    wait_for(lambda: a.metric("kubeproxy_sync_proxy_rules_service_changes_pending") == 0)
 
 
 def test_metrics_port_serves_proxy_mode(agent: Callable[..., Agent]) -> None:

@@ -6,9 +6,7 @@ import http.client
 import json
 import logging
 import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,6 +25,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
+from tests import running_agent
+from tests.conftest import wait_for
 
 
 def free_port() -> int:
@@ -84,35 +84,19 @@ class NullBackend(Backend):
         self.count += 1
 
 
-def until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 @pytest.fixture
 def running() -> Iterator[tuple[FakeSource, NodeAgent, NullBackend]]:
     source, backend = FakeSource(), NullBackend()
     config = NodeConfig("node-a", node_ips=("127.0.0.1", "192.0.2.99"),
                         node_port_addresses=("127.0.0.0/8",), min_sync_period=0.0)
-    agent = NodeAgent(source, backend, config, poll=0.02)
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
+    with running_agent.running(NodeAgent(source, backend, config, poll=0.02)) as agent:
         yield source, agent, backend
-    finally:
-        agent.stop()
-        thread.join(timeout=5)
-        agent.close()
 
 
 def push_and_wait(source: FakeSource, agent: NodeAgent, st: NodeState) -> None:
     source.push(st, st.services.keys())
-    assert until(lambda: agent.runner.applied is not None
-                 and agent.runner.applied.revision == st.revision)
+    wait_for(lambda: agent.runner.applied is not None
+             and agent.runner.applied.revision == st.revision)
 
 
 def test_answers_200_with_local_endpoints_and_503_without(
