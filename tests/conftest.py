@@ -75,6 +75,13 @@ class RunningFrontend:
             self.engine.submit(events)
         asyncio.run_coroutine_threadsafe(apply(), self.loop).result(10)
 
+    def records(self, node: str = "node-a") -> dict[Any, Any]:
+        """``node``'s records as published now, read on the loop (its view made there on
+        first use, as a client's watch makes it, never beside the loop's own work)."""
+        async def read() -> dict[Any, Any]:
+            return dict(self.engine.changelog.view(node).records)
+        return asyncio.run_coroutine_threadsafe(read(), self.loop).result(10)
+
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.frontend.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
