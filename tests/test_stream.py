@@ -134,8 +134,10 @@ def test_slow_client_is_coalesced_and_never_delays_a_fast_one(frontend_factory,
             t0 = time.monotonic()
             fe.submit([Upsert("EndpointSlice", web_slice(n, port=n))])
             wait_for(lambda n=n: (t := fast.take()) is not None and
-                     len(t[0].services[WEB].endpoints) == n, timeout=5)
-            assert time.monotonic() - t0 < 2
+                     len(t[0].services[WEB].endpoints) == n)
+            # held behind the slow client, the change would wait out its 60 s write
+            # timeout; the margin is for a loaded CI machine
+            assert time.monotonic() - t0 < 5
         final = fe.engine.changelog.revision
         batches: list[int] = []
         done = threading.Event()
