@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from svcproxy.backends.nft import names
 from svcproxy.backends.nft.claims import build_table, commit, full_text, plan_delta
 from svcproxy.backends.nft.context import family_context, from_node_context
 from svcproxy.backends.nft.service_rules import ServiceRules, render_service
 from svcproxy.backends.nft.skeleton import lb_declarations, render_skeleton
-from svcproxy.model import NodeInfo, SessionAffinity, TrafficPolicy
+from svcproxy.model import (
+    NodeInfo,
+    Protocol,
+    ServicePortKey,
+    SessionAffinity,
+    TrafficPolicy,
+)
 from svcproxy.sdk import resolve_context
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
 
@@ -204,3 +216,24 @@ def test_local_traffic_detection_modes() -> None:
     assert family_context(replace(CONFIG, cluster_cidrs=()), None, 4).local_match == ""
     two = replace(CONFIG, cluster_cidrs=("10.244.0.0/16", "10.245.0.0/16"))
     assert family_context(two, None, 4).local_match == "ip saddr { 10.244.0.0/16, 10.245.0.0/16 }"
+
+
+# Hostile parts, and safe ones around Kubernetes' limits (15 and 63 characters).
+_NAME_PARTS = st.text(alphabet="az09-._/:é *\U0001f600", max_size=70) | st.sampled_from(
+    [14, 15, 16, 62, 63, 64]).map(lambda n: "a-" * (n // 2) + "b" * (n % 2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_NAME_PARTS, _NAME_PARTS, _NAME_PARTS, st.sampled_from(list(Protocol)))
+def test_service_base_is_its_definition(ns: str, name: str, port: str,
+                                        proto: Protocol) -> None:
+    """The base name's fast path (safe parts kept as they are, base32 by table) gives what
+    its definition does: base32 of BLAKE2b-40 over the readable name, each part made safe
+    and cut to Kubernetes' limit."""
+    readable = f"{ns}/{name}/{proto.value.lower()}/{port}"
+    digest = hashlib.blake2b(readable.encode(errors="surrogatepass"), digest_size=5).digest()
+    safe = [re.sub(r"[^A-Za-z0-9_.-]", "_", text[:limit])
+            for text, limit in ((ns, 63), (name, 63), (port, 15))]
+    expected = f"{base64.b32encode(digest).decode()}-{safe[0]}/{safe[1]}/" \
+        f"{proto.value.lower()}/{safe[2]}"
+    assert names.service_base(ServicePortKey(ns, name, port, proto)) == expected

@@ -375,8 +375,11 @@ def _probe(tables: Mapping[int, FamilyTable]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _key(item: tuple[ServicePortKey, object]) -> ServicePortKey:
-    return item[0]
+def _key(item: tuple[ServicePortKey, object]) -> tuple[str, str, str, str]:
+    """A service port's order (ServicePortKey's, compared as a tuple of its fields: ~10x
+    fewer Python calls than the dataclass's ``__lt__`` when sorting 10,000 of them)."""
+    key = item[0]
+    return key.namespace, key.name, key.port_name, key.protocol
 
 
 @contextmanager

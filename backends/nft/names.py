@@ -11,7 +11,6 @@ syntax or the kernel's limit; the hash is taken over the name as it was.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
 
@@ -21,18 +20,32 @@ TABLE = "svcproxy"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# What a readable name made of safe parts holds: those characters and its 3 slashes.
+_UNSAFE_BUT_SLASH = re.compile(r"[^A-Za-z0-9_./-]")
 # Kubernetes' limits: namespace and Service name 63 (DNS-1123/1035 labels), port name 15.
 _LIMITS = (63, 63, 15)
+# RFC 4648's base32 alphabet, two characters (10 bits) at a time.
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+_B32_PAIRS = tuple(a + b for a in _B32 for b in _B32)
 
 
 def service_base(key: ServicePortKey) -> str:
     """Hash-prefixed readable base name of one service port (at most 166 characters)."""
-    readable = f"{key.namespace}/{key.name}/{key.protocol.value.lower()}/{key.port_name}"
+    ns, name, port = key.namespace, key.name, key.port_name
+    readable = f"{ns}/{name}/{key.protocol.lower()}/{port}"
     digest = hashlib.blake2b(readable.encode(errors="surrogatepass"), digest_size=5).digest()
-    ns, name, port = (_safe(text, n) for text, n in zip(
-        (key.namespace, key.name, key.port_name), _LIMITS, strict=True))
-    safe = f"{ns}/{name}/{key.protocol.value.lower()}/{port}"
-    return f"{base64.b32encode(digest).decode()}-{safe}"
+    if (len(ns) > _LIMITS[0] or len(name) > _LIMITS[1] or len(port) > _LIMITS[2]
+            or readable.count("/") != 3 or _UNSAFE_BUT_SLASH.search(readable)):
+        ns, name, port = (_safe(text, n) for text, n in zip(
+            (ns, name, port), _LIMITS, strict=True))
+        readable = f"{ns}/{name}/{key.protocol.lower()}/{port}"
+    return f"{_base32(digest)}-{readable}"
+
+
+def _base32(digest: bytes) -> str:
+    """``base64.b32encode`` of a 5-byte digest (40 bits: 8 characters, no padding)."""
+    n, pairs = int.from_bytes(digest, "big"), _B32_PAIRS
+    return pairs[n >> 30] + pairs[n >> 20 & 1023] + pairs[n >> 10 & 1023] + pairs[n & 1023]
 
 
 def _safe(text: str, limit: int) -> str:

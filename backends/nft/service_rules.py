@@ -165,9 +165,12 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
     cips = of_family(svc.cluster_ips, ctx.family)
     if not cips:
         return None
-    b = _Builder(ctx, svc, names.service_base(svc.key), svc.key.protocol.value.lower())
+    b = _Builder(ctx, svc, names.service_base(svc.key), svc.key.protocol.lower())
     v6 = ctx.family == 6
-    eps = [e for _, e in sorted(state.endpoints.items()) if (":" in e.ip) == v6]
+    if len(state.endpoints) == 1:  # most service ports: nothing to sort
+        eps = [e for e in state.endpoints.values() if (":" in e.ip) == v6]
+    else:
+        eps = [e for _, e in sorted(state.endpoints.items()) if (":" in e.ip) == v6]
     internal = [e for e in eps if e.internal]
     external = [e for e in eps if e.external]
     cluster = [e for e in eps if e.cluster]
@@ -190,9 +193,10 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
         else:
             b.element("service-ips", key, f"goto {b.shared_lb(key, internal)}")
 
-    ext_ips = of_family(svc.external_ips, ctx.family)
-    vips = of_family(svc.vip_ingress_ips(), ctx.family)
-    ext_addrs = list(dict.fromkeys(ext_ips + vips))
+    ext_ips = of_family(svc.external_ips, ctx.family) if svc.external_ips else []
+    vips = (of_family(svc.vip_ingress_ips(), ctx.family) if svc.load_balancer_ingress
+            else [])
+    ext_addrs = list(dict.fromkeys(ext_ips + vips)) if ext_ips or vips else []
     ext_chain = ""
     if has_eps and (ext_addrs or svc.node_port):
         ext_chain = _external_chain(b, external, cluster)
@@ -203,7 +207,7 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
         if not external and not (ext_chain and short_circuit):
             b.element("no-endpoint-services", key, no_eps_verdict)
 
-    ranges = of_family(svc.load_balancer_source_ranges, ctx.family)
+    ranges = of_family(svc.load_balancer_source_ranges, ctx.family) if vips else []
     if vips and ranges:
         fw = names.firewall_chain(b.base)
         sources = anonymous_set(_firewall_sources(ctx, ranges, vips))
