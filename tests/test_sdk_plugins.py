@@ -45,6 +45,15 @@ def create(args, config):
 '''
 
 
+def written(path: Path) -> object:
+    """The JSON the plugin wrote; None while the file is missing or half-written (it is
+    opened, emptied, then written)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def fake_distribution(root: Path, name: str, entry_points: dict[str, str]) -> None:
     """An installed distribution as pip leaves it: a dist-info with entry_points.txt."""
     info = root / f"{name}-1.2.dist-info"
@@ -93,13 +102,12 @@ def test_svcproxy_backend_lists_and_runs_another_packages_backend(tmp_path: Path
              "--jsonfile-path", str(out)],
             env=dict(os.environ, PYTHONPATH=str(tmp_path)), stderr=subprocess.PIPE, text=True)
         try:
+            want = {"shop/web:http/tcp": ["10.244.1.5", "10.244.2.5"]}
             deadline = time.monotonic() + 30
-            while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            while written(out) != want and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert out.exists(), proc.stderr.read() if proc.poll() is not None else "no file"
-            time.sleep(0.1)
-            assert json.loads(out.read_text()) == {
-                "shop/web:http/tcp": ["10.244.1.5", "10.244.2.5"]}
+            assert written(out) == want, (proc.stderr.read() if proc.poll() is not None
+                                          else f"wrote {written(out)}")
         finally:
             proc.terminate()
             proc.wait(10)
