@@ -106,10 +106,10 @@ def test_it_runs_against_a_real_frontend(venv: tuple[Path, Path], tmp_path: Path
          "--metrics-bind-address", ""], stderr=subprocess.PIPE, text=True)
     web_file = out / "shop_web_http_tcp"
     try:
-        eventually(lambda: web_file.exists() and web_file.read_text()
+        eventually(lambda: text(web_file)
                    == "10.96.0.10:80/TCP -> 10.244.1.5:8080 10.244.2.5:8080\n", backend)
         (manifests / "web.yaml").write_text(web.replace("port: 80,", "port: 81,"))
-        eventually(lambda: web_file.read_text()
+        eventually(lambda: text(web_file)
                    == "10.96.0.10:81/TCP -> 10.244.1.5:8080 10.244.2.5:8080\n", backend)
         (manifests / "web.yaml").unlink()
         eventually(lambda: not web_file.exists(), backend)
@@ -123,6 +123,14 @@ def test_it_runs_against_a_real_frontend(venv: tuple[Path, Path], tmp_path: Path
                 proc.kill()
                 proc.wait()
     assert backend.returncode == 0, backend.stderr.read() if backend.stderr else ""
+
+
+def text(path: Path) -> str | None:
+    """A file's text; None while it is missing (a rebuild removes every file first)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
 
 
 def eventually(check: object, proc: subprocess.Popen[str], timeout: float = 30) -> None:
