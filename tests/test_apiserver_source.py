@@ -331,8 +331,8 @@ def test_stop_closes_the_watches(fake, start_source) -> None:
     wait_until(lambda: all(fake.active_watches(kind) for kind in KINDS), "watches to open")
     started = time.monotonic()
     source.stop()
-    assert time.monotonic() - started < 2.0
-    wait_until(lambda: not any(fake.active_watches(k) for k in KINDS), "watches to close", 5)
+    assert time.monotonic() - started < 4.0, "stop waited out its 5 s bound for a watch"
+    wait_until(lambda: not any(fake.active_watches(k) for k in KINDS), "watches to close")
 
 
 def test_missing_kubeconfig_is_a_clear_error(tmp_path) -> None:

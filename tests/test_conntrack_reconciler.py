@@ -176,7 +176,7 @@ def test_a_deferred_run_sees_every_change_since_the_last_run() -> None:
         assert reconciler.after_sync(dns, state()) == 0  # deferred
         assert reconciler.after_sync(state(), state()) == 0
         assert table.flows == [gone]
-        wait_for(lambda: not table.flows, timeout=5)
+        wait_for(lambda: not table.flows)
         assert reconciler.runs == 2 and table.dumps == 2 * 2  # UDP and SCTP per run
     finally:
         reconciler.close()

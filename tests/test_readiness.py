@@ -77,7 +77,7 @@ def test_not_serving_and_no_snapshot_until_every_kind_is_listed(  # type: ignore
     names = {op.replace_service.service.key.name for op in event.ops
              if op.WhichOneof("op") == "replace_service"}
     assert names == {"web"} and not event.more
-    wait_for(lambda: health(fe) == SERVING, timeout=5)
+    wait_for(lambda: health(fe) == SERVING)
     assert readyz(fe) == (200, "ok\n")
 
 
@@ -87,7 +87,7 @@ def test_a_lost_apiserver_is_reported_while_the_state_is_served(  # type: ignore
     fe = frontend_factory(None, kubeconfig=str(kubeconfig), healthz_bind_address="127.0.0.1:0",
                           apiserver_lost_after=0.5)
     wait_for(lambda: health(fe) == SERVING, timeout=10)
-    wait_for(lambda: health(fe, "apiserver") == SERVING, timeout=5)
+    wait_for(lambda: health(fe, "apiserver") == SERVING)
     api.stop()
     wait_for(lambda: health(fe, "apiserver") == NOT_SERVING, timeout=10)
     status, body = readyz(fe)
@@ -112,7 +112,7 @@ def test_a_chained_frontend_reports_its_lost_upstream(frontend_factory, tmp_path
                                          metrics_bind_address="")).start()
     down = frontend_factory(None, upstream=up.opts.listen, apiserver_lost_after=0.5)
     wait_for(lambda: health(down) == SERVING, timeout=20)
-    wait_for(lambda: health(down, "apiserver") == SERVING, timeout=5)
+    wait_for(lambda: health(down, "apiserver") == SERVING)
     up.stop()
     wait_for(lambda: health(down, "apiserver") == NOT_SERVING, timeout=10)
     with grpc.insecure_channel(down.opts.listen) as channel:
