@@ -263,10 +263,10 @@ def test_cluster_ip_and_nodeport_reach_every_endpoint_with_masquerade(lab: Lab) 
 def test_service_without_endpoints_refuses_at_once(lab: Lab) -> None:
     be = backend(lab)
     be.sync(node_state(service("empty", "172.30.0.11", (), node_port=30081)), full())
-    start = time.monotonic()
+    # "refused", not "timeout" (the client waits 1 s): answered at once; the wall time
+    # around these two client processes measured their start-up on a loaded machine
     assert lab.connect(lab.client, "172.30.0.11", 80) == ["refused"]
     assert lab.connect(lab.client, NODE_IP, 30081) == ["refused"]
-    assert time.monotonic() - start < 1.5
 
 
 def test_localhost_nodeports_need_route_localnet_in_the_node_only(lab: Lab) -> None:
