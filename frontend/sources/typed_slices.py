@@ -32,7 +32,6 @@ from svcproxy.frontend.store.objects import (
     SliceEndpoint,
     SlicePort,
     parse_time,
-    plain_endpoint,
 )
 from svcproxy.model import Protocol
 
@@ -46,7 +45,7 @@ class _Conditions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _Endpoint(msgspec.Struct, forbid_unknown_fields=True):
-    addresses: list[str]
+    addresses: tuple[str, ...]
     conditions: _Conditions | None = None
     nodeName: str | None = None
     zone: str | None = None
@@ -139,30 +138,29 @@ def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
     if len(endpoints) > MAX_SLICE_ENDPOINTS:
         return None
     out = []
+    append = out.append
     allowed = ALLOWED_IPV4.fullmatch
+    places = _PLACES
     for ep in endpoints:
         addresses = ep.addresses
-        unique: tuple[str, ...]
         if len(addresses) == 1 and not ep.hostname:
             if not allowed(addresses[0]):
                 return None
-            unique = (addresses[0],)
         else:
             if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname:
                 return None
             for address in addresses:
                 if not allowed(address):
                     return None
-            unique = tuple(dict.fromkeys(addresses))
+            addresses = tuple(dict.fromkeys(addresses))
         node, zone = ep.nodeName or "", ep.zone or ""
-        if not _place_ok(node, zone):
+        if (node, zone) not in places and not _place_ok(node, zone):
             return None
         cond = ep.conditions
-        ready = serving = True
-        terminating = False
-        if cond is not None:
-            ready = True if cond.ready is None else cond.ready
-            serving = ready if cond.serving is None else cond.serving
-            terminating = bool(cond.terminating)
-        out.append(plain_endpoint(unique, ready, serving, terminating, node, zone))
+        if cond is None:
+            append(SliceEndpoint(addresses, True, True, False, node, zone, (), ()))
+            continue
+        ready = True if cond.ready is None else cond.ready
+        append(SliceEndpoint(addresses, ready, ready if cond.serving is None else cond.serving,
+                             cond.terminating is True, node, zone, (), ()))
     return tuple(out)

@@ -9,9 +9,10 @@ raises ``ParseError`` with a reason a person can act on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import msgspec
 
 from svcproxy.frontend.sources.kubevalidation import CANONICAL_IPV4
 from svcproxy.model import (
@@ -40,8 +41,13 @@ class ParseError(ValueError):
     """An object that cannot be used; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class SvcPort:
+class _Object(msgspec.Struct, frozen=True, gc=False):
+    """Immutable, compared and hashed by value as a frozen dataclass is, built in C (a
+    frozen dataclass's ``__init__`` sets each field from Python: 7 us for a Service,
+    2.5 us for an endpoint, against 0.3-0.5 us); no reference cycles, so untracked."""
+
+
+class SvcPort(_Object):
     name: str
     protocol: Protocol
     port: int
@@ -49,8 +55,7 @@ class SvcPort:
     target_port: str
 
 
-@dataclass(frozen=True, slots=True)
-class Service:
+class Service(_Object):
     namespace: str
     name: str
     type: str
@@ -82,8 +87,7 @@ class Service:
                 "LoadBalancer": ServiceType.LOAD_BALANCER}.get(self.type, ServiceType.CLUSTER_IP)
 
 
-@dataclass(frozen=True, slots=True)
-class SliceEndpoint:
+class SliceEndpoint(_Object):
     addresses: tuple[str, ...]
     ready: bool
     serving: bool
@@ -94,15 +98,13 @@ class SliceEndpoint:
     hint_nodes: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SlicePort:
+class SlicePort(_Object):
     name: str
     protocol: Protocol
     port: int
 
 
-@dataclass(frozen=True, slots=True)
-class EndpointSlice:
+class EndpointSlice(_Object):
     namespace: str
     name: str
     service_name: str
@@ -116,8 +118,7 @@ class EndpointSlice:
         return (self.namespace, self.name)
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(_Object):
     name: str
     zone: str
     labels: tuple[tuple[str, str], ...]
@@ -295,28 +296,10 @@ def parse_time(text: Any) -> float:
     return seconds if seconds > 0 else 0.0
 
 
-# The common shape's endpoints are built through the slots' descriptors: the same
-# objects as the keyword __init__ makes (it checks nothing), at under half the cost.
-_new = object.__new__
-(_SET_ADDRESSES, _SET_READY, _SET_SERVING, _SET_TERMINATING, _SET_NODE, _SET_ZONE,
- _SET_HINT_ZONES, _SET_HINT_NODES) = (SliceEndpoint.__dict__[name].__set__ for name in (
-     "addresses", "ready", "serving", "terminating", "node_name", "zone", "hint_zones",
-     "hint_nodes"))
-
-
 def plain_endpoint(addresses: tuple[str, ...], ready: bool, serving: bool, terminating: bool,
                    node_name: str, zone: str) -> SliceEndpoint:
-    """A SliceEndpoint without hints, built through the slots' descriptors."""
-    out = _new(SliceEndpoint)
-    _SET_ADDRESSES(out, addresses)
-    _SET_READY(out, ready)
-    _SET_SERVING(out, serving)
-    _SET_TERMINATING(out, terminating)
-    _SET_NODE(out, node_name)
-    _SET_ZONE(out, zone)
-    _SET_HINT_ZONES(out, ())
-    _SET_HINT_NODES(out, ())
-    return out
+    """A SliceEndpoint without hints."""
+    return SliceEndpoint(addresses, ready, serving, terminating, node_name, zone, (), ())
 
 
 def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
