@@ -9,6 +9,7 @@ import pytest
 from svcproxy.sdk import Backend, Changes, NodeState, NodeStateClient, ServicePortKey
 from svcproxy.sdk.run import run
 from svcproxy.sdk.testing import FakeCluster, objects_of
+from tests.conftest import wait_for
 
 WEB = """
 apiVersion: v1
@@ -97,8 +98,8 @@ def test_run_starts_a_client_that_was_not_started() -> None:
             cluster.wait_client(client)
             cluster.apply(WEB.replace("10.244.2.5", "10.244.2.6"))
             cluster.wait_client(client)
-            _wait_for(lambda: backend.syncs and endpoint_ips(backend.syncs[-1][0])
-                      == ["10.244.1.5", "10.244.2.6"])
+            wait_for(lambda: backend.syncs and endpoint_ips(backend.syncs[-1][0])
+                     == ["10.244.1.5", "10.244.2.6"])
             assert backend.syncs[0][1].full
         finally:
             stop.set()
@@ -114,20 +115,11 @@ def test_run_retries_a_failed_sync_without_a_new_change() -> None:
                                   args=(backend, NodeStateClient(cluster.target, "n"), stop))
         thread.start()
         try:
-            _wait_for(lambda: backend.syncs)
+            wait_for(lambda: backend.syncs)
             assert backend.syncs[0][1].full and backend.syncs[0][1].reason == "retry"
         finally:
             stop.set()
             thread.join(10)
-
-
-def _wait_for(predicate: object, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.01)
 
 
 def test_state_is_what_a_node_is_served() -> None:
