@@ -77,6 +77,9 @@ _SERVICE_FIELDS = attrgetter(*ServicePort.__slots__)
 # An endpoint's fields but is_local and the four marks.
 _CONDITIONS = attrgetter("ip", "port", "ready", "serving", "terminating")
 _PLACE = attrgetter("node_name", "zone", "hint_zones", "hint_nodes")
+# A slice endpoint's fields, read in C over a port's winners.
+_READY, _NODE_NAME, _HINT_NODES, _HINT_ZONES = map(attrgetter, (
+    "ready", "node_name", "hint_nodes", "hint_zones"))
 
 
 def _service_port(svc: Service, stype: ServiceType, port: SvcPort, trigger: float
@@ -154,7 +157,15 @@ def _winners(port: SvcPort, slices: Iterable[EndpointSlice]) -> Winners:
                        if p.name == port.name and p.protocol == port.protocol), None)
         if target is None:
             continue
-        for ep in sl.endpoints:
+        eps = sl.endpoints
+        if not merged:
+            # The first slice, when its endpoints' first addresses are all there and
+            # unique (nearly always): every endpoint wins.
+            first = {ep.addresses[0]: (ep, target) for ep in eps if ep.addresses}
+            if len(first) == len(eps):
+                merged = first
+                continue
+        for ep in eps:
             if not ep.addresses:
                 continue
             ip = ep.addresses[0]
@@ -219,17 +230,13 @@ def service_base(svc: Service | None, slices: Iterable[EndpointSlice],
     for port in svc.ports:
         service = _service_port(svc, stype, port, trigger)
         merged = _winners(port, slices)
-        has = False
-        for ep, _ in merged.values():
-            if ep.ready or (ep.serving and ep.terminating):
-                has = True
-            nodes.add(ep.node_name)
-            if ep.hint_nodes:
-                hinted.update(ep.hint_nodes)
-            if ep.hint_zones:
-                uses_zones = True
-        if has:
+        eps = [ep for ep, _ in merged.values()]
+        if any(map(_READY, eps)) or any(ep.serving and ep.terminating for ep in eps):
             _SET_HAS_ENDPOINTS(service, True)
+        nodes.update(map(_NODE_NAME, eps))
+        for names in filter(None, map(_HINT_NODES, eps)):
+            hinted.update(names)
+        uses_zones = uses_zones or any(map(_HINT_ZONES, eps))
         ports.append(PortBase(service, winners=merged))
     nodes.discard("")
     return ServiceBase(tuple(ports), frozenset(nodes), frozenset(hinted), uses_zones)
