@@ -32,6 +32,7 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk.backend import Changes, NodeState
+from tests.conftest import wait_for
 from tests.lab.netns import call_in
 
 pytestmark = pytest.mark.netns
@@ -314,7 +315,9 @@ def test_partial_sync_leaves_other_services_running_untouched(lab: Lab) -> None:
     steady_sep = names.endpoint_chain(steady.key, steady.endpoints["10.244.1.2"])
     client = lab.background(lab.client, "172.30.0.20", 80, seconds=3.0)
     try:
-        time.sleep(0.5)
+        # the client's first connections (its interpreter starts in the namespace)
+        wait_for(lambda: _dnat_packets(lab.iptables_save(counters=True), steady_sep) > 0,
+                 interval=0.1)
         before = _dnat_packets(lab.iptables_save(counters=True), steady_sep)
         versions = [("pod-a", "pod-b"), ("pod-b",), ("pod-a",), ()]
         for i, pods in enumerate(versions * 2):
