@@ -7,7 +7,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from svcproxy.agent.kubeproxy_config import (
     load_config,
 )
 from svcproxy.agent.kubeproxy_flags import FLAGS, given_flags, normalize_argv
+from tests.lab.processes import stop
 from tests.test_stream import copy_examples
 
 DATA = Path(__file__).parent / "kubeproxy"
@@ -241,16 +241,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_kube_proxy_daemonset_arguments_run_unchanged(tmp_path: Path) -> None:
     """kubeadm's kube-proxy command line, image swapped, frontend address in $SVCPROXY_API."""
     sock = tmp_path / "api.sock"
@@ -286,8 +276,8 @@ def test_kube_proxy_daemonset_arguments_run_unchanged(tmp_path: Path) -> None:
                 conn.close()
         assert status == 200
     finally:
-        _stop(backend)
-        _stop(frontend)
+        stop(backend)
+        stop(frontend)
     assert backend.returncode == 0
 
 

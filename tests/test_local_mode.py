@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.lab.processes import stop
 from tests.test_apiserver_source import endpoint_slice, node, service
 
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
@@ -81,12 +81,7 @@ class Output:
 
 def _stop(proc: subprocess.Popen[str], out: Output) -> None:
     """SIGTERM, then SIGKILL if it has not exited within STOP; its output drained."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(STOP)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop(proc, STOP)
     out.join()
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.lab.processes import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "writing-a-backend.md"
@@ -114,14 +115,8 @@ def test_it_runs_against_a_real_frontend(venv: tuple[Path, Path], tmp_path: Path
         (manifests / "web.yaml").unlink()
         eventually(lambda: not web_file.exists(), backend)
     finally:
-        for proc in (backend, frontend):
-            proc.send_signal(signal.SIGTERM)
-        for proc in (backend, frontend):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(backend)
+        stop(frontend)
     assert backend.returncode == 0, backend.stderr.read() if backend.stderr else ""
 
 

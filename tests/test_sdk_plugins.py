@@ -12,6 +12,7 @@ from pathlib import Path
 
 from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, installed_backends
 from svcproxy.sdk.testing import FakeCluster
+from tests.lab.processes import stop
 from tests.test_sdk_testing import WEB
 
 BUILT_INS = {"dump", "nft", "iptables", "ipvs", "ebpf"}
@@ -109,5 +110,4 @@ def test_svcproxy_backend_lists_and_runs_another_packages_backend(tmp_path: Path
             assert written(out) == want, (proc.stderr.read() if proc.poll() is not None
                                           else f"wrote {written(out)}")
         finally:
-            proc.terminate()
-            proc.wait(10)
+            stop(proc)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from svcproxy.sdk.client import NodeStateClient
 from tests.conftest import wait_for
+from tests.lab.processes import stop
 from tests.test_stream import WEB, copy_examples
 
 
@@ -17,15 +17,6 @@ def start_frontend(manifests: Path, sock: Path) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
          "--listen", f"unix://{sock}", "--metrics-bind-address", ""],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None:
