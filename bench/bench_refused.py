@@ -19,9 +19,7 @@ Usage: .venv/bin/python bench/bench_refused.py [--services N] [--rounds R]
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,18 +38,8 @@ from svcproxy.backends.nft.names import TABLE  # noqa: E402
 from svcproxy.sdk import Changes, NodeState  # noqa: E402
 from svcproxy.sdk.refusals import invalid_values  # noqa: E402
 from tests.lab.netns import call_in  # noqa: E402
+from tests.netns.harness import scratch_netns  # noqa: E402
 from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
-
-
-@contextmanager
-def netns(label: str) -> Iterator[str]:
-    name = f"sprefbench{os.getpid()}-{label}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
-
 
 SPENT = [0.0]  # seconds inside the value checks during the last timed sync
 
@@ -81,7 +69,7 @@ def full(state: NodeState) -> Changes:
 
 def common_path(state: NodeState, on: bool) -> tuple[float, float]:
     """(full sync seconds, median one-change seconds) in a fresh namespace."""
-    with checks(on), netns("on" if on else "off") as ns:
+    with checks(on), scratch_netns(f"sprefbench-{'on' if on else 'off'}-") as ns:
         def run() -> tuple[float, float]:
             backend = NftBackend(CONFIG, LibNftRunner(), families=(4,))
             SPENT[0] = 0.0
@@ -131,7 +119,7 @@ def failure_path(state: NodeState, use_location: bool) -> tuple[float, float, in
     """(plain full sync s, full sync with one refused service s, checks it took)."""
     victim = sorted(state.services)[len(state.services) // 3]
     cip = state.services[victim].service.cluster_ips[0]
-    with netns("fail") as ns:
+    with scratch_netns("sprefbench-fail-") as ns:
         plain = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", ns)), families=(4,))
         t0 = time.perf_counter()
         plain.sync(state, full(state))
