@@ -41,6 +41,9 @@ class ParseError(ValueError):
     """An object that cannot be used; the message says why."""
 
 
+_PROXIED_TYPES = {"NodePort": ServiceType.NODE_PORT, "LoadBalancer": ServiceType.LOAD_BALANCER}
+
+
 class _Object(msgspec.Struct, frozen=True, gc=False):
     """Immutable, compared and hashed by value as a frozen dataclass is, built in C (a
     frozen dataclass's ``__init__`` sets each field from Python: 7 us for a Service,
@@ -83,8 +86,7 @@ class Service(_Object):
         """The type as svcproxy programs it; None for ExternalName and headless."""
         if self.type == "ExternalName" or not self.cluster_ips:
             return None
-        return {"NodePort": ServiceType.NODE_PORT,
-                "LoadBalancer": ServiceType.LOAD_BALANCER}.get(self.type, ServiceType.CLUSTER_IP)
+        return _PROXIED_TYPES.get(self.type, ServiceType.CLUSTER_IP)
 
 
 class SliceEndpoint(_Object):
