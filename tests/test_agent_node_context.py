@@ -133,12 +133,9 @@ def test_node_facts_are_found_once_and_sysctls_set_for_syncs_only() -> None:
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    from tests.netns.harness import missing_requirements, scratch_netns
+    from tests.netns.harness import netns_or_skip
 
-    why = missing_requirements()
-    if why:
-        pytest.skip(why)
-    with scratch_netns("spctx") as name:
+    with netns_or_skip("spctx") as name:
         yield name
 
 

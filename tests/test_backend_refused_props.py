@@ -10,7 +10,6 @@ others are always programmed.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,7 +37,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk import Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, invalid_values, isolate, isolate_versions
-from tests.netns.harness import missing_requirements, scratch_netns
+from tests.lab.netns import ns_exec
+from tests.netns.harness import netns_or_skip
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("192.168.50.2",),
                     service_cidrs=("10.96.0.0/16",))
@@ -99,20 +99,12 @@ def states(draw: st.DrawFn) -> tuple[NodeState, list[Case]]:
     return NodeState("node1", 1, node, {c.key: c.record for c in unique}), unique
 
 
-_why = missing_requirements()
 
 
 @pytest.fixture(scope="module")
 def netns() -> Iterator[str]:
-    if _why:
-        pytest.skip(_why)
-    with scratch_netns("sphostile") as name:
+    with netns_or_skip("sphostile") as name:
         yield name
-
-
-def run(ns: str, *argv: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", ns, *argv], check=True,
-                          capture_output=True, text=True).stdout
 
 
 def full(state: NodeState) -> Changes:
@@ -129,7 +121,7 @@ def test_nft_programs_every_valid_service_whatever_the_names(
     backend = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", netns)), families=(4,))
     backend.sync(state, full(state))
     assert set(backend.refusals) == {c.key for c in drawn_cases if c.bad}
-    table = run(netns, "nft", "list", "table", "ip", nft_names.TABLE)
+    table = ns_exec(netns, "nft", "list", "table", "ip", nft_names.TABLE)
     for case in drawn_cases:
         cip = re.escape(case.record.service.cluster_ips[0])
         element = rf"(?<![\d.]){cip} \. {case.key.protocol.value.lower()} \. 80\b"
@@ -157,7 +149,7 @@ def test_iptables_programs_every_valid_service_whatever_the_names(
         prefix=("ip", "netns", "exec", netns)))
     backend.sync(state, full(state))
     assert set(backend.refusals) == {c.key for c in drawn_cases if c.bad}
-    nat = run(netns, "iptables-nft-save", "-t", "nat")
+    nat = ns_exec(netns, "iptables-nft-save", "-t", "nat")
     for case in drawn_cases:
         chain = ipt_names.SVC_PREFIX + ipt_names.service_hash(case.key)
         assert (f"-j {chain}" in nat) != case.bad

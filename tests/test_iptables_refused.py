@@ -8,7 +8,6 @@ base chain ("Operation not supported"), in every transaction that writes c.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -18,10 +17,10 @@ from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
-from tests.netns.harness import missing_requirements, scratch_netns
+from tests.lab.netns import ns_exec
+from tests.netns.harness import netns_or_skip
 
 pytestmark = pytest.mark.netns
-_why = missing_requirements()
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("192.168.50.2",))
 
 
@@ -31,15 +30,8 @@ def key(name: str) -> ServicePortKey:
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    if _why:
-        pytest.skip(_why)
-    with scratch_netns("spiptref") as name:
+    with netns_or_skip("spiptref") as name:
         yield name
-
-
-def run(ns: str, *args: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", ns, *args], check=True,
-                          capture_output=True, text=True).stdout
 
 
 def record(name: str, cip: str, *pods: str) -> ServicePortState:
@@ -59,8 +51,8 @@ def c_chain() -> str:
 
 
 def test_one_refused_service_leaves_the_others_programmed(netns: str) -> None:
-    run(netns, "iptables-nft", "-t", "nat", "-N", "SETUP")  # makes the ip nat table
-    run(netns, "nft", "add", "chain", "ip", "nat", c_chain(),
+    ns_exec(netns, "iptables-nft", "-t", "nat", "-N", "SETUP")  # makes the ip nat table
+    ns_exec(netns, "nft", "add", "chain", "ip", "nat", c_chain(),
         "{ type nat hook output priority 5; }")
     b = IptablesBackend(CONFIG, IptablesOptions(
         mode="nft", families=(4,), localhost_nodeports=False, prefix=("ip", "netns", "exec",
@@ -70,7 +62,7 @@ def test_one_refused_service_leaves_the_others_programmed(netns: str) -> None:
     assert list(b.refusals) == [key("c")]
     error = b.refusals[key("c")].error
     assert "File exists" in error or "Operation not supported" in error
-    nat = run(netns, "iptables-nft-save", "-t", "nat")
+    nat = ns_exec(netns, "iptables-nft-save", "-t", "nat")
     for name, cip, pod in (("a", "10.96.0.1", "10.244.1.10"), ("b", "10.96.0.2", "10.244.1.20")):
         assert f"-A KUBE-SERVICES -d {cip}/32" in nat
         assert f"-j {names.SVC_PREFIX}{names.service_hash(key(name))}" in nat
@@ -80,14 +72,14 @@ def test_one_refused_service_leaves_the_others_programmed(netns: str) -> None:
     # A change of b is applied (partially), c stays refused and is not tried again.
     second = state(b_pod="10.244.1.21")
     b.sync(second, Changes(frozenset({key("b")})))
-    nat = run(netns, "iptables-nft-save", "-t", "nat")
+    nat = ns_exec(netns, "iptables-nft-save", "-t", "nat")
     assert "--to-destination 10.244.1.21:8080" in nat and "10.96.0.3" not in nat
     assert list(b.refusals) == [key("c")] and b.last_sync_full is False
 
     # The conflict goes; a new version of c is tried and programmed.
-    run(netns, "nft", "delete", "chain", "ip", "nat", c_chain())
+    ns_exec(netns, "nft", "delete", "chain", "ip", "nat", c_chain())
     third = state(b_pod="10.244.1.21", c_pod="10.244.1.31")
     b.sync(third, Changes(frozenset({key("c")})))
     assert not b.refusals
-    nat = run(netns, "iptables-nft-save", "-t", "nat")
+    nat = ns_exec(netns, "iptables-nft-save", "-t", "nat")
     assert "-A KUBE-SERVICES -d 10.96.0.3/32" in nat and "10.244.1.31:8080" in nat

@@ -28,7 +28,7 @@ from svcproxy.sdk import (
     ServicePortState,
     ServiceType,
 )
-from tests.netns.harness import missing_requirements, scratch_netns
+from tests.netns.harness import netns_or_skip
 
 EXP = "exponential(0.001, 2, 15)"
 NET = "network programming"
@@ -74,7 +74,6 @@ KUBE_PROXY = {
 # What svcproxy's backends do not (yet) export as kube-proxy does, per mode.
 GAPS: dict[str, dict[str, str]] = {"iptables": {}, "ipvs": {}, "nft": {}}
 BUCKETS = {EXP: SYNC_BUCKETS, NET: NETWORK_PROGRAMMING_BUCKETS}
-_why = missing_requirements()
 
 
 class ModeBackend:
@@ -89,9 +88,7 @@ def iptables_backend() -> Iterator[Backend]:
     """The real iptables backend, programming a namespace of its own (both families)."""
     from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 
-    if _why:
-        pytest.skip(_why)
-    with scratch_netns("spmet") as netns:
+    with netns_or_skip("spmet") as netns:
         yield IptablesBackend(NodeConfig("node-a", cluster_cidrs=("10.0.0.0/8",)),
                               IptablesOptions(mode="nft", prefix=("ip", "netns", "exec", netns)))
 

@@ -16,25 +16,21 @@ from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.backends.nft.libnft import LibNftRunner
 from svcproxy.model import Protocol, SessionAffinity
 from svcproxy.sdk import Changes, NodeState, resolve_context
-from tests.lab.netns import call_in
-from tests.netns.harness import missing_requirements, scratch_netns
+from tests.lab.netns import call_in, ns_exec
+from tests.netns.harness import netns_or_skip
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
-_why = missing_requirements()
 
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    if _why:
-        pytest.skip(_why)
-    with scratch_netns("spnft") as name:
+    with netns_or_skip("spnft") as name:
         yield name
 
 
 def nft(ns: str, *args: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", ns, "nft", *args], check=True,
-                          capture_output=True).stdout.decode()
+    return ns_exec(ns, "nft", *args)
 
 
 def backend(ns: str) -> NftBackend:

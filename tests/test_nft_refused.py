@@ -8,7 +8,6 @@ test adds to the backend's table, or appends at the apply boundary) already hold
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -17,25 +16,22 @@ from svcproxy.backends.nft import names
 from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.sdk import Changes, NodeState
-from tests.netns.harness import missing_requirements, scratch_netns
+from tests.lab.netns import ns_exec
+from tests.netns.harness import netns_or_skip
 from tests.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
-_why = missing_requirements()
 CONFLICT = "10.96.0.3 . tcp . 80 : drop"  # the ClusterIP of service "c", another verdict
 
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    if _why:
-        pytest.skip(_why)
-    with scratch_netns("sprefused") as name:
+    with netns_or_skip("sprefused") as name:
         yield name
 
 
 def nft(ns: str, *args: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", ns, "nft", *args], check=True,
-                          capture_output=True).stdout.decode()
+    return ns_exec(ns, "nft", *args)
 
 
 def listing(ns: str) -> str:

@@ -9,6 +9,7 @@ manifests, so the two computations' states can be compared (``assert_same_state`
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import pytest
 
 from tests.lab import manifests
 from tests.lab.apiserver import LabApiserver
@@ -58,8 +60,9 @@ def scratch_netns(prefix: str = "spns") -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
+@functools.cache
 def missing_requirements() -> str:
-    """Why the lab cannot run here, or "" when it can."""
+    """Why the lab cannot run here, or "" when it can (found once per session)."""
     if os.geteuid() != 0:
         return "needs root for network namespaces"
     if shutil.which("ip") is None:
@@ -70,6 +73,16 @@ def missing_requirements() -> str:
         return f"cannot create network namespaces: {done.stderr.decode().strip()}"
     subprocess.run(["ip", "netns", "del", probe_ns], capture_output=True)
     return ""
+
+
+@contextmanager
+def netns_or_skip(prefix: str) -> Iterator[str]:
+    """A scratch namespace for a test, or the test skipped with why there can be none."""
+    why = missing_requirements()
+    if why:
+        pytest.skip(why)
+    with scratch_netns(prefix) as name:
+        yield name
 
 
 class ScenarioLab:
