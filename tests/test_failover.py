@@ -4,8 +4,6 @@ and the reset that follows costs its dataplane nothing."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,20 +15,14 @@ from svcproxy.sdk.client import NodeStateClient, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import wait_for
+from tests.lab.processes import frontend
 from tests.test_stream import WEB, copy_examples, web_slice
-
-
-def start_frontend(manifests: Path, sock: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
-         "--listen", f"unix://{sock}", "--metrics-bind-address", ""],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_kill_9_of_the_replica_in_use_moves_the_node_to_the_other(tmp_path: Path) -> None:
     d = copy_examples(tmp_path)
     socks = [tmp_path / "a.sock", tmp_path / "b.sock"]
-    procs = [start_frontend(d, s) for s in socks]
+    procs = [frontend(d, s, tmp_path / f"{s.stem}.log").start() for s in socks]
     client = NodeStateClient([f"unix://{s}" for s in socks], "node-a", max_backoff=5.0)
     try:
         wait_for(lambda: all(s.exists() for s in socks), timeout=20)
@@ -40,7 +32,9 @@ def test_kill_9_of_the_replica_in_use_moves_the_node_to_the_other(tmp_path: Path
         assert len(state.services[WEB].endpoints) == 3
         used = client.target
         killed = time.monotonic()
-        procs[[f"unix://{s}" for s in socks].index(used)].send_signal(signal.SIGKILL)
+        in_use = procs[[f"unix://{s}" for s in socks].index(used)].popen
+        assert in_use is not None
+        in_use.send_signal(signal.SIGKILL)
         # During the outage one web pod goes away; the other replica sees it.
         web = d / "web.yaml"
         text = web.read_text()
@@ -56,8 +50,7 @@ def test_kill_9_of_the_replica_in_use_moves_the_node_to_the_other(tmp_path: Path
     finally:
         client.stop()
         for proc in procs:
-            proc.kill()
-            proc.wait()
+            proc.stop()
 
 
 def first_batch(sock: Path, since: int = 0,

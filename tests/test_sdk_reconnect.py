@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from svcproxy.sdk.client import NodeStateClient
 from tests.conftest import wait_for
-from tests.lab.processes import stop
+from tests.lab.processes import frontend
 from tests.test_stream import WEB, copy_examples
-
-
-def start_frontend(manifests: Path, sock: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
-         "--listen", f"unix://{sock}", "--metrics-bind-address", ""],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None:
     d = copy_examples(tmp_path)
     sock = tmp_path / "api.sock"
-    proc = start_frontend(d, sock)
+    proc = frontend(d, sock, tmp_path / "frontend.log").start()
     client = NodeStateClient(f"unix://{sock}", "node-a", max_backoff=0.5)
     client.start()
     try:
         wait_for(client.has_changes, timeout=20)
         state, _ = client.take()  # type: ignore[misc]
         assert len(state.services[WEB].endpoints) == 3
-        stop(proc)
+        proc.stop()
         wait_for(lambda: not client.connected)
         # While the frontend is down the cluster changes: one web pod goes away.
         web = d / "web.yaml"
@@ -37,7 +28,7 @@ def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None
         cut = text.index("- addresses: [10.244.2.10]")
         web.write_text(text[:cut])
         (d / "api.yaml").unlink()
-        proc = start_frontend(d, sock)
+        proc = frontend(d, sock, tmp_path / "frontend.log").start()
         wait_for(lambda: client.connected and client.has_changes(), timeout=20)
         state, changes = client.take()  # type: ignore[misc]
         # A restarted frontend cannot resume: the SDK rebuilds from its snapshot, and the
@@ -49,4 +40,4 @@ def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None
         assert client.resets == 1
     finally:
         client.stop()
-        stop(proc)
+        proc.stop()
