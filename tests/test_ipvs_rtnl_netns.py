@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -13,22 +11,17 @@ import pytest
 from svcproxy.backends.ipvs import rtnl
 from svcproxy.backends.ipvs.netlink import NETLINK_ROUTE, NetlinkBatch, Request
 from tests.lab.netns import call_in
+from tests.netns.harness import netns_or_skip
 
 pytestmark = pytest.mark.netns
 
 
 @pytest.fixture
 def ns() -> Iterator[str]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root for network namespaces")
-    name = f"ivr{os.getpid() % 10000}{secrets.token_hex(2)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with netns_or_skip("ivr") as name:
         subprocess.run(["ip", "-n", name, "link", "add", "v0", "type", "veth", "peer", "name",
                         "v1"], check=True)
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def _program(addresses: list[str], routes: list[str]) -> tuple[set[str], set[str]]:

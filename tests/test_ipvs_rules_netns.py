@@ -3,9 +3,6 @@ they load, stay the same size, and --cleanup removes them and nothing else."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -17,20 +14,15 @@ from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
 from tests.lab.netns import call_in
+from tests.netns.harness import netns_or_skip
 
 pytestmark = pytest.mark.netns
 
 
 @pytest.fixture
 def ns() -> Iterator[str]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root for network namespaces")
-    name = f"ivs{os.getpid() % 10000}{secrets.token_hex(2)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with netns_or_skip("ivs") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def _load(entries: dict[str, set[str]]) -> int:
