@@ -118,6 +118,7 @@ class SlowWatcher:
         self.epoch: str | None = None
         self.digest_errors = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the document between batches, for state()
         self._call: Any = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -140,12 +141,13 @@ class SlowWatcher:
             for event in call:
                 pending.append(event)
                 if not event.more:
-                    try:
-                        self.doc.apply(pending)
-                    except (AssertionError, OutOfSync):
-                        self.digest_errors += 1
-                        self.doc.revision = 0
-                        raise
+                    with self._lock:
+                        try:
+                            self.doc.apply(pending)
+                        except (AssertionError, OutOfSync):
+                            self.digest_errors += 1
+                            self.doc.revision = 0
+                            raise
                     self.epoch = server_epoch(call)
                     pending = []
                 time.sleep(self.pause)
@@ -153,9 +155,13 @@ class SlowWatcher:
                     return
 
     def state(self) -> State:
+        """The state after the last whole batch (read while no batch is being applied:
+        the watcher's thread changes the document's dicts)."""
+        with self._lock:
+            services = [(svc, list(eps.values())) for svc, eps in self.doc.services.values()]
         return {key_state.key: key_state for key_state in (
-            state_from_pb(pb.ServicePortState(service=svc, endpoints=list(eps.values())))
-            for svc, eps in self.doc.services.values())}
+            state_from_pb(pb.ServicePortState(service=svc, endpoints=eps))
+            for svc, eps in services)}
 
     def stop(self) -> None:
         self._stop.set()

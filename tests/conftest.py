@@ -83,6 +83,9 @@ class RunningFrontend:
         return asyncio.run_coroutine_threadsafe(read(), self.loop).result(10)
 
     def stop(self) -> None:
+        """Stop it (once: a test may stop it before the fixture does)."""
+        if not self._thread.is_alive():
+            return
         asyncio.run_coroutine_threadsafe(self.frontend.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
