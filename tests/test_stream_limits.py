@@ -321,7 +321,7 @@ def test_stream_workers_share_the_caps_and_feed_snapshots_by_message(tmp_path) -
         fe.submit(bulk(300, 10))
         wait_for(lambda: fe.frontend.workers is not None and len(fe.frontend.workers.pids) == 1)
         target = f"127.0.0.1:{fe.frontend.port}"
-        want = fe.engine.changelog.view("node-a").records.keys()
+        want = fe.records().keys()
         admitted, refused, channels, calls = 0, [], [], []
         for _ in range(8):  # own connections: the kernel spreads them over both processes
             ch = own_connection(target)
