@@ -105,7 +105,7 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
         profiler.enable()
     cpu0, t0 = time.process_time(), time.perf_counter()
     frontend = Frontend(FrontendOptions(kubeconfig=str(kubeconfig), listen=f"unix://{sock}",
-                                        metrics_bind_address=""))
+                                        metrics_bind_address="", page_decoder=True))
     await frontend.start()
     await frontend.engine.synced.wait()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,9 @@ class FrontendOptions:
     manifest_limits: ManifestLimits | None = None
     # --max-streams, --max-streams-per-peer, --stream-write-timeout
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
+    # Decode the apiserver's listed Services and EndpointSlices in a second process
+    # (sources/page_decoder.py) when this process may run on more than one core.
+    page_decoder: bool = False
 
 
 def _start_source(opts: FrontendOptions, engine: Engine) -> object:
@@ -70,9 +74,15 @@ def _start_source(opts: FrontendOptions, engine: Engine) -> object:
                                 opts.upstream_credentials, opts.upstream_token)
         log.info("following the cluster watch of the frontend at %s", opts.upstream)
     else:
+        decoder = None
+        if opts.page_decoder and len(os.sched_getaffinity(0)) > 1:
+            from svcproxy.frontend.sources.page_decoder import PageDecoder
+
+            decoder = PageDecoder(opts.object_limits)  # starts while the client is imported
         from svcproxy.frontend.sources.apiserver import ApiserverSource
 
-        source = ApiserverSource(engine.submit_threadsafe, kubeconfig=opts.kubeconfig)
+        source = ApiserverSource(engine.submit_threadsafe, kubeconfig=opts.kubeconfig,
+                                 page_decoder=decoder)
         log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
     source.start()
     return source

@@ -266,7 +266,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            upstream_token=upstream_token,
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
                            apiserver_lost_after=args.apiserver_lost_after,
-                           stream_limits=limits)
+                           stream_limits=limits, page_decoder=True)
     opts = _with_object_limits(opts, args)
     return asyncio.run(run_frontend(opts))
 

@@ -25,29 +25,18 @@ import msgspec
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from ..store.objects import EndpointSlice, Service
 from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
 from .events import RAW_KINDS, Delete, Event, Kind, RawObject, Replace, Sink, Upsert
+from .page_decoder import PAGE, PageDecoder
 
 log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 
 HTTP_GONE = 410
 
 
-class _PageMeta(msgspec.Struct):
-    resourceVersion: str | None = None
-    continue_: str | None = msgspec.field(default=None, name="continue")
-
-
-class _Page(msgspec.Struct):
-    """A list response with its items left as JSON (see RawObject)."""
-
-    items: list[msgspec.Raw] | None = None
-    metadata: _PageMeta | None = None
-
-
-_PAGE = msgspec.json.Decoder(_Page)
-Listed = dict[str, Any] | RawObject
+Listed = dict[str, Any] | RawObject | Service | EndpointSlice
 
 
 @dataclass(frozen=True)
@@ -60,6 +49,9 @@ class ReflectorOptions:
     list_read_timeout: float = 60.0
     min_healthy_watch: float = 1.0
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    # Decodes the listed Services' and EndpointSlices' pages in a second process (None:
+    # in the reflector threads and the loop).
+    page_decoder: PageDecoder | None = None
 
 
 class KindReflector:
@@ -155,23 +147,35 @@ class KindReflector:
             resp.release_conn()
 
     def _read_page(self, data: bytes) -> tuple[list[Listed], Any, Any]:
-        """A list response's items (dicts; objects of RAW_KINDS as RawObject, for the
-        store to decode), continue token and resourceVersion."""
-        if self.resource.kind in RAW_KINDS:
+        """A list response's items (dicts; objects of RAW_KINDS decoded by the page
+        decoder, or as RawObject, for the store to decode), continue token and
+        resourceVersion."""
+        kind = self.resource.kind
+        if kind in RAW_KINDS:
+            decoder = self._options.page_decoder
+            decoded = decoder.decode(kind, data) if decoder is not None else None
+            if decoded is not None:
+                items, token, version = decoded
+                return ([self._raw(item) if type(item) is bytes else item  # type: ignore[misc]
+                         for item in items], token, version)
             try:
-                page = _PAGE.decode(data)
+                page = PAGE.decode(data)
             except (msgspec.ValidationError, msgspec.DecodeError):
                 pass  # the general path says what is wrong with it
             else:
-                meta = page.metadata or _PageMeta()
-                kind, version = self.resource.kind, self.resource.api_version
-                return ([RawObject(kind, version, item) if memoryview(item)[:1] == b"{"
-                         else self.resource.complete(json.loads(bytes(item)))
-                         for item in page.items or []], meta.continue_, meta.resourceVersion)
+                meta = page.metadata
+                return ([self._raw(item) for item in page.items or []],
+                        meta and meta.continue_, meta and meta.resourceVersion)
         body = json.loads(data)
         meta = body.get("metadata") or {}
         return ([self.resource.complete(item) for item in body.get("items") or []],
                 meta.get("continue"), meta.get("resourceVersion"))
+
+    def _raw(self, item: bytes | msgspec.Raw) -> Listed:
+        """A listed item as the store takes it: a RawObject when a JSON object."""
+        if memoryview(item)[:1] == b"{":
+            return RawObject(self.resource.kind, self.resource.api_version, item)
+        return self.resource.complete(json.loads(bytes(item)))
 
     def _watch_once(self) -> bool:
         """Stream one watch to its end; True if it was healthy (not an instant close)."""
