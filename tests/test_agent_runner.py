@@ -111,10 +111,11 @@ def test_first_snapshot_is_applied_as_a_full_initial_sync(start: Callable[..., R
 
 def test_a_burst_of_changes_is_coalesced_into_one_sync(start: Callable[..., Running]) -> None:
     r = start(min_sync_period=0.4)
+    burst = [state(2 + i, n=20, endpoints=2) for i in range(20)]  # built before it starts
     r.source.push(state(1, n=20))
     wait_for(lambda: len(r.backend.synced()) == 1)
-    for i in range(20):
-        r.source.push(state(2 + i, n=20, endpoints=2), [key(i)])
+    for i, changed in enumerate(burst):
+        r.source.push(changed, [key(i)])
     wait_for(lambda: len(r.backend.synced()) == 2)
     time.sleep(0.5)
     calls = r.backend.synced()
