@@ -91,8 +91,11 @@ class BackendProcess:
         def scrape() -> None:
             enter(self.world.ns)
             url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as r:
-                box["text"] = r.read().decode()
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    box["text"] = r.read().decode()
+            except OSError as err:  # not listening yet (a restart): nothing to read
+                box["text"] = f"no metrics: {err}"
 
         t = threading.Thread(target=scrape)
         t.start()
