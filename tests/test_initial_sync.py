@@ -114,3 +114,51 @@ def test_a_service_failing_at_sync_is_left_out_alone(monkeypatch) -> None:  # ty
     services[5]["spec"]["ports"][0]["port"] = 8000
     eng.submit([Replace("Service", services)])  # type: ignore[arg-type]
     assert all(any(k.name == "s5" for k in v.records) for v in eng.changelog.views.values())
+
+
+def in_parts(kind: str, objs: list[dict[str, Any]], size: int) -> list[Replace]:
+    parts = [objs[i:i + size] for i in range(0, len(objs), size)] or [[]]
+    return [Replace(kind, part, first=i == 0, last=i == len(parts) - 1)  # type: ignore[arg-type]
+            for i, part in enumerate(parts)]
+
+
+def test_services_are_computed_between_pages_as_at_sync(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Pages of both kinds interleaved, a service's slices split over pages and changed
+    after it was computed, objects left out of the listing: the services settled between
+    pages are computed then, and every view equals the one-batch sync's."""
+    computed: list[Any] = []
+    real = records_module.service_base
+
+    def counted(svc: Any, *args: Any, **kwargs: Any) -> Any:
+        computed.append(svc.name if svc is not None else None)
+        return real(svc, *args, **kwargs)
+
+    services, slices = cluster(40)
+    extra = [{"metadata": {"name": f"s{i}-b", "namespace": "b",
+                           "labels": {"kubernetes.io/service-name": f"s{i}"}},
+              "addressType": "IPv4", "ports": [{"name": "p", "port": 9090, "protocol": "TCP"}],
+              "endpoints": [{"addresses": [f"10.129.0.{i + 1}"], "nodeName": "n1"}]}
+             for i in range(0, 40, 7)]
+    gone = {"metadata": {"name": "gone", "namespace": "b"},
+            "spec": {"clusterIP": "10.96.1.1", "ports": [{"port": 80}]}}
+    reference = cold_start(services, slices + extra)
+    monkeypatch.setattr(records_module, "service_base", counted)
+    eng = Engine()
+    eng.submit([Replace("Node", NODES)])  # type: ignore[arg-type]
+    eng.submit([Replace("Service", [gone], first=True, last=False)])  # type: ignore[arg-type]
+    svc_parts = in_parts("Service", services, 7)
+    slice_parts = in_parts("EndpointSlice", slices + extra, 6)
+    for i in range(max(len(svc_parts), len(slice_parts))):
+        for parts in (slice_parts, svc_parts):
+            if i < len(parts):  # the Services' listing starts over: "gone" is left out
+                eng.submit([parts[i]])
+        if not eng.synced.is_set():
+            before_sync = len(computed)
+    assert eng.synced.is_set()
+    assert 0 < before_sync < len(computed)  # some computed between pages, the rest at sync
+    assert len(computed) < 2 * 40
+    for name in [""] + [n["metadata"]["name"] for n in NODES]:
+        view = eng.changelog.view(name)
+        assert timeless(view.records) == timeless(reference.changelog.view(name).records), name
+        assert view.digest == eng.changelog.digests.of(view), name
+    assert "gone" not in {k.name for k in eng.changelog.view("").records}

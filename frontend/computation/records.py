@@ -4,8 +4,9 @@
 the views take their records from it, on demand. Every node a service's endpoints or
 hints do not name gets that service's records for its zone, so a node's records are
 its zone's ``shared`` ones with those of the few services naming it (``own``) on top.
-Before sync nothing is served, so services changed then are only noted and computed
-once, at sync (``compute_deferred``).
+Before sync nothing is served, so services changed then are only noted, and computed
+between the listing's pages once they have their Service and a slice
+(``compute_settled``), the rest at sync (``compute_deferred``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class ServiceRecords:
         self.caches: dict[ObjKey, NodeClassCache] = {}
         # Services changed before sync: computed once, at sync (nothing is served before).
         self._deferred: set[ObjKey] = set()
+        # What the last batch before sync noted (see ``compute_settled``).
+        self._recent: set[ObjKey] = set()
         # Node name -> the services whose endpoints or hints name it.
         self._naming: dict[str, set[ObjKey]] = {}
         # Zone -> every service's records for a node of it that no service names; made
@@ -100,10 +103,28 @@ class ServiceRecords:
         """Note services changed before sync, for ``compute_deferred``."""
         self._deferred.update(services)
 
+    def compute_settled(self, touched: set[ObjKey]) -> None:
+        """While the listing goes on: compute the services the batch before noted that
+        have their Service and a slice and that ``touched`` (the batch just stored) leaves
+        alone, then note ``touched``. What the loop would otherwise compute at sync, done
+        between the pages; one the listing changes again is computed again."""
+        store = self.store
+        ready = [svc for svc in self._recent
+                 if svc in store.slices_of and svc in store.services and svc not in touched]
+        self._compute(ready)
+        self._deferred.difference_update(ready)
+        self.defer(touched)
+        self._recent = touched
+
     def compute_deferred(self) -> None:
         """Compute every noted service once; one that fails is left out alone (logged,
         counted) until it changes again."""
-        for svc in self._deferred:
+        self._compute(self._deferred)
+        self._deferred.clear()
+        self._recent = set()
+
+    def _compute(self, services: Iterable[ObjKey]) -> None:
+        for svc in services:
             try:
                 cache = self.compute(svc)
             except Exception:  # noqa: BLE001 - one service's failure stays its own
@@ -112,7 +133,6 @@ class ServiceRecords:
                 metrics.SERVICE_ERRORS.inc()
                 continue
             self.keep(svc, cache)
-        self._deferred.clear()
 
 
 def _records(svc: ObjKey, cache: NodeClassCache, name: str, zone: str) -> Records:

@@ -131,7 +131,7 @@ class Changelog:
     def publish(self, touched: Touched) -> None:
         """Publish what a batch changed, as one revision of every view it changed."""
         if not self.started:
-            self.records.defer(touched.services)
+            self.records.compute_settled(touched.services)
             return
         pending: Pending = {}
         self._publish_nodes(touched.nodes, pending)
