@@ -104,8 +104,11 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
     if profiler is not None:
         profiler.enable()
     cpu0, t0 = time.process_time(), time.perf_counter()
+    # As svcproxy frontend runs (an older checkout's options may not have it).
+    decoder = {"page_decoder": True} if "page_decoder" in FrontendOptions.__dataclass_fields__ \
+        else {}
     frontend = Frontend(FrontendOptions(kubeconfig=str(kubeconfig), listen=f"unix://{sock}",
-                                        metrics_bind_address="", page_decoder=True))
+                                        metrics_bind_address="", **decoder))
     await frontend.start()
     await frontend.engine.synced.wait()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
