@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from svcproxy.frontend.sources.kubevalidation import ObjectLimits
 
 if TYPE_CHECKING:
     from svcproxy.frontend.serving.workers import StreamWorkers
+    from svcproxy.frontend.sources.apiserver_early import Listing
     from svcproxy.frontend.sources.manifests import ManifestLimits
     from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
@@ -59,8 +59,9 @@ class FrontendOptions:
     page_decoder: bool = False
 
 
-def _start_source(opts: FrontendOptions, engine: Engine) -> object:
-    """The source the options name, started (its module imported only then)."""
+def _start_source(opts: FrontendOptions, engine: Engine, listing: Listing | None) -> object:
+    """The source the options name, started (its module imported only then; the
+    apiserver's may have been started before, ``listing``)."""
     if opts.manifests is not None:
         from svcproxy.frontend.sources.manifests import DEFAULT_MANIFEST_LIMITS, ManifestSource
 
@@ -74,16 +75,13 @@ def _start_source(opts: FrontendOptions, engine: Engine) -> object:
                                 opts.upstream_credentials, opts.upstream_token)
         log.info("following the cluster watch of the frontend at %s", opts.upstream)
     else:
-        decoder = None
-        if opts.page_decoder and len(os.sched_getaffinity(0)) > 1:
-            from svcproxy.frontend.sources.page_decoder import PageDecoder
+        from svcproxy.frontend.sources.apiserver_early import start_listing
 
-            decoder = PageDecoder(opts.object_limits)  # starts while the client is imported
-        from svcproxy.frontend.sources.apiserver import ApiserverSource
-
-        source = ApiserverSource(engine.submit_threadsafe, kubeconfig=opts.kubeconfig,
-                                 page_decoder=decoder)
+        listing = listing or start_listing(opts.kubeconfig, opts.object_limits,
+                                           opts.page_decoder)
+        listing.sink.connect(engine.submit_threadsafe)
         log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
+        return listing.source
     source.start()
     return source
 
@@ -108,8 +106,11 @@ def start_metrics(address: str) -> None:
 class Frontend:
     """The running frontend; ``await start()``, then ``await stop()``."""
 
-    def __init__(self, opts: FrontendOptions) -> None:
+    def __init__(self, opts: FrontendOptions, listing: Listing | None = None) -> None:
+        """``listing``: the apiserver source, started before the frontend was imported
+        (``start_listing``), for the options' apiserver."""
         self.opts = opts
+        self._listing = listing
         self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history)
         self.engine.store.intake = Intake(source_name(opts), opts.object_limits)
         self.port = 0
@@ -129,7 +130,8 @@ class Frontend:
         self.engine.loop = asyncio.get_running_loop()
         self._collector = asyncio.create_task(paused_until(self.engine.synced))
         await self.readiness.start(self.opts.healthz_bind_address)
-        self._source = self.readiness.source = _start_source(self.opts, self.engine)
+        self._source = self.readiness.source = _start_source(self.opts, self.engine,
+                                                             self._listing)
         servicer = NodeStateServicer(self.engine, self.opts.stream_limits)
         self._server, self.port = await start_server(self.engine, self.opts.listen,
                                                       self.opts.tls, self.guard,
@@ -157,12 +159,12 @@ class Frontend:
             await self._server.stop(grace=1)  # type: ignore[attr-defined]
 
 
-async def run_frontend(opts: FrontendOptions) -> int:
-    """Serve until SIGINT/SIGTERM."""
+async def run_frontend(opts: FrontendOptions, listing: Listing | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (``listing``: see ``Frontend``)."""
     from svcproxy.frontend.sources.apiserver import ApiserverConfigError
 
     try:
-        frontend = Frontend(opts)
+        frontend = Frontend(opts, listing)
         await frontend.start()
     except (ApiserverConfigError, FileNotFoundError, OSError, ValueError) as err:
         log.error("cannot start the frontend: %s", err)

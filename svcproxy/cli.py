@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from svcproxy.frontend.main import FrontendOptions
     from svcproxy.frontend.serving.access.auth import AuthConfig
+    from svcproxy.frontend.sources.apiserver_early import Listing
+    from svcproxy.frontend.sources.kubevalidation import ObjectLimits
     from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
 
@@ -141,11 +143,9 @@ def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
                    "aliases can otherwise become gigabytes (default %(default)s)")
 
 
-def _with_object_limits(opts: FrontendOptions, args: argparse.Namespace) -> FrontendOptions:
-    import dataclasses
-
+def _object_limits(args: argparse.Namespace) -> ObjectLimits:
+    """--max-object-* and --max-name-length (every limit flag checked)."""
     from svcproxy.frontend.sources.kubevalidation import ObjectLimits
-    from svcproxy.frontend.sources.manifests import ManifestLimits
 
     sizes = (args.max_object_bytes, args.max_name_length, args.manifest_max_file_bytes)
     if min(sizes) < 1 or args.manifest_max_alias_expansion < 0 or \
@@ -153,11 +153,33 @@ def _with_object_limits(opts: FrontendOptions, args: argparse.Namespace) -> Fron
         raise SystemExit("svcproxy: --max-object-bytes, --max-name-length and "
                          "--manifest-max-file-bytes must be 1 or more, "
                          "--manifest-max-alias-expansion 0 or more, --max-object-depth 1-500")
+    return ObjectLimits(args.max_object_bytes, args.max_object_depth, args.max_name_length)
+
+
+def _with_object_limits(opts: FrontendOptions, args: argparse.Namespace) -> FrontendOptions:
+    import dataclasses
+
+    from svcproxy.frontend.sources.manifests import ManifestLimits
+
     return dataclasses.replace(
-        opts, object_limits=ObjectLimits(args.max_object_bytes, args.max_object_depth,
-                                         args.max_name_length),
+        opts, object_limits=_object_limits(args),
         manifest_limits=ManifestLimits(args.manifest_max_file_bytes,
                                        args.manifest_max_alias_expansion, args.max_object_depth))
+
+
+def _early_listing(args: argparse.Namespace) -> Listing | None:
+    """The apiserver's listing, started before the rest of the frontend is imported (its
+    requests are out meanwhile); None for another source, or when the configuration is
+    unusable (the frontend's start then says why)."""
+    if args.manifests is not None or args.upstream is not None:
+        return None
+    limits = _object_limits(args)
+    from svcproxy.frontend.sources.apiserver_early import start_listing
+
+    try:
+        return start_listing(args.kubeconfig, limits, page_decoder=True)
+    except Exception:  # noqa: BLE001 - said by the frontend's start, which tries again
+        return None
 
 
 def _certs_parser(sub: argparse._SubParsersAction) -> None:
@@ -230,6 +252,7 @@ def _list_backends(_args: argparse.Namespace) -> int:
 
 
 def _run_frontend(args: argparse.Namespace) -> int:
+    listing = _early_listing(args)
     from svcproxy.frontend.main import FrontendOptions, run_frontend
     from svcproxy.frontend.serving.limits import StreamLimits
     from svcproxy.frontend.serving.server import TLSFiles
@@ -268,7 +291,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            apiserver_lost_after=args.apiserver_lost_after,
                            stream_limits=limits, page_decoder=True)
     opts = _with_object_limits(opts, args)
-    return asyncio.run(run_frontend(opts))
+    return asyncio.run(run_frontend(opts, listing))
 
 
 def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:

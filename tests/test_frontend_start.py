@@ -45,3 +45,71 @@ def test_whole_parser_has_every_command() -> None:
     assert parser.parse_args(["certs", "dir"]).command == "certs"
     assert parser.parse_args(["backend"]).command == "backend"
     assert build_parser("frontend").parse_args(["-v", "frontend"]).verbose
+
+
+# ``svcproxy frontend`` noting what it had imported when it first connected to the apiserver.
+FIRST_CONNECT = """
+import json, sys
+from svcproxy.cli import main
+port = int(sys.argv[2])
+seen = []
+def hook(event, args):
+    if event == "socket.connect" and not seen and isinstance(args[1], tuple) and (
+            args[1][1] == port):
+        seen.append(sorted(sys.modules))
+        with open(sys.argv[1], "w") as out:
+            json.dump(seen[0], out)
+sys.addaudithook(hook)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def test_the_apiserver_is_asked_before_the_rest_is_imported(tmp_path: Path) -> None:
+    """The list requests go out before gRPC, the engine and the metrics are imported (the
+    apiserver answers meanwhile); the pages then reach the engine, which syncs."""
+    from urllib.parse import urlparse
+
+    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+
+    fake = FakeApiserver(token="t")
+    seen = tmp_path / "seen.json"
+    try:
+        fake.create("Service", {"metadata": {"name": "web", "namespace": "default"},
+                                "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}})
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, "t")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FIRST_CONNECT, str(seen), str(urlparse(fake.url).port),
+             "frontend", f"--kubeconfig={kubeconfig}",
+             f"--listen=unix://{tmp_path / 'api.sock'}", "--metrics-bind-address="],
+            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if "frontend synced: 1 services" in line:
+                    break
+            else:
+                raise AssertionError("the frontend ended before syncing")
+        finally:
+            proc.kill()
+            proc.wait(30)
+    finally:
+        fake.close()
+    modules = set(json.loads(seen.read_text()))
+    assert "kubernetes.client" in modules
+    early = modules & {"grpc", "prometheus_client", "svcproxy.frontend.engine",
+                       "svcproxy.frontend.main"}
+    assert not early, f"imported before the apiserver was asked: {sorted(early)}"
+
+
+def test_a_held_sink_hands_on_what_it_held_in_order() -> None:
+    from svcproxy.frontend.sources.apiserver_early import HeldSink
+    from svcproxy.frontend.sources.events import Delete
+
+    got: list[object] = []
+    sink = HeldSink()
+    sink([Delete("Node", "", "a")])
+    sink([Delete("Node", "", "b"), Delete("Node", "", "c")])
+    assert got == []
+    sink.connect(got.extend)
+    sink([Delete("Node", "", "d")])
+    assert [e.name for e in got] == ["a", "b", "c", "d"]  # type: ignore[attr-defined]
