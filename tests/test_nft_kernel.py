@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -297,67 +294,3 @@ def test_libnftables_runner_matches_nft_f(netns: str) -> None:
         assert kernel_content(netns) == kernel_content(other)
     finally:
         subprocess.run(["ip", "netns", "del", other], check=False)
-
-
-def _nft_reading(fifo_dir: str) -> int | None:
-    """The pid of the nft reading a transaction from a FIFO in ``fifo_dir``, if any."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.startswith(fifo_dir.encode()) for arg in cmdline):
-            return int(pid)
-    return None
-
-
-def _read_bytes(pid: int) -> int:
-    fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return int(fields["rchar"])
-
-
-def test_nft_reads_a_transaction_in_parts_as_they_are_made(netns: str, tmp_path: Path) -> None:
-    """apply_parts: nft has read the first part (a FIFO, not stdin, which nft reads whole
-    before parsing) before the next is made; the whole is one transaction."""
-    runner = NftRunner(("ip", "netns", "exec", netns), fifo_parent=str(tmp_path))
-    first = "add table ip svcproxy\nadd chain ip svcproxy first\n" + "# padding\n" * 2000
-    seen: list[int] = []
-
-    def parts() -> Iterator[str]:
-        yield first
-        fifo_dir = next(str(p) for p in tmp_path.glob("svcproxy-nft-*"))
-        pid = _nft_reading(fifo_dir)
-        assert pid is not None
-        deadline = time.monotonic() + 30
-        while _read_bytes(pid) < len(first) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        seen.append(_read_bytes(pid))
-        yield "add chain ip svcproxy second\n"
-
-    assert runner.apply_parts(parts()).startswith(first)
-    assert seen[0] >= len(first)
-    listing = nft(netns, "list", "table", "ip", names.TABLE)
-    assert "chain first" in listing and "chain second" in listing
-
-
-def test_a_transaction_in_parts_is_all_or_nothing(netns: str, tmp_path: Path) -> None:
-    """Refused by the kernel: nothing of it applied, nft's error raised (nft opens its
-    input again to quote the line: it does not hang on the FIFO). A part that fails to be
-    made: nft is killed before its input ends, nothing applied, the error raised; no FIFO
-    is left behind."""
-    runner = NftRunner(("ip", "netns", "exec", netns), fifo_parent=str(tmp_path))
-    runner.apply("add table ip svcproxy\nadd chain ip svcproxy kept\n")
-    before = nft(netns, "list", "table", "ip", names.TABLE)
-    with pytest.raises(NftError, match="No such file or directory"):
-        runner.apply_parts(iter(["delete table ip svcproxy\n", "add table ip svcproxy\n",
-                                 "add rule ip svcproxy nosuch counter\n"]))
-    assert nft(netns, "list", "table", "ip", names.TABLE) == before
-
-    def failing() -> Iterator[str]:
-        yield "delete table ip svcproxy\n"
-        raise RuntimeError("made badly")
-
-    with pytest.raises(RuntimeError, match="made badly"):
-        runner.apply_parts(failing())
-    assert nft(netns, "list", "table", "ip", names.TABLE) == before
-    assert not list(tmp_path.iterdir())

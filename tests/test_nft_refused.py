@@ -8,7 +8,7 @@ test adds to the backend's table, or appends at the apply boundary) already hold
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -112,33 +112,8 @@ def test_delta_refused_for_one_service_applies_the_others(
     assert "10.96.0.3 . tcp . 80" in listing(netns) and "10.244.1.31" in listing(netns)
 
 
-class ConflictingParts(Conflicting):
-    """Conflicting for a rebuild given to nft in parts as they are made
-    (``NftRunner.apply_parts``): the conflict ends the part before c's element line."""
-
-    def apply_parts(self, parts: Iterable[str]) -> None:
-        self.streamed = True
-        self.runner.apply_parts(self._parts_with_conflict(parts))
-
-    @staticmethod
-    def _parts_with_conflict(parts: Iterable[str]) -> Iterator[str]:
-        before = None
-        for part in parts:
-            if before is not None:
-                if part.startswith(f"add element ip {names.TABLE} service-ips ") and \
-                        "10.96.0.3 . tcp . 80 :" in part:
-                    before = (f"{before[:-1]}; add element ip {names.TABLE} service-ips "
-                              f"{{ {CONFLICT} }}\n")
-                yield before
-            before = part
-        if before is not None:
-            yield before
-
-
-@pytest.mark.parametrize("runner_type", [Conflicting, ConflictingParts])
-def test_full_sync_refused_for_one_service_applies_the_others(
-        netns: str, runner_type: type[Conflicting]) -> None:
-    runner = runner_type(netns)
+def test_full_sync_refused_for_one_service_applies_the_others(netns: str) -> None:
+    runner = Conflicting(netns)
     b = NftBackend(CONFIG, runner, families=(4,))
     state = three()
     b.sync(state, everything(state))
@@ -158,7 +133,6 @@ def test_full_sync_refused_for_one_service_applies_the_others(
     changed = three(b_endpoint="10.244.1.22")
     b.sync(changed, Changes(frozenset({key("b")})))
     assert b.last and b.last.mode == "delta" and "10.244.1.22" in listing(netns)
-    assert getattr(runner, "streamed", False) == (runner_type is ConflictingParts)
 
 
 def test_refused_update_keeps_the_version_the_kernel_took(netns: str) -> None:

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
-import tempfile
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
-
-# How long nft may take to open the transaction's FIFO before it is given up on.
-OPEN_TIMEOUT = 60.0
 
 
 class Runner(Protocol):
@@ -40,8 +32,6 @@ class NftRunner:
 
     prefix: Sequence[str] = ()
     nft: str = "nft"
-    # Where apply_parts makes the directory of its FIFO (default: the temporary files').
-    fifo_parent: str | None = None
 
     def apply(self, text: str) -> None:
         """Run ``text`` as one atomic transaction; raise NftError with nft's message."""
@@ -52,44 +42,6 @@ class NftRunner:
         )
         if done.returncode != 0:
             raise NftError(summarize_error(done.stderr.decode(errors="replace"), text))
-
-    def apply_parts(self, parts: Iterable[str]) -> str:
-        """Run the text ``parts`` make as one transaction, ``nft`` reading it as it is
-        made (from a FIFO: ``-f -`` reads the whole of stdin before parsing any of it), so
-        nft parses on another core while the rest is made. Returns the whole text; raises
-        NftError like ``apply``. When making a part raises, nft is killed before it could
-        read an end of input: nothing of the transaction is applied."""
-        written: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="svcproxy-nft-", dir=self.fifo_parent) as tmp, \
-                tempfile.TemporaryFile() as err:
-            fifo = Path(tmp) / "transaction.nft"
-            os.mkfifo(fifo, 0o600)
-            proc = subprocess.Popen([*self.prefix, self.nft, "-f", str(fifo)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err)
-            try:
-                fd = _open_writer(proc, fifo)
-            except BaseException as e:
-                proc.kill()
-                proc.wait()
-                if isinstance(e, NftError):  # nft exited (or hung) before reading: why
-                    err.seek(0)
-                    raise NftError(f"{e} (exit status {proc.returncode}): "
-                                   f"{err.read().decode(errors='replace').strip()}") from None
-                raise
-            try:
-                _feed(fd, parts, written)
-            except BaseException:
-                proc.kill()  # before its input ends: nft applies nothing
-                proc.wait()
-                raise
-            finally:
-                os.close(fd)  # nft's end of input
-            text = "".join(written)
-            if _wait(proc, fifo) != 0:
-                err.seek(0)
-                raise NftError(summarize_error(err.read().decode(errors="replace"), text))
-        return text
 
     def check(self, text: str) -> None:
         """``nft -c -f -``: the kernel validates the transaction and aborts it."""
@@ -113,54 +65,6 @@ class NftRunner:
             [*self.prefix, self.nft, "list", "table", family, table], capture_output=True
         )
         return done.stdout.decode() if done.returncode == 0 else ""
-
-
-def _feed(fd: int, parts: Iterable[str], written: list[str]) -> None:
-    """Write ``parts`` to ``fd`` (each kept in ``written``); once the reader is gone (nft
-    exits at the first error it reads), the rest is only kept."""
-    reader = True
-    for part in parts:
-        written.append(part)
-        data = memoryview(part.encode())
-        while reader and data:
-            try:
-                data = data[os.write(fd, data):]
-            except BrokenPipeError:
-                reader = False
-
-
-def _wait(proc: subprocess.Popen[bytes], fifo: Path) -> int:
-    """nft's exit status. To quote the line of an error nft opens its input again, and
-    a FIFO's opening waits for a writer: one that writes nothing is opened for it."""
-    while True:
-        try:
-            return proc.wait(0.005)
-        except subprocess.TimeoutExpired:
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError as e:
-                if e.errno != errno.ENXIO:  # ENXIO: nft is not opening it
-                    raise
-
-
-def _open_writer(proc: subprocess.Popen[bytes], fifo: Path) -> int:
-    """The FIFO's write end once ``proc`` has opened it for reading; NftError when proc
-    exits first or does not open it within OPEN_TIMEOUT."""
-    deadline = time.monotonic() + OPEN_TIMEOUT
-    delay = 0.0005
-    while True:
-        try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as e:
-            if e.errno != errno.ENXIO:  # ENXIO: no reader yet
-                raise
-        else:
-            os.set_blocking(fd, True)
-            return fd
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise NftError("nft did not open the transaction's FIFO")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
 
 
 def summarize_error(stderr: str, text: str, limit: int = 12) -> str:

@@ -37,7 +37,7 @@ from svcproxy.sdk.refusals import (
 from .affinity import learnt_clients, restore_lines
 from .apply import NftError, NftRunner, Runner
 from .claims import Delta as TableDelta
-from .claims import FamilyTable, build_table, commit, full_text, full_text_parts, plan_delta
+from .claims import FamilyTable, build_table, commit, full_text, plan_delta
 from .context import NODE_PORT_DEFAULT, FamilyContext, from_node_context, node_context
 from .culprits import named_in_error
 from .names import TABLE, lb_chain
@@ -185,12 +185,11 @@ class NftBackend(StagedBackend[PerFamily]):
         values = dict(sorted(delta.set.items(), key=_key))
         self._clients = self._learnt_clients(values)
         try:
-            tables: dict[int, FamilyTable] = {}
-            made: list[str] = []
+            tables, text = self._full(values)
             try:
-                self._apply_parts(self._full_parts(values, tables), made, start, len(values))
+                self._apply(text, start, "replace", len(values))
             except NftError as err:
-                values = self._isolate_full(values, "".join(made), err)
+                values = self._isolate_full(values, text, err)
                 tables, _ = self._full(values)
         finally:
             self._clients = {}
@@ -203,21 +202,17 @@ class NftBackend(StagedBackend[PerFamily]):
               ) -> tuple[dict[int, FamilyTable], str]:
         """The claims and the text of tables holding exactly ``values``."""
         tables: dict[int, FamilyTable] = {}
-        return tables, "".join(self._full_parts(values, tables))
-
-    def _full_parts(self, values: Mapping[ServicePortKey, PerFamily],
-                    tables: dict[int, FamilyTable]) -> Iterator[str]:
-        """``_full``'s text in parts as they are made, each family's claims put in
-        ``tables`` before its first part."""
+        text = []
         for i, f in enumerate(self.families):
             rules = {k: r for k, v in values.items() if (r := v[i]) is not None}
             tables[f] = build_table(self._contexts[f], rules)
-            yield from full_text_parts(tables[f], rules)
+            text.append(full_text(tables[f], rules))
             if clients := self._clients.get(f):
                 ctx = self._contexts[f]
                 sets = {n for r in rules.values() for n in r.sets}
-                yield "".join(f"{line}\n" for line in
-                              restore_lines(f"{ctx.ipx} {ctx.table}", clients, sets))
+                text += [f"{line}\n" for line in
+                         restore_lines(f"{ctx.ipx} {ctx.table}", clients, sets)]
+        return tables, "".join(text)
 
     def _learnt_clients(self, values: Mapping[ServicePortKey, PerFamily]
                         ) -> dict[int, dict[str, str]]:
@@ -339,44 +334,12 @@ class NftBackend(StagedBackend[PerFamily]):
             log.warning("nft %s transaction of %d bytes was refused; nothing of it was "
                         "applied; looking for the service ports refused", mode, len(text))
             raise
-        self._report(mode, services, len(text), start, rendered, time.perf_counter())
-
-    def _report(self, mode: str, services: int, size: int, start: float, rendered: float,
-                done: float) -> None:
-        self.last = SyncReport(mode, services, size, rendered - start, done - rendered)
+        done = time.perf_counter()
+        self.last = SyncReport(mode, services, len(text), rendered - start, done - rendered)
         log.debug(
             "nft %s sync of %d service ports: %d bytes, diff %.1f ms, apply %.1f ms",
-            mode, services, size, 1e3 * (rendered - start), 1e3 * (done - rendered),
+            mode, services, len(text), 1e3 * (rendered - start), 1e3 * (done - rendered),
         )
-
-    def _apply_parts(self, parts: Iterator[str], made: list[str], start: float,
-                     services: int) -> None:
-        """A rebuild's transaction, given to nft part by part as it is made when the
-        runner can take it so (nft parses the first parts on another core while the rest
-        is made); every part made is put in ``made``, also when it is refused."""
-        apply_parts = getattr(self.runner, "apply_parts", None)
-        if apply_parts is None:
-            made += parts
-            self._apply("".join(made), start, "replace", services)
-            return
-        rendered: list[float] = []
-
-        def recorded() -> Iterator[str]:
-            for part in parts:
-                made.append(part)
-                yield part
-            rendered.append(time.perf_counter())
-
-        try:
-            apply_parts(recorded())
-        except NftError:
-            made += parts
-            log.warning("nft replace transaction of %d bytes was refused; nothing of it was "
-                        "applied; looking for the service ports refused",
-                        sum(map(len, made)))
-            raise
-        self._report("replace", services, sum(map(len, made)), start,
-                     rendered[0] if rendered else start, time.perf_counter())
 
     def applied_text(self) -> str:
         """The text that writes what the last successful sync left, whole (benchmarks)."""

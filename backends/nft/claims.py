@@ -13,7 +13,7 @@ elements of the service ports that changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from svcproxy.sdk import ServicePortKey
@@ -66,22 +66,19 @@ def _claims_of(rules: ServiceRules | None) -> dict[ElementId, str]:
 
 def _element_lines(
     ctx: FamilyContext, verb: str, elements: Iterable[tuple[ElementId, str]]
-) -> Iterator[str]:
-    """``add``/``delete element`` commands, one per container (and per
-    ELEMENTS_PER_LINE elements), each line made when it is asked for."""
-    by_container: dict[str, list[tuple[str, str]]] = {}
+) -> list[str]:
+    """``add``/``delete element`` commands, one per container."""
+    by_container: dict[str, list[str]] = {}
+    add = verb == "add"
     for (container, key), value in elements:
         items = by_container.get(container)
         if items is None:
             items = by_container[container] = []
-        items.append((key, value))
+        items.append(f"{key} : {value}" if value and add else key)
     head = f"{verb} element {ctx.ipx} {ctx.table}"
-    add = verb == "add"
-    for c, items in by_container.items():
-        for i in range(0, len(items), ELEMENTS_PER_LINE):
-            chunk = items[i:i + ELEMENTS_PER_LINE]
-            listed = ", ".join([f"{k} : {v}" if v and add else k for k, v in chunk])
-            yield f"{head} {c} {{ {listed} }}"
+    return [f"{head} {c} {{ {', '.join(items[i:i + ELEMENTS_PER_LINE])} }}"
+            for c, items in by_container.items()
+            for i in range(0, len(items), ELEMENTS_PER_LINE)]
 
 
 def _table_block(ctx: FamilyContext, parts: Iterable[str]) -> str:
@@ -110,13 +107,6 @@ def build_table(ctx: FamilyContext, services: Mapping[ServicePortKey, ServiceRul
 def full_text(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules]) -> str:
     """Text replacing the whole table by ``services`` (whose claims ``table`` holds) in one
     transaction: the table is deleted first (a clean slate)."""
-    return "".join(full_text_parts(table, services))
-
-
-def full_text_parts(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules]
-                    ) -> Iterator[str]:
-    """``full_text`` in the order it is made, one or more lines at a time (whole lines,
-    each ending with a newline), so that nft can read the first while the rest is made."""
     ctx = table.ctx
     ref = f"{ctx.ipx} {ctx.table}"
     sets: dict[str, str] = {}
@@ -124,15 +114,15 @@ def full_text_parts(table: FamilyTable, services: Mapping[ServicePortKey, Servic
     for rules in services.values():
         sets.update(rules.sets)
         chains.update(rules.chains)
+    lines = [f"add table {ref}", f"delete table {ref}"]
     body = [render_skeleton(ctx)]
     for n in sorted(table.lb_sizes):
         body += lb_declarations(ctx, n)
     body += [f"\tset {n} {{ {d} }}" for n, d in sets.items()]
     body += [chain_block(n, r) for n, r in chains.items()]
-    yield f"add table {ref}\ndelete table {ref}\n{_table_block(ctx, body)}\n"
-    for line in _element_lines(ctx, "add",
-                               ((eid, v) for eid, (v, _) in table.applied.items())):
-        yield f"{line}\n"
+    lines.append(_table_block(ctx, body))
+    lines += _element_lines(ctx, "add", ((eid, v) for eid, (v, _) in table.applied.items()))
+    return "\n".join(lines) + "\n"
 
 
 def plan_delta(

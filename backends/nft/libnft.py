@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
 import threading
-from collections.abc import Iterable
 
 from .apply import NftError, NftRunner, summarize_error
 
@@ -72,22 +70,6 @@ class LibNftRunner:
                 err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(
                     errors="replace")
                 raise NftError(summarize_error(err, text))
-
-    def apply_parts(self, parts: Iterable[str]) -> str:
-        """``NftRunner.apply_parts``: in-process when the whole text is at most LARGE,
-        else through a child ``nft`` reading the parts as they are made; returns the
-        text."""
-        it = iter(parts)
-        head: list[str] = []
-        size = 0
-        for part in it:
-            head.append(part)
-            size += len(part)
-            if size > LARGE:
-                return self._large.apply_parts(itertools.chain(head, it))
-        text = "".join(head)
-        self.apply(text)
-        return text
 
     def check(self, text: str) -> None:
         """Checks are rare (after a refusal): a child ``nft -c`` keeps this context clean."""
