@@ -1,6 +1,6 @@
-"""Listed pages decoded in a second process: the same objects as the typed paths make in
-this one, the others left to the general path in their places, and a failed process
-leaves every page to the caller."""
+"""Listed EndpointSlices' pages decoded in a second process: the same objects as the
+typed path makes in this one, the others left to the general path in their places, and
+a failed process leaves every page to the caller (Services' pages are the caller's)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from svcproxy.frontend.sources.apiserver import ApiserverSource
 from svcproxy.frontend.sources.events import Event, RawObject, Replace
 from svcproxy.frontend.sources.kubevalidation import ObjectLimits
 from svcproxy.frontend.sources.page_decoder import PageDecoder
-from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
-from svcproxy.frontend.store.objects import EndpointSlice, Service
+from svcproxy.frontend.store.objects import EndpointSlice
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 
 SERVICES = [
@@ -61,35 +60,33 @@ def decoder() -> Any:
     found.close()
 
 
-def test_a_page_decodes_to_what_the_typed_paths_make_here(decoder: PageDecoder) -> None:
-    limits = ObjectLimits()
-    for kind, items, typed in (("Service", SERVICES, decode_service),
-                               ("EndpointSlice", SLICES, decode_slice)):
-        found = decoder.decode(kind, page(items))  # type: ignore[arg-type]
-        assert found is not None
-        objs, token, version = found
-        assert (token, version) == ("t0k", "42")
-        expected = [typed(json.dumps(item).encode(), limits) or json.dumps(item).encode()
-                    for item in items]
-        if kind == "EndpointSlice":  # trigger time: from the annotation, not the clock
-            assert isinstance(objs[0], EndpointSlice) and objs[0].trigger_time > 0
-        assert [type(o) for o in objs] == [type(e) for e in expected]
-        assert [json.loads(o) if type(o) is bytes else o for o in objs] == \
-            [json.loads(e) if type(e) is bytes else e for e in expected]
-    last = decoder.decode("Service", page(SERVICES[:1], token=None))
+def test_a_page_decodes_to_what_the_typed_path_makes_here(decoder: PageDecoder) -> None:
+    items = SLICES + SLICES[:1]
+    found = decoder.decode("EndpointSlice", page(items))
+    assert found is not None
+    objs, token, version = found
+    assert (token, version) == ("t0k", "42")
+    expected = [decode_slice(json.dumps(item).encode(), ObjectLimits())
+                or json.dumps(item).encode() for item in items]
+    assert isinstance(objs[0], EndpointSlice) and objs[0].trigger_time > 0  # the annotation's
+    assert [type(o) for o in objs] == [EndpointSlice, bytes, EndpointSlice]
+    assert [json.loads(o) if type(o) is bytes else o for o in objs] == \
+        [json.loads(e) if type(e) is bytes else e for e in expected]
+    last = decoder.decode("EndpointSlice", page(SLICES[:1], token=None))
     assert last is not None and last[1] is None
+    assert decoder.decode("Service", page(SERVICES)) is None  # the caller's
 
 
 def test_what_is_not_a_page_is_left_to_the_caller(decoder: PageDecoder) -> None:
-    assert decoder.decode("Service", b'{"items": 3}') is None
-    assert decoder.decode("Service", b"not json") is None
-    assert decoder.decode("Service", page(SERVICES)) is not None  # still there
+    assert decoder.decode("EndpointSlice", b'{"items": 3}') is None
+    assert decoder.decode("EndpointSlice", b"not json") is None
+    assert decoder.decode("EndpointSlice", page(SLICES)) is not None  # still there
 
 
 def test_limits_reach_the_process() -> None:
-    strict = PageDecoder(ObjectLimits(max_name_length=10))
+    strict = PageDecoder(ObjectLimits(max_name_length=4))
     try:
-        found = strict.decode("Service", page(SERVICES[2:]))
+        found = strict.decode("EndpointSlice", page(SLICES[:1]))
         assert found is not None and type(found[0][0]) is bytes  # left to the general path
     finally:
         strict.close()
@@ -102,14 +99,14 @@ def test_a_failed_process_leaves_every_page_to_the_caller(
     proc.kill()
     proc.wait()
     with caplog.at_level(logging.WARNING):
-        assert decoder.decode("Service", page(SERVICES)) is None
+        assert decoder.decode("EndpointSlice", page(SLICES)) is None
     assert "page decoding process failed" in caplog.text
     assert decoder.decode("EndpointSlice", page(SLICES)) is None
 
 
 def test_the_source_lists_through_the_process(tmp_path: Path) -> None:
-    """Typed objects arrive decoded, the others as RawObject in their places; the source
-    ends the process when it stops."""
+    """Typed slices arrive decoded, the others (and the Services) as RawObject in their
+    places; the source ends the process when it stops."""
     fake = FakeApiserver(token="t")
     events: list[Event] = []
     lock = threading.Lock()
@@ -134,9 +131,7 @@ def test_the_source_lists_through_the_process(tmp_path: Path) -> None:
         assert decoder._proc is None
         with lock:
             listed = {e.kind: e.objs for e in events if isinstance(e, Replace)}
-        names = [getattr(o, "name", None) for o in listed["Service"]]
-        assert [type(o) for o in listed["Service"]] == [Service, RawObject, Service]
-        assert names == ["db", None, "web"]  # in the listing's order (by name)
+        assert [type(o) for o in listed["Service"]] == [RawObject] * 3
         assert [type(o) for o in listed["EndpointSlice"]] == [EndpointSlice, RawObject]
     finally:
         fake.close()

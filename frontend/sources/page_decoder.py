@@ -1,20 +1,23 @@
-"""Listed pages of Services and EndpointSlices decoded in a second process.
+"""Listed pages of EndpointSlices decoded in a second process.
 
-The typed paths (typed_services.py, typed_slices.py) are most of a listing's Python; this
-process runs them on another core and hands the objects back as msgpack, which msgspec
-decodes into the very same Structs in C at a fifth of their cost (a page of 500 slices of
-10 endpoints: ~5 ms against ~23 ms), so the frontend's loop only stores them. An item the
-typed path leaves to the general path comes back as its JSON, in its place; a page that
-does not decode as a list comes back as nothing, and the caller decodes it as before; if
-the process fails, the caller decodes every page itself from then on.
+The slices' typed path (typed_slices.py) is most of a listing's Python; this process runs
+it on another core and hands the objects back as msgpack, which msgspec decodes into the
+very same Structs in C at a fifth of the cost (a page of 500 slices of 10 endpoints: ~5 ms
+against ~23 ms), so the frontend's loop only stores them. An item the typed path leaves
+to the general path comes back as its JSON, in its place; a page that does not decode as
+a list comes back as nothing, and the caller decodes it as before; if the process fails,
+the caller decodes every page itself from then on. Services stay with the caller: the
+loop, which waits for pages meanwhile, decodes them (a third of the slices' cost) while
+this process, the listing's longest path, does the slices.
 
-Frames: to the process's stdin a kind byte (``S``, ``E``), the page's length (4 bytes, big
-endian) and its JSON; from its stdout the reply's length and msgpack (empty: not a page).
+Frames: to the process's stdin the page's length (4 bytes, big endian) and its JSON; from
+its stdout the reply's length and msgpack (empty: not a page).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import subprocess
 import sys
@@ -23,14 +26,12 @@ from typing import IO
 
 import msgspec
 
-from svcproxy.frontend.sources.events import Kind, RawObject
+from svcproxy.frontend.sources.events import Kind
 from svcproxy.frontend.sources.kubevalidation import ObjectLimits
-from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
-from svcproxy.frontend.store.objects import EndpointSlice, Service
+from svcproxy.frontend.store.objects import EndpointSlice
 
 log = logging.getLogger(__name__)
-_KINDS: dict[Kind, bytes] = {"Service": b"S", "EndpointSlice": b"E"}
 
 
 class _PageMeta(msgspec.Struct):
@@ -45,17 +46,10 @@ class _Page(msgspec.Struct):
     metadata: _PageMeta | None = None
 
 
-class _Services(msgspec.Struct, array_like=True):
+class _Slices(msgspec.Struct, array_like=True):
     """A decoded page: continue token, resourceVersion, the typed objects and, by
     position among all the items, those left to the general path."""
 
-    token: str | None
-    version: str | None
-    objects: list[Service]
-    others: list[tuple[int, bytes]]
-
-
-class _Slices(msgspec.Struct, array_like=True):
     token: str | None
     version: str | None
     objects: list[EndpointSlice]
@@ -63,28 +57,26 @@ class _Slices(msgspec.Struct, array_like=True):
 
 
 PAGE = msgspec.json.Decoder(_Page)
-_REPLIES: dict[bytes, type[_Services] | type[_Slices]] = {b"S": _Services, b"E": _Slices}
-Page = tuple[list[Service | EndpointSlice | RawObject | bytes], str | None, str | None]
+Page = tuple[list[EndpointSlice | bytes], str | None, str | None]
 
 
-def decode_page(kind: bytes, data: bytes, limits: ObjectLimits) -> bytes:
+def decode_page(data: bytes, limits: ObjectLimits) -> bytes:
     """The reply to one page (in the decoding process): msgpack, or b"" when ``data``
     does not decode as a page."""
     try:
         page = PAGE.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return b""
-    typed = decode_service if kind == b"S" else decode_slice
     objects, others = [], []
     for i, item in enumerate(page.items or ()):
-        obj = typed(item, limits) if memoryview(item)[:1] == b"{" else None
+        obj = decode_slice(item, limits) if memoryview(item)[:1] == b"{" else None
         if obj is None:
             others.append((i, bytes(item)))
         else:
             objects.append(obj)
     meta = page.metadata or _PageMeta()
-    return msgspec.msgpack.encode(_REPLIES[kind](meta.continue_, meta.resourceVersion,
-                                                 objects, others))
+    return msgspec.msgpack.encode(_Slices(meta.continue_, meta.resourceVersion, objects,
+                                          others))
 
 
 class PageDecoder:
@@ -92,7 +84,7 @@ class PageDecoder:
 
     def __init__(self, limits: ObjectLimits) -> None:
         self._lock = threading.Lock()
-        self._decoders = {k: msgspec.msgpack.Decoder(t) for k, t in _REPLIES.items()}
+        self._decoder = msgspec.msgpack.Decoder(_Slices)
         self._proc: subprocess.Popen[bytes] | None = None
         try:
             self._proc = subprocess.Popen(
@@ -105,14 +97,16 @@ class PageDecoder:
 
     def decode(self, kind: Kind, data: bytes) -> Page | None:
         """A page's items (typed objects, and the JSON of the others in their places),
-        continue token and resourceVersion; None when the caller must decode it."""
-        code = _KINDS[kind]
+        continue token and resourceVersion; None when the caller must decode it (a
+        Service's page, too)."""
+        if kind != "EndpointSlice":
+            return None
         with self._lock:
             proc = self._proc
             if proc is None:
                 return None
             try:
-                reply = _exchange(proc, code + len(data).to_bytes(4, "big") + data)
+                reply = _exchange(proc, len(data).to_bytes(4, "big") + data)
             except (OSError, ValueError) as err:
                 log.warning("the page decoding process failed (%s); pages are decoded in "
                             "the frontend's own process from now on", err)
@@ -120,8 +114,8 @@ class PageDecoder:
                 return None
         if not reply:
             return None
-        page = self._decoders[code].decode(reply)
-        items: list[Service | EndpointSlice | RawObject | bytes] = list(page.objects)
+        page = self._decoder.decode(reply)
+        items: list[EndpointSlice | bytes] = list(page.objects)
         for i, raw in page.others:
             items.insert(i, raw)
         return items, page.token, page.version
@@ -165,14 +159,17 @@ def _read_frame(stream: IO[bytes]) -> bytes:
 
 
 def main() -> None:
-    """The decoding process: pages in, replies out, until stdin closes."""
+    """The decoding process: pages in, replies out, until stdin closes. What a page makes
+    is dropped once sent and holds no reference cycle: no cyclic collection."""
+    gc.disable()
     limits = ObjectLimits(*(int(a) for a in sys.argv[1:4]))
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     while True:
-        code = inp.read(1)
-        if not code:
+        try:
+            data = _read_frame(inp)
+        except OSError:
             return
-        reply = decode_page(code, _read_frame(inp), limits)
+        reply = decode_page(data, limits)
         out.write(len(reply).to_bytes(4, "big") + reply)
         out.flush()
 
