@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,13 +96,12 @@ def test_limits_reach_the_process() -> None:
 
 def test_a_failed_process_leaves_every_page_to_the_caller(
         decoder: PageDecoder, caplog: pytest.LogCaptureFixture) -> None:
-    proc = decoder._proc
-    assert proc is not None
-    proc.kill()
-    proc.wait()
+    assert decoder._pid is not None
+    os.kill(decoder._pid, signal.SIGKILL)
     with caplog.at_level(logging.WARNING):
         assert decoder.decode("EndpointSlice", page(SLICES)) is None
     assert "page decoding process failed" in caplog.text
+    assert decoder._pid is None  # reaped
     assert decoder.decode("EndpointSlice", page(SLICES)) is None
 
 
@@ -128,7 +129,7 @@ def test_the_source_lists_through_the_process(tmp_path: Path) -> None:
             assert source.synced.wait(30)
         finally:
             source.stop()
-        assert decoder._proc is None
+        assert decoder._pid is None
         with lock:
             listed = {e.kind: e.objs for e in events if isinstance(e, Replace)}
         assert [type(o) for o in listed["Service"]] == [RawObject] * 3

@@ -10,8 +10,8 @@ the caller decodes every page itself from then on. Services stay with the caller
 loop, which waits for pages meanwhile, decodes them (a third of the slices' cost) while
 this process, the listing's longest path, does the slices.
 
-Frames: to the process's stdin the page's length (4 bytes, big endian) and its JSON; from
-its stdout the reply's length and msgpack (empty: not a page).
+Frames on two pipes: to the process, the page's length (4 bytes, big endian) and its
+JSON; back, the reply's length and msgpack (empty: not a page).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import subprocess
-import sys
+import os
+import signal
 import threading
+import time
 from typing import IO
 
 import msgspec
@@ -80,20 +81,35 @@ def decode_page(data: bytes, limits: ObjectLimits) -> bytes:
 
 
 class PageDecoder:
-    """The decoding process, shared by the reflector threads (one page at a time)."""
+    """The decoding process, shared by the reflector threads (one page at a time). Forked,
+    so it starts with the decoding code imported: it only decodes, with no lock that one
+    of this process's threads could have held at the fork."""
 
     def __init__(self, limits: ObjectLimits) -> None:
         self._lock = threading.Lock()
         self._decoder = msgspec.msgpack.Decoder(_Slices)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(limits.max_object_bytes),
-                 str(limits.max_depth), str(limits.max_name_length)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            down, up = os.pipe(), os.pipe()
+            pid = os.fork()
         except OSError as err:
             log.warning("cannot start the page decoding process (%s); pages are decoded "
                         "in the frontend's own process", err)
+            return
+        if pid == 0:
+            code = 0
+            try:
+                os.close(down[1])
+                os.close(up[0])
+                _serve(os.fdopen(down[0], "rb"), os.fdopen(up[1], "wb"), limits)
+            except BaseException:  # noqa: BLE001 - the parent decodes the pages then
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(down[0])
+        os.close(up[1])
+        self._pid = pid
+        self._to, self._from = os.fdopen(down[1], "wb"), os.fdopen(up[0], "rb")
 
     def decode(self, kind: Kind, data: bytes) -> Page | None:
         """A page's items (typed objects, and the JSON of the others in their places),
@@ -102,11 +118,12 @@ class PageDecoder:
         if kind != "EndpointSlice":
             return None
         with self._lock:
-            proc = self._proc
-            if proc is None:
+            if self._pid is None:
                 return None
             try:
-                reply = _exchange(proc, len(data).to_bytes(4, "big") + data)
+                self._to.write(len(data).to_bytes(4, "big") + data)
+                self._to.flush()
+                reply = _read_frame(self._from)
             except (OSError, ValueError) as err:
                 log.warning("the page decoding process failed (%s); pages are decoded in "
                             "the frontend's own process from now on", err)
@@ -126,25 +143,19 @@ class PageDecoder:
             self._end()
 
     def _end(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
+        pid, self._pid = self._pid, None
+        if pid is None:
             return
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):  # unflushed bytes to a dead process
-                    pipe.close()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _exchange(proc: subprocess.Popen[bytes], frame: bytes) -> bytes:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(frame)
-    proc.stdin.flush()
-    return _read_frame(proc.stdout)
+        for pipe in (self._to, self._from):
+            with contextlib.suppress(OSError):  # unflushed bytes to a dead process
+                pipe.close()
+        deadline = time.monotonic() + 5
+        while not os.waitpid(pid, os.WNOHANG)[0]:  # it ends at the end of its input
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.01)
 
 
 def _read_frame(stream: IO[bytes]) -> bytes:
@@ -158,12 +169,10 @@ def _read_frame(stream: IO[bytes]) -> bytes:
     return data
 
 
-def main() -> None:
-    """The decoding process: pages in, replies out, until stdin closes. What a page makes
-    is dropped once sent and holds no reference cycle: no cyclic collection."""
+def _serve(inp: IO[bytes], out: IO[bytes], limits: ObjectLimits) -> None:
+    """The decoding process: pages in, replies out, until its input ends. What a page
+    makes is dropped once sent and holds no reference cycle: no cyclic collection."""
     gc.disable()
-    limits = ObjectLimits(*(int(a) for a in sys.argv[1:4]))
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
             data = _read_frame(inp)
@@ -172,7 +181,3 @@ def main() -> None:
         reply = decode_page(data, limits)
         out.write(len(reply).to_bytes(4, "big") + reply)
         out.flush()
-
-
-if __name__ == "__main__":
-    main()
