@@ -1,6 +1,6 @@
-"""Listed EndpointSlices' pages decoded in a second process: the same objects as the
-typed path makes in this one, the others left to the general path in their places, and
-a failed process leaves every page to the caller (Services' pages are the caller's)."""
+"""Listed pages decoded in a second process: the same objects as the typed paths make in
+this one, the others left to the general path in their places, and a failed process
+leaves every page to the caller."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from svcproxy.frontend.sources.apiserver import ApiserverSource
 from svcproxy.frontend.sources.events import Event, RawObject, Replace
 from svcproxy.frontend.sources.kubevalidation import ObjectLimits
 from svcproxy.frontend.sources.page_decoder import PageDecoder
+from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
-from svcproxy.frontend.store.objects import EndpointSlice
+from svcproxy.frontend.store.objects import EndpointSlice, Service
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 
 SERVICES = [
@@ -76,7 +77,12 @@ def test_a_page_decodes_to_what_the_typed_path_makes_here(decoder: PageDecoder) 
         [json.loads(e) if type(e) is bytes else e for e in expected]
     last = decoder.decode("EndpointSlice", page(SLICES[:1], token=None))
     assert last is not None and last[1] is None
-    assert decoder.decode("Service", page(SERVICES)) is None  # the caller's
+    services = decoder.decode("Service", page(SERVICES))
+    assert services is not None
+    assert services[0] == [decode_service(json.dumps(SERVICES[0]).encode(), ObjectLimits()),
+                           json.dumps(SERVICES[1]).encode(),
+                           decode_service(json.dumps(SERVICES[2]).encode(), ObjectLimits())]
+    assert type(services[0][0]) is Service and services[0][0].load_balancer_ingress
 
 
 def test_what_is_not_a_page_is_left_to_the_caller(decoder: PageDecoder) -> None:
@@ -106,8 +112,8 @@ def test_a_failed_process_leaves_every_page_to_the_caller(
 
 
 def test_the_source_lists_through_the_process(tmp_path: Path) -> None:
-    """Typed slices arrive decoded, the others (and the Services) as RawObject in their
-    places; the source ends the process when it stops."""
+    """Typed objects arrive decoded, the others as RawObject in their places; the source
+    ends the process when it stops."""
     fake = FakeApiserver(token="t")
     events: list[Event] = []
     lock = threading.Lock()
@@ -132,7 +138,9 @@ def test_the_source_lists_through_the_process(tmp_path: Path) -> None:
         assert decoder._pid is None
         with lock:
             listed = {e.kind: e.objs for e in events if isinstance(e, Replace)}
-        assert [type(o) for o in listed["Service"]] == [RawObject] * 3
+        names = [getattr(o, "name", None) for o in listed["Service"]]
+        assert [type(o) for o in listed["Service"]] == [Service, RawObject, Service]
+        assert names == ["db", None, "web"]  # in the listing's order (by name)
         assert [type(o) for o in listed["EndpointSlice"]] == [EndpointSlice, RawObject]
     finally:
         fake.close()

@@ -16,6 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..store.objects import EndpointSlice, Service
 from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
 from .events import RAW_KINDS, Delete, Event, Kind, RawObject, Replace, Sink, Upsert
-from .page_decoder import PAGE, PageDecoder
+from .page_decoder import PAGE, PageDecoder, PageMeta
 
 log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 
@@ -37,6 +38,24 @@ HTTP_GONE = 410
 
 
 Listed = dict[str, Any] | RawObject | Service | EndpointSlice
+
+
+class _PageStart(msgspec.Struct):
+    """A list response's metadata alone (its items skipped)."""
+
+    metadata: PageMeta | None = None
+
+
+_PAGE_START = msgspec.json.Decoder(_PageStart)
+
+
+def _continue_token(data: bytes) -> str | None:
+    """A list response's continue token, read ahead of its items (None when unsure)."""
+    try:
+        meta = _PAGE_START.decode(data).metadata
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return meta.continue_ if meta is not None else None
 
 
 @dataclass(frozen=True)
@@ -111,17 +130,26 @@ class KindReflector:
 
     def _list(self) -> None:
         """List every object, page by page, each page emitted as a part of one Replace
-        as soon as it is read (the engine parses it while the next page is fetched)."""
-        token: str | None = None
+        as soon as it is read (the engine parses it while the next page is fetched). The
+        next page is asked for while this thread reads one (its continue token taken
+        first), so the apiserver and the page decoder work at once."""
         pages = items = 0
-        while True:
-            objs, token, version = self._get_page(token)
-            token = token or None
-            self._emit(Replace(self.resource.kind, objs, first=pages == 0, last=token is None))
-            pages += 1
-            items += len(objs)
-            if token is None:
-                break
+        with ThreadPoolExecutor(1, thread_name_prefix=f"list-{self.resource.plural}") as ahead:
+            data = self._get_page(None)
+            while True:
+                hint = _continue_token(data)
+                fetched = ahead.submit(self._get_page, hint) if hint else None
+                objs, token, version = self._read_page(data)
+                token = token or None
+                self._emit(Replace(self.resource.kind, objs, first=pages == 0,
+                                   last=token is None))
+                pages += 1
+                items += len(objs)
+                if token is None:
+                    break
+                # The page asked for ahead, unless this page's token read otherwise.
+                data = (fetched.result() if fetched is not None and token == hint
+                        else self._get_page(token))
         self.resource_version = str(version or "")
         self._backoff.reset()
         self.failing_since = None
@@ -132,8 +160,8 @@ class KindReflector:
         )
         self._on_listed(self.resource.kind)
 
-    def _get_page(self, token: str | None) -> tuple[list[Listed], Any, Any]:
-        """One list request: its items, continue token and resourceVersion."""
+    def _get_page(self, token: str | None) -> bytes:
+        """One list request's response body."""
         opts = self._options
         resp = self._list_call(
             limit=opts.page_size,
@@ -142,7 +170,7 @@ class KindReflector:
             _request_timeout=(opts.connect_timeout, opts.list_read_timeout),
         )
         try:
-            return self._read_page(resp.data)
+            return bytes(resp.data)
         finally:
             resp.release_conn()
 
