@@ -414,3 +414,31 @@ def test_frontend_serves_the_apiserver_state_across_a_forced_410(
     fake.start()
     after = {"web": {"10.0.0.3"}, "api": {"10.0.2.1"}}
     wait_until(lambda: served_endpoints(fe, "n1") == after, "the relisted state to be served")
+
+
+def test_the_next_page_is_asked_for_while_a_page_is_read(fake, tmp_path) -> None:
+    """The first page of Services is handed on only once the second has been asked for
+    (listing page by page in turn, the sink would wait here for ever)."""
+    for i in range(3):
+        fake.create("Service", service(f"s{i}"))
+    asked: list[bool] = []
+
+    def sink(events: Sequence[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Replace) and ev.kind == "Service" and ev.first:
+                deadline = time.monotonic() + 10
+                while sum(kind == "Service" for kind, _ in list(fake.list_requests)) < 2:
+                    if time.monotonic() > deadline:
+                        asked.append(False)
+                        return
+                    time.sleep(0.01)
+                asked.append(True)
+
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, TOKEN)
+    source = ApiserverSource(sink, kubeconfig=str(kubeconfig), page_size=1)
+    source.start()
+    try:
+        assert source.synced.wait(30)
+    finally:
+        source.stop()
+    assert asked == [True]
