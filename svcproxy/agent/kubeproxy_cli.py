@@ -48,6 +48,8 @@ API_ENV = "SVCPROXY_API"
 # DaemonSet's argument list stays unchanged.
 ENV_FLAGS = {"api": API_ENV, "api_ca": "SVCPROXY_API_CA", "api_cert": "SVCPROXY_API_CERT",
              "api_key": "SVCPROXY_API_KEY", "api_token_file": "SVCPROXY_API_TOKEN_FILE"}
+# The longest the backend's set-up waits for local mode's listing to start.
+LISTING_WAIT = 60.0
 # Flags that apply with --config too (the logging flags as well).
 _ALWAYS_USED = {"config", "write-config-to", "cleanup", "init-only", "hostname-override"}
 
@@ -340,8 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
         rest: list[str]) -> int:
     """Choose the backend, warn about what it does not honour, and run it. In local mode
-    the frontend starts first, so that its imports and the apiserver's listing overlap
-    the backend's set-up."""
+    the frontend starts first, and the backend's set-up waits until the apiserver's
+    listing has started (the kubernetes client imported, the list requests out): the
+    apiserver's answer and the pages' decoding then overlap the rest of the start."""
     local = None
     if not flags.get("cleanup") and not flags.get("init-only"):
         pause_collector_for_start()
@@ -349,6 +352,7 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
     if local is None:
         return run_backend(config, flags, forced, rest, None)
     local.begin()
+    local.listing_started.wait(LISTING_WAIT)
     try:
         return run_backend(config, flags, forced, rest, local)
     finally:

@@ -16,7 +16,10 @@ import tempfile
 import threading
 from concurrent.futures import Future, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from svcproxy.frontend.sources.apiserver_early import Listing
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class LocalFrontend:
                                         name="svcproxy-local-frontend", daemon=True)
         self._frontend: Any = None
         self._started: Future[None] | None = None
+        # Set once the apiserver's listing has started (or could not start early).
+        self.listing_started = threading.Event()
 
     def begin(self) -> None:
         """Start the frontend on its thread (once); ``start`` waits for it."""
@@ -45,12 +50,31 @@ class LocalFrontend:
         self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
 
     async def _start(self) -> None:
+        try:
+            listing = self._early_listing()
+        finally:
+            self.listing_started.set()
         from svcproxy.frontend.main import Frontend, FrontendOptions
 
         opts = FrontendOptions(listen=self.target, kubeconfig=self.kubeconfig,
-                               in_cluster=self.kubeconfig is None, metrics_bind_address="")
-        self._frontend = Frontend(opts)
+                               in_cluster=self.kubeconfig is None, metrics_bind_address="",
+                               page_decoder=True)
+        self._frontend = Frontend(opts, listing)
         await self._frontend.start()
+
+    def _early_listing(self) -> Listing | None:
+        """The apiserver's listing started as ``svcproxy frontend`` starts it: before the
+        rest of the frontend is imported (its requests are out meanwhile), its pages
+        decoded in a second process when this one may use more than one core; None when
+        the configuration is unusable (the frontend's start then says why)."""
+        from svcproxy.frontend.sources.apiserver_early import start_listing
+        from svcproxy.frontend.sources.kubevalidation import DEFAULT_LIMITS
+
+        try:
+            return start_listing(self.kubeconfig, DEFAULT_LIMITS, page_decoder=True)
+        except Exception as err:  # noqa: BLE001 - said by the frontend's start
+            log.debug("Local mode: listing not started early: %s", err)
+            return None
 
     def start(self, timeout: float = 60.0) -> str:
         """Wait until the frontend serves its socket and watches the apiserver; raises
