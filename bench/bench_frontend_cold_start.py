@@ -125,11 +125,8 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
         profiler.enable()
     others = frozenset(children(os.getpid()))  # the stand-in, when this process started it
     cpu0, t0 = time.process_time(), time.perf_counter()
-    # As svcproxy frontend runs (an older checkout's options may not have it).
-    decoder = {"page_decoder": True} if "page_decoder" in FrontendOptions.__dataclass_fields__ \
-        else {}
     frontend = Frontend(FrontendOptions(kubeconfig=str(kubeconfig), listen=f"unix://{sock}",
-                                        metrics_bind_address="", **decoder))
+                                        metrics_bind_address=""))
     await frontend.start()
     await frontend.engine.synced.wait()
     decoder_cpu = children_cpu(os.getpid(), others)

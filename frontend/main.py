@@ -55,7 +55,8 @@ class FrontendOptions:
     # --max-streams, --max-streams-per-peer, --stream-write-timeout
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
     # Decode the apiserver's listed Services and EndpointSlices in a second process
-    # (sources/page_decoder.py) when this process may run on more than one core.
+    # (sources/page_decoder.py) when this process may run on more than one core. Off:
+    # with the stand-in apiserver on the same 2 cores it cost CPU and gained no time.
     page_decoder: bool = False
 
 

@@ -177,7 +177,7 @@ def _early_listing(args: argparse.Namespace) -> Listing | None:
     from svcproxy.frontend.sources.apiserver_early import start_listing
 
     try:
-        return start_listing(args.kubeconfig, limits, page_decoder=True)
+        return start_listing(args.kubeconfig, limits)
     except Exception:  # noqa: BLE001 - said by the frontend's start, which tries again
         return None
 
@@ -289,7 +289,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            upstream_token=upstream_token,
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
                            apiserver_lost_after=args.apiserver_lost_after,
-                           stream_limits=limits, page_decoder=True)
+                           stream_limits=limits)
     opts = _with_object_limits(opts, args)
     return asyncio.run(run_frontend(opts, listing))
 

@@ -51,7 +51,8 @@ class Listing:
     sink: HeldSink
 
 
-def start_listing(kubeconfig: str | None, limits: ObjectLimits, page_decoder: bool) -> Listing:
+def start_listing(kubeconfig: str | None, limits: ObjectLimits,
+                  page_decoder: bool = False) -> Listing:
     """The apiserver source, started (``page_decoder``: its pages decoded in a second
     process when this one may run on more than one core); raises ApiserverConfigError."""
     decoder = None
