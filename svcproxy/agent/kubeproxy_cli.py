@@ -344,7 +344,7 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
     """Choose the backend, warn about what it does not honour, and run it. In local mode
     the frontend starts first, and the backend's set-up waits until the apiserver's
     listing has started (the kubernetes client imported, the list requests out): the
-    apiserver's answer and the pages' decoding then overlap the rest of the start."""
+    apiserver's answer then overlaps the rest of the start."""
     local = None
     if not flags.get("cleanup") and not flags.get("init-only"):
         pause_collector_for_start()

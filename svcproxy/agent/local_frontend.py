@@ -57,21 +57,19 @@ class LocalFrontend:
         from svcproxy.frontend.main import Frontend, FrontendOptions
 
         opts = FrontendOptions(listen=self.target, kubeconfig=self.kubeconfig,
-                               in_cluster=self.kubeconfig is None, metrics_bind_address="",
-                               page_decoder=True)
+                               in_cluster=self.kubeconfig is None, metrics_bind_address="")
         self._frontend = Frontend(opts, listing)
         await self._frontend.start()
 
     def _early_listing(self) -> Listing | None:
         """The apiserver's listing started as ``svcproxy frontend`` starts it: before the
-        rest of the frontend is imported (its requests are out meanwhile), its pages
-        decoded in a second process when this one may use more than one core; None when
-        the configuration is unusable (the frontend's start then says why)."""
+        rest of the frontend is imported (its requests are out meanwhile); None when the
+        configuration is unusable (the frontend's start then says why)."""
         from svcproxy.frontend.sources.apiserver_early import start_listing
         from svcproxy.frontend.sources.kubevalidation import DEFAULT_LIMITS
 
         try:
-            return start_listing(self.kubeconfig, DEFAULT_LIMITS, page_decoder=True)
+            return start_listing(self.kubeconfig, DEFAULT_LIMITS)
         except Exception as err:  # noqa: BLE001 - said by the frontend's start
             log.debug("Local mode: listing not started early: %s", err)
             return None
