@@ -87,8 +87,8 @@ def children(pid: int) -> set[int]:
 
 
 def children_cpu(pid: int, leave_out: frozenset[int] = frozenset()) -> float:
-    """The CPU seconds of ``pid``'s live children but ``leave_out``: the page decoder's
-    (the frontend's CPU figures are its own and its decoder's)."""
+    """The CPU seconds of ``pid``'s live children but ``leave_out`` (the frontend's CPU
+    figures are its own and its children's, such as stream workers)."""
     total = 0.0
     for child in children(pid) - leave_out:
         with contextlib.suppress(OSError):
@@ -129,13 +129,13 @@ async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: boo
                                         metrics_bind_address=""))
     await frontend.start()
     await frontend.engine.synced.wait()
-    decoder_cpu = children_cpu(os.getpid(), others)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0 + decoder_cpu
+    children_s = children_cpu(os.getpid(), others)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0 + children_s
     if profiler is not None:
         profiler.disable()
     engine = frontend.engine
     print(f"in process (after the imports): synced in {wall:.2f} s wall, {cpu:.2f} s CPU "
-          f"(this process, every thread, and the page decoder's {decoder_cpu:.2f} s): "
+          f"(this process, every thread, and its children's {children_s:.2f} s): "
           f"{len(engine.store.services)} services, {len(engine.store.slices)} slices, "
           f"{len(engine.store.nodes)} nodes")
     print(f"  Engine.submit (parse, validate, compute; {in_submit[1]} batches): "
@@ -165,7 +165,7 @@ def tree_env(tree: Path) -> dict[str, str]:
 
 
 def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT) -> tuple[float, float]:
-    """Wall and CPU seconds (with its page decoder's) from starting ``svcproxy frontend``
+    """Wall and CPU seconds (with its children's) from starting ``svcproxy frontend``
     to its "frontend synced"."""
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig",

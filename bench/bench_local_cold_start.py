@@ -25,8 +25,7 @@ maps them for this tree. Both run --rounds times (default 3) alternating (ABBA..
 the same apiserver; the medians, the best CPU times and the ratios of before to after are printed.
 
 "CPU" is the backend process's own; "with children" adds its children's, waited for (nft
-for a large transaction) or still running (the frontend's page decoder, a second process
-where more than one core may be used): the CPU the whole start cost.
+for a large transaction) or still running: the CPU the whole start cost.
 
 Every process runs with its modules' bytecode cached, as a pip-installed svcproxy (the
 image) has it: $PYTHONDONTWRITEBYTECODE is dropped and the bytecode goes to a cache of
@@ -120,7 +119,7 @@ def cpu_seconds(pid: int) -> float:
 
 def cpu_with_children(pid: int) -> float:
     """``cpu_seconds`` of the process, of the children it waited for (nft) and of those
-    still running (the frontend's page decoder): the CPU the whole start used."""
+    still running: the CPU the whole start used."""
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

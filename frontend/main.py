@@ -54,10 +54,6 @@ class FrontendOptions:
     manifest_limits: ManifestLimits | None = None
     # --max-streams, --max-streams-per-peer, --stream-write-timeout
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
-    # Decode the apiserver's listed Services and EndpointSlices in a second process
-    # (sources/page_decoder.py) when this process may run on more than one core. Off:
-    # with the stand-in apiserver on the same 2 cores it cost CPU and gained no time.
-    page_decoder: bool = False
 
 
 def _start_source(opts: FrontendOptions, engine: Engine, listing: Listing | None) -> object:
@@ -78,8 +74,7 @@ def _start_source(opts: FrontendOptions, engine: Engine, listing: Listing | None
     else:
         from svcproxy.frontend.sources.apiserver_early import start_listing
 
-        listing = listing or start_listing(opts.kubeconfig, opts.object_limits,
-                                           opts.page_decoder)
+        listing = listing or start_listing(opts.kubeconfig)
         listing.sink.connect(engine.submit_threadsafe)
         log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
         return listing.source

@@ -173,11 +173,11 @@ def _early_listing(args: argparse.Namespace) -> Listing | None:
     unusable (the frontend's start then says why)."""
     if args.manifests is not None or args.upstream is not None:
         return None
-    limits = _object_limits(args)
+    _object_limits(args)  # a bad limit flag is refused before any request goes out
     from svcproxy.frontend.sources.apiserver_early import start_listing
 
     try:
-        return start_listing(args.kubeconfig, limits)
+        return start_listing(args.kubeconfig)
     except Exception:  # noqa: BLE001 - said by the frontend's start, which tries again
         return None
 

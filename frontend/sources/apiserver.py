@@ -17,7 +17,6 @@ from .apiserver_backoff import BackoffPolicy
 from .apiserver_reflector import KindReflector, ReflectorOptions
 from .apiserver_resources import RESOURCES
 from .events import KINDS, Kind, Sink
-from .page_decoder import PageDecoder
 
 __all__ = ["ApiserverConfigError", "ApiserverSource", "BackoffPolicy", "load_api_client"]
 
@@ -62,23 +61,15 @@ class ApiserverSource:
         resync_backoff: BackoffPolicy | None = None,
         page_size: int = 500,
         watch_timeout_seconds: int = 300,
-        page_decoder: PageDecoder | None = None,
     ) -> None:
-        self._page_decoder = page_decoder
-        try:
-            self._owns_client = api_client is None
-            self.api_client = (api_client if api_client is not None
-                               else load_api_client(kubeconfig))
-        except BaseException:
-            if page_decoder is not None:
-                page_decoder.close()
-            raise
+        self._owns_client = api_client is None
+        self.api_client = (api_client if api_client is not None
+                           else load_api_client(kubeconfig))
         self.synced = threading.Event()
         options = ReflectorOptions(
             page_size=page_size,
             watch_timeout_seconds=watch_timeout_seconds,
             backoff=resync_backoff or BackoffPolicy(),
-            page_decoder=page_decoder,
         )
         self._listed: set[Kind] = set()
         self._lock = threading.Lock()
@@ -122,8 +113,6 @@ class ApiserverSource:
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
-        if self._page_decoder is not None:
-            self._page_decoder.close()
         if self._owns_client:
             self.api_client.close()
             self.api_client.rest_client.close()

@@ -1,19 +1,16 @@
 """The apiserver source started before the engine exists: its list requests go out while
 the rest of the frontend (gRPC, the engine, the metrics) is still being imported, and
 the pages it reads are held until the engine's sink is known. Only what listing needs
-is imported here: the kubernetes client, and the page decoder (its process started
-first, so that it starts while the client is imported)."""
+is imported here: the kubernetes client."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from svcproxy.frontend.sources.events import Event, Sink
-from svcproxy.frontend.sources.kubevalidation import ObjectLimits
 
 if TYPE_CHECKING:
     from svcproxy.frontend.sources.apiserver import ApiserverSource
@@ -51,18 +48,11 @@ class Listing:
     sink: HeldSink
 
 
-def start_listing(kubeconfig: str | None, limits: ObjectLimits,
-                  page_decoder: bool = False) -> Listing:
-    """The apiserver source, started (``page_decoder``: its pages decoded in a second
-    process when this one may run on more than one core); raises ApiserverConfigError."""
-    decoder = None
-    if page_decoder and len(os.sched_getaffinity(0)) > 1:
-        from svcproxy.frontend.sources.page_decoder import PageDecoder
-
-        decoder = PageDecoder(limits)
+def start_listing(kubeconfig: str | None) -> Listing:
+    """The apiserver source, started; raises ApiserverConfigError."""
     from svcproxy.frontend.sources.apiserver import ApiserverSource
 
     sink = HeldSink()
-    source = ApiserverSource(sink, kubeconfig=kubeconfig, page_decoder=decoder)
+    source = ApiserverSource(sink, kubeconfig=kubeconfig)
     source.start()
     return Listing(source, sink)

@@ -30,7 +30,6 @@ from ..store.objects import EndpointSlice, Service
 from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
 from .events import RAW_KINDS, Delete, Event, Kind, RawObject, Replace, Sink, Upsert
-from .page_decoder import PAGE, PageDecoder, PageMeta
 
 log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 
@@ -38,6 +37,21 @@ HTTP_GONE = 410
 
 
 Listed = dict[str, Any] | RawObject | Service | EndpointSlice
+
+
+class PageMeta(msgspec.Struct):
+    resourceVersion: str | None = None
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class _Page(msgspec.Struct):
+    """A list response with its items left as JSON."""
+
+    items: list[msgspec.Raw] | None = None
+    metadata: PageMeta | None = None
+
+
+PAGE = msgspec.json.Decoder(_Page)
 
 
 class _PageStart(msgspec.Struct):
@@ -68,9 +82,6 @@ class ReflectorOptions:
     list_read_timeout: float = 60.0
     min_healthy_watch: float = 1.0
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
-    # Decodes the listed Services' and EndpointSlices' pages in a second process (None:
-    # in the reflector threads and the loop).
-    page_decoder: PageDecoder | None = None
 
 
 class KindReflector:
@@ -132,7 +143,7 @@ class KindReflector:
         """List every object, page by page, each page emitted as a part of one Replace
         as soon as it is read (the engine parses it while the next page is fetched). The
         next page is asked for while this thread reads one (its continue token taken
-        first), so the apiserver and the page decoder work at once."""
+        first), so the apiserver and the decoding work at once."""
         pages = items = 0
         with ThreadPoolExecutor(1, thread_name_prefix=f"list-{self.resource.plural}") as ahead:
             data = self._get_page(None)
@@ -175,17 +186,9 @@ class KindReflector:
             resp.release_conn()
 
     def _read_page(self, data: bytes) -> tuple[list[Listed], Any, Any]:
-        """A list response's items (dicts; objects of RAW_KINDS decoded by the page
-        decoder, or as RawObject, for the store to decode), continue token and
-        resourceVersion."""
-        kind = self.resource.kind
-        if kind in RAW_KINDS:
-            decoder = self._options.page_decoder
-            decoded = decoder.decode(kind, data) if decoder is not None else None
-            if decoded is not None:
-                items, token, version = decoded
-                return ([self._raw(item) if type(item) is bytes else item  # type: ignore[misc]
-                         for item in items], token, version)
+        """A list response's items (dicts; objects of RAW_KINDS as RawObject, for the
+        store to decode), continue token and resourceVersion."""
+        if self.resource.kind in RAW_KINDS:
             try:
                 page = PAGE.decode(data)
             except (msgspec.ValidationError, msgspec.DecodeError):

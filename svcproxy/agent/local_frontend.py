@@ -66,10 +66,9 @@ class LocalFrontend:
         rest of the frontend is imported (its requests are out meanwhile); None when the
         configuration is unusable (the frontend's start then says why)."""
         from svcproxy.frontend.sources.apiserver_early import start_listing
-        from svcproxy.frontend.sources.kubevalidation import DEFAULT_LIMITS
 
         try:
-            return start_listing(self.kubeconfig, DEFAULT_LIMITS)
+            return start_listing(self.kubeconfig)
         except Exception as err:  # noqa: BLE001 - said by the frontend's start
             log.debug("Local mode: listing not started early: %s", err)
             return None
