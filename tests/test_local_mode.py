@@ -85,20 +85,35 @@ def _stop(proc: subprocess.Popen[str], out: Output) -> None:
     out.join()
 
 
+def _web_cluster(token: str) -> FakeApiserver:
+    """A stand-in apiserver holding service web (endpoint 10.0.0.1) and node-a."""
+    fake = FakeApiserver(token=token)
+    fake.create("Service", service("web"))
+    fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
+    fake.create("Node", node("node-a"))
+    return fake
+
+
+def _dump_config(path: Path, kubeconfig: Path) -> Path:
+    """A KubeProxyConfiguration for the dump backend in local mode, written to ``path``."""
+    path.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
+                    "kind: KubeProxyConfiguration\nmode: dump\n"
+                    f"clientConnection: {{kubeconfig: {kubeconfig}}}\n" + PORTS)
+    return path
+
+
+def _local_env() -> dict[str, str]:
+    """This environment without what would point the backend at a frontend or in-cluster."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("SVCPROXY_API", "KUBERNETES_SERVICE_HOST")}
+
+
 def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> None:
-    fake = FakeApiserver(token="s3cret")
+    fake = _web_cluster("s3cret")
     try:
-        fake.create("Service", service("web"))
-        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
-        fake.create("Node", node("node-a"))
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.conf", fake.url, "s3cret")
-        conf = tmp_path / "config.conf"
-        conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
-                        "kind: KubeProxyConfiguration\nmode: dump\n"
-                        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n"
-                        + PORTS)
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("SVCPROXY_API", "KUBERNETES_SERVICE_HOST")}
+        conf = _dump_config(tmp_path / "config.conf", kubeconfig)
+        env = _local_env()
         proc = subprocess.Popen([*SVCPROXY, "backend", f"--config={conf}",
                                  "--hostname-override=node-a"], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -119,18 +134,11 @@ def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> 
 def test_local_mode_lists_before_the_backend_is_set_up(tmp_path: Path) -> None:
     """As ``svcproxy frontend`` does: the apiserver's listing starts before the backend's
     set-up imports its modules (the node agent's last of them)."""
-    fake = FakeApiserver(token="t")
+    fake = _web_cluster("t")
     try:
-        fake.create("Service", service("web"))
-        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
-        fake.create("Node", node("node-a"))
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.conf", fake.url, "t")
-        conf = tmp_path / "config.conf"
-        conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
-                        "kind: KubeProxyConfiguration\nmode: dump\n"
-                        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n" + PORTS)
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("SVCPROXY_API", "KUBERNETES_SERVICE_HOST")}
+        conf = _dump_config(tmp_path / "config.conf", kubeconfig)
+        env = _local_env()
         proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "svcproxy.cli",
                                  "backend", f"--config={conf}", "--hostname-override=node-a",
                                  "-v=4"], env=env, text=True,
@@ -153,18 +161,12 @@ def test_local_mode_lists_before_the_backend_is_set_up(tmp_path: Path) -> None:
 def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) -> None:
     """The frontend starts before the backend is set up; its failure still ends the process
     with the reason, and its private socket directory is removed."""
-    conf = tmp_path / "config.conf"
     missing = tmp_path / "missing-kubeconfig"
-    conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
-                    "kind: KubeProxyConfiguration\nmode: dump\n"
-                    f"clientConnection: {{kubeconfig: {missing}}}\n"
-                    + PORTS)
+    conf = _dump_config(tmp_path / "config.conf", missing)
     work = tmp_path / "tmp"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SVCPROXY_API", "KUBERNETES_SERVICE_HOST")}
     done = subprocess.run([*SVCPROXY, "backend", f"--config={conf}",
-                           "--hostname-override=node-a"], env={**env, "TMPDIR": str(work)},
+                           "--hostname-override=node-a"], env={**_local_env(), "TMPDIR": str(work)},
                           text=True, capture_output=True, timeout=60)
     assert done.returncode == 2
     assert f"local mode: cannot watch the apiserver: cannot use --kubeconfig {missing}" in (
@@ -227,12 +229,9 @@ def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
     without its ``__init__``), and still lists, watches and serves a node's state."""
     from tests.churn import get_node_state
 
-    fake = FakeApiserver(token="t")
+    fake = _web_cluster("t")
     modules = tmp_path / "modules.json"
     try:
-        fake.create("Service", service("web"))
-        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
-        fake.create("Node", node("node-a"))
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, "t")
         target = f"unix://{tmp_path / 'api.sock'}"
         proc = subprocess.Popen(
