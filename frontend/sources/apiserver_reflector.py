@@ -26,7 +26,6 @@ import msgspec
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ..store.objects import EndpointSlice, Service
 from .apiserver_backoff import Backoff, BackoffPolicy
 from .apiserver_resources import Resource, object_ref, resource_version
 from .events import RAW_KINDS, Delete, Event, Kind, RawObject, Replace, Sink, Upsert
@@ -36,28 +35,28 @@ log = logging.getLogger("svcproxy.frontend.sources.apiserver")
 HTTP_GONE = 410
 
 
-Listed = dict[str, Any] | RawObject | Service | EndpointSlice
+Listed = dict[str, Any] | RawObject
 
 
-class PageMeta(msgspec.Struct):
+class _PageMeta(msgspec.Struct):
     resourceVersion: str | None = None
     continue_: str | None = msgspec.field(default=None, name="continue")
 
 
 class _Page(msgspec.Struct):
-    """A list response with its items left as JSON."""
+    """A list response with its items left as JSON (see RawObject)."""
 
     items: list[msgspec.Raw] | None = None
-    metadata: PageMeta | None = None
+    metadata: _PageMeta | None = None
 
 
-PAGE = msgspec.json.Decoder(_Page)
+_PAGE = msgspec.json.Decoder(_Page)
 
 
 class _PageStart(msgspec.Struct):
     """A list response's metadata alone (its items skipped)."""
 
-    metadata: PageMeta | None = None
+    metadata: _PageMeta | None = None
 
 
 _PAGE_START = msgspec.json.Decoder(_PageStart)
@@ -190,23 +189,19 @@ class KindReflector:
         store to decode), continue token and resourceVersion."""
         if self.resource.kind in RAW_KINDS:
             try:
-                page = PAGE.decode(data)
+                page = _PAGE.decode(data)
             except (msgspec.ValidationError, msgspec.DecodeError):
                 pass  # the general path says what is wrong with it
             else:
-                meta = page.metadata
-                return ([self._raw(item) for item in page.items or []],
-                        meta and meta.continue_, meta and meta.resourceVersion)
+                meta = page.metadata or _PageMeta()
+                kind, version = self.resource.kind, self.resource.api_version
+                return ([RawObject(kind, version, item) if memoryview(item)[:1] == b"{"
+                         else self.resource.complete(json.loads(bytes(item)))
+                         for item in page.items or []], meta.continue_, meta.resourceVersion)
         body = json.loads(data)
         meta = body.get("metadata") or {}
         return ([self.resource.complete(item) for item in body.get("items") or []],
                 meta.get("continue"), meta.get("resourceVersion"))
-
-    def _raw(self, item: bytes | msgspec.Raw) -> Listed:
-        """A listed item as the store takes it: a RawObject when a JSON object."""
-        if memoryview(item)[:1] == b"{":
-            return RawObject(self.resource.kind, self.resource.api_version, item)
-        return self.resource.complete(json.loads(bytes(item)))
 
     def _watch_once(self) -> bool:
         """Stream one watch to its end; True if it was healthy (not an instant close)."""

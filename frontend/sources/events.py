@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
-
-if TYPE_CHECKING:
-    from svcproxy.frontend.store.objects import EndpointSlice, Service
 
 Kind = Literal["Service", "EndpointSlice", "Node"]
 KINDS: tuple[Kind, ...] = ("Service", "EndpointSlice", "Node")
@@ -72,8 +69,7 @@ class Replace:
     """
 
     kind: Kind
-    objs: list[dict[str, Any] | RawObject | Service | EndpointSlice] = field(
-        default_factory=list)
+    objs: list[dict[str, Any] | RawObject] = field(default_factory=list)
     first: bool = True
     last: bool = True
 
