@@ -5,7 +5,9 @@ pyroute2's Conntrack (its per-entry cost, measured on fewer entries), deciding w
 flows are stale (pure), and deleting them in batches. Then a burst of syncs (one every
 10 ms for 5 s, the table at ENTRIES valid flows) through the reconciler as it was (a run in
 every sync) and as it is (rate-limited: at most once a second, later runs on a thread of
-their own): runs, their time in the table, the sync thread's time in the hook.
+their own): runs, their time in the table, the sync thread's time in the hook. Last, a sync
+that removes one service's endpoint: its flows deleted in that sync (a dump of the entries
+towards that service alone), next to a whole run.
 Run as root:
     .venv/bin/python bench/bench_conntrack.py [ENTRIES]
 """
@@ -91,6 +93,7 @@ def main(entries: int) -> None:
               f"{len(table.dump(4, 17))} valid entries:")
         for label, limited in (("in every sync", False), ("rate-limited", True)):
             burst(label, limited, state)
+        one_endpoint_gone(state)
         table.close()
     finally:
         subprocess.run(["ip", "netns", "del", NS], check=False)
@@ -135,7 +138,7 @@ def burst(label: str, limited: bool, state: NodeState) -> None:
     while time.perf_counter() - start < BURST:
         t0 = time.perf_counter()
         if limited:
-            reconciler.after_sync(state, state)
+            reconciler.after_sync(state, state, frozenset())  # as the runner: none changed
         else:
             every_sync(timed, state)
             runs += 1
@@ -150,6 +153,25 @@ def burst(label: str, limited: bool, state: NodeState) -> None:
     print(f"  {label:14s} {syncs:4d} syncs, {runs:3d} runs, {timed.seconds:5.2f} s in the table "
           f"({timed.seconds / max(runs, 1):.2f} s/run); sync thread in the hook {hook:5.2f} s "
           f"of {wall:.1f} s")
+
+
+def one_endpoint_gone(state: NodeState) -> None:
+    """A sync after which service 0 has no endpoint: the time the sync spends in the hook."""
+    reconciler = ConntrackReconciler(lambda: Ctnetlink(NS), families=(4,), min_interval=60)
+    t0 = time.perf_counter()
+    reconciler.after_sync(None, state)
+    t1 = time.perf_counter()
+    for key in sorted(state.services)[:2]:  # the first opens its socket
+        t1 = time.perf_counter()
+        sps = state.services[key]
+        new = NodeState("node", 2, None, {**state.services, key: ServicePortState(sps.service,
+                                                                                   {})})
+        deleted = reconciler.after_sync(state, new, frozenset([key]))
+        t2 = time.perf_counter()
+        print(f"a sync removing {key.name}'s endpoint: {deleted} entries deleted in the sync, "
+              f"{(t2 - t1) * 1000:.1f} ms in the hook (a whole run: {t1 - t0:.2f} s)")
+        state = new
+    reconciler.close()
 
 
 if __name__ == "__main__":

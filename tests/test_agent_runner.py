@@ -287,3 +287,25 @@ def test_terminating_node_makes_the_node_ineligible(start: Callable[..., Running
                   node_changed=True)
     wait_for(lambda: not r.health.status().node_eligible)
     assert r.health.status().healthy
+
+
+def test_after_sync_steps_learn_which_service_ports_may_differ(
+    start: Callable[..., Running],
+) -> None:
+    """A partial sync names its changed ports; after a reset that dropped a port (the
+    snapshot no longer has it, nor does any change name it) the dropped port is named too,
+    so a conntrack step deletes its flows."""
+    seen: list[tuple[int | None, int, frozenset[ServicePortKey]]] = []
+
+    def step(old: NodeState | None, new: NodeState, changed: frozenset[ServicePortKey]) -> None:
+        seen.append((old.revision if old else None, new.revision, changed))
+
+    r = start(after_sync=[step])
+    r.source.push(state(1))
+    wait_for(lambda: len(seen) == 1)
+    r.source.push(state(2, endpoints=2), [key(1)])
+    wait_for(lambda: len(seen) == 2)
+    r.source.push(state(3, n=2), reset=True)
+    wait_for(lambda: len(seen) == 3)
+    assert seen == [(None, 1, {key(0), key(1), key(2)}), (1, 2, {key(1)}),
+                    (2, 3, {key(0), key(1), key(2)})]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from svcproxy.model import Protocol, ServicePort, ServicePortState, ip_family
+from svcproxy.model import Protocol, ServicePort, ServicePortKey, ServicePortState, ip_family
 from svcproxy.sdk.backend import NodeState
 
 CLEANED_PROTOCOLS = (Protocol.UDP, Protocol.SCTP)
@@ -62,14 +62,20 @@ def matches(f: ConntrackFilter, entry: ConntrackEntry) -> bool:
     )
 
 
-def stale_conntrack_filters(old: NodeState | None, new: NodeState) -> list[ConntrackFilter]:
-    """The deletions that make ``new`` take effect for existing UDP/SCTP flows."""
+def stale_conntrack_filters(old: NodeState | None, new: NodeState,
+                            changed: Iterable[ServicePortKey] | None = None
+                            ) -> list[ConntrackFilter]:
+    """The deletions that make ``new`` take effect for existing UDP/SCTP flows; when
+    ``changed`` is given, only those service ports may differ between the states."""
     before = old.services if old else {}
     found: set[ConntrackFilter] = set()
-    for key in before.keys() | new.services.keys():
+    keys = before.keys() | new.services.keys() if changed is None else changed
+    for key in keys:
         if key.protocol not in CLEANED_PROTOCOLS:
             continue
         a, b = before.get(key), new.services.get(key)
+        if a is b:
+            continue
         if b is None:
             assert a is not None
             found.update(_all_frontends(a.service))

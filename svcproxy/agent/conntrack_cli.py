@@ -20,7 +20,7 @@ from svcproxy.agent.conntrack import (
     matches,
     stale_conntrack_filters,
 )
-from svcproxy.model import Protocol
+from svcproxy.model import Protocol, ServicePortKey
 from svcproxy.sdk.backend import NodeState
 
 log = logging.getLogger(__name__)
@@ -113,9 +113,11 @@ class ConntrackCleaner:
     def __init__(self, tool: ConntrackTool | None = None) -> None:
         self._tool: ConntrackTool = tool or ConntrackCLI()
 
-    def after_sync(self, old: NodeState | None, new: NodeState) -> int:
-        """Apply every needed deletion; failures are logged and do not stop the others."""
-        filters = stale_conntrack_filters(old, new)
+    def after_sync(self, old: NodeState | None, new: NodeState,
+                   changed: frozenset[ServicePortKey] | None = None) -> int:
+        """Apply every needed deletion (``changed``: the service ports that may differ);
+        failures are logged and do not stop the others."""
+        filters = stale_conntrack_filters(old, new, changed)
         deleted = 0
         for group in {(f.family, f.protocol) for f in filters}:
             wanted = [f for f in filters if (f.family, f.protocol) == group]

@@ -40,9 +40,12 @@ NFNL_SUBSYS_CTNETLINK = 1
 IPCTNL_MSG_CT_GET, IPCTNL_MSG_CT_DELETE = 1, 2
 CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_ZONE, CTA_FILTER = 1, 2, 18, 25
 CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
+CTA_IP_V4_DST = 2
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
 CTA_FILTER_ORIG_FLAGS = 1
+CTA_FILTER_FLAG_CTA_IP_DST = 1 << 1
 CTA_FILTER_FLAG_CTA_PROTO_NUM = 1 << 3
+CTA_FILTER_FLAG_CTA_PROTO_DST_PORT = 1 << 5
 FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
 _BATCH_BYTES = 32 * 1024
 _NFGEN = struct.Struct("=BBH")
@@ -196,12 +199,21 @@ def add_message(flow: Flow, reply_sport: int, timeout: int, seq: int) -> bytes:
                     FAMILIES[flow.family], body)
 
 
-def dump_message(family: int, protocol: int, seq: int) -> bytes:
-    """A dump of one family's entries of one protocol (filtered by the kernel, 5.8+)."""
-    body = (nested(CTA_TUPLE_ORIG, nested(CTA_TUPLE_PROTO,
-                                          attr(CTA_PROTO_NUM, bytes([protocol]))))
-            + nested(CTA_FILTER, attr(CTA_FILTER_ORIG_FLAGS,
-                                      struct.pack("=I", CTA_FILTER_FLAG_CTA_PROTO_NUM))))
+def dump_message(family: int, protocol: int, seq: int, dport: int = 0, dst: str = "") -> bytes:
+    """A dump of one family's entries of one protocol, and when given of one original
+    destination port and (IPv4 only) address, filtered by the kernel (5.8+). Not by IPv6
+    address: the kernel's IPv6 address filter selects the entries that differ."""
+    flags = CTA_FILTER_FLAG_CTA_PROTO_NUM
+    proto = attr(CTA_PROTO_NUM, bytes([protocol]))
+    if dport:
+        flags |= CTA_FILTER_FLAG_CTA_PROTO_DST_PORT
+        proto += attr(CTA_PROTO_DST_PORT, struct.pack("!H", dport))
+    orig = nested(CTA_TUPLE_PROTO, proto)
+    if dst and family == 4:
+        flags |= CTA_FILTER_FLAG_CTA_IP_DST
+        orig = nested(CTA_TUPLE_IP, attr(CTA_IP_V4_DST, ipaddress.ip_address(dst).packed)) + orig
+    body = (nested(CTA_TUPLE_ORIG, orig)
+            + nested(CTA_FILTER, attr(CTA_FILTER_ORIG_FLAGS, struct.pack("=I", flags))))
     return _message(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, FAMILIES[family], body)
 
 
@@ -245,16 +257,19 @@ class Ctnetlink:
         self._seq += 1
         return self._seq
 
-    def dump(self, family: int, protocol: int) -> list[Flow]:
-        """Every entry of one family and protocol."""
+    def dump(self, family: int, protocol: int, dport: int = 0, dst: str = "") -> list[Flow]:
+        """Every entry of one family and protocol (towards ``dst`` and port ``dport`` when
+        given)."""
         seq = self._next()
-        self._sock.send(dump_message(family, protocol, seq))
+        self._sock.send(dump_message(family, protocol, seq, dport, dst))
         flows: list[Flow] = []
         while True:
             data = self._sock.recv(1 << 20)
             for kind, start, end in self._messages(data):
                 if kind == NLMSG_DONE:
-                    return [f for f in flows if f.protocol == protocol]
+                    return [f for f in flows if f.protocol == protocol
+                            and (not dport or f.orig_dport == dport)
+                            and (not dst or f.orig_dst == dst)]
                 if kind == NLMSG_ERROR:
                     code = error_code(data, start)
                     if code:

@@ -183,6 +183,10 @@ class AgentMetrics:
         self.conntrack_reconcile_duration.labels(ip_family=label).observe(seconds)
         self.conntrack_deleted_total.labels(ip_family=label).inc(deleted)
 
+    def conntrack_deleted(self, family: int, deleted: int) -> None:
+        """Count entries a sync deleted outside a reconciler run (those its changes named)."""
+        self.conntrack_deleted_total.labels(ip_family=FAMILY_LABEL[family]).inc(deleted)
+
     def attach_backend(self, backend: object) -> None:
         """Let the backend export its own metrics here and say what kind of sync it did.
 

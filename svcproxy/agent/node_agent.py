@@ -18,6 +18,7 @@ from svcproxy.agent.node_context import ContextResolver
 from svcproxy.agent.runner import AfterSync, SyncRunner
 from svcproxy.agent.service_health import ServiceHealthServer
 from svcproxy.agent.source import StateSource
+from svcproxy.model import ServicePortKey
 from svcproxy.sdk.backend import Backend, NodeState
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ class NodeAgent:
             self.close()
             raise
 
-    def _sync_service_health(self, _old: NodeState | None, new: NodeState) -> None:
+    def _sync_service_health(self, _old: NodeState | None, new: NodeState,
+                             _changed: frozenset[ServicePortKey]) -> None:
         self.service_health.sync(new)
 
     def run(self) -> None:

@@ -31,8 +31,9 @@ from svcproxy.sdk.context import NodeContext
 
 log = logging.getLogger(__name__)
 
-# Called after each successful sync with (previously applied state, new state).
-AfterSync = Callable[[NodeState | None, NodeState], object]
+# Called after each successful sync with (previously applied state, new state, the service
+# ports that may differ between the two: every other one is the same in both).
+AfterSync = Callable[[NodeState | None, NodeState, frozenset[ServicePortKey]], object]
 
 
 class SyncRunner:
@@ -224,9 +225,12 @@ class SyncRunner:
             "fully" if changes.full else "partially", changes.reason, len(changes.services),
             duration,
         )
+        changed = changes.services
+        if changes.full and previous is not None:  # a reset may have dropped some unnamed
+            changed = frozenset(changed | previous.services.keys())
         for hook in self._after_sync:
             try:
-                hook(previous, state)
+                hook(previous, state, changed)
             except Exception:  # noqa: BLE001 - one hook's failure must not stop the others
                 log.exception("Post-sync step %s failed", getattr(hook, "__qualname__", hook))
         self._applied = state
