@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -13,6 +11,7 @@ import pytest
 
 from svcproxy.frontend.main import Frontend, FrontendOptions
 from svcproxy.frontend.sources.events import Event
+from svcproxy.loop_thread import LoopThread
 from tests import root_sysctls
 
 
@@ -56,39 +55,34 @@ class RunningFrontend:
 
     def __init__(self, opts: FrontendOptions) -> None:
         self.opts = opts
-        self.loop = asyncio.new_event_loop()
         self.frontend = Frontend(opts)
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._loop = LoopThread("test-frontend")
+        self.loop = self._loop.loop
 
     @property
     def engine(self) -> Any:
         return self.frontend.engine
 
     def start(self) -> RunningFrontend:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.frontend.start(), self.loop).result(10)
+        self._loop.start()
+        self._loop.call(self.frontend.start(), 10)
         return self
 
     def submit(self, events: Sequence[Event]) -> None:
         """Apply events on the loop and wait until they are published."""
-        async def apply() -> None:
-            self.engine.submit(events)
-        asyncio.run_coroutine_threadsafe(apply(), self.loop).result(10)
+        self._loop.run(lambda: self.engine.submit(events), 10)
 
     def records(self, node: str = "node-a") -> dict[Any, Any]:
         """``node``'s records as published now, read on the loop (its view made there on
         first use, as a client's watch makes it, never beside the loop's own work)."""
-        async def read() -> dict[Any, Any]:
-            return dict(self.engine.changelog.view(node).records)
-        return asyncio.run_coroutine_threadsafe(read(), self.loop).result(10)
+        return self._loop.run(lambda: dict(self.engine.changelog.view(node).records), 10)
 
     def stop(self) -> None:
         """Stop it (once: a test may stop it before the fixture does)."""
-        if not self._thread.is_alive():
+        if not self._loop.running:
             return
-        asyncio.run_coroutine_threadsafe(self.frontend.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
+        self._loop.call(self.frontend.stop(), 10)
+        self._loop.stop(5)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ then replaces kube-proxy without a frontend Deployment.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import tempfile
@@ -17,6 +16,8 @@ import threading
 from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from svcproxy.loop_thread import LoopThread
 
 if TYPE_CHECKING:
     from svcproxy.frontend.sources.apiserver_early import Listing
@@ -33,9 +34,7 @@ class LocalFrontend:
         self.kubeconfig = kubeconfig
         self._dir = Path(tempfile.mkdtemp(prefix="svcproxy-local-"))
         self.target = f"unix://{self._dir / 'api.sock'}"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever,
-                                        name="svcproxy-local-frontend", daemon=True)
+        self._loop = LoopThread("svcproxy-local-frontend")
         self._frontend: Any = None
         self._started: Future[None] | None = None
         # Set once the apiserver's listing has started (or could not start early).
@@ -46,8 +45,8 @@ class LocalFrontend:
         if self._started is not None:
             return
         log.debug("Local mode: starting the frontend in process")
-        self._thread.start()
-        self._started = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        self._loop.start()
+        self._started = self._loop.submit(self._start())
 
     async def _start(self) -> None:
         try:
@@ -84,15 +83,13 @@ class LocalFrontend:
         return self.target
 
     def stop(self) -> None:
-        if self._thread.is_alive():
+        if self._loop.running:
             if self._started is not None:
                 wait([self._started], 60)
             if self._frontend is not None:
                 try:
-                    asyncio.run_coroutine_threadsafe(self._frontend.stop(),
-                                                     self._loop).result(30)
+                    self._loop.call(self._frontend.stop(), 30)
                 except Exception as err:  # noqa: BLE001 - a start that failed half-way
                     log.debug("Local mode: stopping the frontend: %s", err)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+            self._loop.stop()
         shutil.rmtree(self._dir, ignore_errors=True)

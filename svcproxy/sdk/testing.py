@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from svcproxy.loop_thread import LoopThread
 from svcproxy.model import ServicePortKey
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient
@@ -147,9 +148,7 @@ class FakeCluster:
         self._proxy_name = service_proxy_name
         self._dir = Path(tempfile.mkdtemp(prefix="svcproxy-fake-"))
         self.target = f"unix://{self._dir / 'api.sock'}"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever,
-                                        name="svcproxy-fake-cluster", daemon=True)
+        self._loop = LoopThread("svcproxy-fake-cluster")
         self._engine: Any = None
         self._server: Any = None
         self._clients: list[NodeStateClient] = []
@@ -157,8 +156,8 @@ class FakeCluster:
     # ---- lifecycle -------------------------------------------------------
     def start(self) -> FakeCluster:
         """Serve the API; the objects given to the constructor are the initial list."""
-        self._thread.start()
-        self._call(self._start()).result(30)
+        self._loop.start()
+        self._loop.call(self._start(), 30)
         return self
 
     async def _start(self) -> None:
@@ -176,12 +175,10 @@ class FakeCluster:
         """Stop every client handed out, the server and the thread; remove the socket."""
         for client in self._clients:
             client.stop()
-        if self._thread.is_alive():
+        if self._loop.running:
             if self._server is not None:
-                self._call(self._server.stop(grace=0)).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+                self._loop.call(self._server.stop(grace=0), 10)
+            self._loop.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> FakeCluster:
@@ -190,13 +187,8 @@ class FakeCluster:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
     def _on_loop(self, function: Any) -> Any:
-        async def call() -> Any:
-            return function()
-        return self._call(call()).result(30)
+        return self._loop.run(function, 30)
 
     # ---- the cluster's objects ------------------------------------------
     def apply(self, *objects: Objects) -> None:
