@@ -40,7 +40,6 @@ def _positive(text: str) -> int:
     return value
 
 
-HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
 PACKET_PATHS = ("nft", "none")
 
 
