@@ -113,3 +113,31 @@ def test_a_held_sink_hands_on_what_it_held_in_order() -> None:
     sink.connect(got.extend)
     sink([Delete("Node", "", "d")])
     assert [e.name for e in got] == ["a", "b", "c", "d"]  # type: ignore[attr-defined]
+
+
+IN_A_POD = """
+import json, os, sys
+from svcproxy.frontend.sources.apiserver import load_api_client
+from kubernetes.config import incluster_config
+incluster_config.SERVICE_TOKEN_FILENAME, incluster_config.SERVICE_CERT_FILENAME = sys.argv[1:3]
+os.environ.update(KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443")
+client = load_api_client(None)
+print(json.dumps([client.configuration.host, sorted(sys.modules)]))
+"""
+
+
+def test_in_a_pod_the_kubeconfig_loader_is_not_imported(tmp_path: Path) -> None:
+    """With the pod's ServiceAccount (the Deployment's and the DaemonSet's case) the client
+    is configured without the kubeconfig loader and what it brings (requests-oauthlib,
+    oauthlib, requests: ~0.2 s of a start)."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("pod-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    done = subprocess.run([sys.executable, "-c", IN_A_POD, str(token), str(ca)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    host, modules = json.loads(done.stdout)
+    assert host == "https://10.96.0.1:443"
+    loaded = {m for m in modules if m.split(".")[0] in ("requests_oauthlib", "oauthlib",
+                                                        "requests")}
+    assert not loaded and "kubernetes.config.kube_config" not in modules, sorted(loaded)

@@ -11,7 +11,7 @@ import threading
 from types import TracebackType
 
 import kubernetes.client
-import kubernetes.config
+from kubernetes.config.config_exception import ConfigException
 
 from .apiserver_backoff import BackoffPolicy
 from .apiserver_reflector import KindReflector, ReflectorOptions
@@ -28,20 +28,25 @@ class ApiserverConfigError(RuntimeError):
 def load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
     """An ApiClient from a kubeconfig file, or from the pod's ServiceAccount when None.
 
-    urllib3's own retries are off: the reflectors retry with backoff and say so.
+    urllib3's own retries are off: the reflectors retry with backoff and say so. Only the
+    loader used is imported (the kubeconfig one brings requests-oauthlib and oauthlib).
     """
     configuration = kubernetes.client.Configuration()
     configuration.retries = 0
     if kubeconfig is not None:
+        from kubernetes.config.kube_config import new_client_from_config
+
         try:
-            return kubernetes.config.new_client_from_config(
+            return new_client_from_config(
                 config_file=kubeconfig, persist_config=False, client_configuration=configuration
             )
-        except (kubernetes.config.ConfigException, OSError, ValueError) as exc:
+        except (ConfigException, OSError, ValueError) as exc:
             raise ApiserverConfigError(f"cannot use --kubeconfig {kubeconfig}: {exc}") from exc
+    from kubernetes.config.incluster_config import load_incluster_config
+
     try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException as exc:
+        load_incluster_config(client_configuration=configuration)
+    except ConfigException as exc:
         raise ApiserverConfigError(
             f"no --kubeconfig given and no in-cluster configuration ({exc}); "
             "pass --kubeconfig PATH when running outside a pod"
