@@ -83,7 +83,7 @@ class NodeAgent:
         self.service_health = ServiceHealthServer(
             self.health, self.context.resolve(None).health_check_ips
         )
-        hooks: list[AfterSync] = [lambda _old, _new: resume_collector_after_start()]
+        hooks: list[AfterSync] = [lambda _old, _new, _changed: resume_collector_after_start()]
         self.conntrack = conntrack
         if conntrack is not None:
             if isinstance(conntrack, ConntrackReconciler):
