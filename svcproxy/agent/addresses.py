@@ -67,7 +67,7 @@ def discover_node_ips() -> tuple[str, ...]:
     """The node's IPs in the current network namespace, primary first per family."""
     from svcproxy.sdk import rtnetlink
 
-    families = {socket.AF_INET: 4, socket.AF_INET6: 6}
+    families: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 6}
     addresses = [InterfaceAddress(family=families[a.family], ifindex=a.index,
                                   address=a.address, scope=a.scope, flags=a.flags)
                  for a in rtnetlink.addresses()]

@@ -91,7 +91,7 @@ class BackgroundHTTPServer:
     """
 
     def __init__(self, host: str, port: int, route: Route, name: str = "http") -> None:
-        server_class = type("Server", (_Server,), {})
+        server_class: type[_Server] = type("Server", (_Server,), {})
         if host in _WILDCARDS and _ipv6_available():
             server_class.address_family = socket.AF_INET6
             server_class.dual_stack = True
