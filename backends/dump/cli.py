@@ -10,7 +10,7 @@ from svcproxy.sdk import Backend, NodeConfig
 HELP = "print the node's state and each change as JSON lines (the reference backend)"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ArgumentGroup) -> None:
     """The dump backend has no flags of its own."""
 
 

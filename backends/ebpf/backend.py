@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
 
@@ -13,6 +14,9 @@ from .layout import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
 from .loader import Layout, Programs, remove_pins
 from .plan import Plan
 from .tables import Tables, WriteReport
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +138,12 @@ class EbpfBackend(Backend):
         backend = self
 
         class MapSizes(Collector):
-            def collect(self) -> Iterator[object]:
+            def collect(self) -> Iterator[Metric]:
                 yield from backend.collect_map_metrics()
 
         registry.register(MapSizes())  # type: ignore[attr-defined]
 
-    def collect_map_metrics(self) -> Iterator[object]:
+    def collect_map_metrics(self) -> Iterator[Metric]:
         """svcproxy_ebpf_map_entries and svcproxy_ebpf_map_max_entries, read at scrape."""
         from prometheus_client.core import GaugeMetricFamily
 

@@ -49,7 +49,7 @@ def _packet_backend(name: str) -> BackendPlugin | None:
     return found.load() if found is not None else None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument(
         "--ebpf-packet-path", choices=PACKET_PATHS, default="nft",
         help="backend run in the same agent for what no socket hook sees: connections from "

@@ -251,7 +251,7 @@ class Programs:
 
 def open_pinned_maps(pin_dir: Path) -> dict[str, Map]:
     """The pinned maps (for --dump), without loading anything; raises LoadError if absent."""
-    maps = {}
+    maps: dict[str, Map] = {}
     for name in MAPS:
         path = pin_dir / name
         try:

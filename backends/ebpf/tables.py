@@ -47,11 +47,11 @@ def read_kernel(services: Map, endpoints: Map) -> tuple[dict[bytes, Applied], se
         sets.setdefault(set_id, {})[slot] = value
     applied: dict[bytes, Applied] = {}
     for key, raw in services.items():
-        value = ServiceValue.unpack(raw)
-        members = sets.get(value.set_id, {}) if value.count else {}
-        slots = tuple(members.get(i) for i in range(value.count))
+        service = ServiceValue.unpack(raw)
+        members = sets.get(service.set_id, {}) if service.count else {}
+        slots = tuple(members.get(i) for i in range(service.count))
         complete = all(s is not None for s in slots)
-        applied[key] = Applied(value, slots if complete else None)  # type: ignore[arg-type]
+        applied[key] = Applied(service, slots if complete else None)  # type: ignore[arg-type]
     used = {a.value.set_id for a in applied.values()}
     return applied, set(sets) - used
 

@@ -32,7 +32,7 @@ def masquerade_bit(text: str) -> int:
     return bit
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument(
         "--iptables-localhost-nodeports", type=boolean, nargs="?", const=True, default=True,
         metavar="BOOL",

@@ -131,8 +131,9 @@ class Planner:
             tables[table].delete.extend(c for c in before if c not in chains)
         nat = tables[NAT]
         for key in changed:
-            old_chains = old[key].chains if old[key] else {}
-            new_chains = new[key].chains if new[key] else {}
+            was, now = old[key], new[key]
+            old_chains = was.chains if was else {}
+            new_chains = now.chains if now else {}
             nat.write.update((c, t) for c, t in new_chains.items() if old_chains.get(c) != t)
             nat.delete.extend(c for c in old_chains if c not in new_chains)
         rules_after, chains_after = self._counts_after(tables, old)

@@ -37,7 +37,7 @@ def _cidrs(text: str) -> tuple[str, ...]:
     return cidr_list(text)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ArgumentGroup) -> None:
     """The IPVS backend's flags (kube-proxy's names)."""
     parser.add_argument(
         "--ipvs-scheduler", default="rr", metavar="NAME",
@@ -100,7 +100,7 @@ def _iptables_fallback(args: argparse.Namespace, config: NodeConfig) -> Backend:
 
     iptables_cli = installed_backends()["iptables"].load()  # as any installed backend
     defaults = argparse.ArgumentParser(add_help=False)
-    iptables_cli.add_arguments(defaults)
+    iptables_cli.add_arguments(defaults.add_argument_group("iptables"))
     merged = argparse.Namespace(**{**vars(defaults.parse_args([])), **vars(args)})
     return iptables_cli.create(merged, config)
 

@@ -245,9 +245,9 @@ def _winner(
         return (value, owner)
     for key, rules in old.items():  # rare: the owner left a shared element
         if key not in changed:
-            value = _claims_of(rules).get(eid)
-            if value is not None:
-                return (value, key)
+            claimed = _claims_of(rules).get(eid)
+            if claimed is not None:
+                return (claimed, key)
     raise AssertionError(f"element {eid} is claimed but has no claimant")
 
 

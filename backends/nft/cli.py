@@ -13,7 +13,7 @@ from .names import TABLE
 HELP = "program nftables (one table per address family owned by svcproxy)"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument(
         "--nft-table", default=TABLE, metavar="NAME",
         help="name of the ip and ip6 tables this backend owns; nothing outside them is "

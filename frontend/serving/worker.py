@@ -14,6 +14,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import cast
 
 import grpc
 from grpc_health.v1 import _async as health_aio
@@ -77,12 +78,13 @@ class ParentLink:
         reply = await self.request("watch", name, since, peer, watch=(name, peer))
         if isinstance(reply, Refused):
             raise reply
-        view, cursor, first, feed = reply  # type: ignore[misc]
+        view, cursor, first, feed = cast(tuple[NodeView, int, list[bytes], int], reply)
         return view, cursor, self.messages(first, feed)
 
     async def catch_up(self, name: str, since: int) -> tuple[int, Messages]:
         """Where a stream goes on when the worker's view no longer has its batches."""
-        cursor, first, feed = await self.request("catchup", name, since)  # type: ignore[misc]
+        cursor, first, feed = cast(tuple[int, list[bytes], int],
+                                   await self.request("catchup", name, since))
         return cursor, self.messages(first, feed)
 
     def messages(self, first: list[bytes], feed: int) -> Messages:
@@ -95,10 +97,11 @@ class ParentLink:
 
     def unwatch(self, view: NodeView) -> None:
         view.watchers -= 1
-        if not view.watchers and self.views.get(view.name) is view:
-            del self.views[view.name]
+        name = view.name
+        if not view.watchers and self.views.get(name) is view:
+            del self.views[name]
         if not self.closed.is_set():
-            self.pipe.send(("unwatch", view.name))
+            self.pipe.send(("unwatch", name))
 
     def _on_message(self, message: Message) -> None:
         if message[0] == "publish":

@@ -26,6 +26,8 @@ from functools import partial
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from google.protobuf.message import Message as ProtoMessage
+
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
 from svcproxy.frontend.serving import shipping
@@ -38,7 +40,8 @@ from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
 RESPAWN_DELAY = 1.0
-UNARY_REQUESTS = {"GetNodeState": pb.GetNodeStateRequest, "ListNodes": pb.ListNodesRequest}
+UNARY_REQUESTS: dict[str, type[ProtoMessage]] = {"GetNodeState": pb.GetNodeStateRequest,
+                                                 "ListNodes": pb.ListNodesRequest}
 
 
 def tcp_address(listen: str, port: int) -> str:
@@ -170,7 +173,7 @@ class StreamWorkers:
             reply = True
         else:
             method = str(message[2])
-            request = UNARY_REQUESTS[method].FromString(message[3])  # type: ignore[arg-type]
+            request = UNARY_REQUESTS[method].FromString(bytes(message[3]))
             reply = self._unary(method, request)
         worker.pipe.send(("reply", req, reply))
 

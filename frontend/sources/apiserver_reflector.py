@@ -199,9 +199,9 @@ class KindReflector:
                          else self.resource.complete(json.loads(bytes(item)))
                          for item in page.items or []], meta.continue_, meta.resourceVersion)
         body = json.loads(data)
-        meta = body.get("metadata") or {}
+        listed = body.get("metadata") or {}
         return ([self.resource.complete(item) for item in body.get("items") or []],
-                meta.get("continue"), meta.get("resourceVersion"))
+                listed.get("continue"), listed.get("resourceVersion"))
 
     def _watch_once(self) -> bool:
         """Stream one watch to its end; True if it was healthy (not an instant close)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -38,7 +38,7 @@ from svcproxy.frontend.store.objects import (
 )
 
 log = logging.getLogger("svcproxy.frontend.engine")
-Parsed = Service | EndpointSlice | Node
+Parsed: TypeAlias = Service | EndpointSlice | Node
 _PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
 _MEMORY = 10000
 # A RawObject's typed path (one for each of events.RAW_KINDS): its object, or None.

@@ -118,7 +118,7 @@ def parse_documents(path: Path, limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS
     """The YAML documents of one file, each checked before it is built; raises
     ManifestError when the file as a whole cannot be used."""
     loader = _Loader(_read_text(path, limits))
-    docs = []
+    docs: list[Any] = []
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -194,7 +194,9 @@ def load_file(path: Path, last_good: list[Obj] | None,
 def object_key(obj: Obj) -> Key:
     """(kind, namespace, name) of a manifest object."""
     kind = str(obj.get("kind", ""))
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     ns = meta.get("namespace") if kind != "Node" else ""
     name = meta.get("name")
     return (kind, ns if isinstance(ns, str) and ns else ("" if kind == "Node" else "default"),

@@ -137,7 +137,7 @@ def _place_ok(node: str, zone: str) -> bool:
 def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
     if len(endpoints) > MAX_SLICE_ENDPOINTS:
         return None
-    out = []
+    out: list[SliceEndpoint] = []
     append = out.append
     allowed = ALLOWED_IPV4.fullmatch
     places = _PLACES

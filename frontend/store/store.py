@@ -157,8 +157,9 @@ class Store:
         if not ev.last:
             return
         del self._listing[kind]
-        store: dict[Any, Any] = {"Service": self.services, "EndpointSlice": self.slices,
-                                 "Node": self.nodes}[kind]
+        stores: dict[str, dict[Any, Any]] = {
+            "Service": self.services, "EndpointSlice": self.slices, "Node": self.nodes}
+        store = stores[kind]
         for key in list(store):
             full = ("", key) if kind == "Node" else key
             if full not in listed:

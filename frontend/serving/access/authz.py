@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.frontend.serving.access.auth import Authenticator, Identity, Unauthenticated
@@ -25,7 +26,8 @@ from svcproxy.v1 import nodestate_pb2 as pb
 log = logging.getLogger(__name__)
 API = "svcproxy.v1.NodeStateService"
 OPEN = ("grpc.health.v1.Health",)
-NODE_METHODS = {"Watch": pb.WatchRequest, "GetNodeState": pb.GetNodeStateRequest}
+NODE_METHODS: dict[str, type[Message]] = {"Watch": pb.WatchRequest,
+                                          "GetNodeState": pb.GetNodeStateRequest}
 
 
 def is_cluster_reader(identity: Identity, readers: frozenset[str]) -> bool:

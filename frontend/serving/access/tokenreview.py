@@ -157,7 +157,7 @@ class TokenReviewer:
     def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as raw JSON (only two fields are read; no model validation)."""
         try:
-            resp = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
+            resp: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
             try:
                 pod = json.loads(resp.data)
             finally:
