@@ -14,8 +14,8 @@ Run as root:
 
 from __future__ import annotations
 
+import argparse
 import subprocess
-import sys
 import time
 
 from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
@@ -175,4 +175,8 @@ def one_endpoint_gone(state: NodeState) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10_000)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("entries", nargs="?", type=int, default=10_000,
+                        help="UDP entries in the table (default %(default)s)")
+    main(parser.parse_args().entries)

@@ -35,6 +35,7 @@ tree that is not counted. Compiling the sources at every start instead costs ~0.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -329,8 +330,16 @@ def main(sizes: list[int], breakdown: bool, before: Path | None = None,
 
 
 if __name__ == "__main__":
-    flags = dict(a.partition("=")[::2] for a in sys.argv[1:] if a.startswith("-"))
-    main([int(a) for a in sys.argv[1:] if not a.startswith("-")] or [1000, 5000, 10000],
-         "--breakdown" in flags,
-         Path(flags["--before"]).resolve() if flags.get("--before") else None,
-         int(flags.get("--rounds") or 3))
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sizes", nargs="*", type=int, metavar="SERVICES",
+                        help="numbers of services (default 1000 5000 10000)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="split each cold start into phases")
+    parser.add_argument("--before", type=Path, metavar="DIR",
+                        help="another commit's checkout to compare local mode with")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of each tree with --before (default %(default)s)")
+    args = parser.parse_args()
+    main(args.sizes or [1000, 5000, 10000], args.breakdown,
+         args.before.resolve() if args.before else None, args.rounds)

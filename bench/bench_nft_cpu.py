@@ -11,13 +11,23 @@ Usage: PYTHONHASHSEED=0 .venv/bin/python bench/bench_nft_cpu.py [CHECKOUT_DIR]
 
 from __future__ import annotations
 
+import argparse
 import gc
 import hashlib
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent.parent))
+
+def _checkout() -> str:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", nargs="?", default=str(Path(__file__).parent.parent),
+                        metavar="CHECKOUT_DIR", help="the tree to measure (default this one)")
+    return str(parser.parse_args().checkout)
+
+
+sys.path.insert(0, _checkout())
 
 from endpoint_swap import swap_one_endpoint  # noqa: E402
 

@@ -13,6 +13,7 @@ the figures are CPU time (process_time) per snapshot, best and median.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
 import sys
@@ -85,8 +86,14 @@ def decode(cls: type[NodeStateClient], msgs: list[bytes]) -> tuple[float, NodeSt
 
 
 def main() -> None:
-    services = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("services", nargs="?", type=int, default=10000,
+                        help="service ports in the snapshot (default %(default)s)")
+    parser.add_argument("rounds", nargs="?", type=int, default=5,
+                        help="rounds of each path (default %(default)s)")
+    args = parser.parse_args()
+    services, rounds = args.services, args.rounds
     recs = records(services)
     msgs = snapshot(recs)
     times: dict[str, list[float]] = {"before": [], "after": []}
