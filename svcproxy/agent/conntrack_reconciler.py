@@ -84,7 +84,7 @@ def stale_flows(flows: Iterable[Flow], new: NodeState, old: NodeState | None = N
                 ) -> list[Flow]:
     """The flows to delete (see the module docstring)."""
     by_ip, by_node_port = frontends(new)
-    changed = stale_conntrack_filters(old, new) if old is not None else []
+    changed = _by_port(stale_conntrack_filters(old, new) if old is not None else [])
     stale = []
     for flow in flows:
         serving = by_ip.get((flow.protocol, flow.orig_dst, flow.orig_dport))
@@ -94,24 +94,32 @@ def stale_flows(flows: Iterable[Flow], new: NodeState, old: NodeState | None = N
         if serving is not None and ((dnat and flow.reply_src not in serving)
                                     or (not dnat and serving)):
             stale.append(flow)
-        elif changed and _named(flow, changed):
+        elif _named(flow, changed):
             stale.append(flow)
     return stale
 
 
-def _named(flow: Flow, filters: list[ConntrackFilter]) -> bool:
+ByPort = dict[int, list[ConntrackFilter]]
+
+
+def _by_port(filters: Iterable[ConntrackFilter]) -> ByPort:
+    """``filters`` by the port they name (0: any port, as ``matches`` reads an empty one)."""
+    out: ByPort = defaultdict(list)
+    for f in filters:
+        out[f.orig_dport].append(f)
+    return dict(out)
+
+
+def _named(flow: Flow, filters: ByPort) -> bool:
+    """Whether a filter of the flow's port (or of any port) selects it."""
+    named = filters.get(flow.orig_dport, [])
+    if 0 in filters:
+        named = [*named, *filters[0]]
+    if not named:
+        return False
     entry = ConntrackEntry(_BY_NUMBER[flow.protocol], flow.family, flow.orig_dst,
                            flow.orig_dport, flow.reply_src)
-    return any(matches(f, entry) for f in filters)
-
-
-def _named_by_port(flows: Iterable[Flow], filters: list[ConntrackFilter]) -> list[Flow]:
-    """The flows some filter names, each checked against the filters of its port alone."""
-    by_port: dict[int, list[ConntrackFilter]] = defaultdict(list)
-    for f in filters:
-        by_port[f.orig_dport].append(f)
-    return [flow for flow in flows
-            if (named := by_port.get(flow.orig_dport)) and _named(flow, named)]
+    return any(matches(f, entry) for f in named)
 
 
 class Table(TypingProtocol):
@@ -184,8 +192,9 @@ class ConntrackReconciler:
                 try:
                     if self._now_table is None:
                         self._now_table = self._open()
-                    flows = self._now_table.dump(family, protocol, port, dst)
-                    stale = _named_by_port(flows, named)
+                    index = _by_port(named)
+                    stale = [flow for flow in self._now_table.dump(family, protocol, port, dst)
+                             if _named(flow, index)]
                     n = self._now_table.delete(stale) if stale else 0
                 except OSError as err:
                     log.error("Deleting the conntrack entries a sync made stale (IPv%d) "
