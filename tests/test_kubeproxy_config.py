@@ -144,6 +144,31 @@ def test_a_flag_setting_both_modes_is_not_warned_about_in_nft_mode() -> None:
     ("bindAddress: node-1\n", "bindAddress: 'node-1' is not an IP address"),
     ("healthzBindAddress: 'x:10256'\n", "healthzBindAddress: 'x:10256' is not IP:PORT"),
     ("metricsBindAddress: '127.0.0.1:99999'\n", "metricsBindAddress: '127.0.0.1:99999'"),
+    # kube-proxy's validation, before --write-config-to as well as before running
+    ("iptables: {syncPeriod: 10s, minSyncPeriod: 20s}\n",
+     "iptables.minSyncPeriod: 20s must not exceed iptables.syncPeriod (10s)"),
+    ("mode: ipvs\nipvs: {syncPeriod: 10s, minSyncPeriod: 1m}\n", "ipvs.minSyncPeriod: 1m0s"),
+    ("conntrack: {maxPerCore: -1}\n", "conntrack.maxPerCore: -1 must be greater than or equal"),
+    ("conntrack: {min: -5}\n", "conntrack.min: -5 must be greater than or equal to 0"),
+    ("clientConnection: {burst: -1}\n", "clientConnection.burst: -1 must be greater than or"),
+    ("clusterCIDR: 10.0.0.0/33\n", "clusterCIDR: '10.0.0.0/33' is not a valid CIDR"),
+    ("clusterCIDR: 10.0.0.0/8,10.1.0.0/16\n", "clusterCIDR: '10.0.0.0/8,10.1.0.0/16' must be"),
+    ("clusterCIDR: 10.0.0.0/8,fd00::/48,fd01::/48\n", "clusterCIDR: "),
+    ("nodePortAddresses: [bogus]\n", "nodePortAddresses[0]: 'bogus' is not a valid CIDR"),
+    ("nodePortAddresses: [primary, 10.0.0.0/8]\n", "nodePortAddresses[0]: can't use both"),
+    ("mode: ipvs\nipvs: {excludeCIDRs: [10.0.0.0/8, x]}\n",
+     "ipvs.excludeCIDRs[1]: 'x' is not a valid CIDR"),
+    ("detectLocalMode: BridgeInterface\n", "detectLocal.bridgeInterface: must not be empty"),
+    ("detectLocalMode: InterfaceNamePrefix\n",
+     "detectLocal.interfaceNamePrefix: must not be empty"),
+    ("logging: {format: xml}\n", "logging.format: 'xml' is not supported (json, text)"),
+    ("logging: {format: json, vmodule: [{filePattern: a, verbosity: 2}]}\n",
+     "logging.vmodule: only supported for the text log format"),
+    ("logging: {options: {json: {infoBufferSize: 5Zi}}}\n",
+     "logging.options.json.infoBufferSize: '5Zi' is not a quantity"),
+    ("showHiddenMetricsForVersion: '1.20'\n", "showHiddenMetricsForVersion: '1.20' must be"),
+    ("portRange: 2000-1000\n", "portRange: '2000-1000' must be a valid port range"),
+    ("portRange: banana\n", "portRange: 'banana' must be a valid port range"),
 ])
 def test_bad_files_are_refused_naming_the_field(patch: str, message: str) -> None:
     base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -151,6 +176,38 @@ def test_bad_files_are_refused_naming_the_field(patch: str, message: str) -> Non
     with pytest.raises(ConfigError) as err:
         load_config(text)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("patch", [
+    "iptables: {syncPeriod: 10s, minSyncPeriod: 10s}\n",
+    "mode: ipvs\niptables: {syncPeriod: 10s, minSyncPeriod: 20s}\n",  # not ipvs's section
+    "clusterCIDR: 10.0.0.0/8,fd00::/48\n",
+    "detectLocalMode: NodeCIDR\nclusterCIDR: 10.0.0.0/8,10.1.0.0/16\n",  # not used
+    "nodePortAddresses: [primary]\n",
+    "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}\n",
+    "logging: {format: json, options: {json: {infoBufferSize: 64Ki}}}\n",
+    "logging: {options: {text: {infoBufferSize: 1.5e3}}}\n",
+    "showHiddenMetricsForVersion: '1.31'\n",
+    "portRange: 30000-30100\n", "portRange: '30000+100'\n", "portRange: '8080'\n",
+])
+def test_what_kube_proxy_validates_and_accepts_is_accepted(patch: str) -> None:
+    base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+    load_config(base + patch)
+
+
+def test_every_invalid_field_is_named_at_once() -> None:
+    base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+    with pytest.raises(ConfigError) as err:
+        load_config(base + "conntrack: {min: -1}\nlogging: {format: xml}\n")
+    assert "conntrack.min" in str(err.value) and "logging.format" in str(err.value)
+
+
+def test_invalid_flags_are_refused_as_the_file_would_be() -> None:
+    with pytest.raises(ConfigError, match="clusterCIDR: '10.0.0.0/33'"):
+        effective_config(flags("--cluster-cidr=10.0.0.0/33"), None)
+    with pytest.raises(SystemExit):
+        flags("--log-json-info-buffer-size=lots")
+    assert flags("--log-json-info-buffer-size=64Ki") == {"log-json-info-buffer-size": "64Ki"}
 
 
 def test_refusal_is_a_clear_exit(tmp_path: Path) -> None:
@@ -201,7 +258,7 @@ def test_every_kube_proxy_flag_is_accepted() -> None:
     samples = {"go_bool": "true", "go_duration": "1m30s", "int32": "3", "float32": "5",
                "string_list": "10.0.0.0/8", "ip_address": "10.0.0.1",
                "ip_port": "0.0.0.0:10256", "feature_gates": "X=true", "vmodule": "a=2",
-               "str": "x"}
+               "str": "x", "quantity": "64Ki"}
     argv = []
     for f in FLAGS:
         argv.append(f"--{f.name}" if f.parse is None else

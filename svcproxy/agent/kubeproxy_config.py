@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -106,6 +107,12 @@ _ZERO = {"str": "", "bool": False, "int32": 0, "uint32": 0, "float": 0.0, "durat
          "quantity": "0", "time_or_duration": 0.0, "list_str": None, "map_bool": None,
          "vmodule": None}
 _INT32 = (-(2**31), 2**31 - 1)
+# resource.Quantity: a decimal number, then a binary (Ki..Ei) or decimal (n..E) suffix or an
+# exponent (e3, E-2).
+_QUANTITY = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+LOG_FORMATS = ("json", "text")
+# kube-proxy 1.32 shows the metrics hidden in the release before it, and refuses other values.
+HIDDEN_METRICS_VERSION = "1.31"
 
 
 class ConfigError(ValueError):
@@ -219,6 +226,9 @@ def decode_value(kind: str, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise ConfigError(f"{path}: expected quantity (e.g. \"0\", \"64Ki\"), got "
                               f"{_describe(value)}")
+        if not _QUANTITY.fullmatch(str(value).strip()):
+            raise ConfigError(f"{path}: {str(value)!r} is not a quantity (e.g. \"0\", "
+                              "\"64Ki\", \"1M\")")
         return str(value)
     if kind == "list_str":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -319,31 +329,146 @@ def _with_port(address: str, default_host: str, port: int) -> str:
 
 
 def validate(config: Mapping[str, Any]) -> None:
-    """The checks of kube-proxy's validation that svcproxy relies on."""
+    """kube-proxy 1.32's validation (pkg/proxy/apis/config/validation), every failure named
+    by its field path at once; modes are checked later, against the installed backends."""
+    errors = _errors(config)
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+
+def sync_section(mode: str) -> str:
+    """The section whose sync periods a mode uses (another backend's: iptables')."""
+    return {"ipvs": "ipvs", "nftables": "nftables", "nft": "nftables"}.get(mode, "iptables")
+
+
+def _errors(config: Mapping[str, Any]) -> list[str]:
+    errors: list[str] = []
     mode = config["mode"]
     if mode == "kernelspace":
-        raise ConfigError("mode: 'kernelspace' is the Windows proxy; on Linux use iptables, "
-                          "ipvs, nftables or the name of an installed svcproxy backend")
-    if config["detectLocalMode"] not in DETECT_LOCAL_MODES:
-        raise ConfigError(f"detectLocalMode: {config['detectLocalMode']!r} is not one of "
-                          + ", ".join(m for m in DETECT_LOCAL_MODES if m))
+        errors.append("mode: 'kernelspace' is the Windows proxy; on Linux use iptables, "
+                      "ipvs, nftables or the name of an installed svcproxy backend")
     for section in ("iptables", "nftables"):
         bit = config[section]["masqueradeBit"]
         if not 0 <= bit <= 31:
-            raise ConfigError(f"{section}.masqueradeBit: {bit} must be within [0, 31]")
+            errors.append(f"{section}.masqueradeBit: {bit} must be within [0, 31]")
     for section in ("iptables", "ipvs", "nftables"):
         if config[section]["syncPeriod"] <= 0:
-            raise ConfigError(f"{section}.syncPeriod: must be greater than 0")
+            errors.append(f"{section}.syncPeriod: must be greater than 0")
+    errors += _sync_errors(config[sync_section(mode)], sync_section(mode))
+    if mode == "ipvs":
+        errors += _cidr_errors(config["ipvs"]["excludeCIDRs"] or [], "ipvs.excludeCIDRs")
+    for name in ("maxPerCore", "min"):
+        errors += _nonnegative(config["conntrack"][name], f"conntrack.{name}")
+    errors += _nonnegative(config["clientConnection"]["burst"], "clientConnection.burst")
     oom = config["oomScoreAdj"]
     if not -1000 <= oom <= 1000:
-        raise ConfigError(f"oomScoreAdj: {oom} must be within [-1000, 1000]")
+        errors.append(f"oomScoreAdj: {oom} must be within [-1000, 1000]")
     try:
         ipaddress.ip_address(config["bindAddress"])
-    except ValueError as err:
-        raise ConfigError(f"bindAddress: {config['bindAddress']!r} is not an IP address") from err
+    except ValueError:
+        errors.append(f"bindAddress: {config['bindAddress']!r} is not an IP address")
     for field in ("healthzBindAddress", "metricsBindAddress"):
         if config[field] and not _ip_port(config[field]):
-            raise ConfigError(f"{field}: {config[field]!r} is not IP:PORT")
+            errors.append(f"{field}: {config[field]!r} is not IP:PORT")
+    errors += _node_port_errors(config["nodePortAddresses"] or [])
+    errors += _detect_local_errors(config)
+    errors += _logging_errors(config["logging"])
+    hidden = config["showHiddenMetricsForVersion"]
+    if hidden and hidden != HIDDEN_METRICS_VERSION:
+        errors.append(f"showHiddenMetricsForVersion: {hidden!r} must be omitted or "
+                      f"{HIDDEN_METRICS_VERSION!r} (only the previous minor version)")
+    if not _port_range(config["portRange"]):
+        errors.append(f"portRange: {config['portRange']!r} must be a valid port range "
+                      "(e.g. 30000-32767, 30000+2767 or 8080)")
+    return errors
+
+
+def _sync_errors(section: Mapping[str, Any], name: str) -> list[str]:
+    low, high = section["minSyncPeriod"], section["syncPeriod"]
+    if low > high:
+        return [f"{name}.minSyncPeriod: {format_go_duration(low)} must not exceed "
+                f"{name}.syncPeriod ({format_go_duration(high)})"]
+    return []
+
+
+def _nonnegative(value: int, path: str) -> list[str]:
+    return [f"{path}: {value} must be greater than or equal to 0"] if value < 0 else []
+
+
+def _is_cidr(text: str) -> bool:
+    if "/" not in text:
+        return False
+    try:
+        ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _cidr_errors(items: list[str], path: str) -> list[str]:
+    return [f"{path}[{i}]: {item!r} is not a valid CIDR" for i, item in enumerate(items)
+            if not _is_cidr(item)]
+
+
+def _node_port_errors(items: list[str]) -> list[str]:
+    if "primary" in items:
+        index = items.index("primary")
+        if len(items) != 1:
+            return [f"nodePortAddresses[{index}]: can't use both 'primary' and CIDRs"]
+        return []
+    # svcproxy's own shorthands, beside CIDRs
+    return _cidr_errors([i for i in items if i not in ("localhost", "all")],
+                        "nodePortAddresses")
+
+
+def _detect_local_errors(config: Mapping[str, Any]) -> list[str]:
+    mode = config["detectLocalMode"]
+    if mode not in DETECT_LOCAL_MODES:
+        return [f"detectLocalMode: {mode!r} is not one of "
+                + ", ".join(m for m in DETECT_LOCAL_MODES if m)]
+    if mode == "BridgeInterface" and not config["detectLocal"]["bridgeInterface"]:
+        return ["detectLocal.bridgeInterface: must not be empty with detectLocalMode "
+                "BridgeInterface"]
+    if mode == "InterfaceNamePrefix" and not config["detectLocal"]["interfaceNamePrefix"]:
+        return ["detectLocal.interfaceNamePrefix: must not be empty with detectLocalMode "
+                "InterfaceNamePrefix"]
+    text = config["clusterCIDR"]
+    if mode not in ("", "ClusterCIDR") or not text:
+        return []
+    cidrs = [c.strip() for c in text.split(",")]
+    bad = [c for c in cidrs if not _is_cidr(c)]
+    if bad:
+        return [f"clusterCIDR: {bad[0]!r} is not a valid CIDR (e.g. 10.244.0.0/16)"]
+    families = {ipaddress.ip_network(c, strict=False).version for c in cidrs}
+    if len(cidrs) > 2 or (len(cidrs) == 2 and len(families) != 2):
+        return [f"clusterCIDR: {text!r} must be one CIDR or a dual-stack pair "
+                "(e.g. 10.244.0.0/16,fd00:10:244::/56)"]
+    return []
+
+
+def _logging_errors(logging: Mapping[str, Any]) -> list[str]:
+    fmt = logging["format"]
+    if fmt not in LOG_FORMATS:
+        return [f"logging.format: {fmt!r} is not supported ({', '.join(LOG_FORMATS)})"]
+    if logging["vmodule"] and fmt != "text":
+        return ["logging.vmodule: only supported for the text log format"]
+    return []
+
+
+def _port_range(text: str) -> bool:
+    """utilnet.ParsePortRange: empty, N, N-M or N+S within [0, 65535]."""
+    text = text.strip()
+    if not text:
+        return True
+    match = re.fullmatch(r"(\d+)(?:([-+])(\d+))?", text)
+    if not match:
+        return False
+    low = int(match.group(1))
+    if match.group(2) is None:
+        return low <= 65535
+    other = int(match.group(3))
+    high = other if match.group(2) == "-" else low + other
+    return low <= high <= 65535
 
 
 def _ip_port(text: str) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from svcproxy.agent.durations import parse_duration
+from svcproxy.agent.kubeproxy_config import ConfigError, decode_value
 
 
 def go_bool(text: str) -> bool:
@@ -49,6 +50,14 @@ def float32(text: str) -> float:
         return float(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from err
+
+
+def quantity(text: str) -> str:
+    """A resource quantity ("0", "64Ki", "1M"), as the config file's field takes it."""
+    try:
+        return decode_value("quantity", text, "quantity")
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).partition(": ")[2]) from err
 
 
 def string_list(text: str) -> list[str]:
@@ -210,11 +219,11 @@ FLAGS: tuple[Flag, ...] = (
     _f("log-flush-frequency", go_duration, "logging.flushFrequency", "log flush period "
        "(svcproxy writes every line at once)", logging=True),
     _f("logging-format", str, "logging.format", "text or json", logging=True),
-    _f("log-json-info-buffer-size", str, "logging.options.json.infoBufferSize",
+    _f("log-json-info-buffer-size", quantity, "logging.options.json.infoBufferSize",
        "accepted, unused", logging=True),
     _f("log-json-split-stream", None, "logging.options.json.splitStream", "accepted, unused",
        logging=True),
-    _f("log-text-info-buffer-size", str, "logging.options.text.infoBufferSize",
+    _f("log-text-info-buffer-size", quantity, "logging.options.text.infoBufferSize",
        "accepted, unused", logging=True),
     _f("log-text-split-stream", None, "logging.options.text.splitStream", "accepted, unused",
        logging=True),
@@ -238,7 +247,7 @@ class _Merge(argparse.Action):
 _METAVARS: dict[Callable[[str], Any], str] = {
     go_duration: "DURATION", int32: "INT", float32: "FLOAT", string_list: "LIST",
     ip_address: "IP", ip_port: "IP:PORT", feature_gates: "NAME=BOOL,...",
-    vmodule: "PATTERN=N,...", go_bool: "BOOL",
+    vmodule: "PATTERN=N,...", go_bool: "BOOL", quantity: "QUANTITY",
 }
 
 
