@@ -365,3 +365,17 @@ def test_cleanup_through_kube_proxy_flags() -> None:
     proc = subprocess.run([*SVCPROXY, "backend", "--proxy-mode=dump", "--cleanup"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_master_with_config_is_one_warning_and_not_said_to_follow_kube_proxy(
+        tmp_path: Path) -> None:
+    """kube-proxy uses --master with --config too; svcproxy cannot, and says so once."""
+    conf = tmp_path / "config.conf"
+    conf.write_text((DATA / "kubeadm.yaml").read_text().replace('mode: ""', "mode: dump"))
+    proc = subprocess.run([*SVCPROXY, "backend", f"--config={conf}",
+                           "--master=https://10.0.0.1:6443", "--cleanup"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "--master" in line]
+    assert len(warnings) == 1 and "because --config is given" not in warnings[0]
+

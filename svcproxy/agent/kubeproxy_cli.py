@@ -50,8 +50,10 @@ ENV_FLAGS = {"api": API_ENV, "api_ca": "SVCPROXY_API_CA", "api_cert": "SVCPROXY_
              "api_key": "SVCPROXY_API_KEY", "api_token_file": "SVCPROXY_API_TOKEN_FILE"}
 # The longest the backend's set-up waits for local mode's listing to start.
 LISTING_WAIT = 60.0
-# Flags that apply with --config too (the logging flags as well).
-_ALWAYS_USED = {"config", "write-config-to", "cleanup", "init-only", "hostname-override"}
+# Flags that apply with --config too (the logging flags as well); kube-proxy's --master
+# does, so its warning is run_backend's (svcproxy cannot use it), not "ignored with --config".
+_ALWAYS_USED = {"config", "write-config-to", "cleanup", "init-only", "hostname-override",
+                "master"}
 
 
 def routes_here(argv: Sequence[str]) -> bool:
