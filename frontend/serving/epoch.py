@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from svcproxy.frontend.serving.validation import Malformed
 from svcproxy.v1 import nodestate_pb2 as pb
 
 EPOCH_KEY = "svcproxy-epoch"
@@ -51,6 +52,8 @@ class EpochInterceptor(grpc.aio.ServerInterceptor):
         behavior, epoch = handler.unary_stream, self.epoch
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, Malformed):  # refused by the handler
+                return await behavior(request, context)
             theirs = client_epoch(context.invocation_metadata())
             if request.since_revision and theirs is not None and theirs != epoch:
                 request.since_revision = FOREIGN

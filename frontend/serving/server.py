@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -33,7 +35,7 @@ from svcproxy.frontend.serving.limits import (
 )
 from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
-from svcproxy.frontend.serving.validation import check_since
+from svcproxy.frontend.serving.validation import Malformed, check_since, invalid, parse
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -127,24 +129,39 @@ class Servicer(Protocol):
                         context: grpc.aio.ServicerContext) -> Any: ...
 
 
+REQUESTS: dict[str, type[Message]] = {
+    "Watch": pb.WatchRequest, "WatchCluster": pb.ClusterWatchRequest,
+    "GetNodeState": pb.GetNodeStateRequest, "ListNodes": pb.ListNodesRequest}
+
+
+def _refusing_malformed(method: str, behavior: Callable[[Any, grpc.aio.ServicerContext], Any]
+                        ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+    """``behavior``, but a request that did not parse is refused with INVALID_ARGUMENT."""
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            await invalid(method, request.message).abort(context)
+        return await behavior(request, context)
+    return call
+
+
 def api_handler(servicer: Servicer, raw_unary: bool = False) -> grpc.GenericRpcHandler:
     """The svcproxy.v1 handler; with ``raw_unary`` the unary methods take and return
-    serialised bytes (a stream worker forwards them to the main process)."""
-    unary_in: dict[str, Callable[[bytes], Any]] = {
-        "GetNodeState": pb.GetNodeStateRequest.FromString,
-        "ListNodes": pb.ListNodesRequest.FromString}
-    methods = {
-        "Watch": grpc.unary_stream_rpc_method_handler(
-            servicer.Watch, request_deserializer=pb.WatchRequest.FromString,
-            response_serializer=_identity),
-        "WatchCluster": grpc.unary_stream_rpc_method_handler(
-            servicer.WatchCluster, request_deserializer=pb.ClusterWatchRequest.FromString,
-            response_serializer=_identity),
-    }
-    for name, parse in unary_in.items():
-        methods[name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name), request_deserializer=_identity if raw_unary else parse,
-            response_serializer=_identity if raw_unary else _serialize)
+    serialised bytes (a stream worker forwards them to the main process, which parses
+    them)."""
+    methods = {}
+    for name, kind in REQUESTS.items():
+        behavior = getattr(servicer, name)
+        if name.startswith("Watch"):
+            methods[name] = grpc.unary_stream_rpc_method_handler(
+                _refusing_malformed(name, behavior), request_deserializer=partial(parse, kind),
+                response_serializer=_identity)
+        elif raw_unary:
+            methods[name] = grpc.unary_unary_rpc_method_handler(
+                behavior, request_deserializer=_identity, response_serializer=_identity)
+        else:
+            methods[name] = grpc.unary_unary_rpc_method_handler(
+                _refusing_malformed(name, behavior), request_deserializer=partial(parse, kind),
+                response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
 
 from svcproxy.frontend.serving.limits import INVALID, Refused
+
+M = TypeVar("M", bound=Message)
 
 # A Kubernetes node name is a DNS-1123 subdomain.
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -14,6 +20,24 @@ MAX_NODE_NAME = 253
 def invalid(method: str, message: str) -> Refused:
     INVALID.labels(method).inc()
     return Refused("INVALID_ARGUMENT", message)
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A request that is not the method's message: its handler refuses it (gRPC would
+    answer UNKNOWN and log a traceback per call)."""
+
+    message: str
+
+
+def parse(kind: type[M], data: bytes) -> M | Malformed:
+    """``data`` as a ``kind``, or why it is not one."""
+    try:
+        return kind.FromString(data)
+    except DecodeError as err:
+        name = kind.DESCRIPTOR.full_name
+        return Malformed(f"the request is not a serialised {name} ({err}); send that "
+                         f"message (`grpcurl describe {name}` shows its fields)")
 
 
 def check_node_name(method: str, name: str) -> None:

@@ -24,9 +24,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.process import BaseProcess
-from typing import Any
-
-from google.protobuf.message import Message as ProtoMessage
 
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
@@ -34,14 +31,12 @@ from svcproxy.frontend.serving import shipping
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pipe import Message, Pipe
-from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, list_nodes
+from svcproxy.frontend.serving.server import REQUESTS, NodeStateServicer, TLSFiles, list_nodes
+from svcproxy.frontend.serving.validation import Malformed, invalid, parse
 from svcproxy.frontend.serving.worker import WorkerConfig, worker_main
-from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
 RESPAWN_DELAY = 1.0
-UNARY_REQUESTS: dict[str, type[ProtoMessage]] = {"GetNodeState": pb.GetNodeStateRequest,
-                                                 "ListNodes": pb.ListNodesRequest}
 
 
 def tcp_address(listen: str, port: int) -> str:
@@ -172,14 +167,15 @@ class StreamWorkers:
             await self.engine.synced.wait()
             reply = True
         else:
-            method = str(message[2])
-            request = UNARY_REQUESTS[method].FromString(bytes(message[3]))
-            reply = self._unary(method, request)
+            reply = self._unary(str(message[2]), bytes(message[3]))
         worker.pipe.send(("reply", req, reply))
 
-    def _unary(self, method: str, request: Any) -> bytes | Refused:
+    def _unary(self, method: str, data: bytes) -> bytes | Refused:
         """A unary call's serialised answer, or why it is refused."""
         try:
+            request = parse(REQUESTS[method], data)
+            if isinstance(request, Malformed):
+                return invalid(method, request.message)
             if method == "GetNodeState":
                 return self._servicer.pages.answer(request)
             return list_nodes(self.engine).SerializeToString()

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.frontend.serving.access.auth import Authenticator, Identity, Unauthenticated
+from svcproxy.frontend.serving.validation import Malformed, parse
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                                str(err))
         if service != API:
             return
+        if method in NODE_METHODS and isinstance(request, bytes):  # a worker's raw unary
+            request = parse(NODE_METHODS[method], request)
+        if isinstance(request, Malformed):  # the handler refuses it, reading nothing
+            return
         node = _node_name(method, request)
         refusal = authorize(identity, method, node, self.readers)
         if refusal is not None:
@@ -103,8 +108,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 def _node_name(method: str, request: Any) -> str | None:
     if method not in NODE_METHODS:
         return None
-    if isinstance(request, bytes):  # a stream worker's raw unary request
-        request = NODE_METHODS[method].FromString(request)
     return str(request.node_name)
 
 
