@@ -126,7 +126,7 @@ def test_a_flag_setting_both_modes_is_not_warned_about_in_nft_mode() -> None:
     assert unhonoured_fields(c, "nft") == []
     c["iptables"]["minSyncPeriod"] = 5.0  # set in the iptables section alone: not nft's
     assert unhonoured_fields(c, "nft") == [
-        "iptables.minSyncPeriod=5.0: does not apply to backend nft; ignored"]
+        "iptables.minSyncPeriod=5s: does not apply to backend nft; ignored"]
 
 
 @pytest.mark.parametrize(("patch", "message"), [
@@ -379,3 +379,8 @@ def test_master_with_config_is_one_warning_and_not_said_to_follow_kube_proxy(
     warnings = [line for line in proc.stderr.splitlines() if "--master" in line]
     assert len(warnings) == 1 and "because --config is given" not in warnings[0]
 
+
+def test_unhonoured_durations_are_shown_as_go_durations() -> None:
+    c, _ = effective_config(flags("--config-sync-period=1m30s"), None)
+    assert unhonoured_fields(c, "dump") == [
+        "configSyncPeriod=1m30s: the frontend watches the apiserver, not the backend; ignored"]

@@ -26,6 +26,8 @@ from svcproxy.agent.kubeproxy_config import (
     apply_defaults,
     empty_config,
     encode_config,
+    field_kind,
+    format_go_duration,
     load_config,
     validate,
 )
@@ -212,7 +214,7 @@ def unhonoured_fields(config: dict[str, Any], backend: str) -> list[str]:
             why = "the frontend watches the apiserver, not the backend"
         else:
             why = "svcproxy cannot honour it"
-        lines.append(f"{path}={_show(value)}: {why}; ignored")
+        lines.append(f"{path}={_show(value, field_kind(path))}: {why}; ignored")
     return lines
 
 
@@ -225,7 +227,10 @@ def _mirrors_own_section(config: dict[str, Any], backend: str, path: str, value:
         own.get(name) == value
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, kind: str) -> str:
+    """A value as the file would spell it (durations as Go writes them)."""
+    if kind in ("duration", "time_or_duration"):
+        return format_go_duration(value)
     return json.dumps(value) if not isinstance(value, str) else value
 
 

@@ -508,6 +508,14 @@ def _decimal(value: int, unit: int) -> str:
     return f"{whole}.{digits}"
 
 
+def field_kind(path: str) -> str:
+    """The type of a dotted field (``ipvs.tcpTimeout``: "duration"), "?" left off."""
+    kind: Any = SCHEMA
+    for name in path.split("."):
+        kind = kind[name]
+    return kind.lstrip("?") if isinstance(kind, str) else "struct"
+
+
 def encode_config(config: Mapping[str, Any]) -> str:
     """The configuration as YAML, keys sorted and durations in Go's form (as kube-proxy's
     --write-config-to writes it)."""
