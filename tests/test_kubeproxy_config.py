@@ -384,3 +384,18 @@ def test_unhonoured_durations_are_shown_as_go_durations() -> None:
     c, _ = effective_config(flags("--config-sync-period=1m30s"), None)
     assert unhonoured_fields(c, "dump") == [
         "configSyncPeriod=1m30s: the frontend watches the apiserver, not the backend; ignored"]
+
+
+@pytest.mark.parametrize(("argv", "code", "printed"), [
+    (["--version"], 0, True), (["--version=true"], 0, True), (["--version=raw"], 0, True),
+    (["--version=false", "--proxy-mode=dump", "--write-config-to=/dev/null"], 0, False),
+    (["--version=maybe"], 2, False),
+])
+def test_version_takes_kube_proxys_values(argv: list[str], code: int, printed: bool) -> None:
+    """kube-proxy's --version[=true|raw|false]: false runs as if it were not given."""
+    proc = subprocess.run([*SVCPROXY, "backend", *argv], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.startswith("svcproxy ") is printed
+    if code == 2:
+        assert "--version" in proc.stderr

@@ -35,6 +35,7 @@ from svcproxy.agent.kubeproxy_flags import (
     BY_DEST,
     add_kube_proxy_flags,
     given_flags,
+    go_bool,
     normalize_argv,
 )
 from svcproxy.agent.kubeproxy_sysctls import set_mode_sysctls
@@ -78,17 +79,27 @@ def version_text() -> str:
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: the installed version, looked up only when asked for (reading the
-    package's metadata is a few ms of every start otherwise)."""
+    """kube-proxy's ``--version[=true|raw|false]``: the installed version (``raw``: with the
+    Python that runs it), looked up only when asked for (reading the package's metadata is a
+    few ms of every start otherwise); ``false`` runs as if the flag were not given."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
                  help: str | None = None) -> None:  # noqa: A002 - argparse's keyword
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+        super().__init__(option_strings, dest, nargs="?", const="true", metavar="true|raw|false",
+                         default=argparse.SUPPRESS, help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        print(version_text())
-        parser.exit()
+        if values == "raw":
+            print(f"{version_text()} (Python {sys.version.split()[0]}, {sys.platform})")
+            parser.exit()
+        try:
+            wanted = go_bool(values)
+        except argparse.ArgumentTypeError:
+            parser.error(f"argument --version: invalid value {values!r} (true, raw or false)")
+        if wanted:
+            print(version_text())
+            parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
