@@ -11,6 +11,9 @@ import grpc
 import pytest
 
 from svcproxy.frontend.main import FrontendOptions
+from svcproxy.frontend.serving.pages import decode_token, encode_token
+from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import RunningFrontend, wait_for
 from tests.test_stream import copy_examples
 from tests.test_stream_limits import exposed
@@ -73,3 +76,73 @@ def test_corrupt_requests_through_stream_workers(tmp_path: Any) -> None:
         for ch in channels:
             ch.close()
         fe.stop()
+
+
+def state(api: Any, **request: Any) -> pb.NodeState:
+    return api.GetNodeState(pb.GetNodeStateRequest(**request), timeout=10)
+
+
+def refused(api: Any, **request: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        state(api, **request)
+    return err.value
+
+
+@pytest.mark.parametrize("field,value", [
+    ("namespace", "Shop"), ("namespace", "shop/web"), ("namespace", "a" * 64),
+    ("namespace", "kube_system"), ("service", "Web"), ("service", "1web"),
+    ("service", "web.shop"), ("service", "w" * 64), ("service", "wéb")])
+def test_filters_that_no_object_can_have_are_refused(frontend_factory, tmp_path,
+                                                     field: str, value: str) -> None:
+    """A filter that is not a Kubernetes name matched nothing: an empty answer that
+    looked like "no such services" to a person mistyping it."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    before = invalid_count("GetNodeState")
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        err = refused(pb_grpc.NodeStateServiceStub(ch), node_name="node-a", **{field: value})
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.details() and "DNS-1" in err.details()
+    assert invalid_count("GetNodeState") == before + 1
+
+
+def test_filters_that_are_names_are_answered(frontend_factory, tmp_path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        assert not state(api, node_name="node-a", namespace="nowhere").services
+        web = state(api, node_name="node-a", namespace="shop", service="web")
+        assert {s.service.key.name for s in web.services} == {"web"}
+
+
+def test_a_page_token_goes_with_the_request_it_came_from(frontend_factory, tmp_path) -> None:
+    """A token carries on its own listing only: sent with another node or filter it
+    was read as an offset into that other listing (service ports skipped silently)."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        first = {"node_name": "node-a", "namespace": "shop", "page_size": 1}
+        token = state(api, **first).next_page_token
+        assert token
+        for other in ({"namespace": ""}, {"service": "web"}, {"node_name": "node-b"}):
+            err = refused(api, **{**first, **other, "page_token": token})
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, other
+            assert "the first page's node_name, namespace and service" in err.details()
+        # The same request goes on, whatever page_size.
+        rest = state(api, **{**first, "page_size": 0, "page_token": token})
+        assert [s.service.key.name for s in rest.services] == ["web", "web"]
+
+
+def test_a_page_token_from_the_future_is_not_this_frontends(frontend_factory,
+                                                             tmp_path) -> None:
+    """A revision ahead of the frontend's cannot be a listing it dropped: ABORTED said
+    "the state changed since", which is not what happened."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        first = {"node_name": "node-a", "page_size": 1}
+        token = state(api, **first).next_page_token
+        revision, offset, listing = decode_token(token)
+        ahead = encode_token(revision + 10**9, offset, listing)
+        err = refused(api, **first, page_token=ahead)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "start again without page_token" in err.details()

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from svcproxy.frontend.main import FrontendOptions
-from svcproxy.frontend.serving.pages import encode_token
+from svcproxy.frontend.serving.pages import encode_token, listing_check
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
@@ -73,13 +73,14 @@ def test_pages_of_one_listing_and_filters(frontend_factory, tmp_path) -> None:
         assert names(only) == [("other", f"s{i}") for i in sorted(range(5), key=str)]
         one = all_pages(api, node_name="node-a", service="s3")
         assert names(one) == [("bulk", "s3"), ("other", "s3")]
-        for bad in ("garbage!", encode_token(whole[0].revision, 10**6)):
+        check = listing_check("node-a", "", "")
+        for bad in ("garbage!", encode_token(whole[0].revision, 10**6, check)):
             with pytest.raises(grpc.RpcError) as err:
                 api.GetNodeState(pb.GetNodeStateRequest(node_name="node-a", page_token=bad))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as err:  # a listing the frontend no longer holds
             api.GetNodeState(pb.GetNodeStateRequest(
-                node_name="node-a", page_token=encode_token(whole[0].revision - 1, 3)))
+                node_name="node-a", page_token=encode_token(whole[0].revision - 1, 3, check)))
         assert err.value.code() == grpc.StatusCode.ABORTED
         assert "start again without page_token" in err.value.details()
         with pytest.raises(grpc.RpcError) as err:

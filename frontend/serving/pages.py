@@ -13,12 +13,13 @@ import base64
 import binascii
 from collections import OrderedDict
 from dataclasses import dataclass
+from hashlib import blake2b
 
 from svcproxy.convert import node_to_pb
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.wire import _varint
 from svcproxy.frontend.serving.limits import Refused
-from svcproxy.frontend.serving.validation import check_node_name, invalid
+from svcproxy.frontend.serving.validation import check_filters, check_node_name, invalid
 from svcproxy.model import ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb
 
@@ -55,22 +56,32 @@ def _order(key: ServicePortKey) -> tuple[str, str, str, str]:
     return key.namespace, key.name, key.port_name, key.protocol.value
 
 
-def encode_token(revision: int, offset: int) -> str:
-    return base64.urlsafe_b64encode(f"{revision}.{offset}".encode()).decode().rstrip("=")
+def listing_check(node: str, namespace: str, service: str) -> str:
+    """What a token says of the request it goes with: its node and filters, hashed."""
+    return blake2b(f"{node}/{namespace}/{service}".encode(), digest_size=4).hexdigest()
 
 
-def decode_token(token: str) -> tuple[int, int]:
-    """(revision, offset) of a page token; INVALID_ARGUMENT when it is not one."""
+def encode_token(revision: int, offset: int, check: str) -> str:
+    return base64.urlsafe_b64encode(f"{revision}.{offset}.{check}".encode()
+                                    ).decode().rstrip("=")
+
+
+def decode_token(token: str) -> tuple[int, int, str]:
+    """(revision, offset, listing check) of a page token; INVALID_ARGUMENT when it is not
+    one."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        revision, offset = (int(part) for part in raw.split("."))
+        revision, offset, check = raw.split(".")
+        parts = int(revision), int(offset), check
     except (binascii.Error, UnicodeDecodeError, ValueError) as err:
-        raise invalid("GetNodeState", "page_token is not a next_page_token this frontend "
-                      "handed out; start again without page_token") from err
-    if revision <= 0 or offset <= 0:
-        raise invalid("GetNodeState", "page_token is not a next_page_token this frontend "
-                      "handed out; start again without page_token")
-    return revision, offset
+        raise invalid("GetNodeState", _NOT_OURS) from err
+    if parts[0] <= 0 or parts[1] <= 0:
+        raise invalid("GetNodeState", _NOT_OURS)
+    return parts
+
+
+_NOT_OURS = ("page_token is not a next_page_token this frontend handed out; start again "
+             "without page_token")
 
 
 class NodeStatePages:
@@ -83,13 +94,27 @@ class NodeStatePages:
     def answer(self, request: pb.GetNodeStateRequest) -> bytes:
         """One page of the node's state; Refused for an invalid request."""
         check_node_name("GetNodeState", request.node_name)
+        check_filters("GetNodeState", request.namespace, request.service)
         if request.page_size < 0:
             raise invalid("GetNodeState", "page_size must be 0 (as many as fit) or more")
+        check = listing_check(request.node_name, request.namespace, request.service)
+        if request.page_token:
+            revision, offset, token_check = decode_token(request.page_token)
+            if token_check != check:
+                raise invalid("GetNodeState", (
+                    "page_token is the next page of another listing: send it with the "
+                    "first page's node_name, namespace and service, or start again "
+                    "without page_token"))
         # Made first: making a node's view (on its first request) moves the revision.
         view = self.engine.changelog.view(request.node_name)
         try:
-            revision, offset = (decode_token(request.page_token) if request.page_token
-                                else (self.engine.changelog.revision, 0))
+            if not request.page_token:
+                revision, offset = self.engine.changelog.revision, 0
+            elif revision > self.engine.changelog.revision:
+                raise invalid("GetNodeState", (
+                    f"page_token is of revision {revision}, which this frontend has not "
+                    f"reached (it is at {self.engine.changelog.revision}): it was not "
+                    "handed out here; start again without page_token"))
             listing = self._listing((request.node_name, revision, request.namespace,
                                      request.service))
         finally:
@@ -111,7 +136,7 @@ class NodeStatePages:
             data = _unwrap(op)
             parts += (b"\x1a", _varint(len(data)), data)
         if end < len(listing.services):
-            parts.append(_field(4, encode_token(listing.revision, end).encode()))
+            parts.append(_field(4, encode_token(listing.revision, end, check).encode()))
         return b"".join(parts)
 
     def _listing(self, key: ListingKey) -> Listing:

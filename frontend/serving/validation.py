@@ -9,12 +9,14 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from svcproxy.frontend.serving.limits import INVALID, Refused
+from svcproxy.frontend.sources.kubevalidation import DNS1035_LABEL, DNS1123_LABEL
 
 M = TypeVar("M", bound=Message)
 
 # A Kubernetes node name is a DNS-1123 subdomain.
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 MAX_NODE_NAME = 253
+MAX_LABEL = 63
 
 
 def invalid(method: str, message: str) -> Refused:
@@ -47,11 +49,31 @@ def check_node_name(method: str, name: str) -> None:
                 else "use ListNodes for the nodes, WatchCluster for every service")
         raise invalid(method, f"node_name is required ({hint})")
     if len(name) > MAX_NODE_NAME or not _SUBDOMAIN.fullmatch(name):
-        shown = name if len(name) <= 80 else name[:80] + "..."
         raise invalid(method, (
-            f"node_name {shown!r} is not a Kubernetes node name: a DNS-1123 subdomain of at "
+            f"node_name {_shown(name)} is not a Kubernetes node name: a DNS-1123 subdomain of at "
             f"most {MAX_NODE_NAME} characters (lowercase letters, digits, '-' and '.', "
             "starting and ending with a letter or digit)"))
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= 80 else name[:80] + "...")
+
+
+def check_filters(method: str, namespace: str, service: str) -> None:
+    """Refuse a namespace or Service filter that no object can match (a typo would
+    otherwise look like an empty namespace)."""
+    if namespace and (len(namespace) > MAX_LABEL or not DNS1123_LABEL.fullmatch(namespace)):
+        raise invalid(method, (
+            f"namespace {_shown(namespace)} is not a Kubernetes namespace name: a DNS-1123 "
+            f"label of at most {MAX_LABEL} characters (lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit); leave it empty for every "
+            "namespace"))
+    if service and (len(service) > MAX_LABEL or not DNS1035_LABEL.fullmatch(service)):
+        raise invalid(method, (
+            f"service {_shown(service)} is not a Kubernetes Service name: a DNS-1035 label "
+            f"of at most {MAX_LABEL} characters (lowercase letters, digits and '-', "
+            "starting with a letter and ending with a letter or digit); leave it empty for "
+            "every Service"))
 
 
 def check_since(method: str, since: int, revision: int) -> None:
