@@ -399,3 +399,15 @@ def test_version_takes_kube_proxys_values(argv: list[str], code: int, printed: b
     assert proc.stdout.startswith("svcproxy ") is printed
     if code == 2:
         assert "--version" in proc.stderr
+
+
+def test_the_files_hostname_override_is_lower_cased_as_kube_proxy_does() -> None:
+    """kube-proxy's node name is GetHostname(hostnameOverride): trimmed and lower-cased
+    (Node objects' names are), from the file as from the flag."""
+    from svcproxy.agent.cli import add_agent_arguments
+
+    c = load_config("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
+                    "kind: KubeProxyConfiguration\nhostnameOverride: ' Worker-7 '\n")
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    assert backend_namespace(c, "dump", parser, []).node_name == "worker-7"

@@ -257,7 +257,8 @@ def backend_namespace(config: dict[str, Any], backend: str, parser: argparse.Arg
     section = config[_SECTION_FOR.get(backend, "iptables")]
     masq = config["nftables" if backend == "nft" else "iptables"]["masqueradeAll"]
     mapped: dict[str, Any] = {
-        "node_name": config["hostnameOverride"] or None,
+        # kube-proxy's GetHostname: the file's name too is trimmed and lower-cased
+        "node_name": config["hostnameOverride"].strip().lower() or None,
         "cluster_cidr": _cidrs(config["clusterCIDR"], "clusterCIDR"),
         "detect_local_mode": config["detectLocalMode"] or "ClusterCIDR",
         "pod_interface_name_prefix": config["detectLocal"]["interfaceNamePrefix"],
