@@ -411,3 +411,15 @@ def test_the_files_hostname_override_is_lower_cased_as_kube_proxy_does() -> None
     parser = argparse.ArgumentParser()
     add_agent_arguments(parser)
     assert backend_namespace(c, "dump", parser, []).node_name == "worker-7"
+
+
+@pytest.mark.parametrize(("argv", "backend", "line"), [
+    (["--iptables-masquerade-bit=10"], "dump",
+     "iptables.masqueradeBit and nftables.masqueradeBit=10: does not apply to backend dump"),
+    (["--proxy-mode=ipvs", "--iptables-sync-period=1m"], "ipvs",
+     "iptables.syncPeriod and nftables.syncPeriod=1m0s: does not apply to backend ipvs"),
+])
+def test_one_flag_that_does_not_apply_is_one_warning(argv: list[str], backend: str,
+                                                      line: str) -> None:
+    c, _ = effective_config(flags(*argv), None)
+    assert unhonoured_fields(c, backend) == [line + "; ignored"]

@@ -207,26 +207,29 @@ def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def unhonoured_fields(config: dict[str, Any], backend: str) -> list[str]:
     """Fields set to other than their default that ``backend`` does not honour, each with
-    why, one line per field (sorted)."""
+    why, one line per field (sorted); the iptables and nftables fields of one name holding
+    one value (one kube-proxy flag sets both) share a line."""
     default = empty_config()
     apply_defaults(default)
     honoured = _HONOURED | _BACKEND_FIELDS.get(backend, _OTHER_BACKEND_FIELDS)
     before = _leaves(default)
-    lines = []
+    shared: dict[tuple[str, str, str], list[str]] = {}
     for path, value in sorted(_leaves(config).items()):
         if path in honoured or value == before.get(path) or value in (None, [], {}):
             continue
         if _mirrors_own_section(config, backend, path, value):
             continue
-        section = path.split(".")[0]
+        section, _, name = path.partition(".")
         if section in ("iptables", "ipvs", "nftables", "winkernel"):
             why = f"does not apply to backend {backend}"
         elif section in ("clientConnection", "configSyncPeriod"):
             why = "the frontend watches the apiserver, not the backend"
         else:
             why = "svcproxy cannot honour it"
-        lines.append(f"{path}={_show(value, field_kind(path))}: {why}; ignored")
-    return lines
+        pair = f"iptables|nftables.{name}" if section in ("iptables", "nftables") else path
+        shared.setdefault((pair, _show(value, field_kind(path)), why), []).append(path)
+    return [f"{' and '.join(paths)}={shown}: {why}; ignored"
+            for (_, shown, why), paths in shared.items()]
 
 
 def _mirrors_own_section(config: dict[str, Any], backend: str, path: str, value: Any) -> bool:
