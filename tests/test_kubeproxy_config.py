@@ -423,3 +423,15 @@ def test_one_flag_that_does_not_apply_is_one_warning(argv: list[str], backend: s
                                                       line: str) -> None:
     c, _ = effective_config(flags(*argv), None)
     assert unhonoured_fields(c, backend) == [line + "; ignored"]
+
+
+def test_json_logging_writes_one_json_object_a_line() -> None:
+    """logging.format json (--logging-format=json): every line parses, as kube-proxy's do."""
+    proc = subprocess.run([*SVCPROXY, "backend", "--proxy-mode=dump", "--logging-format=json",
+                           "--cleanup", "--profiling", "--show-hidden-metrics-for-version=1.31"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert any(line["msg"].startswith("enableProfiling=true") for line in lines)
+    assert all(isinstance(line["ts"], float) and line["level"] in ("INFO", "WARNING")
+               for line in lines)

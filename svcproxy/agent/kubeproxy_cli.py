@@ -320,14 +320,28 @@ def set_oom_score_adj(value: int) -> None:
         log.warning("oomScoreAdj=%d not applied: %s", value, err)
 
 
+class JsonLogFormatter(logging.Formatter):
+    """logging.format json: one JSON object a line (ts in Unix seconds, caller, msg, as
+    kube-proxy's JSON logs; the logger and level besides, err with an exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"ts": record.created, "caller": f"{record.module}:"
+                                f"{record.lineno}", "logger": record.name,
+                                "level": record.levelname, "msg": record.getMessage()}
+        if record.exc_info:
+            line["err"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
 def setup_logging(config: dict[str, Any]) -> None:
     level = logging.DEBUG if config["logging"]["verbosity"] >= 4 else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
     if config["logging"]["format"] == "json":
-        fmt = ('{"ts":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s",'
-               '"msg":%(message)r}')
+        handler.setFormatter(JsonLogFormatter())
     else:
-        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level, stream=sys.stderr, format=fmt, force=True)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 def _fail(message: str) -> int:
