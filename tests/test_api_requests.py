@@ -15,6 +15,8 @@ from svcproxy.frontend.serving.pages import decode_token, encode_token
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import RunningFrontend, wait_for
+from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.test_apiserver_source import cluster_ip_service, node
 from tests.test_stream import copy_examples
 from tests.test_stream_limits import exposed
 from tests.test_stream_workers import own_connection
@@ -146,3 +148,31 @@ def test_a_page_token_from_the_future_is_not_this_frontends(frontend_factory,
         err = refused(api, **first, page_token=ahead)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "start again without page_token" in err.details()
+
+
+def test_unary_calls_before_the_first_complete_state_are_unavailable(frontend_factory,
+                                                                     tmp_path) -> None:
+    """Before every kind is listed a Watch waits; GetNodeState and ListNodes answered
+    with whatever had been listed (here: nothing), as if it were the cluster's state."""
+    server = FakeApiserver(token="t")
+    server.create("Node", node("n1"))
+    server.create("Service", cluster_ip_service("web", "10.96.0.10"))
+    server.lists_open.clear()
+    try:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url, "t")
+        fe = frontend_factory(None, kubeconfig=str(kubeconfig))
+        with grpc.insecure_channel(fe.opts.listen) as ch:
+            api = pb_grpc.NodeStateServiceStub(ch)
+            for call in (lambda: state(api, node_name="n1"),
+                         lambda: api.ListNodes(pb.ListNodesRequest(), timeout=10)):
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "retry" in err.value.details()
+            server.lists_open.set()
+            wait_for(lambda: fe.engine.synced.is_set())
+            assert [s.service.key.name for s in state(api, node_name="n1").services] == ["web"]
+            assert [n.name for n in api.ListNodes(pb.ListNodesRequest()).nodes] == ["n1"]
+    finally:
+        server.lists_open.set()
+        server.close()

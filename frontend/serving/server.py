@@ -87,17 +87,32 @@ class NodeStateServicer(WatchServicer):
             engine.changelog.unwatch(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
+    def answer(self, method: str, request: Any) -> bytes:
+        """A unary call's serialised answer; Refused for an invalid request, or before
+        the first complete state (a partial one would pass for the cluster's)."""
+        if not self.engine.synced.is_set():
+            raise Refused("UNAVAILABLE", (
+                "this frontend has not listed every Service, EndpointSlice and Node yet "
+                "(its health is NOT_SERVING): retry with backoff, or ask a ready replica"))
+        if method == "GetNodeState":
+            return self.pages.answer(request)
+        return list_nodes(self.engine).SerializeToString()
+
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> bytes:
+        return await self._unary("GetNodeState", request, context)
+
+    async def ListNodes(self, request: pb.ListNodesRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> bytes:
+        return await self._unary("ListNodes", request, context)
+
+    async def _unary(self, method: str, request: Any,
+                     context: grpc.aio.ServicerContext) -> bytes:
         try:
-            return self.pages.answer(request)
+            return self.answer(method, request)
         except Refused as err:
             await err.abort(context)
             raise
-
-    async def ListNodes(self, request: pb.ListNodesRequest,  # noqa: N802
-                        context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:
-        return list_nodes(self.engine)
 
 
 def list_nodes(engine: Engine) -> pb.ListNodesResponse:
@@ -107,10 +122,6 @@ def list_nodes(engine: Engine) -> pb.ListNodesResponse:
 
 def _identity(data: bytes) -> bytes:
     return data
-
-
-def _serialize(msg: bytes | pb.ListNodesResponse) -> bytes:
-    return msg if isinstance(msg, bytes) else msg.SerializeToString()
 
 
 class Servicer(Protocol):
@@ -161,7 +172,7 @@ def api_handler(servicer: Servicer, raw_unary: bool = False) -> grpc.GenericRpcH
         else:
             methods[name] = grpc.unary_unary_rpc_method_handler(
                 _refusing_malformed(name, behavior), request_deserializer=partial(parse, kind),
-                response_serializer=_serialize)
+                response_serializer=_identity)
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 

@@ -31,7 +31,7 @@ from svcproxy.frontend.serving import shipping
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pipe import Message, Pipe
-from svcproxy.frontend.serving.server import REQUESTS, NodeStateServicer, TLSFiles, list_nodes
+from svcproxy.frontend.serving.server import REQUESTS, NodeStateServicer, TLSFiles
 from svcproxy.frontend.serving.validation import Malformed, invalid, parse
 from svcproxy.frontend.serving.worker import WorkerConfig, worker_main
 
@@ -176,9 +176,7 @@ class StreamWorkers:
             request = parse(REQUESTS[method], data)
             if isinstance(request, Malformed):
                 return invalid(method, request.message)
-            if method == "GetNodeState":
-                return self._servicer.pages.answer(request)
-            return list_nodes(self.engine).SerializeToString()
+            return self._servicer.answer(method, request)
         except Refused as err:
             return err
 
