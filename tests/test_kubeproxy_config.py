@@ -435,3 +435,25 @@ def test_json_logging_writes_one_json_object_a_line() -> None:
     assert any(line["msg"].startswith("enableProfiling=true") for line in lines)
     assert all(isinstance(line["ts"], float) and line["level"] in ("INFO", "WARNING")
                for line in lines)
+
+
+def test_fields_kube_proxy_dropped_are_accepted_with_a_warning(tmp_path: Path) -> None:
+    """A field an older kube-proxy had (udpIdleTimeout, resourceContainer, conntrack.max)
+    still runs with kube-proxy 1.32 (its lenient fallback for v1alpha1): accepted with one
+    warning each; any other unknown field is still refused."""
+    base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+    old = base + ("mode: dump\nudpIdleTimeout: 250ms\nresourceContainer: /kube-proxy\n"
+                  "conntrack: {max: null, maxPerCore: 0}\n")
+    notes: list[str] = []
+    assert load_config(old, notes)["conntrack"]["maxPerCore"] == 0
+    assert [n.split(":")[0] for n in notes] == ["udpIdleTimeout", "resourceContainer",
+                                                "conntrack.max"]
+    assert load_config(encode_config(load_config(old))) == load_config(old)
+    conf = tmp_path / "config.conf"
+    conf.write_text(old)
+    proc = subprocess.run([*SVCPROXY, "backend", f"--config={conf}", "--cleanup"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("udpIdleTimeout") == 1 and "WARNING" in proc.stderr
+    with pytest.raises(ConfigError, match='unknown field "udpIdleTimeouts"'):
+        load_config(base + "udpIdleTimeouts: 250ms\n")

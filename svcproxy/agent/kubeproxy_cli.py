@@ -129,12 +129,14 @@ def get_path(config: dict[str, Any], path: str) -> Any:
     return config
 
 
-def effective_config(flags: dict[str, Any], file_text: str | None) -> tuple[dict, list[str]]:
-    """(the configuration kube-proxy would run with, the flags it ignores).
+def effective_config(flags: dict[str, Any], file_text: str | None,
+                     notes: list[str] | None = None) -> tuple[dict, list[str]]:
+    """(the configuration kube-proxy would run with, the flags it ignores); the file's
+    dropped fields are named in ``notes``.
 
     Raises ConfigError for a refused file or an invalid result."""
     if file_text is not None:
-        config = load_config(file_text)
+        config = load_config(file_text, notes)
         used = {f.name for f in BY_DEST.values() if f.logging} | _ALWAYS_USED
         ignored = sorted(n for n in flags if n not in used)
     else:
@@ -359,12 +361,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = Path(flags["config"]).read_text() if flags.get("config") else None
     except OSError as err:
         return _fail(f"--config: cannot read {flags['config']}: {err}")
+    notes: list[str] = []
     try:
-        config, ignored = effective_config(flags, text)
+        config, ignored = effective_config(flags, text, notes)
     except ConfigError as err:
         where = f"{flags['config']}: " if text is not None else ""
         return _fail(f"invalid configuration: {where}{err}")
     setup_logging(config)
+    for line in notes:
+        log.warning("%s: %s", flags["config"], line)
     for name in ignored:
         log.warning("--%s is ignored because --config is given (as kube-proxy does); set the "
                     "field in the configuration file instead", name)

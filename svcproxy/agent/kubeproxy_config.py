@@ -101,6 +101,10 @@ SCHEMA: dict[str, Any] = {
     "windowsRunAsService": "bool",
 }
 
+# Fields older kube-proxy releases had in v1alpha1 and dropped, with the release. kube-proxy
+# 1.32 still runs a file holding them (it decodes v1alpha1 leniently when strict decoding
+# fails): accepted here with a warning naming each, where any other unknown field is refused.
+DROPPED = {"udpIdleTimeout": "1.26", "resourceContainer": "1.16", "conntrack.max": "1.12"}
 PROXY_MODES = ("iptables", "ipvs", "nftables")
 DETECT_LOCAL_MODES = ("", "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix")
 _ZERO = {"str": "", "bool": False, "int32": 0, "uint32": 0, "float": 0.0, "duration": 0.0,
@@ -152,8 +156,9 @@ def _zero(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_config(text: str) -> dict[str, Any]:
-    """Decode a file's text strictly, check apiVersion/kind, apply defaults and validate."""
+def load_config(text: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """Decode a file's text strictly, check apiVersion/kind, apply defaults and validate;
+    a field in DROPPED is left out with a line in ``notes``."""
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
@@ -164,16 +169,19 @@ def load_config(text: str) -> dict[str, Any]:
         raise ConfigError(f"apiVersion must be {API_VERSION} and kind {KIND} (found "
                           f"{raw.get('apiVersion')!r}, {raw.get('kind')!r})")
     config = empty_config()
-    _decode_into(config, raw, SCHEMA, "")
+    _decode_into(config, raw, SCHEMA, "", [] if notes is None else notes)
     apply_defaults(config)
     validate(config)
     return config
 
 
 def _decode_into(out: dict[str, Any], raw: Mapping[Any, Any], schema: Mapping[str, Any],
-                 prefix: str) -> None:
+                 prefix: str, notes: list[str]) -> None:
     for key, value in raw.items():
         path = f"{prefix}{key}"
+        if path in DROPPED:
+            notes.append(f"{path}: kube-proxy dropped this field in {DROPPED[path]}; ignored")
+            continue
         if not isinstance(key, str) or key not in schema:
             raise ConfigError(f'unknown field "{path}"' + _did_you_mean(key, schema))
         kind = schema[key]
@@ -182,7 +190,7 @@ def _decode_into(out: dict[str, Any], raw: Mapping[Any, Any], schema: Mapping[st
         if isinstance(kind, dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: expected an object, got {_describe(value)}")
-            _decode_into(out[key], value, kind, path + ".")
+            _decode_into(out[key], value, kind, path + ".", notes)
         else:
             out[key] = decode_value(kind.lstrip("?"), value, path)
 
@@ -273,7 +281,7 @@ def _vmodule(value: Any, path: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise ConfigError(f"{path}[{i}]: expected object, got {_describe(item)}")
         _decode_into(entry, item, {"filePattern": "str", "verbosity": "uint32"},
-                     f"{path}[{i}].")
+                     f"{path}[{i}].", [])
         items.append(entry)
     return items
 
