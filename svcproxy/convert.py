@@ -178,8 +178,8 @@ def node_from_pb(msg: pb.NodeInfo) -> NodeInfo:
 # ---- the state digest (WatchEvent.digest) ---------------------------------------------
 # The sum, modulo 2**64, of one term per service port, per endpoint and per node of a
 # client's state: order-independent, and updated by adding the new and subtracting the
-# old term of whatever an op changes. A term is the first 8 bytes (little-endian) of
-# BLAKE2b over a tag and the deterministic serialisation of the message it stands for.
+# old term of whatever an op changes. A term is BLAKE2b-64 (digest size 8, little-endian)
+# of a tag and the deterministic serialisation of the message it stands for.
 DIGEST_MASK = (1 << 64) - 1
 
 

@@ -20,7 +20,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from svcproxy.convert import node_to_pb, state_to_pb
+from svcproxy.convert import digest_term, node_to_pb, state_to_pb
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication import snapshots as snapshots_module
 from svcproxy.frontend.publication import views as views_module
@@ -412,3 +412,20 @@ def test_coalesced_ops_have_the_effect_of_the_batches(
 
     one_by_one = run(batches)
     assert run(batches[:lo] + [coalesce(batches[lo:hi])] + batches[hi:]) == one_by_one
+
+
+def test_the_proto_defines_the_digest_term_the_frontend_computes() -> None:
+    """The proto said "the first 8 bytes of BLAKE2b": a client taking BLAKE2b-512's
+    first bytes (what those words say) would never match and would reset forever."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "proto" / "nodestate.proto").read_text()
+    comment = " ".join(line.strip().removeprefix("// ") for line in text.splitlines()
+                       if line.strip().startswith("//"))
+    assert "a term is BLAKE2b-64 (BLAKE2b with an 8-byte digest size, unkeyed" in comment
+    node = pb.NodeInfo(name="n1", zone="z", labels={"b": "2", "a": "1"})
+    data = b"n" + node.SerializeToString(deterministic=True)
+    sent = digest_term(b"n", node)  # the frontend's and the SDK's
+    assert sent == _term(b"n", node) == int.from_bytes(
+        blake2b(data, digest_size=8).digest(), "little")
+    assert sent != int.from_bytes(blake2b(data).digest()[:8], "little")
