@@ -457,3 +457,12 @@ def test_fields_kube_proxy_dropped_are_accepted_with_a_warning(tmp_path: Path) -
     assert proc.stderr.count("udpIdleTimeout") == 1 and "WARNING" in proc.stderr
     with pytest.raises(ConfigError, match='unknown field "udpIdleTimeouts"'):
         load_config(base + "udpIdleTimeouts: 250ms\n")
+
+
+def test_an_empty_hostname_override_is_unset_and_a_blank_one_refused() -> None:
+    """kube-proxy skips --hostname-override= (empty) and refuses one of spaces only."""
+    c, _ = effective_config(flags("--hostname-override="), None)
+    assert c["hostnameOverride"] == ""
+    with pytest.raises(ConfigError, match="--hostname-override"):
+        effective_config(flags("--hostname-override=  "), None)
+

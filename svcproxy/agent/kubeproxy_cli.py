@@ -150,7 +150,7 @@ def effective_config(flags: dict[str, Any], file_text: str | None,
             continue
         for path in flag.paths:
             set_path(config, path, value)
-    if flags.get("hostname-override") is not None:
+    if flags.get("hostname-override"):  # empty: not given, as kube-proxy reads it
         name = str(flags["hostname-override"]).strip().lower()
         if not name:
             raise ConfigError("--hostname-override: an empty name is invalid")
