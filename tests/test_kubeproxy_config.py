@@ -466,3 +466,10 @@ def test_an_empty_hostname_override_is_unset_and_a_blank_one_refused() -> None:
     with pytest.raises(ConfigError, match="--hostname-override"):
         effective_config(flags("--hostname-override=  "), None)
 
+
+def test_a_file_of_several_documents_is_refused_in_one_line() -> None:
+    base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+    assert load_config("---\n" + base)["mode"] == ""
+    with pytest.raises(ConfigError) as err:
+        load_config(base + "---\n" + base)
+    assert "\n" not in str(err.value) and "one YAML document" in str(err.value)

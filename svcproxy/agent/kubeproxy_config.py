@@ -160,9 +160,15 @@ def load_config(text: str, notes: list[str] | None = None) -> dict[str, Any]:
     """Decode a file's text strictly, check apiVersion/kind, apply defaults and validate;
     a field in DROPPED is left out with a line in ``notes``."""
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        docs = [d for d in yaml.load_all(text, Loader=_StrictLoader)  # noqa: S506 - safe
+                if d is not None]
     except yaml.YAMLError as err:
-        raise ConfigError(f"not valid YAML/JSON: {err}") from err
+        raise ConfigError(f"not valid YAML/JSON: {' '.join(str(err).split())}") from err
+    if len(docs) > 1:
+        raise ConfigError(f"the file holds {len(docs)} YAML documents (---): kube-proxy reads "
+                          "the first only; keep one YAML document, the "
+                          "KubeProxyConfiguration")
+    raw = docs[0] if docs else None
     if not isinstance(raw, dict):
         raise ConfigError("expected a KubeProxyConfiguration object (a YAML mapping)")
     if raw.get("apiVersion") != API_VERSION or raw.get("kind") != KIND:
