@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from svcproxy.agent.kubeproxy_flags import (
     go_bool,
     normalize_argv,
 )
+from svcproxy.agent.kubeproxy_leftovers import remove_leftovers
 from svcproxy.agent.kubeproxy_sysctls import set_mode_sysctls
 from svcproxy.agent.local_frontend import LocalFrontend
 
@@ -433,6 +434,9 @@ def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | Non
     ns.cleanup = bool(flags.get("cleanup"))
     node_config = config_from_args(ns)
     backend = plugin.create(ns, node_config)
+    if programs_dataplane(backend) and (ns.cleanup or flags.get("init-only")):
+        remove_leftovers(name, ns.cleanup, lambda other: _cleanup_of(
+            other, config, installed, node_config))
     if not ns.cleanup:
         set_oom_score_adj(config["oomScoreAdj"])
         # a backend that programs nothing (dump) needs no sysctls
@@ -448,6 +452,23 @@ def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | Non
         except Exception as err:  # noqa: BLE001 - reported as the exit status
             return _fail(f"local mode: cannot watch the apiserver: {err}")
     return run_agent(backend, node_config, ns)
+
+
+def _cleanup_of(name: str, config: dict[str, Any], installed: Mapping[str, Any],
+                node_config: Any) -> Callable[[], None] | None:
+    """Backend ``name``'s cleanup under ``config`` (None when it is not installed)."""
+    from svcproxy.agent.cli import add_agent_arguments
+
+    if name not in installed:
+        return None
+    plugin = installed[name].load()
+    parser = argparse.ArgumentParser(prog=f"svcproxy backend {name}")
+    add_agent_arguments(parser)
+    plugin.add_arguments(parser.add_argument_group(f"{name} backend"))
+    ns = backend_namespace(config, name, parser, [])
+    ns.cleanup = True
+    cleanup: Callable[[], None] = plugin.create(ns, node_config).cleanup
+    return cleanup
 
 
 def local_frontend(config: dict[str, Any], rest: list[str]) -> LocalFrontend | None:
