@@ -120,3 +120,18 @@ def test_init_only_sets_the_modes_sysctls_in_its_namespace(tmp_path: Path) -> No
         assert "Set sysctl net.ipv4.conf.all.route_localnet=1" in proc.stderr
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+@pytest.mark.parametrize("name", ["kube-proxy-daemonset.yaml", "kubeadm-kube-proxy.yaml"])
+def test_a_privileged_init_only_step_runs_first(name: str) -> None:
+    """--init-only, privileged, with the main container's command and configuration: the
+    sysctls, and the other modes' leftovers (kube-proxy's own included) removed before the
+    backend starts."""
+    spec = kind(name, "DaemonSet")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    (main,) = spec["containers"]
+    argv = init.get("command", []) + init.get("args", [])
+    assert argv == main.get("command", []) + main.get("args", []) + ["--init-only"]
+    assert init["securityContext"] == {"privileged": True}
+    config = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}["/var/lib/kube-proxy"]
+    assert config in {m["name"] for m in init["volumeMounts"]}
