@@ -176,3 +176,23 @@ def test_unary_calls_before_the_first_complete_state_are_unavailable(frontend_fa
     finally:
         server.lists_open.set()
         server.close()
+
+
+def test_requests_larger_than_any_valid_one_are_refused(frontend_factory,
+                                                       tmp_path) -> None:
+    """The largest valid request is well under 1 KiB; gRPC took up to 4 MiB per call
+    into memory (a 3 MiB page_token was read, decoded and only then refused)."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        err = refused(api, node_name="node-a", page_token="A" * (3 << 20))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+        err = raw_call(ch, "Watch", pb.WatchRequest(node_name="n" * (100 << 10))
+                       .SerializeToString())
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+        # The largest valid request is served.
+        name = ".".join(["a" * 63] * 3) + "." + "b" * 61
+        assert len(name) == 253
+        page = state(api, node_name=name, namespace="n" * 63, service="s" * 63,
+                     page_size=2**31 - 1)
+        assert page.revision and not page.services

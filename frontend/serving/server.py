@@ -192,6 +192,12 @@ def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
 KEEPALIVE_POLICY = (("grpc.http2.min_ping_interval_without_data_ms", 5000),)
 
 
+# The largest valid request (a 253-character node name, two 63-character filters, a
+# page token) is under 1 KiB: gRPC refuses bigger ones with RESOURCE_EXHAUSTED before a
+# handler sees them (its default let every call bring 4 MiB).
+MAX_REQUEST_BYTES = 64 << 10
+
+
 async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
                     tls: TLSFiles | None = None, guard: CallGuard | None = None,
                     health_servicer: health_aio.HealthServicer | None = None,
@@ -202,6 +208,7 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
     ``guard`` authenticates and authorises calls; with ``health_servicer`` the caller
     sets the health status (else it is SERVING once started)."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 << 20),
+                                      ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                                       ("grpc.keepalive_time_ms", 30000),
                                       *KEEPALIVE_POLICY,
                                       ("grpc.so_reuseport", 1)],
