@@ -24,7 +24,8 @@ def _plugin(name: str) -> str:
 
 
 def generate_protos() -> None:
-    """Run grpcio-tools' protoc on proto/*.proto into svcproxy/v1/."""
+    """Run grpcio-tools' protoc on proto/*.proto into svcproxy/v1/ (code, and the
+    descriptors with their comments that reflection serves)."""
     out = ROOT / "svcproxy" / "v1"
     out.mkdir(exist_ok=True)
     (out / "__init__.py").write_text('"""Generated from proto/ by the build; do not edit."""\n')
@@ -34,6 +35,8 @@ def generate_protos() -> None:
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-Isvcproxy/v1=proto",
          *plugins, "--python_out=.", "--grpc_python_out=.", "--mypy_out=.", "--mypy_grpc_out=.",
+         # The same files with their comments, for reflection (grpcurl describe).
+         "--include_source_info", "--descriptor_set_out=svcproxy/v1/documented.binpb",
          *[f"svcproxy/v1/{p}" for p in protos]],
         cwd=ROOT, check=True,
     )

@@ -68,3 +68,17 @@ def test_watch_streams_json_messages(fe) -> None:  # type: ignore[no-untyped-def
 def test_health_service(fe) -> None:  # type: ignore[no-untyped-def]
     out = json.loads(grpcurl(fe, "grpc.health.v1.Health/Check"))
     assert out["status"] == "SERVING"
+
+
+def test_describe_shows_the_protos_documentation(fe) -> None:  # type: ignore[no-untyped-def]
+    """Each op's meaning is a comment in the proto: reflection serves it, so a person
+    with grpcurl reads the contract where the fields are (it served bare fields)."""
+    op = grpcurl(fe, "describe", "svcproxy.v1.Op")
+    assert "Set the port's service-level fields and keep its endpoints" in op
+    event = grpcurl(fe, "describe", "svcproxy.v1.WatchEvent")
+    assert "A stream is a sequence of batches" in event and "BLAKE2b-64" in event
+    service = grpcurl(fe, "describe", "svcproxy.v1.NodeStateService")
+    assert "RESOURCE_EXHAUSTED" in service and "rpc Watch" in service
+    # The messages it depends on are still described.
+    assert "google.protobuf.Timestamp trigger_time" in grpcurl(
+        fe, "describe", "svcproxy.v1.ServicePort")

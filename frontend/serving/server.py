@@ -34,6 +34,7 @@ from svcproxy.frontend.serving.limits import (
     peer_address,
 )
 from svcproxy.frontend.serving.pages import NodeStatePages
+from svcproxy.frontend.serving.reflection import enable_reflection
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
 from svcproxy.frontend.serving.validation import Malformed, check_since, invalid, parse
 from svcproxy.v1 import nodestate_pb2 as pb
@@ -217,8 +218,7 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
     serving = health_servicer is None
     health_servicer = health_servicer or health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    enable_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     if listen.startswith("unix://"):
         Path(listen.removeprefix("unix://")).unlink(missing_ok=True)
     port = (server.add_secure_port(listen, server_credentials(tls)) if tls
