@@ -151,7 +151,18 @@ def test_metrics_match_kube_proxys_list(mode: str) -> None:
     assert differences == GAPS[mode]
     ours = {n for n in served if n.startswith("kubeproxy_")} - set(KUBE_PROXY)
     assert not ours, f"kubeproxy_* names kube-proxy does not have: {ours}"
-    assert all(n.startswith(("kubeproxy_", "svcproxy_")) for n in served), served.keys()
+    assert all(n.startswith(("kubeproxy_", "svcproxy_", "process_")) for n in served), \
+        served.keys()
+
+
+def test_process_metrics_are_served_as_kube_proxys_are() -> None:
+    """kube-proxy's /metrics carries the process collector's series, which its dashboards'
+    CPU and memory panels read (process_cpu_seconds_total, process_resident_memory_bytes)."""
+    served = exposition("nft")
+    for name, kind in (("process_cpu_seconds_total", "counter"),
+                       ("process_resident_memory_bytes", "gauge"),
+                       ("process_start_time_seconds", "gauge"), ("process_open_fds", "gauge")):
+        assert served.get(name, ("missing",))[0] == kind, name
 
 
 def test_a_sync_is_recorded_for_each_family_of_the_node() -> None:

@@ -10,6 +10,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily
@@ -54,6 +55,7 @@ class AgentMetrics:
         self.families = families
         self._backend: object = None
         r = self.registry
+        ProcessCollector(registry=r)  # process_* series, as kube-proxy's /metrics has them
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
