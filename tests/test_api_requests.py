@@ -17,7 +17,7 @@ from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.conftest import RunningFrontend, wait_for
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 from tests.test_apiserver_source import cluster_ip_service, node
-from tests.test_stream import copy_examples
+from tests.test_stream import copy_examples, read_batch
 from tests.test_stream_limits import exposed
 from tests.test_stream_workers import own_connection
 
@@ -196,3 +196,26 @@ def test_requests_larger_than_any_valid_one_are_refused(frontend_factory,
         page = state(api, node_name=name, namespace="n" * 63, service="s" * 63,
                      page_size=2**31 - 1)
         assert page.revision and not page.services
+
+
+def test_watch_cluster_is_what_a_node_with_nothing_local_is_served(frontend_factory,
+                                                                   tmp_path) -> None:
+    """As the proto documents it: WatchCluster sends every endpoint, with the selection
+    of a node that is no Node (nothing local, no zone); GetNodeState of such a name
+    answers the same service ports, without a NodeInfo."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        call = api.WatchCluster(pb.ClusterWatchRequest(), timeout=10)
+        batch = read_batch(call)
+        call.cancel()
+        cluster = {op.replace_service.service.key.SerializeToString(): op.replace_service
+                   for ev in batch for op in ev.ops if op.HasField("replace_service")}
+        nowhere = state(api, node_name="no-such-node")
+        assert not nowhere.HasField("node")
+        assert {s.service.key.SerializeToString(): s for s in nowhere.services} == cluster
+        endpoints = [e for s in cluster.values() for e in s.endpoints]
+        assert {e.node_name for e in endpoints} == {"node-a", "node-b"}
+        assert not any(e.is_local or e.local for e in endpoints)
+        assert not any(s.service.has_local_endpoints for s in cluster.values())
+        assert any(e.internal for e in endpoints)
