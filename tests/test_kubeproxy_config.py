@@ -473,3 +473,46 @@ def test_a_file_of_several_documents_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError) as err:
         load_config(base + "---\n" + base)
     assert "\n" not in str(err.value) and "one YAML document" in str(err.value)
+
+
+def _get_status(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("hard_fail", [False, True])
+def test_a_taken_healthz_port_is_fatal_only_with_bind_address_hard_fail(
+        tmp_path: Path, hard_fail: bool) -> None:
+    """kube-proxy's bindAddressHardFail (false by default): without it the backend proxies
+    on without the server that cannot listen (here /metrics still answers)."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    metrics = _free_port()
+    argv = [*SVCPROXY, "backend", "--proxy-mode=dump", "--cluster-cidr=10.0.0.0/8",
+            f"--healthz-bind-address=127.0.0.1:{holder.getsockname()[1]}",
+            f"--metrics-bind-address=127.0.0.1:{metrics}",
+            *(["--bind-address-hard-fail"] if hard_fail else [])]
+    env = {**os.environ, "SVCPROXY_API": f"unix://{tmp_path}/no-frontend.sock"}
+    backend = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        if hard_fail:
+            assert backend.wait(timeout=60) == 1
+            return
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _get_status(metrics, "/metrics") != 200:
+            assert backend.poll() is None, backend.stderr.read() if backend.stderr else ""
+            time.sleep(0.2)
+        assert _get_status(metrics, "/metrics") == 200
+    finally:
+        stop(backend)
+        holder.close()
+    assert "Proxying without the healthz server" in (backend.stderr.read()
+                                                      if backend.stderr else "")

@@ -254,6 +254,22 @@ def _address(text: str, default_port: int) -> tuple[str, int] | None:
     return parse_bind_address(text, default_port) if text else None
 
 
+def _agent_without_unbound(agent_on: Callable[..., NodeAgent], healthz: tuple[str, int] | None,
+                           metrics: tuple[str, int] | None) -> NodeAgent:
+    """The agent with whichever of its two servers can listen (none at worst), as kube-proxy
+    runs with bindAddressHardFail false (it retries the server every 5 s; restart this
+    process to retry)."""
+    for pair, lost in (((None, metrics), "healthz"), ((healthz, None), "metrics"),
+                       ((None, None), "healthz and metrics")):
+        try:
+            agent = agent_on(*pair)
+        except OSError:
+            continue
+        log.warning("Proxying without the %s server (bindAddressHardFail is false)", lost)
+        return agent
+    raise AssertionError("an agent without servers listens on nothing")
+
+
 def _install_signal_handlers(stop: Callable[[], None]) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
@@ -280,16 +296,22 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
         log.error("Cannot set up the frontend connection: %s", err)
         return 1
     dataplane = programs_dataplane(backend)
-    try:
-        agent = NodeAgent(
+
+    def agent_on(healthz: tuple[str, int] | None, metrics: tuple[str, int] | None) -> NodeAgent:
+        return NodeAgent(
             client,
             backend,
             config,
-            healthz_address=_address(args.healthz_bind_address, HEALTHZ_PORT),
-            metrics_address=_address(args.metrics_bind_address, METRICS_PORT),
+            healthz_address=healthz,
+            metrics_address=metrics,
             conntrack=default_conntrack_cleaner(config.min_sync_period) if dataplane else None,
             health_check_node_ports=dataplane,
         )
+
+    healthz = _address(args.healthz_bind_address, HEALTHZ_PORT)
+    metrics = _address(args.metrics_bind_address, METRICS_PORT)
+    try:
+        agent = agent_on(healthz, metrics)
     except OSError as err:
         log.error("Cannot listen on the healthz address %s or the metrics address %s (%s): "
                   "another process may hold it; pick another --healthz-bind-address / "
@@ -297,7 +319,10 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
                   "--config file), or turn one off with the flag set to ''",
                   args.healthz_bind_address or "(off)", args.metrics_bind_address or "(off)",
                   err)
-        return 1
+        # kube-proxy's bindAddressHardFail (false by default there): proxy on without them
+        if getattr(args, "bind_address_hard_fail", True):
+            return 1
+        agent = _agent_without_unbound(agent_on, healthz, metrics)
     _install_signal_handlers(agent.stop)
     log.info("Backend %s on node %s following %s (node IPs %s)", backend.name,
              config.node_name, args.api, ", ".join(config.node_ips) or "none")

@@ -288,6 +288,8 @@ def backend_namespace(config: dict[str, Any], backend: str, parser: argparse.Arg
     for dest, value in mapped.items():
         if hasattr(ns, dest):
             setattr(ns, dest, value)
+    # svcproxy's own CLI always exits when a server cannot listen; kube-proxy's default
+    ns.bind_address_hard_fail = config["bindAddressHardFail"]
     bind = config["bindAddress"]
     if bind not in ("0.0.0.0", "::") and hasattr(ns, "node_ip") and not ns.node_ip:
         from svcproxy.agent.addresses import discover_node_ips

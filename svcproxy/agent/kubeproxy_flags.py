@@ -150,8 +150,8 @@ FLAGS: tuple[Flag, ...] = (
        "(default 0.0.0.0:10256); empty disables"),
     _f("metrics-bind-address", ip_port, "metricsBindAddress", "IP:PORT of /metrics "
        "(default 127.0.0.1:10249); empty disables"),
-    _f("bind-address-hard-fail", None, "bindAddressHardFail", "exit when a port cannot be "
-       "bound (svcproxy always does)"),
+    _f("bind-address-hard-fail", None, "bindAddressHardFail", "exit when the healthz or "
+       "metrics address cannot be bound (otherwise proxy on without that server)"),
     _f("profiling", None, "enableProfiling", "profiling handlers (not available)"),
     _f("show-hidden-metrics-for-version", str, "showHiddenMetricsForVersion",
        "show metrics hidden since that version (svcproxy hides none)"),
