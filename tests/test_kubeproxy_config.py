@@ -516,3 +516,16 @@ def test_a_taken_healthz_port_is_fatal_only_with_bind_address_hard_fail(
         holder.close()
     assert "Proxying without the healthz server" in (backend.stderr.read()
                                                       if backend.stderr else "")
+
+
+def test_an_oom_score_adj_refused_by_the_kernel_is_not_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """kube-proxy logs a failed oomScoreAdj at -v=2 (info): the recommended DaemonSet's
+    unprivileged container cannot lower it, and it says so on every start otherwise."""
+    from svcproxy.agent.kubeproxy_cli import set_oom_score_adj
+
+    with caplog.at_level("INFO", logger="svcproxy.kube-proxy"):
+        assert set_oom_score_adj(-999, tmp_path) is False  # a directory: the write fails
+        assert set_oom_score_adj(-999, tmp_path / "oom_score_adj") is True
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert (tmp_path / "oom_score_adj").read_text() == "-999\n"

@@ -318,11 +318,15 @@ def _node_port_addresses(items: list[str]) -> tuple[str, ...]:
     return _cidrs(",".join(_KEYWORDS.get(i, i) for i in items), "nodePortAddresses")
 
 
-def set_oom_score_adj(value: int) -> None:
+def set_oom_score_adj(value: int, path: Path = Path("/proc/self/oom_score_adj")) -> bool:
+    """Apply oomScoreAdj; a refusal is logged as kube-proxy logs it (info, at -v=2): an
+    unprivileged container cannot lower its score, the kubelet's stays."""
     try:
-        Path("/proc/self/oom_score_adj").write_text(f"{value}\n")
+        path.write_text(f"{value}\n")
     except OSError as err:
-        log.warning("oomScoreAdj=%d not applied: %s", value, err)
+        log.info("oomScoreAdj=%d not applied: %s", value, err)
+        return False
+    return True
 
 
 class JsonLogFormatter(logging.Formatter):
