@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from svcproxy.agent.kubeproxy_config import load_config
-from svcproxy.agent.kubeproxy_sysctls import mode_sysctls, wanted_sysctls
+from svcproxy.agent.kubeproxy_sysctls import wanted_sysctls
+from svcproxy.sdk.sysctls import mode_sysctls
 from tests import root_sysctls
 
 

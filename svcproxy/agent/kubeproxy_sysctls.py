@@ -1,8 +1,7 @@
 """The sysctls kube-proxy sets for a mode and its conntrack section, set only when they differ.
 
-``mode_sysctls`` is the one list of a mode's values: the node context carries them
-(``NodeContext.sysctls``) and the node agent sets them before the first sync, so no
-backend writes /proc/sys. ``--init-only`` sets them (with the conntrack section) and exits,
+A mode's values are the SDK's ``mode_sysctls`` (svcproxy/sdk/sysctls.py), which the node
+context carries and the node agent sets before the first sync. ``--init-only`` sets them (with the conntrack section) and exits,
 so a DaemonSet can run that step in a privileged init container and the backend itself
 with NET_ADMIN/NET_RAW only (/proc/sys is read-only in an unprivileged container; values
 already right are not written again).
@@ -16,40 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from svcproxy.sdk.sysctls import ip_families, mode_sysctls
+
 log = logging.getLogger(__name__)
 
-ROUTE_LOCALNET = "net/ipv4/conf/all/route_localnet"
-IPVS = (
-    ("net/ipv4/vs/conntrack", "1"),
-    ("net/ipv4/vs/expire_nodest_conn", "1"),
-    ("net/ipv4/vs/expire_quiescent_template", "1"),
-    ("net/ipv4/ip_forward", "1"),
-    ("net/bridge/bridge-nf-call-iptables", "1"),
-)
-IPVS_V6 = (
-    ("net/ipv6/conf/all/forwarding", "1"),
-    ("net/bridge/bridge-nf-call-ip6tables", "1"),
-)
-STRICT_ARP = (("net/ipv4/conf/all/arp_ignore", "1"), ("net/ipv4/conf/all/arp_announce", "2"))
 _CT = "net/netfilter/nf_conntrack_"
-
-
-def mode_sysctls(mode: str, families: Sequence[int] = (4,), *,
-                 localhost_nodeports: bool = False, strict_arp: bool = False,
-                 ) -> dict[str, str]:
-    """/proc/sys names and values kube-proxy's ``mode`` (iptables, ipvs, nftables) needs
-    on a node with ``families``: route_localnet for NodePorts on 127.0.0.1 (iptables);
-    IPVS's conntrack and expiry, forwarding, bridge netfilter, strict ARP (ipvs)."""
-    wanted: dict[str, str] = {}
-    if mode == "iptables" and localhost_nodeports:
-        wanted[ROUTE_LOCALNET] = "1"
-    if mode == "ipvs":
-        wanted.update(IPVS)
-        if 6 in families:
-            wanted.update(IPVS_V6)
-        if strict_arp:
-            wanted.update(STRICT_ARP)
-    return wanted
 
 
 def wanted_sysctls(config: dict[str, Any], backend: str, cpus: int,
@@ -106,6 +76,4 @@ def set_sysctls(wanted: Mapping[str, str], root: Path = Path("/proc/sys")) -> li
 
 def set_mode_sysctls(config: dict[str, Any], backend: str) -> list[str]:
     """Apply wanted_sysctls for this machine; failures are logged and returned."""
-    from svcproxy.agent.node_context import ip_families
-
     return set_sysctls(wanted_sysctls(config, backend, os.cpu_count() or 1, ip_families()))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Literal
 
 from svcproxy.agent.config import NodeConfig
@@ -20,21 +19,12 @@ from svcproxy.sdk.context import (
     interface_addresses,
     resolve_context,
 )
+from svcproxy.sdk.sysctls import ip_families
 
 log = logging.getLogger(__name__)
 
 # IPVS's dummy interface holds service IPs, not node addresses.
 NOT_NODE_INTERFACES = ("kube-ipvs0",)
-
-
-def ip_families(root: Path = Path("/proc/sys")) -> tuple[int, ...]:
-    """The IP families this network namespace has: 4, and 6 unless IPv6 is absent or
-    disabled (read per thread: /proc/sys/net is the calling thread's namespace)."""
-    try:
-        off = (root / "net/ipv6/conf/all/disable_ipv6").read_text().strip() == "1"
-    except OSError:
-        return (4,)
-    return (4,) if off else (4, 6)
 
 
 class ContextResolver:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.kubeproxy_sysctls import mode_sysctls
 from svcproxy.model import NodeInfo, normalize_ip, of_family
+from svcproxy.sdk.sysctls import mode_sysctls
 
 __all__ = ["IPTABLES_MODES", "FamilyContext", "LocalTraffic", "NodeContext", "ProxyMode",
            "interface_addresses", "resolve_context"]
