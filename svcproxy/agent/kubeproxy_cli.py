@@ -22,8 +22,10 @@ from typing import Any
 
 from svcproxy.agent.collector import pause_collector_for_start
 from svcproxy.agent.kubeproxy_config import (
+    GROUP,
     ConfigError,
     apply_defaults,
+    config_document,
     empty_config,
     encode_config,
     field_kind,
@@ -411,8 +413,11 @@ def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | Non
                 rest: list[str], local: LocalFrontend | None) -> int:
     """Set the backend up and run it, following ``local``'s frontend when given."""
     from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
+    from svcproxy.agent.metrics_server import set_configz
     from svcproxy.agent.node_agent import programs_dataplane
     from svcproxy.sdk.plugins import installed_backends
+
+    set_configz(GROUP, config_document(config))
 
     name = forced or backend_for_mode(config["mode"])
     if forced and config["mode"] and backend_for_mode(config["mode"]) != forced:

@@ -20,7 +20,8 @@ import yaml
 
 from svcproxy.agent.durations import parse_duration
 
-API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
+GROUP = "kubeproxy.config.k8s.io"
+API_VERSION = f"{GROUP}/v1alpha1"
 KIND = "KubeProxyConfiguration"
 
 # Field types. A dict is a nested struct. "?x" is a Go pointer (null stays None); other
@@ -530,10 +531,15 @@ def field_kind(path: str) -> str:
     return kind.lstrip("?") if isinstance(kind, str) else "struct"
 
 
+def config_document(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration as kube-proxy serialises it (durations in Go's form): what
+    --write-config-to writes and /configz serves."""
+    return _encode(config, SCHEMA)
+
+
 def encode_config(config: Mapping[str, Any]) -> str:
-    """The configuration as YAML, keys sorted and durations in Go's form (as kube-proxy's
-    --write-config-to writes it)."""
-    return yaml.safe_dump(_encode(config, SCHEMA), sort_keys=True, default_flow_style=False,
+    """The configuration as YAML, keys sorted (as kube-proxy's --write-config-to writes it)."""
+    return yaml.safe_dump(config_document(config), sort_keys=True, default_flow_style=False,
                           allow_unicode=True)
 
 

@@ -1,11 +1,24 @@
-"""--metrics-bind-address: /metrics (Prometheus), /healthz and /proxyMode as kube-proxy."""
+"""--metrics-bind-address: /metrics (Prometheus), /healthz, /proxyMode and /configz as
+kube-proxy."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from svcproxy.agent.httpserve import Response, RoutedServer
 from svcproxy.agent.metrics import AgentMetrics
+
+# /configz's configurations by name (component-base's configz registry): what the process
+# runs with, set once it is known.
+_CONFIGZ: dict[str, Any] = {}
+
+
+def set_configz(name: str, document: Any) -> None:
+    """Serve ``document`` (JSON-serialisable) as configuration ``name`` on /configz."""
+    _CONFIGZ[name] = document
 
 
 class MetricsServer(RoutedServer):
@@ -25,4 +38,8 @@ class MetricsServer(RoutedServer):
         if path == "/proxyMode":  # kube-proxy's name of the mode
             mode = {"nft": "nftables"}.get(self._mode, self._mode)
             return Response(200, mode.encode(), (("Content-Type", "text/plain"),))
+        if path == "/configz":
+            body = json.dumps(_CONFIGZ, sort_keys=True, separators=(",", ":")).encode()
+            return Response(200, body, (("Content-Type", "application/json"),
+                                        ("X-Content-Type-Options", "nosniff")))
         return Response(404, b"404 page not found\n", (("Content-Type", "text/plain"),))
