@@ -131,6 +131,59 @@ def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> 
         fake.close()
 
 
+@pytest.mark.parametrize("with_kubeconfig", [True, False])
+def test_master_overrides_the_kubeconfigs_server_as_kube_proxy_does(
+        tmp_path: Path, with_kubeconfig: bool) -> None:
+    """kube-proxy's --master: the kubeconfig's server replaced (its credentials kept), or
+    with no kubeconfig the apiserver reached at that address alone (no in-cluster)."""
+    token = "s3cret" if with_kubeconfig else None
+    fake = _web_cluster(token) if token else FakeApiserver()
+    if not token:
+        fake.create("Service", service("web"))
+        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
+        fake.create("Node", node("node-a"))
+    try:
+        argv = [*SVCPROXY, "backend", "--proxy-mode=dump", "--hostname-override=node-a",
+                "--healthz-bind-address=127.0.0.1:0", "--metrics-bind-address=127.0.0.1:0",
+                f"--master={fake.url}"]
+        if with_kubeconfig:  # the kubeconfig's own server is dead
+            dead = write_kubeconfig(tmp_path / "kubeconfig.conf", "http://127.0.0.1:1", "s3cret")
+            argv.append(f"--kubeconfig={dead}")
+        proc = subprocess.Popen(argv, env=_local_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = Output(proc)
+        try:
+            out.next_with("10.0.0.1", COLD_START)
+        finally:
+            _stop(proc, out)
+        stderr = "".join(out.stderr)
+        assert proc.returncode == 0, stderr
+        assert "Local mode" in stderr and "--master" not in stderr.replace(fake.url, "")
+    finally:
+        fake.close()
+
+
+def test_master_replaces_only_the_current_clusters_server() -> None:
+    """Its credentials and CA kept, file references still found from the copy's place."""
+    from svcproxy.agent.local_frontend import with_server
+
+    config = {"current-context": "b",
+              "clusters": [{"name": "a", "cluster": {"server": "https://a"}},
+                           {"name": "b", "cluster": {"server": "https://b",
+                                                     "certificate-authority": "ca.crt"}}],
+              "contexts": [{"name": "b", "context": {"cluster": "b", "user": "u"}}],
+              "users": [{"name": "u", "user": {"client-key": "k.pem",
+                                               "tokenFile": "/abs/token"}}]}
+    out = with_server(config, Path("/etc/kp"), "https://master:6443")
+    assert [c["cluster"]["server"] for c in out["clusters"]] == ["https://a",
+                                                                 "https://master:6443"]
+    assert out["clusters"][1]["cluster"]["certificate-authority"] == "/etc/kp/ca.crt"
+    assert out["users"][0]["user"] == {"client-key": "/etc/kp/k.pem", "tokenFile": "/abs/token"}
+    alone = with_server(None, Path("/"), "http://m:8080")
+    assert [c["cluster"] for c in alone["clusters"]] == [{"server": "http://m:8080"}]
+    assert alone["users"] == []
+
+
 def test_local_mode_lists_before_the_backend_is_set_up(tmp_path: Path) -> None:
     """As ``svcproxy frontend`` does: the apiserver's listing starts before the backend's
     set-up imports its modules (the node agent's last of them)."""

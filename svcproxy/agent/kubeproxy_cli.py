@@ -398,7 +398,7 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
     local = None
     if not flags.get("cleanup") and not flags.get("init-only"):
         pause_collector_for_start()
-        local = local_frontend(config, rest)
+        local = local_frontend(config, rest, flags.get("master") or "")
     if local is None:
         return run_backend(config, flags, forced, rest, None)
     local.begin()
@@ -430,7 +430,7 @@ def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | Non
     plugin = installed[name].load()
     for line in unhonoured_fields(config, name):
         log.warning("%s", line)
-    if flags.get("master"):
+    if flags.get("master") and local is None:
         log.warning("--master=%s: ignored (the frontend watches the apiserver; the backend "
                     "follows --api or $%s)", flags["master"], API_ENV)
     if config["featureGates"]:
@@ -482,15 +482,17 @@ def _cleanup_of(name: str, config: dict[str, Any], installed: Mapping[str, Any],
     return cleanup
 
 
-def local_frontend(config: dict[str, Any], rest: list[str]) -> LocalFrontend | None:
+def local_frontend(config: dict[str, Any], rest: list[str],
+                   master: str = "") -> LocalFrontend | None:
     """Local mode when no frontend address is given (--api, $SVCPROXY_API) and there is a
-    kubeconfig (clientConnection.kubeconfig, --kubeconfig) or in-cluster credentials."""
+    kubeconfig (clientConnection.kubeconfig, --kubeconfig), a --master or in-cluster
+    credentials."""
     if any(a == "--api" or a.startswith("--api=") for a in rest) or os.environ.get(API_ENV):
         return None
     kubeconfig = config["clientConnection"]["kubeconfig"] or None
-    if kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if kubeconfig is None and not master and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    return LocalFrontend(kubeconfig)
+    return LocalFrontend(kubeconfig, master)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,8 @@ FLAGS: tuple[Flag, ...] = (
        "(accepted; svcproxy has none of kube-proxy's gates to switch)", repeat=True),
     _f("kubeconfig", str, "clientConnection.kubeconfig", "kubeconfig of the apiserver "
        "(svcproxy's backend reads its node's state from the frontend instead)"),
-    _f("master", str, "", "apiserver address (not used: the frontend watches the apiserver)"),
+    _f("master", str, "", "apiserver address, overriding the kubeconfig's (local mode; "
+       "with a frontend address the frontend watches the apiserver and it is not used)"),
     _f("kube-api-content-type", str, "clientConnection.contentType", "apiserver content "
        "type (not used by the backend)"),
     _f("kube-api-burst", int32, "clientConnection.burst", "apiserver burst (not used)"),
