@@ -403,3 +403,52 @@ def test_stream_workers_counts_are_in_the_main_process_metrics(tmp_path) -> None
         for ch in channels:
             ch.close()
         fe.stop()
+
+
+# ---- unary answers not read --------------------------------------------------------
+
+def unread_answer(ch: grpc.Channel, node: str) -> Any:
+    """GetNodeState whose answer this client does not read: called as a stream that is
+    never iterated, so HTTP/2 flow control leaves the answer with the frontend."""
+    return ch.unary_stream("/svcproxy.v1.NodeStateService/GetNodeState")(
+        pb.GetNodeStateRequest(node_name=node).SerializeToString(), timeout=30)
+
+
+def test_unary_answers_not_read_are_bounded_per_peer(frontend_factory, tmp_path) -> None:
+    """Each GetNodeState answer (up to 3 MiB) stays in the frontend until its client reads
+    it: 300 unread answers took a frontend from 160 MB to 980 MB, with no cap at all."""
+    fe = frontend_factory(copy_examples(tmp_path), stream_limits=StreamLimits(
+        answer_bytes_per_peer=512 << 10))
+    fe.submit(bulk(300, 10))
+    with channel(fe) as ch:
+        size = pb_grpc.NodeStateServiceStub(ch).GetNodeState(
+            pb.GetNodeStateRequest(node_name="node-a")).ByteSize()
+    assert 100 << 10 < size < 512 << 10
+    before = exposed("svcproxy_frontend_unary_refused_total", cap="peer")
+    channels = [channel(fe) for _ in range(3)]
+    try:
+        calls = [unread_answer(channels[i % 3], "node-a") for i in range(12)]
+        held = (512 << 10) // size + 1  # answers one peer may leave unread at most
+
+        def decided() -> bool:  # every call answered or refused, each refusal counted
+            done = sum(c.done() for c in calls)
+            return done >= len(calls) - held and exposed(
+                "svcproxy_frontend_unary_refused_total", cap="peer") == before + done
+        wait_for(decided, timeout=20)
+        refused = [c for c in calls if c.done()]
+        assert {c.code() for c in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert "read" in refused[0].details()
+        for c in calls:
+            c.cancel()
+
+        def answered() -> bool:  # once the unread answers are gone
+            try:
+                with channel(fe) as ch:
+                    return bool(pb_grpc.NodeStateServiceStub(ch).GetNodeState(
+                        pb.GetNodeStateRequest(node_name="node-a"), timeout=10).services)
+            except grpc.RpcError:
+                return False
+        wait_for(answered, timeout=20)
+    finally:
+        for ch in channels:
+            ch.close()

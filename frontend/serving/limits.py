@@ -10,6 +10,9 @@ a message its client does not read:
   Beyond a cap a new stream is refused with RESOURCE_EXHAUSTED.
 - ``StallWatch`` ends a stream whose write has not completed for ``write_timeout``
   seconds with UNAVAILABLE: the client is told to resume from its revision.
+- ``AnswerBudget`` bounds the bytes of unary answers (a GetNodeState page is up to
+  3 MiB) that gRPC holds until their clients read them, per peer and in all; beyond it a
+  call is refused with RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -32,17 +35,24 @@ REFUSED = counter("svcproxy_frontend_watch_refused_total",
 STALLED = counter("svcproxy_frontend_watch_stalled_total",
                   "Watch streams ended because their client read nothing for "
                   "--stream-write-timeout seconds, stream workers' included.")
+UNARY_REFUSED = counter("svcproxy_frontend_unary_refused_total",
+                        "GetNodeState and ListNodes calls refused because the answers "
+                        "their client address (peer) or every client (total) has not read "
+                        "yet reached their budget, by cap (total, peer).", ["cap"])
 INVALID = counter("svcproxy_frontend_invalid_requests_total",
                   "Requests refused with INVALID_ARGUMENT, by method.", ["method"])
 
 
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
-    """The flags: --max-streams, --max-streams-per-peer, --stream-write-timeout."""
+    """The flags: --max-streams, --max-streams-per-peer, --stream-write-timeout; and the
+    bytes of unary answers not read yet, per client address and in all (per process)."""
 
     max_streams: int = 10000
     max_streams_per_peer: int = 100
     write_timeout: float = 60.0
+    answer_bytes_per_peer: int = 32 << 20
+    answer_bytes_total: int = 256 << 20
 
 
 class Refused(Exception):
@@ -98,6 +108,52 @@ class StreamSlots:
     def release(self, peer: str) -> None:
         self.total -= 1
         self.per_peer[peer] -= 1
+        if self.per_peer[peer] <= 0:
+            del self.per_peer[peer]
+
+
+class AnswerBudget:
+    """Bytes of unary answers gRPC holds until their clients have read them, per peer
+    address and in all. A peer holding nothing is always answered (one page); one that
+    could not take another answer of ``largest`` bytes is refused before any is made."""
+
+    def __init__(self, per_peer: int, total: int, largest: int) -> None:
+        self.limits = per_peer, total
+        self.largest = largest
+        self.total = 0
+        self.per_peer: Counter[str] = Counter()
+
+    def admit(self, peer: str) -> None:
+        """Refused when an answer as large as any could exceed a budget of ``peer``."""
+        self._check(peer, self.largest)
+
+    def hold(self, context: grpc.aio.ServicerContext, peer: str, answer: bytes) -> bytes:
+        """``answer``, counted until gRPC has finished the call; Refused beyond a budget."""
+        size = len(answer)
+        self._check(peer, size)
+        self.total += size
+        self.per_peer[peer] += size
+        context.add_done_callback(lambda _: self._release(peer, size))
+        return answer
+
+    def _check(self, peer: str, size: int) -> None:
+        per_peer, total = self.limits
+        held = self.per_peer[peer]
+        if held and held + size > per_peer:
+            UNARY_REFUSED.labels("peer").inc()
+            raise Refused("RESOURCE_EXHAUSTED", (
+                f"{peer} has not read {held} bytes of earlier answers, the most one client "
+                "address may leave unread: read the answers you asked for (one call at a "
+                "time is enough), or retry later with backoff"))
+        if self.total and self.total + size > total:
+            UNARY_REFUSED.labels("total").inc()
+            raise Refused("RESOURCE_EXHAUSTED", (
+                f"clients have not read {self.total} bytes of answers, the most this "
+                "frontend holds for them: retry later with backoff, or ask another replica"))
+
+    def _release(self, peer: str, size: int) -> None:
+        self.total -= size
+        self.per_peer[peer] -= size
         if self.per_peer[peer] <= 0:
             del self.per_peer[peer]
 

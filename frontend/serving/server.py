@@ -25,6 +25,7 @@ from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
+    AnswerBudget,
     Refused,
     StallWatch,
     StreamLimits,
@@ -32,7 +33,7 @@ from svcproxy.frontend.serving.limits import (
     WriteClock,
     peer_address,
 )
-from svcproxy.frontend.serving.pages import NodeStatePages
+from svcproxy.frontend.serving.pages import PAGE_BYTES, NodeStatePages
 from svcproxy.frontend.serving.reflection import enable_reflection
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
 from svcproxy.frontend.serving.validation import Malformed, check_since, invalid, parse
@@ -56,6 +57,8 @@ class NodeStateServicer(WatchServicer):
         self.slots = StreamSlots(self.limits)
         self.stalls = StallWatch(self.limits.write_timeout)
         self.pages = NodeStatePages(engine)
+        self.answers = AnswerBudget(self.limits.answer_bytes_per_peer,
+                                    self.limits.answer_bytes_total, PAGE_BYTES)
 
     def start_stream(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
         """Admit one stream of ``peer`` (its address; its slot is the caller's to release):
@@ -108,8 +111,10 @@ class NodeStateServicer(WatchServicer):
 
     async def _unary(self, method: str, request: Any,
                      context: grpc.aio.ServicerContext) -> bytes:
+        peer = peer_address(context.peer())
         try:
-            return self.answer(method, request)
+            self.answers.admit(peer)
+            return self.answers.hold(context, peer, self.answer(method, request))
         except Refused as err:
             await err.abort(context)
             raise

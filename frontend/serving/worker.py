@@ -22,7 +22,15 @@ from grpc_health.v1 import _async as health_aio
 from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.publication.views import NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
-from svcproxy.frontend.serving.limits import Refused, StallWatch, WriteClock, peer_address
+from svcproxy.frontend.serving.limits import (
+    AnswerBudget,
+    Refused,
+    StallWatch,
+    StreamLimits,
+    WriteClock,
+    peer_address,
+)
+from svcproxy.frontend.serving.pages import PAGE_BYTES
 from svcproxy.frontend.serving.pipe import Message, Pipe
 from svcproxy.frontend.serving.readiness import API_NAMES, SERVING, not_serving
 from svcproxy.frontend.serving.server import TLSFiles, api_handler, serve_api
@@ -178,6 +186,9 @@ class WorkerServicer(WatchServicer):
     def __init__(self, link: ParentLink, write_timeout: float = 60.0) -> None:
         self.link = link
         self.stalls = StallWatch(write_timeout)
+        limits = StreamLimits()
+        self.answers = AnswerBudget(limits.answer_bytes_per_peer, limits.answer_bytes_total,
+                                    PAGE_BYTES)
 
     async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext,
                      clock: WriteClock) -> None:
@@ -215,10 +226,16 @@ class WorkerServicer(WatchServicer):
 
     async def _unary(self, method: str, request: bytes,
                      context: grpc.aio.ServicerContext) -> bytes:
-        reply = await self.link.request("unary", method, request)
-        if isinstance(reply, Refused):
-            await reply.abort(context)
-        return reply  # type: ignore[return-value]
+        peer = peer_address(context.peer())
+        try:
+            self.answers.admit(peer)
+            reply = await self.link.request("unary", method, request)
+            if isinstance(reply, Refused):
+                raise reply
+            return self.answers.hold(context, peer, reply)  # type: ignore[arg-type]
+        except Refused as err:
+            await err.abort(context)
+            raise
 
 
 async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
