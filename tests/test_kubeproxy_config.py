@@ -241,6 +241,27 @@ def test_flags_without_config_override_defaults() -> None:
     assert c["conntrack"]["tcpBeLiberal"] is False
 
 
+@pytest.mark.parametrize(("argv", "healthz", "metrics"), [
+    # addressFromDeprecatedFlags: 0 turns the server off, another port is the port of an
+    # address that has none (the defaults have one: --healthz-port=12345 changes nothing)
+    (["--healthz-port=0", "--metrics-port=0"], "", ""),
+    (["--healthz-port=12345"], "0.0.0.0:10256", "127.0.0.1:10249"),
+    (["--healthz-bind-address=10.1.2.3", "--healthz-port=12345"], "10.1.2.3:12345",
+     "127.0.0.1:10249"),
+    (["--metrics-bind-address=::1", "--healthz-bind-address=10.1.2.3"], "10.1.2.3:10256",
+     "[::1]:10249"),
+    (["--healthz-bind-address=10.1.2.3:99", "--healthz-port=12345"], "10.1.2.3:99",
+     "127.0.0.1:10249"),
+    # with --write-config-to kube-proxy does not read them
+    (["--write-config-to=/x", "--healthz-port=0", "--metrics-port=0"], "0.0.0.0:10256",
+     "127.0.0.1:10249"),
+])
+def test_deprecated_ports_as_kube_proxy_reads_them(argv: list[str], healthz: str,
+                                                   metrics: str) -> None:
+    c, _ = effective_config(flags(*argv), None)
+    assert (c["healthzBindAddress"], c["metricsBindAddress"]) == (healthz, metrics)
+
+
 def test_with_config_the_file_wins_except_hostname_and_logging() -> None:
     text = (DATA / "ipvs-tuned.yaml").read_text()
     c, ignored = effective_config(flags(

@@ -12,6 +12,7 @@ address may also come from ``$SVCPROXY_API``.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -146,13 +147,14 @@ def effective_config(flags: dict[str, Any], file_text: str | None,
         config = empty_config()
         apply_defaults(config)
         ignored = []
-        _deprecated_ports(config, flags)
     for name, value in flags.items():
         flag = BY_DEST[name.replace("-", "_")]
         if name in ignored or not flag.paths:
             continue
         for path in flag.paths:
             set_path(config, path, value)
+    if file_text is None and not flags.get("write-config-to"):
+        _deprecated_ports(config, flags)
     if flags.get("hostname-override"):  # empty: not given, as kube-proxy reads it
         name = str(flags["hostname-override"]).strip().lower()
         if not name:
@@ -163,12 +165,22 @@ def effective_config(flags: dict[str, Any], file_text: str | None,
 
 
 def _deprecated_ports(config: dict[str, Any], flags: dict[str, Any]) -> None:
-    for flag, field in (("healthz-port", "healthzBindAddress"),
-                        ("metrics-port", "metricsBindAddress")):
-        if flag in flags:
-            port = flags[flag]
-            host = config[field].rpartition(":")[0]
-            config[field] = "" if port == 0 else f"{host}:{port}"
+    """kube-proxy's addressFromDeprecatedFlags, read without --config and --write-config-to:
+    --healthz-port / --metrics-port (10256 / 10249 when not given) 0 turns the server off,
+    another is the port of an address that has none (a bare IP)."""
+    for flag, field, default in (("healthz-port", "healthzBindAddress", 10256),
+                                 ("metrics-port", "metricsBindAddress", 10249)):
+        port = flags.get(flag, default)
+        config[field] = "" if port == 0 else _append_port(config[field], port)
+
+
+def _append_port(address: str, port: int) -> str:
+    """kube-proxy's AppendPortIfNeeded: an IP gets ``port``; anything else is unchanged."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    return f"[{address}]:{port}" if ip.version == 6 else f"{address}:{port}"
 
 
 def backend_for_mode(mode: str) -> str:

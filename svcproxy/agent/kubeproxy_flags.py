@@ -207,10 +207,10 @@ FLAGS: tuple[Flag, ...] = (
        "of ASSURED UDP flows (0: as-is)"),
     _f("config-sync-period", go_duration, "configSyncPeriod", "apiserver resync period "
        "(not used: the frontend watches the apiserver)"),
-    _f("healthz-port", int32, "", "deprecated: the port of --healthz-bind-address (0 "
-       "disables)"),
-    _f("metrics-port", int32, "", "deprecated: the port of --metrics-bind-address (0 "
-       "disables)"),
+    _f("healthz-port", int32, "", "deprecated: 0 disables the healthz server; another "
+       "is the port of a --healthz-bind-address given as a bare IP (default 10256)"),
+    _f("metrics-port", int32, "", "deprecated: 0 disables the metrics server; another "
+       "is the port of a --metrics-bind-address given as a bare IP (default 10249)"),
     _f("proxy-port-range", str, "portRange", "deprecated, unused (userspace proxy)"),
     _f("windows-service", None, "windowsRunAsService", "Windows only; ignored"),
     _f("v", int32, "logging.verbosity", "log verbosity: 0-3 info, 4 and more debug",
