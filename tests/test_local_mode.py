@@ -179,6 +179,7 @@ def test_master_replaces_only_the_current_clusters_server() -> None:
                                                                  "https://master:6443"]
     assert out["clusters"][1]["cluster"]["certificate-authority"] == "/etc/kp/ca.crt"
     assert out["users"][0]["user"] == {"client-key": "/etc/kp/k.pem", "tokenFile": "/abs/token"}
+    assert config["clusters"][1]["cluster"]["server"] == "https://b"  # a copy
     alone = with_server(None, Path("/"), "http://m:8080")
     assert [c["cluster"] for c in alone["clusters"]] == [{"server": "http://m:8080"}]
     assert alone["users"] == []

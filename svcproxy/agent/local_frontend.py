@@ -11,6 +11,7 @@ client does.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -54,7 +55,7 @@ def with_server(kubeconfig: dict[str, Any] | None, base: Path, server: str) -> d
     """``kubeconfig`` (None: none) with its current context's cluster at ``server``, as
     kube-proxy's --master overrides it (clientcmd's ClusterInfo.Server), its file
     references made absolute from ``base``. Without a current context, only the server."""
-    config = dict(kubeconfig or {})
+    config = copy.deepcopy(kubeconfig or {})
     context = _named(config.get("contexts"), config.get("current-context"))
     body = context.get("context") if context else None
     cluster = _named(config.get("clusters"), body.get("cluster")) if isinstance(body, dict) \
