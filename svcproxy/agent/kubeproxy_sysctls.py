@@ -1,10 +1,10 @@
 """The sysctls kube-proxy sets for a mode and its conntrack section, set only when they differ.
 
 A mode's values are the SDK's ``mode_sysctls`` (svcproxy/sdk/sysctls.py), which the node
-context carries and the node agent sets before the first sync. ``--init-only`` sets them (with the conntrack section) and exits,
-so a DaemonSet can run that step in a privileged init container and the backend itself
-with NET_ADMIN/NET_RAW only (/proc/sys is read-only in an unprivileged container; values
-already right are not written again).
+context carries and the node agent sets before the first sync. ``--init-only`` sets them
+(with the conntrack section) and exits, so a DaemonSet can run that step in a privileged
+init container and the backend itself with NET_ADMIN/NET_RAW only (/proc/sys is read-only
+in an unprivileged container; values already right are not written again).
 """
 
 from __future__ import annotations
