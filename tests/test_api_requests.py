@@ -5,6 +5,7 @@ traceback (a client could otherwise fill the frontend's log)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import grpc
@@ -18,7 +19,7 @@ from tests.conftest import RunningFrontend, wait_for
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig
 from tests.test_apiserver_source import cluster_ip_service, node
 from tests.test_stream import copy_examples, read_batch
-from tests.test_stream_limits import exposed
+from tests.test_stream_limits import bulk, exposed
 from tests.test_stream_workers import own_connection
 
 SERVICE = "/svcproxy.v1.NodeStateService/"
@@ -219,3 +220,23 @@ def test_watch_cluster_is_what_a_node_with_nothing_local_is_served(frontend_fact
         assert not any(e.is_local or e.local for e in endpoints)
         assert not any(s.service.has_local_endpoints for s in cluster.values())
         assert any(e.internal for e in endpoints)
+
+
+def test_a_client_leaving_mid_answer_logs_no_traceback(frontend_factory, tmp_path,
+                                                       caplog) -> None:
+    """A unary call cancelled while its answer is being sent (Ctrl-C on grpcurl, a
+    client timing out on a large page) made gRPC log an ERROR with a traceback each."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    fe.submit(bulk(300, 10))
+    window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65535)]
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            with grpc.insecure_channel(fe.opts.listen, options=window) as ch:
+                method = ch.unary_stream(SERVICE + "GetNodeState")  # its answer not read
+                calls = [method(pb.GetNodeStateRequest(node_name="node-a")
+                                .SerializeToString()) for _ in range(5)]
+                time.sleep(0.3)  # answers being sent (a slower machine: fewer cancels)
+                for call in calls:
+                    call.cancel()
+        time.sleep(0.5)
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]

@@ -192,6 +192,22 @@ def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
 KEEPALIVE_POLICY = (("grpc.http2.min_ping_interval_without_data_ms", 5000),)
 
 
+class ClientGone(logging.Filter):
+    """gRPC logs an ERROR with a traceback when a unary answer cannot be sent because
+    its client cancelled or went away meanwhile (a race in grpc.aio: once it knows the
+    client closed, it says nothing). A client leaving is routine: one DEBUG line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0] if record.exc_info else None
+        if exc is not None and exc.__name__ == "ExecuteBatchError":
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.msg, record.args = "%s: the client left before its answer was sent", (
+                str(record.getMessage()).rpartition(" ")[2],)
+            record.exc_info = record.exc_text = None
+            return log.isEnabledFor(logging.DEBUG)
+        return True
+
+
 # The largest valid request (a 253-character node name, two 63-character filters, a
 # page token) is under 1 KiB: gRPC refuses bigger ones with RESOURCE_EXHAUSTED before a
 # handler sees them (its default let every call bring 4 MiB).
@@ -214,6 +230,9 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
                                       ("grpc.so_reuseport", 1)],
                              interceptors=guard.interceptors() if guard else None)
     server.add_generic_rpc_handlers((handler,))
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    if not any(isinstance(f, ClientGone) for f in grpc_log.filters):
+        grpc_log.addFilter(ClientGone())
     serving = health_servicer is None
     health_servicer = health_servicer or health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
