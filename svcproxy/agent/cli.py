@@ -18,7 +18,7 @@ from svcproxy.agent.addresses import discover_node_ips
 from svcproxy.agent.collector import pause_collector_for_start
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.durations import parse_duration
-from svcproxy.agent.httpserve import parse_bind_address
+from svcproxy.agent.httpserve import BIND_RETRY_INTERVAL, parse_bind_address
 from svcproxy.agent.node_agent import NodeAgent, default_conntrack_cleaner, programs_dataplane
 from svcproxy.model import normalize_cidr, normalize_ip
 from svcproxy.sdk.backend import Backend
@@ -254,20 +254,15 @@ def _address(text: str, default_port: int) -> tuple[str, int] | None:
     return parse_bind_address(text, default_port) if text else None
 
 
-def _agent_without_unbound(agent_on: Callable[..., NodeAgent], healthz: tuple[str, int] | None,
-                           metrics: tuple[str, int] | None) -> NodeAgent:
-    """The agent with whichever of its two servers can listen (none at worst), as kube-proxy
-    runs with bindAddressHardFail false (it retries the server every 5 s; restart this
-    process to retry)."""
-    for pair, lost in (((None, metrics), "healthz"), ((healthz, None), "metrics"),
-                       ((None, None), "healthz and metrics")):
-        try:
-            agent = agent_on(*pair)
-        except OSError:
-            continue
-        log.warning("Proxying without the %s server (bindAddressHardFail is false)", lost)
-        return agent
-    raise AssertionError("an agent without servers listens on nothing")
+def _bind_retry_interval() -> float:
+    """kube-proxy's 5 s between binds of a healthz or metrics address that could not listen;
+    $SVCPROXY_BIND_RETRY_INTERVAL (seconds, up to an hour) shortens it for tests."""
+    text = os.environ.get("SVCPROXY_BIND_RETRY_INTERVAL", "")
+    try:
+        interval = float(text)
+    except ValueError:
+        return BIND_RETRY_INTERVAL
+    return interval if 0 < interval <= 3600 else BIND_RETRY_INTERVAL
 
 
 def _install_signal_handlers(stop: Callable[[], None]) -> None:
@@ -297,21 +292,20 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
         return 1
     dataplane = programs_dataplane(backend)
 
-    def agent_on(healthz: tuple[str, int] | None, metrics: tuple[str, int] | None) -> NodeAgent:
-        return NodeAgent(
+    try:
+        # kube-proxy's bindAddressHardFail (false by default there): proxy on without a
+        # server that cannot listen and retry it; true: exit
+        agent = NodeAgent(
             client,
             backend,
             config,
-            healthz_address=healthz,
-            metrics_address=metrics,
+            healthz_address=_address(args.healthz_bind_address, HEALTHZ_PORT),
+            metrics_address=_address(args.metrics_bind_address, METRICS_PORT),
             conntrack=default_conntrack_cleaner(config.min_sync_period) if dataplane else None,
             health_check_node_ports=dataplane,
+            retry_unbound=not getattr(args, "bind_address_hard_fail", True),
+            bind_retry_interval=_bind_retry_interval(),
         )
-
-    healthz = _address(args.healthz_bind_address, HEALTHZ_PORT)
-    metrics = _address(args.metrics_bind_address, METRICS_PORT)
-    try:
-        agent = agent_on(healthz, metrics)
     except OSError as err:
         log.error("Cannot listen on the healthz address %s or the metrics address %s (%s): "
                   "another process may hold it; pick another --healthz-bind-address / "
@@ -319,10 +313,7 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
                   "--config file), or turn one off with the flag set to ''",
                   args.healthz_bind_address or "(off)", args.metrics_bind_address or "(off)",
                   err)
-        # kube-proxy's bindAddressHardFail (false by default there): proxy on without them
-        if getattr(args, "bind_address_hard_fail", True):
-            return 1
-        agent = _agent_without_unbound(agent_on, healthz, metrics)
+        return 1
     _install_signal_handlers(agent.stop)
     log.info("Backend %s on node %s following %s (node IPs %s)", backend.name,
              config.node_name, args.api, ", ".join(config.node_ips) or "none")

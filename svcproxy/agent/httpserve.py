@@ -9,10 +9,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
 _WILDCARDS = ("", "0.0.0.0", "::")
+BIND_RETRY_INTERVAL = 5.0  # kube-proxy retries its healthz and metrics servers every 5 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +133,43 @@ class RoutedServer:
 
     def _route(self, path: str) -> Response:
         raise NotImplementedError
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Closable)
+
+
+class BindRetry(Generic[S]):
+    """Calls ``bind`` every ``interval`` s from a daemon thread until it returns a server
+    rather than raising OSError, or until ``close``, which also closes that server."""
+
+    def __init__(self, bind: Callable[[], S], name: str,
+                 interval: float = BIND_RETRY_INTERVAL) -> None:
+        self._bind, self._name, self._interval = bind, name, interval
+        self._closed = threading.Event()
+        self.server: S | None = None
+        self._thread = threading.Thread(target=self._run, name=f"bind-retry:{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        attempts = 0
+        while not self._closed.wait(self._interval):
+            attempts += 1
+            try:
+                self.server = self._bind()
+            except OSError as err:
+                log.debug("The %s server still cannot listen: %s", self._name, err)
+                continue
+            log.info("The %s server is listening (after %d retries)", self._name, attempts)
+            return
+
+    def close(self) -> None:
+        """Stop retrying (waits for an attempt under way) and close what was bound."""
+        self._closed.set()
+        self._thread.join()
+        if self.server is not None:
+            self.server.close()

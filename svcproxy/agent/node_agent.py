@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
+from typing import TypeVar
 
 from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.agent.config import NodeConfig
@@ -12,6 +14,7 @@ from svcproxy.agent.conntrack_netlink import Ctnetlink
 from svcproxy.agent.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.healthz import HealthzServer
+from svcproxy.agent.httpserve import BIND_RETRY_INTERVAL, BindRetry
 from svcproxy.agent.metrics import AgentMetrics, node_families
 from svcproxy.agent.metrics_server import MetricsServer
 from svcproxy.agent.node_context import ContextResolver
@@ -24,6 +27,7 @@ from svcproxy.sdk.backend import Backend, NodeState
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
+S = TypeVar("S", HealthzServer, MetricsServer)
 
 
 def default_conntrack_cleaner(min_sync_period: float = MIN_INTERVAL
@@ -56,7 +60,9 @@ class NodeAgent:
     """Wires runner, health, metrics, health-check node ports and conntrack cleanup.
 
     Binding the healthz or metrics address happens here and raises OSError
-    when the address is taken; nothing stays open in that case.
+    when the address is taken; nothing stays open in that case. With ``retry_unbound``
+    (kube-proxy's bindAddressHardFail false) the agent proxies on without that server and
+    binds it again every ``bind_retry_interval`` s until it listens.
     """
 
     def __init__(
@@ -71,7 +77,10 @@ class NodeAgent:
         health_check_node_ports: bool = True,
         retry_initial: float = 1.0,
         poll: float = 0.2,
+        retry_unbound: bool = False,
+        bind_retry_interval: float = BIND_RETRY_INTERVAL,
     ) -> None:
+        self._retry_unbound, self._bind_retry_interval = retry_unbound, bind_retry_interval
         self.health = ProxyHealth(timeout=2 * config.sync_period)
         self.metrics = AgentMetrics(families=node_families(config.node_ips))
         self.metrics.attach_backend(backend)
@@ -103,16 +112,45 @@ class NodeAgent:
             poll=poll,
             context=self.context,
         )
-        self.healthz: HealthzServer | None = None
-        self.metrics_server: MetricsServer | None = None
+        self._healthz: HealthzServer | BindRetry[HealthzServer] | None = None
+        self._metrics_server: MetricsServer | BindRetry[MetricsServer] | None = None
         try:
             if healthz_address is not None:
-                self.healthz = HealthzServer(*healthz_address, self.health, self.metrics)
+                self._healthz = self._listen(
+                    lambda: HealthzServer(*healthz_address, self.health, self.metrics),
+                    "healthz", healthz_address)
             if metrics_address is not None:
-                self.metrics_server = MetricsServer(*metrics_address, self.metrics, backend.name)
+                self._metrics_server = self._listen(
+                    lambda: MetricsServer(*metrics_address, self.metrics, backend.name),
+                    "metrics", metrics_address)
         except OSError:
             self.close()
             raise
+
+    def _listen(self, bind: Callable[[], S], name: str, address: Address) -> S | BindRetry[S]:
+        try:
+            return bind()
+        except OSError as err:
+            if not self._retry_unbound:
+                raise
+            host, port = address
+            log.warning("Proxying without the %s server until %s can listen (%s): retrying "
+                        "every %g s (bindAddressHardFail is false)", name,
+                        f"[{host}]:{port}" if ":" in host else f"{host}:{port}", err,
+                        self._bind_retry_interval)
+            return BindRetry(bind, name, self._bind_retry_interval)
+
+    @property
+    def healthz(self) -> HealthzServer | None:
+        """The healthz server once it listens."""
+        server = self._healthz
+        return server.server if isinstance(server, BindRetry) else server
+
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        """The metrics server once it listens."""
+        server = self._metrics_server
+        return server.server if isinstance(server, BindRetry) else server
 
     def _sync_service_health(self, _old: NodeState | None, new: NodeState,
                              _changed: frozenset[ServicePortKey]) -> None:
@@ -126,11 +164,12 @@ class NodeAgent:
         self.runner.stop()
 
     def close(self) -> None:
-        """Close every port the agent opened; no conntrack reconciliation after."""
+        """Close every port the agent opened, and stop binding those still retried; no
+        conntrack reconciliation after."""
         resume_collector_after_start()
         if isinstance(self.conntrack, ConntrackReconciler):
             self.conntrack.close()
         self.service_health.close()
-        for server in (self.healthz, self.metrics_server):
+        for server in (self._healthz, self._metrics_server):
             if server is not None:
                 server.close()
