@@ -240,3 +240,19 @@ def test_a_client_leaving_mid_answer_logs_no_traceback(frontend_factory, tmp_pat
                     call.cancel()
         time.sleep(0.5)
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_corrupt_requests_to_health_and_reflection_log_no_traceback(
+        frontend_factory, tmp_path, caplog) -> None:
+    """Health is open to every caller (probes): a corrupt Check request made gRPC log an
+    ERROR with a traceback per call. It is refused by gRPC (UNKNOWN, naming the parse
+    error) and counted; the log stays quiet."""
+    fe = frontend_factory(copy_examples(tmp_path))
+    before = invalid_count("grpc.health.v1.Health/Check")
+    with caplog.at_level(logging.INFO), grpc.insecure_channel(fe.opts.listen) as ch:
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as err:
+                ch.unary_unary("/grpc.health.v1.Health/Check")(TRUNCATED, timeout=10)
+            assert "Error parsing message" in err.value.details()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert invalid_count("grpc.health.v1.Health/Check") == before + 3

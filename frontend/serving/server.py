@@ -25,6 +25,7 @@ from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
+    INVALID,
     AnswerBudget,
     Refused,
     StallWatch,
@@ -192,20 +193,27 @@ def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
 KEEPALIVE_POLICY = (("grpc.http2.min_ping_interval_without_data_ms", 5000),)
 
 
-class ClientGone(logging.Filter):
-    """gRPC logs an ERROR with a traceback when a unary answer cannot be sent because
-    its client cancelled or went away meanwhile (a race in grpc.aio: once it knows the
-    client closed, it says nothing). A client leaving is routine: one DEBUG line."""
+class CallNoise(logging.Filter):
+    """What gRPC logs as an ERROR with a traceback although a client caused it, made one
+    DEBUG line: an answer it could not send because its client cancelled or went away
+    meanwhile (a race in grpc.aio: once it knows the client closed, it says nothing),
+    and a request to health or reflection that is not protobuf (health is open to every
+    caller; our own methods refuse such a request themselves), also counted in
+    svcproxy_frontend_invalid_requests_total by method."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[0] if record.exc_info else None
-        if exc is not None and exc.__name__ == "ExecuteBatchError":
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            record.msg, record.args = "%s: the client left before its answer was sent", (
-                str(record.getMessage()).rpartition(" ")[2],)
-            record.exc_info = record.exc_text = None
-            return log.isEnabledFor(logging.DEBUG)
-        return True
+        if exc is None or exc.__name__ not in ("ExecuteBatchError", "DecodeError"):
+            return True
+        method = str(record.getMessage()).rpartition(" ")[2].strip("[]/")
+        if exc.__name__ == "DecodeError":
+            INVALID.labels(method).inc()
+            record.msg = "%s: the request is not protobuf; refused"
+        else:
+            record.msg = "%s: the client left before its answer was sent"
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.args, record.exc_info, record.exc_text = (method,), None, None
+        return log.isEnabledFor(logging.DEBUG)
 
 
 # The largest valid request (a 253-character node name, two 63-character filters, a
@@ -231,8 +239,8 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
                              interceptors=guard.interceptors() if guard else None)
     server.add_generic_rpc_handlers((handler,))
     grpc_log = logging.getLogger("grpc._cython.cygrpc")
-    if not any(isinstance(f, ClientGone) for f in grpc_log.filters):
-        grpc_log.addFilter(ClientGone())
+    if not any(isinstance(f, CallNoise) for f in grpc_log.filters):
+        grpc_log.addFilter(CallNoise())
     serving = health_servicer is None
     health_servicer = health_servicer or health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
