@@ -202,6 +202,23 @@ def test_every_invalid_field_is_named_at_once() -> None:
     assert "conntrack.min" in str(err.value) and "logging.format" in str(err.value)
 
 
+@pytest.mark.parametrize("master", ["not a url", "ftp://host", "https://", "https://h:99999",
+                                    "h:port", "https://h x"])
+def test_a_master_that_is_no_apiserver_address_is_refused(
+    master: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Refused at the start, naming the flag, not retried for ever as a host to list from."""
+    with pytest.raises(SystemExit):
+        flags(f"--master={master}")
+    assert "--master" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("master", ["https://10.0.0.1:6443", "http://[fd00::1]:8080/prefix",
+                                    "apiserver.example:6443", "10.0.0.1"])
+def test_an_apiserver_address_is_a_master(master: str) -> None:
+    assert flags(f"--master={master}") == {"master": master}
+
+
 def test_invalid_flags_are_refused_as_the_file_would_be() -> None:
     with pytest.raises(ConfigError, match="clusterCIDR: '10.0.0.0/33'"):
         effective_config(flags("--cluster-cidr=10.0.0.0/33"), None)
@@ -279,7 +296,7 @@ def test_every_kube_proxy_flag_is_accepted() -> None:
     samples = {"go_bool": "true", "go_duration": "1m30s", "int32": "3", "float32": "5",
                "string_list": "10.0.0.0/8", "ip_address": "10.0.0.1",
                "ip_port": "0.0.0.0:10256", "feature_gates": "X=true", "vmodule": "a=2",
-               "str": "x", "quantity": "64Ki"}
+               "str": "x", "quantity": "64Ki", "apiserver_url": "https://10.0.0.1:6443"}
     argv = []
     for f in FLAGS:
         argv.append(f"--{f.name}" if f.parse is None else

@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from svcproxy.agent.durations import parse_duration
 from svcproxy.agent.kubeproxy_config import ConfigError, decode_value
@@ -88,6 +89,23 @@ def ip_port(text: str) -> str:
     return text
 
 
+def apiserver_url(text: str) -> str:
+    """--master: http(s)://HOST[:PORT][/PATH] or HOST[:PORT], kept as given."""
+    text = text.strip()
+    if not text:
+        return text
+    url = urlsplit(text if "://" in text else f"//{text}")
+    try:
+        url.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        url = url._replace(netloc="")
+    if url.scheme not in ("", "http", "https") or not url.hostname or any(
+            c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an apiserver address: give https://HOST[:PORT] (or http://)")
+    return text
+
+
 def feature_gates(text: str) -> dict[str, bool]:
     """name=bool,name=bool."""
     gates = {}
@@ -138,7 +156,7 @@ FLAGS: tuple[Flag, ...] = (
        "(accepted; svcproxy has none of kube-proxy's gates to switch)", repeat=True),
     _f("kubeconfig", str, "clientConnection.kubeconfig", "kubeconfig of the apiserver "
        "(svcproxy's backend reads its node's state from the frontend instead)"),
-    _f("master", str, "", "apiserver address, overriding the kubeconfig's (local mode; "
+    _f("master", apiserver_url, "", "apiserver address, overriding the kubeconfig's (local mode; "
        "with a frontend address the frontend watches the apiserver and it is not used)"),
     _f("kube-api-content-type", str, "clientConnection.contentType", "apiserver content "
        "type (not used by the backend)"),
