@@ -35,7 +35,8 @@ class FrontendOptions:
     listen: str = "127.0.0.1:12090"
     manifests: Path | None = None
     kubeconfig: str | None = None
-    in_cluster: bool = False
+    # kube-proxy's --master: the apiserver's address, over the kubeconfig's server.
+    master: str = ""
     service_proxy_name: str = ""
     metrics_bind_address: str = "127.0.0.1:12091"
     tls: TLSFiles | None = None
@@ -74,9 +75,10 @@ def _start_source(opts: FrontendOptions, engine: Engine, listing: Listing | None
     else:
         from svcproxy.frontend.sources.apiserver_early import start_listing
 
-        listing = listing or start_listing(opts.kubeconfig)
+        listing = listing or start_listing(opts.kubeconfig, opts.master)
         listing.sink.connect(engine.submit_threadsafe)
-        log.info("watching the apiserver (%s)", opts.kubeconfig or "in-cluster config")
+        log.info("watching the apiserver (%s)",
+                 ", ".join(filter(None, (opts.master, opts.kubeconfig))) or "in-cluster config")
         return listing.source
     source.start()
     return source

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
-from svcproxy.frontend.sources.apiserver import ApiserverConfigError, ApiserverSource
+from svcproxy.frontend.sources.apiserver import (
+    ApiserverConfigError,
+    ApiserverSource,
+    load_api_client,
+)
 from svcproxy.frontend.sources.apiserver_backoff import Backoff, BackoffPolicy
 from svcproxy.frontend.sources.apiserver_resources import object_ref
 from svcproxy.frontend.sources.events import KINDS, Delete, Event, RawObject, Replace, Upsert
@@ -346,6 +350,68 @@ def test_no_kubeconfig_outside_a_pod_asks_for_one(monkeypatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
     with pytest.raises(ApiserverConfigError, match="--kubeconfig"):
         ApiserverSource(StoreSink())
+
+
+def _node_names(client: Any) -> list[str]:
+    import kubernetes.client
+
+    try:
+        nodes = kubernetes.client.CoreV1Api(client).list_node(_request_timeout=10)
+    finally:
+        client.close()
+    return [n.metadata.name for n in nodes.items]
+
+
+def test_master_replaces_the_kubeconfigs_server_its_credentials_kept(fake, tmp_path) -> None:
+    """kube-proxy's --master over a kubeconfig whose own server is dead: the stand-in is
+    reached at the master's address with the kubeconfig's token (it refuses any other)."""
+    fake.create("Node", node("node-a"))
+    dead = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1", TOKEN)
+    client = load_api_client(str(dead), fake.url + "/")
+    assert client.configuration.host == fake.url
+    assert _node_names(client) == ["node-a"]
+    wrong = write_kubeconfig(tmp_path / "wrong", "http://127.0.0.1:1", "not-" + TOKEN)
+    with pytest.raises(Exception, match="401"):
+        _node_names(load_api_client(str(wrong), fake.url))
+
+
+def test_master_keeps_the_current_clusters_tls_files_found_from_the_kubeconfig(
+        tmp_path) -> None:
+    """Only the current context's server is replaced, before the kubeconfig is read (as
+    clientcmd's override): its CA and the user's client certificate still come from the
+    kubeconfig (even where its own server is http), relative paths from its directory."""
+    for name in ("ca.crt", "c.pem", "k.pem"):
+        (tmp_path / name).write_text("stand-in\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "current-context": "b",
+        "clusters": [{"name": "a", "cluster": {"server": "https://a"}},
+                     {"name": "b", "cluster": {"server": "http://b",
+                                               "certificate-authority": "ca.crt"}}],
+        "contexts": [{"name": "b", "context": {"cluster": "b", "user": "u"}}],
+        "users": [{"name": "u", "user": {"client-certificate": "c.pem",
+                                         "client-key": "k.pem", "token": "t"}}]}))
+    client = load_api_client(str(kubeconfig), "https://master:6443")
+    config = client.configuration
+    client.close()
+    assert config.host == "https://master:6443"
+    assert (config.ssl_ca_cert, config.cert_file, config.key_file) == tuple(
+        str(tmp_path / name) for name in ("ca.crt", "c.pem", "k.pem"))
+    assert config.api_key == {"BearerToken": "Bearer t"}
+
+
+def test_master_alone_is_the_apiserver_without_credentials(monkeypatch) -> None:
+    """No kubeconfig: the master's address alone, not the pod's ServiceAccount."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api = FakeApiserver()
+    try:
+        api.create("Node", node("node-a"))
+        client = load_api_client(None, api.url)
+        assert client.configuration.api_key == {}
+        assert _node_names(client) == ["node-a"]
+    finally:
+        api.close()
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets() -> None:

@@ -163,28 +163,6 @@ def test_master_overrides_the_kubeconfigs_server_as_kube_proxy_does(
         fake.close()
 
 
-def test_master_replaces_only_the_current_clusters_server() -> None:
-    """Its credentials and CA kept, file references still found from the copy's place."""
-    from svcproxy.agent.local_frontend import with_server
-
-    config = {"current-context": "b",
-              "clusters": [{"name": "a", "cluster": {"server": "https://a"}},
-                           {"name": "b", "cluster": {"server": "https://b",
-                                                     "certificate-authority": "ca.crt"}}],
-              "contexts": [{"name": "b", "context": {"cluster": "b", "user": "u"}}],
-              "users": [{"name": "u", "user": {"client-key": "k.pem",
-                                               "tokenFile": "/abs/token"}}]}
-    out = with_server(config, Path("/etc/kp"), "https://master:6443")
-    assert [c["cluster"]["server"] for c in out["clusters"]] == ["https://a",
-                                                                 "https://master:6443"]
-    assert out["clusters"][1]["cluster"]["certificate-authority"] == "/etc/kp/ca.crt"
-    assert out["users"][0]["user"] == {"client-key": "/etc/kp/k.pem", "tokenFile": "/abs/token"}
-    assert config["clusters"][1]["cluster"]["server"] == "https://b"  # a copy
-    alone = with_server(None, Path("/"), "http://m:8080")
-    assert [c["cluster"] for c in alone["clusters"]] == [{"server": "http://m:8080"}]
-    assert alone["users"] == []
-
-
 def test_local_mode_lists_before_the_backend_is_set_up(tmp_path: Path) -> None:
     """As ``svcproxy frontend`` does: the apiserver's listing starts before the backend's
     set-up imports its modules (the node agent's last of them)."""

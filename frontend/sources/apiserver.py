@@ -1,8 +1,9 @@
 """The apiserver source: list and watch Services, EndpointSlices and Nodes into a sink.
 
-Uses the official ``kubernetes`` client with ``--kubeconfig`` or, without one, the
-in-cluster ServiceAccount. One daemon thread per kind runs a reflector (see
-:mod:`.apiserver_reflector`); ``synced`` is set once every kind has been listed.
+Uses the official ``kubernetes`` client with ``--kubeconfig`` (its server replaced by
+``--master`` when given), ``--master`` alone, or the in-cluster ServiceAccount. One daemon
+thread per kind runs a reflector (see :mod:`.apiserver_reflector`); ``synced`` is set once
+every kind has been listed.
 """
 
 from __future__ import annotations
@@ -25,33 +26,53 @@ class ApiserverConfigError(RuntimeError):
     """No usable apiserver configuration (bad --kubeconfig, or not in a pod)."""
 
 
-def load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
+def load_api_client(kubeconfig: str | None, master: str = "") -> kubernetes.client.ApiClient:
     """An ApiClient from a kubeconfig file, or from the pod's ServiceAccount when None.
 
+    ``master`` (kube-proxy's --master) is the apiserver's address: it replaces the
+    kubeconfig's server, its credentials kept (clientcmd's ClusterInfo.Server override);
+    without a kubeconfig it alone is the apiserver (no credentials, not in-cluster).
     urllib3's own retries are off: the reflectors retry with backoff and say so. Only the
     loader used is imported (the kubeconfig one brings requests-oauthlib and oauthlib).
     """
     configuration = kubernetes.client.Configuration()
     configuration.retries = 0
     if kubeconfig is not None:
-        from kubernetes.config.kube_config import new_client_from_config
-
         try:
-            return new_client_from_config(
-                config_file=kubeconfig, persist_config=False, client_configuration=configuration
-            )
+            _load_kubeconfig(kubeconfig, master, configuration)
         except (ConfigException, OSError, ValueError) as exc:
             raise ApiserverConfigError(f"cannot use --kubeconfig {kubeconfig}: {exc}") from exc
-    from kubernetes.config.incluster_config import load_incluster_config
+    elif not master:
+        from kubernetes.config.incluster_config import load_incluster_config
 
-    try:
-        load_incluster_config(client_configuration=configuration)
-    except ConfigException as exc:
-        raise ApiserverConfigError(
-            f"no --kubeconfig given and no in-cluster configuration ({exc}); "
-            "pass --kubeconfig PATH when running outside a pod"
-        ) from exc
+        try:
+            load_incluster_config(client_configuration=configuration)
+        except ConfigException as exc:
+            raise ApiserverConfigError(
+                f"no --kubeconfig given and no in-cluster configuration ({exc}); "
+                "pass --kubeconfig PATH when running outside a pod"
+            ) from exc
+    else:
+        configuration.host = master.rstrip("/")
     return kubernetes.client.ApiClient(configuration)
+
+
+def _load_kubeconfig(path: str, master: str,
+                     configuration: kubernetes.client.Configuration) -> None:
+    """``configuration`` from the kubeconfig(s) at ``path`` (its current context), the
+    current cluster's server replaced by ``master`` when given, before it is loaded: the
+    loader reads the TLS files of an https server only, and its token refresh sets the
+    server again on every request."""
+    from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
+
+    merged = KubeConfigMerger(path).config
+    if merged is None:
+        raise ConfigException("Invalid kube-config file. No configuration found.")
+    loader = KubeConfigLoader(merged, config_base_path=None)
+    if master:
+        cluster = merged["clusters"].get_with_name(loader.current_context["context"]["cluster"])
+        cluster["cluster"].value["server"] = master
+    loader.load_and_set(configuration)
 
 
 class ApiserverSource:
@@ -62,6 +83,7 @@ class ApiserverSource:
         sink: Sink,
         *,
         kubeconfig: str | None = None,
+        master: str = "",
         api_client: kubernetes.client.ApiClient | None = None,
         resync_backoff: BackoffPolicy | None = None,
         page_size: int = 500,
@@ -69,7 +91,7 @@ class ApiserverSource:
     ) -> None:
         self._owns_client = api_client is None
         self.api_client = (api_client if api_client is not None
-                           else load_api_client(kubeconfig))
+                           else load_api_client(kubeconfig, master))
         self.synced = threading.Event()
         options = ReflectorOptions(
             page_size=page_size,

@@ -48,11 +48,12 @@ class Listing:
     sink: HeldSink
 
 
-def start_listing(kubeconfig: str | None) -> Listing:
-    """The apiserver source, started; raises ApiserverConfigError."""
+def start_listing(kubeconfig: str | None, master: str = "") -> Listing:
+    """The apiserver source (see ``load_api_client``), started; raises
+    ApiserverConfigError."""
     from svcproxy.frontend.sources.apiserver import ApiserverSource
 
     sink = HeldSink()
-    source = ApiserverSource(sink, kubeconfig=kubeconfig)
+    source = ApiserverSource(sink, kubeconfig=kubeconfig, master=master)
     source.start()
     return Listing(source, sink)
