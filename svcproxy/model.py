@@ -228,8 +228,11 @@ def of_family(addresses: Iterable[str], family: int) -> list[str]:
 
 
 def normalize_ip(text: str) -> str | None:
-    """Canonical form of an IP, accepting leading zeros as Kubernetes does; None if invalid."""
+    """Canonical form of an IP, accepting leading zeros as Kubernetes does; None if invalid
+    (a zone index too, which Python's ipaddress reads and Kubernetes does not)."""
     text = text.strip()
+    if "%" in text:
+        return None
     if ":" not in text and text.count(".") == 3:
         parts = text.split(".")
         if all(p.isdigit() for p in parts):

@@ -73,6 +73,11 @@ REFUSED_SERVICES = [
     ("spec.clusterIPs", ["fe80::1"], "forbidden_ip"),
     ("spec.clusterIPs", ["ff02::1"], "forbidden_ip"),
     ("spec.clusterIPs", ["::ffff:10.96.0.10"], "invalid_ip"),
+    # a zone index (Python's ipaddress reads one, Go's parser and so Kubernetes do not)
+    ("spec.clusterIPs", ["fd00::10%eth0"], "invalid_ip"),
+    ("spec.externalIPs", ["2001:db8::7%1"], "invalid_ip"),
+    ("spec.loadBalancerSourceRanges", ["fd00::%eth0/64"], "invalid_ip"),
+    ("status.loadBalancer.ingress", [{"ip": "2001:db8::100%lo"}], "invalid_ip"),
     ("spec.clusterIPs", ["10.96.0.10", "10.96.0.11"], "ip_family"),
     ("spec.clusterIPs", ["10.96.0.10", "fd00::1", "fd00::2"], "too_many"),
     ("spec.clusterIPs", ["10.96.0.11"], "invalid_value"),  # differs from clusterIP
@@ -130,6 +135,7 @@ REFUSED_SLICES = [
     ("endpoints.0.addresses", ["0.0.0.0"], "forbidden_ip"),
     ("endpoints.0.addresses", ["224.0.0.5"], "forbidden_ip"),
     ("endpoints.0.addresses", ["10.0.0.1; drop"], "invalid_ip"),
+    ("endpoints.0.addresses", ["fd00::5%eth0"], "invalid_ip"),
     ("endpoints.0.addresses", [], "malformed"),
     ("endpoints.0.addresses", ["10.0.0.1"] * 101, "too_many"),
     ("endpoints.0.conditions.ready", "no", "malformed"),
@@ -164,6 +170,7 @@ def test_slices_kubernetes_refuses_are_refused(path: str, value: Any, reason: st
 @pytest.mark.parametrize("path,value,reason", [
     ("metadata.name", "Node_1", "invalid_name"),
     ("spec.podCIDRs", ["10.0.0.0/33"], "invalid_ip"),
+    ("spec.podCIDRs", ["fd00::%1/64"], "invalid_ip"),
     ("spec.podCIDRs", ["10.0.0.0/24", "fd00::/64", "10.1.0.0/24"], "too_many"),
     ("spec.taints", [{"key": "a b", "effect": "NoSchedule"}], "invalid_name"),
     ("status.addresses", [{"type": "Mystery", "address": "192.168.0.1"}], "invalid_value"),
@@ -192,6 +199,17 @@ def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str
 def test_valid_objects_are_accepted(obj: dict[str, Any]) -> None:
     verdict = validate(obj["kind"], obj)
     assert verdict.ok, verdict.summary()
+
+
+def test_a_zone_indexed_ip_is_refused_in_an_ipv6_slice_and_ignored_as_a_node_address() -> None:
+    verdict = validate_endpoint_slice(endpoint_slice(ips=("fd00::5%eth0",), family="IPv6"))
+    assert not verdict.ok and verdict.errors[0].reason == "invalid_ip", verdict.summary()
+    obj = set_path(node(), "status.addresses", [
+        {"type": "InternalIP", "address": "fd00::1%eth0"},
+        {"type": "InternalIP", "address": "192.168.0.10"}])
+    verdict = validate_node(obj)
+    assert verdict.ok and "ignored" in str(verdict.warnings[0]), verdict.warnings
+    assert parse_node(obj).addresses == ("192.168.0.10",)
 
 
 def test_bad_trigger_time_is_a_warning_not_a_refusal() -> None:

@@ -372,10 +372,13 @@ def _ipv4(text: str) -> int | None:
 
 
 def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """An IP as Kubernetes parses it (IPv4 octets may have leading zeros); None if invalid."""
+    """An IP as Kubernetes parses it (IPv4 octets may have leading zeros, IPv6 has no zone
+    index, which Python's ipaddress would read); None if invalid."""
     if ":" not in text:
         v4 = _ipv4(text)
         return None if v4 is None else ipaddress.IPv4Address(v4)
+    if "%" in text:
+        return None
     try:
         return ipaddress.ip_address(text)
     except ValueError:
