@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.gctuning import paused_until
 from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
@@ -167,10 +168,19 @@ async def run_frontend(opts: FrontendOptions, listing: Listing | None = None) ->
     except (ApiserverConfigError, FileNotFoundError, OSError, ValueError) as err:
         log.error("cannot start the frontend: %s", err)
         return 1
+    resume = asyncio.create_task(_resume_collector_when(frontend.engine.synced))
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    resume.cancel()
     await frontend.stop()
     return 0
+
+
+async def _resume_collector_when(synced: asyncio.Event) -> None:
+    """End the collector's pause from the process start (``svcproxy.cli.main``) once the
+    cluster's state is loaded (and frozen out of the collector)."""
+    await synced.wait()
+    resume_collector_after_start()

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from svcproxy.agent.collector import pause_collector_for_start
+
 if TYPE_CHECKING:
     from svcproxy.frontend.main import FrontendOptions
     from svcproxy.frontend.serving.access.auth import AuthConfig
@@ -359,6 +361,8 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["frontend"], ["backend"]):
+        pause_collector_for_start()  # before their imports: all they load at start lives on
     if argv[:1] == ["backend"]:
         from svcproxy.agent import kubeproxy_cli
 
