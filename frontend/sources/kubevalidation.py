@@ -586,8 +586,9 @@ def _cidrs(c: _Checker, value: Any, where: str, allow_commas: bool = False) -> N
             continue
         addr, slash, length = part.partition("/")
         ip = parse_ip(addr)
+        bits = length.lstrip("0")  # leading zeros are allowed, a 5,000-digit int() raises
         ok = ip is not None and slash and length.isdigit() and length.isascii() and \
-            int(length) <= (32 if ip.version == 4 else 128)
+            len(bits) <= 3 and int(bits or "0") <= (32 if ip.version == 4 else 128)
         if text and not ok:
             c.err(where, "invalid_ip", f"{_shown(part)} is not a CIDR")
 
