@@ -244,13 +244,18 @@ def normalize_ip(text: str) -> str | None:
 
 
 def normalize_cidr(text: str) -> str | None:
-    """Canonical form of a CIDR (spaces removed, host bits cleared); None if invalid."""
-    text = "".join(text.split())
-    addr, _, length = text.partition("/")
+    """Canonical form of a CIDR (host bits cleared); None if invalid. Read as Kubernetes
+    reads one (netutils.ParseCIDRSloppy): ADDRESS/LENGTH, IPv4 octets may have leading
+    zeros, the length is decimal (no netmask), no whitespace inside; whitespace around it
+    is dropped, as around a list item (the apiserver allows it in loadBalancerSourceRanges)."""
+    addr, slash, length = text.strip().partition("/")
+    if not slash or not (length.isascii() and length.isdigit()) or any(
+            c.isspace() for c in addr):
+        return None
     ip = normalize_ip(addr)
     if ip is None:
         return None
     try:
-        return str(ipaddress.ip_network(f"{ip}/{length}" if length else ip, strict=False))
+        return str(ipaddress.ip_network(f"{ip}/{length}", strict=False))
     except ValueError:
         return None

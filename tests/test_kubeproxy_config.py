@@ -195,6 +195,44 @@ def test_what_kube_proxy_validates_and_accepts_is_accepted(patch: str) -> None:
     load_config(base + patch)
 
 
+# Every CIDR field ({} the CIDR, a YAML single-quoted string) and the backend flag it sets.
+CIDR_FIELDS = {"nodePortAddresses: ['{}']\n": "node_port_addresses",
+               "clusterCIDR: '{}'\n": "cluster_cidr",
+               "mode: ipvs\nipvs: {{excludeCIDRs: ['{}']}}\n": "ipvs_exclude_cidrs"}
+BASE = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+
+
+@pytest.mark.parametrize("field", CIDR_FIELDS)
+@pytest.mark.parametrize("cidr", ["10.0.0.0 /8", "10.0.0.0/ 8", "10.0.0.0\t/8", "fd00:: /64",
+                                  "10.0. 0.0/8", "10.0.0.0/255.0.0.0", "10.0.0.1"])
+def test_a_cidr_with_whitespace_inside_a_netmask_or_no_length_is_refused(
+        field: str, cidr: str) -> None:
+    """As kube-proxy's netutils.ParseCIDRSloppy refuses them; the node agent's flags
+    read CIDRs with the same function (svcproxy.model.normalize_cidr)."""
+    from svcproxy.agent.cli import cidr_list
+
+    with pytest.raises(ConfigError, match="is not a valid CIDR"):
+        load_config(BASE + field.format(cidr))
+    with pytest.raises(argparse.ArgumentTypeError):
+        cidr_list(cidr)
+
+
+@pytest.mark.parametrize("field", CIDR_FIELDS)
+def test_a_cidr_is_read_as_kube_proxy_reads_it(field: str) -> None:
+    """IPv4 octets with leading zeros (ParseCIDRSloppy) are accepted and passed on
+    canonical; whitespace around a CIDR is dropped, as around a list item."""
+    from svcproxy.agent.cli import add_agent_arguments
+    from svcproxy.backends.ipvs import cli as ipvs_cli
+
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    ipvs_cli.add_arguments(parser)
+    for cidr in ("010.001.0.0/016", " 10.1.0.0/16 "):
+        ns = backend_namespace(load_config(BASE + field.format(cidr)), "ipvs", parser,
+                               ["--node-ip", "192.0.2.1"])
+        assert getattr(ns, CIDR_FIELDS[field]) == ("10.1.0.0/16",)
+
+
 def test_every_invalid_field_is_named_at_once() -> None:
     base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
     with pytest.raises(ConfigError) as err:

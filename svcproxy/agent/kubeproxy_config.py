@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from svcproxy.agent.durations import parse_duration
+from svcproxy.model import ip_family, normalize_cidr
 
 GROUP = "kubeproxy.config.k8s.io"
 API_VERSION = f"{GROUP}/v1alpha1"
@@ -410,19 +411,9 @@ def _nonnegative(value: int, path: str) -> list[str]:
     return [f"{path}: {value} must be greater than or equal to 0"] if value < 0 else []
 
 
-def _is_cidr(text: str) -> bool:
-    if "/" not in text:
-        return False
-    try:
-        ipaddress.ip_network(text.strip(), strict=False)
-    except ValueError:
-        return False
-    return True
-
-
 def _cidr_errors(items: list[str], path: str) -> list[str]:
     return [f"{path}[{i}]: {item!r} is not a valid CIDR" for i, item in enumerate(items)
-            if not _is_cidr(item)]
+            if normalize_cidr(item) is None]
 
 
 def _node_port_errors(items: list[str]) -> list[str]:
@@ -450,12 +441,12 @@ def _detect_local_errors(config: Mapping[str, Any]) -> list[str]:
     text = config["clusterCIDR"]
     if mode not in ("", "ClusterCIDR") or not text:
         return []
-    cidrs = [c.strip() for c in text.split(",")]
-    bad = [c for c in cidrs if not _is_cidr(c)]
+    parts = [c.strip() for c in text.split(",")]
+    bad = [c for c in parts if normalize_cidr(c) is None]
     if bad:
         return [f"clusterCIDR: {bad[0]!r} is not a valid CIDR (e.g. 10.244.0.0/16)"]
-    families = {ipaddress.ip_network(c, strict=False).version for c in cidrs}
-    if len(cidrs) > 2 or (len(cidrs) == 2 and len(families) != 2):
+    families = {ip_family(c) for c in parts}
+    if len(parts) > 2 or (len(parts) == 2 and len(families) != 2):
         return [f"clusterCIDR: {text!r} must be one CIDR or a dual-stack pair "
                 "(e.g. 10.244.0.0/16,fd00:10:244::/56)"]
     return []
