@@ -168,6 +168,22 @@ def test_slices_kubernetes_refuses_are_refused(path: str, value: Any, reason: st
     assert verdict.errors[0].reason == reason, verdict.summary()
 
 
+@pytest.mark.parametrize("address", [
+    "db", "db.", "x" * 64 + ".example.com", ".".join(["x" * 60] * 5), "db..example.com",
+    "db.example.com..", "Db.example.com", "", 5])
+def test_fqdn_addresses_kubernetes_refuses_are_refused(address: Any) -> None:
+    verdict = validate_endpoint_slice(endpoint_slice(family="FQDN", ips=(address,)))
+    assert not verdict.ok and verdict.errors[0].reason in ("invalid_name", "malformed"), \
+        verdict.summary()
+
+
+@pytest.mark.parametrize("name", [".", "", "db..example.com", "db.example.com..", "Db"])
+def test_external_names_kubernetes_refuses_are_refused(name: str) -> None:
+    obj = {**service(), "spec": {"type": "ExternalName", "externalName": name}}
+    verdict = validate_service(obj)
+    assert not verdict.ok and verdict.errors[0].field == "spec.externalName", verdict.summary()
+
+
 @pytest.mark.parametrize("path,value,reason", [
     ("metadata.name", "Node_1", "invalid_name"),
     ("spec.podCIDRs", ["10.0.0.0/33"], "invalid_ip"),
@@ -196,6 +212,9 @@ def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str
     service(ports=[{"port": 53, "protocol": "UDP", "targetPort": "dns-udp"}]),
     endpoint_slice(), endpoint_slice(ips=("fd00::1",), family="IPv6"),
     endpoint_slice(family="FQDN", endpoints=[{"addresses": ["db.example.com"]}]),
+    # a trailing dot marks a name fully qualified (IsFullyQualifiedDomainName, and a CNAME)
+    endpoint_slice(family="FQDN", endpoints=[{"addresses": ["db.example.com."]}]),
+    {**service(), "spec": {"type": "ExternalName", "externalName": "db.example.com."}},
     endpoint_slice(endpoints=[{"addresses": ["10.0.0.1"]}] * 1000),
     node(),
 ], ids=lambda o: f"{o['kind']}-{len(str(o))}")

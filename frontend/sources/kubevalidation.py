@@ -393,6 +393,17 @@ def is_qualified_name(text: str) -> bool:
     return 0 < len(name) <= 63 and _QUALIFIED.fullmatch(name) is not None
 
 
+def is_fqdn(value: Any) -> bool:
+    """IsFullyQualifiedDomainName: a DNS-1123 subdomain of two labels or more (each at
+    most 63 characters), at most 253 characters once a trailing dot is dropped."""
+    if not isinstance(value, str):
+        return False
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and "." in name and \
+        DNS1123_SUBDOMAIN.fullmatch(name) is not None and \
+        all(len(label) <= 63 for label in name.split("."))
+
+
 def is_port_name(text: str) -> bool:
     """IANA_SVC_NAME: 1-15 of [-a-z0-9], a letter, no leading/trailing or double '-'."""
     return (0 < len(text) <= 15 and IANA_SVC_NAME.fullmatch(text) is not None
@@ -482,7 +493,10 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
                                      "spec.loadBalancerSourceRanges")):
         _cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
     if stype == "ExternalName":
-        c.subdomain(spec.get("externalName"), "spec.externalName")
+        name = spec.get("externalName")
+        if isinstance(name, str) and name.endswith("."):
+            name = name[:-1]  # a CNAME: a trailing dot marks it fully qualified
+        c.subdomain(name, "spec.externalName")
     _lb_status(c, obj.get("status"))
     return c.v
 
@@ -737,10 +751,10 @@ def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) ->
     for j, address in enumerate(addresses):
         if address_type in ("IPv4", "IPv6"):
             c.ip(address, f"{where}.addresses[{j}]", "endpoint", int(address_type[-1]))
-        elif address_type == "FQDN" and (not isinstance(address, str)
-                                         or not DNS1123_SUBDOMAIN.fullmatch(address)):
+        elif address_type == "FQDN" and not is_fqdn(address):
             c.err(f"{where}.addresses[{j}]", "invalid_name", f"{_shown(address)} is not a "
-                  "fully qualified domain name")
+                  "fully qualified domain name (two or more DNS-1123 labels, at most 253 "
+                  "characters, a trailing dot allowed)")
     cond = c.mapping(ep.get("conditions"), f"{where}.conditions")
     for key in ("ready", "serving", "terminating"):
         c.boolean(cond.get(key), f"{where}.conditions.{key}")
