@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
@@ -79,19 +81,35 @@ class Output:
             pump.join(10)
 
 
-def _stop(proc: subprocess.Popen[str], out: Output) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within STOP; its output drained."""
-    stop(proc, STOP)
-    out.join()
+@contextmanager
+def running(argv: list[str], **popen: Any) -> Iterator[Output]:
+    """``argv`` started (without a frontend address or in-cluster settings in its
+    environment) and its output followed; on leaving, stopped (SIGTERM, then SIGKILL if it
+    has not exited within STOP), its output drained, and unless the block failed, checked
+    to have exited 0."""
+    proc = subprocess.Popen(argv, env=_local_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
+    out = Output(proc)
+    try:
+        yield out
+    finally:
+        stop(proc, STOP)
+        out.join()
+    assert proc.returncode == 0, "".join(out.stderr)
 
 
-def _web_cluster(token: str) -> FakeApiserver:
-    """A stand-in apiserver holding service web (endpoint 10.0.0.1) and node-a."""
+@contextmanager
+def web_cluster(token: str | None) -> Iterator[FakeApiserver]:
+    """A stand-in apiserver holding service web (endpoint 10.0.0.1) and node-a, closed on
+    leaving (``token``: the one it accepts, None: it asks for none)."""
     fake = FakeApiserver(token=token)
-    fake.create("Service", service("web"))
-    fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
-    fake.create("Node", node("node-a"))
-    return fake
+    try:
+        fake.create("Service", service("web"))
+        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
+        fake.create("Node", node("node-a"))
+        yield fake
+    finally:
+        fake.close()
 
 
 def _dump_config(path: Path, kubeconfig: Path) -> Path:
@@ -109,26 +127,16 @@ def _local_env() -> dict[str, str]:
 
 
 def test_local_mode_follows_the_apiserver_without_a_frontend(tmp_path: Path) -> None:
-    fake = _web_cluster("s3cret")
-    try:
+    with web_cluster("s3cret") as fake:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.conf", fake.url, "s3cret")
         conf = _dump_config(tmp_path / "config.conf", kubeconfig)
-        env = _local_env()
-        proc = subprocess.Popen([*SVCPROXY, "backend", f"--config={conf}",
-                                 "--hostname-override=node-a"], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out = Output(proc)
-        try:
+        with running([*SVCPROXY, "backend", f"--config={conf}",
+                      "--hostname-override=node-a"]) as out:
             out.next_with("10.0.0.1", COLD_START)
             fake.update("EndpointSlice", endpoint_slice("web-abc", "web",
                                                         ["10.0.0.1", "10.0.0.7"]))
             out.next_with("10.0.0.7", CHANGE)
-        finally:
-            _stop(proc, out)
-        assert proc.returncode == 0, "".join(out.stderr)
         assert "Local mode" in "".join(out.stderr)
-    finally:
-        fake.close()
 
 
 @pytest.mark.parametrize("with_kubeconfig", [True, False])
@@ -136,58 +144,33 @@ def test_master_overrides_the_kubeconfigs_server_as_kube_proxy_does(
         tmp_path: Path, with_kubeconfig: bool) -> None:
     """kube-proxy's --master: the kubeconfig's server replaced (its credentials kept), or
     with no kubeconfig the apiserver reached at that address alone (no in-cluster)."""
-    token = "s3cret" if with_kubeconfig else None
-    fake = _web_cluster(token) if token else FakeApiserver()
-    if not token:
-        fake.create("Service", service("web"))
-        fake.create("EndpointSlice", endpoint_slice("web-abc", "web", ["10.0.0.1"]))
-        fake.create("Node", node("node-a"))
-    try:
+    with web_cluster("s3cret" if with_kubeconfig else None) as fake:
         argv = [*SVCPROXY, "backend", "--proxy-mode=dump", "--hostname-override=node-a",
                 "--healthz-bind-address=127.0.0.1:0", "--metrics-bind-address=127.0.0.1:0",
                 f"--master={fake.url}"]
         if with_kubeconfig:  # the kubeconfig's own server is dead
             dead = write_kubeconfig(tmp_path / "kubeconfig.conf", "http://127.0.0.1:1", "s3cret")
             argv.append(f"--kubeconfig={dead}")
-        proc = subprocess.Popen(argv, env=_local_env(), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out = Output(proc)
-        try:
+        with running(argv) as out:
             out.next_with("10.0.0.1", COLD_START)
-        finally:
-            _stop(proc, out)
         stderr = "".join(out.stderr)
-        assert proc.returncode == 0, stderr
         assert "Local mode" in stderr and "--master" not in stderr.replace(fake.url, "")
-    finally:
-        fake.close()
 
 
 def test_local_mode_lists_before_the_backend_is_set_up(tmp_path: Path) -> None:
     """As ``svcproxy frontend`` does: the apiserver's listing starts before the backend's
     set-up imports its modules (the node agent's last of them)."""
-    fake = _web_cluster("t")
-    try:
+    with web_cluster("t") as fake:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.conf", fake.url, "t")
         conf = _dump_config(tmp_path / "config.conf", kubeconfig)
-        env = _local_env()
-        proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "svcproxy.cli",
-                                 "backend", f"--config={conf}", "--hostname-override=node-a",
-                                 "-v=4"], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out = Output(proc)
-        try:
+        with running([sys.executable, "-X", "importtime", "-m", "svcproxy.cli", "backend",
+                      f"--config={conf}", "--hostname-override=node-a", "-v=4"]) as out:
             out.next_with("10.0.0.1", COLD_START)
-        finally:
-            _stop(proc, out)
-        lines = "".join(out.stderr).splitlines()
-        connect = next(i for i, line in enumerate(lines)
-                       if "Starting new HTTP connection" in line)
-        agent = next(i for i, line in enumerate(lines) if line.startswith("import time:")
-                     and line.endswith(" svcproxy.agent.node_agent"))
-        assert connect < agent, "the backend's modules were imported before the listing began"
-    finally:
-        fake.close()
+    lines = "".join(out.stderr).splitlines()
+    connect = next(i for i, line in enumerate(lines) if "Starting new HTTP connection" in line)
+    agent = next(i for i, line in enumerate(lines) if line.startswith("import time:")
+                 and line.endswith(" svcproxy.agent.node_agent"))
+    assert connect < agent, "the backend's modules were imported before the listing began"
 
 
 def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) -> None:
@@ -261,21 +244,17 @@ def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
     without its ``__init__``), and still lists, watches and serves a node's state."""
     from tests.churn import get_node_state
 
-    fake = _web_cluster("t")
     modules = tmp_path / "modules.json"
-    try:
+    with web_cluster("t") as fake:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake.url, "t")
         target = f"unix://{tmp_path / 'api.sock'}"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", FRONTEND_PROCESS, str(modules), "frontend",
-             f"--kubeconfig={kubeconfig}", f"--listen={target}", "--metrics-bind-address="],
-            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=Path(__file__).resolve().parents[1])
-        out = Output(proc)
-        try:
+        with running([sys.executable, "-c", FRONTEND_PROCESS, str(modules), "frontend",
+                      f"--kubeconfig={kubeconfig}", f"--listen={target}",
+                      "--metrics-bind-address="], cwd=Path(__file__).resolve().parents[1]) as out:
             deadline = time.monotonic() + COLD_START
             while not any("frontend synced" in line for line in out.stderr):
-                assert proc.poll() is None and time.monotonic() < deadline, "".join(out.stderr)
+                assert out.proc.poll() is None and time.monotonic() < deadline, \
+                    "".join(out.stderr)
                 time.sleep(0.05)
             endpoints = [ep for rec in get_node_state(target, "node-a").values()
                          for ep in rec.endpoints]
@@ -285,15 +264,10 @@ def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
             while "10.0.0.7" not in str(get_node_state(target, "node-a")):
                 assert time.monotonic() < deadline, "the watched change was not served"
                 time.sleep(0.05)
-        finally:
-            _stop(proc, out)
-        assert proc.returncode == 0, "".join(out.stderr)
-        assert "10.0.0.1" in str(endpoints)
-        loaded = set(json.loads(modules.read_text()))
-        assert {"kubernetes.client", "kubernetes.config", "kubernetes.watch"} <= loaded
-        assert not loaded & KUBERNETES_UNUSED, f"imported: {sorted(loaded & KUBERNETES_UNUSED)}"
-    finally:
-        fake.close()
+    assert "10.0.0.1" in str(endpoints)
+    loaded = set(json.loads(modules.read_text()))
+    assert {"kubernetes.client", "kubernetes.config", "kubernetes.watch"} <= loaded
+    assert not loaded & KUBERNETES_UNUSED, f"imported: {sorted(loaded & KUBERNETES_UNUSED)}"
 
 
 def test_backend_version_is_read_only_when_asked_for() -> None:
