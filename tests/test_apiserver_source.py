@@ -400,6 +400,20 @@ def test_master_keeps_the_current_clusters_tls_files_found_from_the_kubeconfig(
     assert config.api_key == {"BearerToken": "Bearer t"}
 
 
+def test_master_over_a_kubeconfig_without_a_current_context_is_alone(fake, tmp_path) -> None:
+    """No current context to override: clientcmd then uses the master alone (no
+    credentials): the stand-in (which wants a token) is reached and refuses."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "clusters": [{"name": "a", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": TOKEN}}]}))
+    client = load_api_client(str(kubeconfig), fake.url)
+    assert client.configuration.host == fake.url
+    assert client.configuration.api_key == {}
+    with pytest.raises(Exception, match="401"):
+        _node_names(client)
+
+
 def test_master_alone_is_the_apiserver_without_credentials(monkeypatch) -> None:
     """No kubeconfig: the master's address alone, not the pod's ServiceAccount."""
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")

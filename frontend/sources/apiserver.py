@@ -62,12 +62,16 @@ def _load_kubeconfig(path: str, master: str,
     """``configuration`` from the kubeconfig(s) at ``path`` (its current context), the
     current cluster's server replaced by ``master`` when given, before it is loaded: the
     loader reads the TLS files of an https server only, and its token refresh sets the
-    server again on every request."""
+    server again on every request. With no current context, as clientcmd: ``master``
+    alone, without credentials."""
     from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
     merged = KubeConfigMerger(path).config
     if merged is None:
         raise ConfigException("Invalid kube-config file. No configuration found.")
+    if master and not merged.safe_get("current-context"):
+        configuration.host = master.rstrip("/")
+        return
     loader = KubeConfigLoader(merged, config_base_path=None)
     if master:
         cluster = merged["clusters"].get_with_name(loader.current_context["context"]["cluster"])
