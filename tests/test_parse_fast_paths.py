@@ -207,6 +207,7 @@ def test_a_listed_slice_of_the_common_shape_takes_the_typed_path() -> None:
 @example(dict(TYPED_SLICE, addressType="IPv6"), ObjectLimits())
 @example(dict(TYPED_SLICE, ports=[{"name": "a"}, {"name": "a", "port": 1}]), ObjectLimits())
 @example(dict(TYPED_SLICE, ports=[{"port": 1}, {"port": 2}]), ObjectLimits())
+@example(dict(TYPED_SLICE, ports=[{"port": 1, "appProtocol": "a b"}]), ObjectLimits())
 def test_a_typed_slice_is_what_the_general_path_makes(obj: Any, limits: ObjectLimits) -> None:
     try:
         data = json.dumps(obj).encode()
@@ -223,7 +224,9 @@ META = st.fixed_dictionaries({
 PORTS = st.lists(st.fixed_dictionaries({}, optional={
     "name": st.one_of(st.none(), TEXTS),
     "protocol": st.sampled_from([None, "", "TCP", "UDP", "SCTP", "tcp", "HTTP"]),
-    "port": st.sampled_from([None, 0, 1, 80, 65535, 65536, -1])}), max_size=2)
+    "port": st.sampled_from([None, 0, 1, 80, 65535, 65536, -1]),
+    "appProtocol": st.sampled_from([None, "http", "kubernetes.io/ws", "", "a b"])}),
+    max_size=2)
 ENDPOINTS = st.lists(st.fixed_dictionaries({"addresses": ADDRESSES, "conditions": CONDITIONS},
                                            optional={"nodeName": st.one_of(st.none(), TEXTS),
                                                      "zone": st.one_of(st.none(), TEXTS),
@@ -386,6 +389,8 @@ def _mostly(valid: list[Any], hostile: st.SearchStrategy[Any]) -> st.SearchStrat
     return st.integers(0, 7).flatmap(lambda n: st.sampled_from(valid) if n else hostile)
 
 
+APP_PROTOCOLS = _mostly([None, "http", "kubernetes.io/h2c"], st.one_of(st.sampled_from(
+    ["", "a b", "a/b/c", "x" * 64, "/http", "HTTP_2"]), TEXTS))
 PORT_NAMES = _mostly(["a", "b", "http", "dns-tcp"], st.one_of(st.none(), TEXTS))
 TARGETS = _mostly([8080, "http", 0, ""], st.one_of(st.sampled_from(
     [65535, 65536, -1, "HTTP", "a--b", "-a", "1234", "x" * 16, True]), TEXTS))
@@ -393,7 +398,7 @@ SERVICE_PORTS = st.lists(st.fixed_dictionaries({"name": PORT_NAMES, "port": _mos
     [80, 53, 443], st.sampled_from([None, 0, 65535, 65536, -1, True]))}, optional={
     "protocol": _mostly([None, "TCP", "UDP"], st.sampled_from(["", "SCTP", "tcp", "HTTP"])),
     "targetPort": TARGETS, "nodePort": _mostly([None, 0], st.sampled_from(
-        [30080, 30053, 65536, -1]))}), min_size=1, max_size=3)
+        [30080, 30053, 65536, -1])), "appProtocol": APP_PROTOCOLS}), min_size=1, max_size=3)
 IPS = _mostly(["10.96.0.1", "None", ""], st.one_of(st.sampled_from(
     ["224.1.2.3", "239.0.0.1", "240.0.0.1", "255.255.255.255", "255.255.255.254", "fd00::1",
      "10.0.0.01", "127.0.0.1", "0.0.0.0", "169.254.1.1", "224.0.0.1"]), IPV4ISH))
@@ -417,7 +422,11 @@ SPECS = st.tuples(CLUSTER_IPS, AFFINITIES, st.fixed_dictionaries({
     "trafficDistribution": _mostly([None, "PreferClose"], st.sampled_from(
         ["", "PreferSameNode", "Far"])),
     "healthCheckNodePort": _mostly([None, 0, 31000], st.sampled_from([65535, 65536, -1])),
-    "loadBalancerSourceRanges": _mostly([[]], st.just(["10.0.0.0/8"]))})).map(
+    "loadBalancerSourceRanges": _mostly([[]], st.just(["10.0.0.0/8"])),
+    "ipFamilies": _mostly([None, [], ["IPv4"]], st.lists(st.sampled_from(
+        ["IPv4", "IPv6", "ipv4", ""]), max_size=3)),
+    "ipFamilyPolicy": _mostly([None, "SingleStack", "PreferDualStack", "RequireDualStack"],
+                              st.sampled_from(["", "DualStack"]))})).map(
         lambda parts: {**parts[0], **parts[1], **parts[2]})
 STATUSES = st.fixed_dictionaries({"loadBalancer": st.fixed_dictionaries({}, optional={
     "ingress": st.lists(st.fixed_dictionaries({}, optional={
@@ -470,6 +479,11 @@ def test_typed_service_metadata_is_checked_as_the_general_path_checks_it(
 @example({"clusterIP": "None", "type": "NodePort", "ports": [{"port": 1}]}, {})
 @example({"clusterIP": "10.0.0.1", "ports": [{"port": 1}], "sessionAffinity": "ClientIP",
           "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86401}}}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1, "appProtocol": "a b"}]}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1}], "ipFamilies": ["IPv6"]}, {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1}], "ipFamilies": ["IPv4", "IPv4"]},
+         {})
+@example({"clusterIP": "10.0.0.1", "ports": [{"port": 1}], "ipFamilyPolicy": "DualStack"}, {})
 def test_typed_service_specs_are_checked_as_the_general_path_checks_them(
         spec: dict[str, Any], status: dict[str, Any]) -> None:
     obj = {"metadata": {"name": "web"}, "spec": spec, "status": status}

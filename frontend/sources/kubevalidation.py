@@ -34,6 +34,8 @@ AFFINITIES = ("None", "ClientIP")
 TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
 ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
 IP_MODES = ("VIP", "Proxy")
+IP_FAMILIES = ("IPv4", "IPv6")
+IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
 NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -525,6 +527,7 @@ def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
             c.err("spec.clusterIPs", "invalid_value", "'None' must be the only value")
         if stype in ("NodePort", "LoadBalancer"):
             c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
+        _ip_families(c, spec, [])
         return True
     families = [c.ip(ip, f"spec.clusterIPs[{i}]", "cluster") if ip != single
                 else single_family for i, ip in enumerate(ips)]
@@ -533,7 +536,28 @@ def _cluster_ips(c: _Checker, spec: dict[str, Any], stype: str) -> bool:
     if single and ips and ips[0] != single:
         c.err("spec.clusterIPs[0]", "invalid_value", f"{_shown(ips[0])} must be the same as "
               f"spec.clusterIP {_shown(single)}")
+    if stype != "ExternalName":
+        _ip_families(c, spec, families or [single_family])
     return False
+
+
+def _ip_families(c: _Checker, spec: dict[str, Any], families: list[int]) -> None:
+    """ipFamilies (IPv4, IPv6, no repeat), each the family of the cluster IP at its index
+    in ``families`` (0: none to match), and ipFamilyPolicy (svcproxy reads neither: a
+    cluster IP's family is its own)."""
+    seen: set[str] = set()
+    for i, name in enumerate(c.items(spec.get("ipFamilies"), "spec.ipFamilies")):
+        where = f"spec.ipFamilies[{i}]"
+        if name not in IP_FAMILIES:
+            c.err(where, "invalid_value", f"{_shown(name)} is not one of IPv4, IPv6")
+            continue
+        if name in seen:
+            c.err(where, "duplicate", f"{name} is listed twice")
+        elif i < len(families) and families[i] and f"IPv{families[i]}" != name:
+            c.err(f"spec.clusterIPs[{i}]", "ip_family", f"is not an {name} address as "
+                  f"spec.ipFamilies[{i}] says")
+        seen.add(name)
+    c.enum(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy", IP_FAMILY_POLICIES)
 
 
 def _service_ports(c: _Checker, spec: dict[str, Any], stype: str, headless: bool) -> None:
@@ -560,12 +584,36 @@ def _service_ports(c: _Checker, spec: dict[str, Any], stype: str, headless: bool
             c.err(where, "duplicate", f"port {port}/{proto} is used by another port")
         seen.add((port, proto))
         _target_port(c, p.get("targetPort"), f"{where}.targetPort")
+        if "appProtocol" in p:
+            _app_protocol(c, p["appProtocol"], f"{where}.appProtocol")
         node_port = c.port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True)
         if node_port and stype == "ClusterIP":
             c.err(f"{where}.nodePort", "invalid_value", "may not be used when type is ClusterIP")
         if node_port and (node_port, proto) in node_ports:
             c.err(f"{where}.nodePort", "duplicate", f"{node_port}/{proto} is used twice")
         node_ports.add((node_port, proto))
+
+
+def _app_protocol(c: _Checker, value: Any, where: str) -> None:
+    """A port's appProtocol: a qualified name when set (svcproxy does not read it)."""
+    if value is not None and not is_app_protocol(value):
+        c.err(where, "invalid_value", f"{_shown(value)} is not a qualified name")
+
+
+_APP_PROTOCOLS: dict[str, bool] = {}
+
+
+def is_app_protocol(value: Any) -> bool:
+    """An appProtocol Kubernetes allows (a qualified name: http, kubernetes.io/h2c),
+    remembered: a cluster uses a few."""
+    if type(value) is not str or len(value) > 317:  # a qualified name's longest
+        return False
+    ok = _APP_PROTOCOLS.get(value)
+    if ok is None:
+        if len(_APP_PROTOCOLS) >= 1000:
+            _APP_PROTOCOLS.clear()
+        ok = _APP_PROTOCOLS[value] = is_qualified_name(value)
+    return ok
 
 
 def _target_port(c: _Checker, value: Any, where: str) -> None:
@@ -649,6 +697,8 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
         c.protocol(p.get("protocol"), f"{where}.protocol")
         if p.get("port") is not None:
             c.port(p.get("port"), f"{where}.port")
+        if "appProtocol" in p:
+            _app_protocol(c, p["appProtocol"], f"{where}.appProtocol")
     if plain is not None:
         return c.v
     kind = address_type if address_type in ADDRESS_TYPES else ""

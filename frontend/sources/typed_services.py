@@ -15,10 +15,12 @@ from svcproxy.frontend.sources.kubevalidation import (
     CANONICAL_IPV4,
     DNS1035_LABEL,
     DNS1123_LABEL,
+    IP_FAMILY_POLICIES,
     PROTOCOLS,
     TRAFFIC_DISTRIBUTIONS,
     ObjectLimits,
     _matches,
+    is_app_protocol,
     is_port_name,
 )
 from svcproxy.frontend.sources.typed_metadata import Meta, decoded, metadata_ok
@@ -110,6 +112,8 @@ _POLICIES = {None: TrafficPolicy.CLUSTER, "": TrafficPolicy.CLUSTER,
 _AFFINITIES = (None, "", "None", "ClientIP")
 _DISTRIBUTIONS = (None, "", *TRAFFIC_DISTRIBUTIONS)
 _IP_MODES = (None, "", "VIP", "Proxy")
+_FAMILY_POLICIES = (None, *IP_FAMILY_POLICIES)
+_FAMILIES = ["IPv4"]  # the family of the one cluster IP this path takes
 # What no service CIDR holds beyond the endpoint rules, as prefixes of canonical IPv4
 # addresses: multicast (224.0.0.0/4) and the broadcast address.
 _FORBIDDEN_CLUSTER_IPV4 = (*_FORBIDDEN_IPV4, *(f"{n}." for n in range(224, 240)),
@@ -130,6 +134,8 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
             spec.internalTrafficPolicy not in _POLICIES or \
             spec.externalTrafficPolicy not in _POLICIES or \
             spec.trafficDistribution not in _DISTRIBUTIONS or \
+            spec.ipFamilies and spec.ipFamilies != _FAMILIES or \
+            spec.ipFamilyPolicy not in _FAMILY_POLICIES or \
             spec.healthCheckNodePort is not None and not 0 <= spec.healthCheckNodePort <= 65535:
         return None
     cluster_ips = _cluster_ips(spec, stype)
@@ -200,6 +206,8 @@ def _ports(ports: list[_Port], stype: str, headless: bool) -> tuple[SvcPort, ...
                 (port, protocol) in seen:
             return None
         seen.add((port, protocol))
+        if p.appProtocol is not None and not is_app_protocol(p.appProtocol):
+            return None
         target = p.targetPort
         if target is msgspec.UNSET:
             target = port

@@ -24,6 +24,7 @@ from svcproxy.frontend.sources.kubevalidation import (
     TRIGGER_TIME_ANNOTATION,
     ObjectLimits,
     _matches,
+    is_app_protocol,
     trigger_time_problem,
 )
 from svcproxy.frontend.sources.typed_metadata import NAME, Meta, decoded, metadata_ok
@@ -108,7 +109,8 @@ def _ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
             return None
         names.add(name)
         protocol = p.protocol or "TCP"
-        if protocol not in PROTOCOLS:
+        if protocol not in PROTOCOLS or \
+                p.appProtocol is not None and not is_app_protocol(p.appProtocol):
             return None
         if p.port is None:
             continue
