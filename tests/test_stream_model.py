@@ -12,7 +12,14 @@ alone, which also checks every digest the server sends.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import collections
 import dataclasses
+import json
+import pickle
+from collections import deque
+from collections.abc import Callable
 from hashlib import blake2b
 from typing import Any
 
@@ -33,7 +40,16 @@ from svcproxy.frontend.publication.wire import (
     replace_service,
     set_node,
 )
-from svcproxy.frontend.sources.events import Delete, Event, Replace, Upsert
+from svcproxy.frontend.serving.worker import ParentLink, SnapshotFeed
+from svcproxy.frontend.serving.workers import StreamWorkers, _Worker
+from svcproxy.frontend.sources.events import (
+    KINDS,
+    Delete,
+    Event,
+    RawObject,
+    Replace,
+    Upsert,
+)
 from svcproxy.model import Endpoint as ModelEndpoint
 from svcproxy.model import NodeInfo, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.client import NodeStateClient
@@ -159,19 +175,136 @@ class Client:
             self.doc.apply(batch)
 
 
+class SentPipe:
+    """One direction of a stream worker's pipe: pickled messages, delivered when the
+    model pumps them (so they lag behind the engine as much as a real pipe may)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[bytes] = deque()
+
+    def send(self, message: tuple[object, ...]) -> None:
+        self.queue.append(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def close(self) -> None:
+        pass
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine that never waits (the engine has synced) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("the main process's answer waited")
+
+
+class WorkerSide:
+    """A stream worker as workers.py and worker.py make it, both ends of its pipe in this
+    process: the main process's ``StreamWorkers`` feeding it, the worker's ``ParentLink``
+    holding the views its streams read."""
+
+    def __init__(self, engine: Engine, record: Callable[[], None]) -> None:
+        self.record = record
+        self.workers = StreamWorkers(engine, 2, "127.0.0.1:0", None)
+        self.worker = _Worker(1, None)  # type: ignore[arg-type]
+        self.to_worker = self.worker.pipe = SentPipe()  # type: ignore[assignment]
+        self.workers._workers[1] = self.worker
+        engine.changelog.listeners.append(self.workers._on_publish)
+        self.link = ParentLink(None, engine.changelog.history_limit)  # type: ignore[arg-type]
+        self.to_main = self.link.pipe = SentPipe()  # type: ignore[assignment]
+        self.loop = asyncio.new_event_loop()
+
+    def close(self) -> None:
+        self.loop.close()
+
+    def step(self) -> None:
+        """The worker's loop runs what is ready (a stream whose answer came resumes)."""
+        for _ in range(3):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+    def start(self, coro: Any) -> asyncio.Task[Any]:
+        """A stream's coroutine (``ParentLink.watch``, ``catch_up``), run to its request."""
+        task = self.loop.create_task(coro)
+        self.step()
+        return task
+
+    def pump_main(self, count: int, after: Callable[[], None]) -> None:
+        """The main process reads ``count`` messages of the worker's (``after`` each)."""
+        for _ in range(min(count, len(self.to_main.queue))):
+            message = pickle.loads(self.to_main.queue.popleft())
+            if message[0] in ("watch", "catchup", "next"):
+                _run(self.workers._answer(self.worker, message))
+            else:
+                self.workers._on_message(self.worker, message)
+            after()
+
+    def pump_worker(self, count: int) -> None:
+        """The worker reads ``count`` messages of the main process's."""
+        for _ in range(min(count, len(self.to_worker.queue))):
+            self.link._on_message(pickle.loads(self.to_worker.queue.popleft()))
+
+    def read(self, msgs: Any) -> list[bytes]:
+        """A stream's first messages, a snapshot's asked of the main process one at a time
+        (what it publishes meanwhile reaches the worker in between)."""
+        if isinstance(msgs, list):
+            return msgs
+
+        async def take() -> list[bytes]:
+            return [msg async for msg in msgs]
+
+        task = self.start(take())
+        while not task.done():
+            assert self.to_main.queue or self.to_worker.queue, "a request went unanswered"
+            self.pump_main(1, self.record)
+            self.pump_worker(len(self.to_worker.queue))
+            self.step()
+        return task.result()
+
+
+class WorkerClient(Client):
+    """A watcher whose stream a stream worker serves."""
+
+    def __init__(self, name: str, peer: str) -> None:
+        super().__init__(name)
+        self.peer = peer
+        # The stream waiting for the main process: ParentLink.watch or .catch_up.
+        self.task: asyncio.Task[Any] | None = None
+        self.kind = ""
+
+
 def _service(name: str, ports: list[tuple[str, str, int]], kind: str, itp: str, etp: str,
-             dist: str) -> dict[str, Any]:
+             dist: str, extra: str) -> dict[str, Any]:
+    num = SERVICES.index(name) + 1
     spec: dict[str, Any] = {
-        "clusterIP": f"10.96.0.{SERVICES.index(name) + 1}", "type": kind,
+        "clusterIP": f"10.96.0.{num}", "type": kind,
         "ports": [{"name": n, "protocol": p, "port": port, "targetPort": n}
                   for n, p, port in ports],
         "internalTrafficPolicy": itp}
-    if kind == "NodePort":
+    meta: dict[str, Any] = {"name": name, "namespace": "default"}
+    obj: dict[str, Any] = {"kind": "Service", "metadata": meta, "spec": spec}
+    if kind in ("NodePort", "LoadBalancer"):
         spec["externalTrafficPolicy"] = etp
+    if kind == "LoadBalancer":
+        obj["status"] = {"loadBalancer": {"ingress": [{"ip": f"192.0.2.{num}"}]}}
     if dist:
         spec["trafficDistribution"] = dist
-    return {"kind": "Service", "metadata": {"name": name, "namespace": "default"},
-            "spec": spec}
+    # What makes a service no svcproxy service (or changes only its ServicePort).
+    if extra == "headless":
+        spec.update(clusterIP="None", type="ClusterIP")
+        spec.pop("externalTrafficPolicy", None)
+        obj.pop("status", None)
+    elif extra == "external-name":
+        spec.update(type="ExternalName", externalName="example.com")
+        del spec["clusterIP"]
+        spec.pop("externalTrafficPolicy", None)
+        obj.pop("status", None)
+    elif extra == "other-proxy":
+        meta["labels"] = {"service.kubernetes.io/service-proxy-name": "other"}
+    elif extra == "dual-stack":
+        spec["clusterIPs"] = [spec["clusterIP"], f"fd00:96::{num}"]
+    elif extra == "affinity":
+        spec.update(sessionAffinity="ClientIP", externalIPs=[f"198.51.100.{num}"])
+    return obj
 
 
 # Valid ports only (an invalid object is refused and its last valid version kept).
@@ -179,48 +312,111 @@ ports_st = st.lists(st.sampled_from([("http", "TCP", 80), ("http", "UDP", 80),
                                      ("dns", "UDP", 53), ("dns", "TCP", 53)]),
                     min_size=1, max_size=2, unique_by=lambda p: p[0])
 service_st = st.builds(_service, st.sampled_from(SERVICES), ports_st,
-                       st.sampled_from(["ClusterIP", "NodePort"]),
+                       st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]),
                        st.sampled_from(["Cluster", "Local"]), st.sampled_from(["Cluster", "Local"]),
-                       st.sampled_from(["", "PreferClose"]))
-endpoint_st = st.fixed_dictionaries({
-    "addresses": st.sampled_from(IPS).map(lambda ip: [ip]),
-    "nodeName": st.sampled_from(NODES + ["n4"]),
-    "zone": st.sampled_from(["z1", "z2"]),
-    "conditions": st.fixed_dictionaries({"ready": st.booleans(), "serving": st.booleans(),
-                                         "terminating": st.booleans()}),
-    "hints": st.sampled_from(["z1", "z2"]).map(lambda z: {"forZones": [{"name": z}]}),
-})
+                       st.sampled_from(["", "PreferClose"]),
+                       st.sampled_from(["", "", "", "headless", "external-name", "other-proxy",
+                                        "dual-stack", "affinity"]))
+# Hints for zones, for nodes (PreferSameNode), both, or none.
+hints_st = st.sampled_from([None, {"forZones": [{"name": "z1"}]}, {"forZones": [{"name": "z2"}]},
+                            {"forNodes": [{"name": "n1"}]}, {"forNodes": [{"name": "n2"}]},
+                            {"forZones": [{"name": "z1"}], "forNodes": [{"name": "n3"}]}])
 
 
-def _slice(svc: str, index: int, eps: list[dict[str, Any]], ports: list[tuple[str, str, int]],
-           hinted: bool) -> dict[str, Any]:
-    if not hinted:
-        eps = [{k: v for k, v in e.items() if k != "hints"} for e in eps]
-    if index:
-        # Slices of one service never share an address: which copy of a duplicate wins
-        # on a tie depends on the order the engine holds the slices in.
-        eps = [{**e, "addresses": [e["addresses"][0].replace(".0.0.", ".0.1.")]} for e in eps]
-    return {"kind": "EndpointSlice", "addressType": "IPv4",
-            "metadata": {"name": f"{svc}-{index}", "namespace": "default",
+def _endpoint(ip: int, node: str, zone: str, conditions: dict[str, bool],
+              hints: dict[str, Any] | None) -> dict[str, Any]:
+    ep: dict[str, Any] = {"addresses": [f"10.0.0.{ip}"], "conditions": conditions}
+    if node:
+        ep["nodeName"] = node
+    if zone:
+        ep["zone"] = zone
+    if hints:
+        ep["hints"] = hints
+    return ep
+
+
+endpoint_st = st.builds(
+    _endpoint, st.integers(1, 6), st.sampled_from(NODES + ["n4", ""]),
+    st.sampled_from(["z1", "z2", ""]),
+    # A condition left out reads as Kubernetes says (ready: true, serving: ready).
+    st.fixed_dictionaries({}, optional={"ready": st.booleans(), "serving": st.booleans(),
+                                        "terminating": st.booleans()}),
+    hints_st)
+SLICES = ["s0", "s1", "s2", "s3"]
+
+
+def _slice(name: str, svc: str, eps: list[dict[str, Any]], ports: list[tuple[str, str, int]],
+           family: str) -> dict[str, Any]:
+    # Slices of one service may share addresses (as the EndpointSlice controller's do
+    # while it moves endpoints): the frontend keeps one copy, the same on every replica.
+    if family == "IPv6":
+        eps = [{**e, "addresses": [e["addresses"][0].replace("10.0.0.", "fd00::")]}
+               for e in eps]
+    return {"kind": "EndpointSlice", "addressType": family,
+            "metadata": {"name": name, "namespace": "default",
                          "labels": {"kubernetes.io/service-name": svc}},
             "ports": [{"name": n, "port": 8000 + port, "protocol": p} for n, p, port in ports],
             "endpoints": eps}
 
 
-slice_st = st.builds(_slice, st.sampled_from(SERVICES), st.integers(0, 1),
-                     st.lists(endpoint_st, max_size=4), ports_st, st.booleans())
-node_st = st.builds(lambda name, zone: {"kind": "Node", "metadata": {
-    "name": name, "labels": {"topology.kubernetes.io/zone": zone} if zone else {}}},
-    st.sampled_from(NODES), st.sampled_from(["", "z1", "z2"]))
+# A slice's service label may change (the slice moves to another service).
+slice_st = st.builds(_slice, st.sampled_from(SLICES), st.sampled_from(SERVICES),
+                     st.lists(endpoint_st, max_size=4), ports_st,
+                     st.sampled_from(["IPv4", "IPv4", "IPv6"]))
+
+
+def _node(name: str, zone: str, role: str, draining: bool) -> dict[str, Any]:
+    labels = {"topology.kubernetes.io/zone": zone} if zone else {}
+    if role:
+        labels["node-role.kubernetes.io/" + role] = ""
+    obj: dict[str, Any] = {"kind": "Node", "metadata": {"name": name, "labels": labels},
+                           "status": {"addresses": [{"type": "InternalIP",
+                                                     "address": f"172.16.0.{name[1:]}"}]}}
+    if draining:
+        obj["spec"] = {"taints": [{"key": "ToBeDeletedByClusterAutoscaler",
+                                   "effect": "NoSchedule"}]}
+    return obj
+
+
+node_st = st.builds(_node, st.sampled_from(NODES), st.sampled_from(["", "z1", "z2"]),
+                    st.sampled_from(["", "", "worker"]), st.booleans())
 event_st = st.one_of(
     service_st.map(lambda o: Upsert("Service", o)),
     slice_st.map(lambda o: Upsert("EndpointSlice", o)),
     node_st.map(lambda o: Upsert("Node", o)),
     st.sampled_from(SERVICES).map(lambda n: Delete("Service", "default", n)),
-    st.tuples(st.sampled_from(SERVICES), st.integers(0, 1)).map(
-        lambda t: Delete("EndpointSlice", "default", f"{t[0]}-{t[1]}")),
+    st.sampled_from(SLICES).map(lambda n: Delete("EndpointSlice", "default", n)),
     st.sampled_from(NODES).map(lambda n: Delete("Node", "", n)),
 )
+KIND_EVENTS = {
+    "Service": st.one_of(service_st.map(lambda o: Upsert("Service", o)),
+                         st.sampled_from(SERVICES).map(lambda n: Delete("Service", "default", n))),
+    "EndpointSlice": st.one_of(
+        slice_st.map(lambda o: Upsert("EndpointSlice", o)),
+        st.sampled_from(SLICES).map(lambda n: Delete("EndpointSlice", "default", n))),
+    "Node": st.one_of(node_st.map(lambda o: Upsert("Node", o)),
+                      st.sampled_from(NODES).map(lambda n: Delete("Node", "", n))),
+}
+KIND_ST = {"Service": service_st, "EndpointSlice": slice_st, "Node": node_st}
+API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1", "Node": "v1"}
+
+
+def _listed(kind: str, obj: dict[str, Any], raw: bool) -> Any:
+    """An object as a listing hands it on: the apiserver source passes Services and
+    EndpointSlices as their JSON (RawObject, decoded by the store's typed path)."""
+    if raw and kind != "Node":
+        return RawObject(kind, API_VERSIONS[kind], json.dumps(obj).encode())  # type: ignore[arg-type]
+    return obj
+
+
+def listing(kind: str, objs: list[dict[str, Any]], cuts: list[int], raw: bool) -> list[Replace]:
+    """A kind's listing in parts (the apiserver's pages), cut after the given counts."""
+    items = [_listed(kind, o, raw) for o in objs]
+    bounds = sorted({min(c, len(items)) for c in cuts} - {0, len(items)})
+    edges = [0, *bounds, len(items)]
+    parts = [items[a:b] for a, b in zip(edges, edges[1:], strict=False)] or [[]]
+    return [Replace(kind, part, first=i == 0, last=i == len(parts) - 1)  # type: ignore[arg-type]
+            for i, part in enumerate(parts)]
 
 
 class StreamModel(RuleBasedStateMachine):
@@ -234,25 +430,84 @@ class StreamModel(RuleBasedStateMachine):
         views_module.MESSAGE_BYTES = snapshots_module.MESSAGE_BYTES = 300
         self.engine = Engine(history_limit=12)
         self.clients: list[Client] = []
+        self.side = WorkerSide(self.engine, self._record)
+        self.worker_clients: list[WorkerClient] = []
+        # Per view: what GetNodeState said at each revision it changed (or was made) at.
+        self.said: dict[str, list[tuple[int, Any]]] = {}
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def teardown(self) -> None:
         views_module.MESSAGE_BYTES, snapshots_module.MESSAGE_BYTES = self._limits
+        self.side.close()
 
-    @initialize(objs=st.lists(st.one_of(service_st, slice_st, node_st), max_size=6))
-    def sync(self, objs: list[dict[str, Any]]) -> None:
-        kinds: dict[str, list[dict[str, Any]]] = {"Service": [], "EndpointSlice": [],
-                                                  "Node": []}
+    def _record(self) -> None:
+        """Note what each view says now (after anything that may move the revision)."""
+        revision = self.engine.changelog.revision
+        for name, view in self.engine.changelog.views.items():
+            said = self.said.setdefault(name, [])
+            if not said or said[-1][0] != revision:
+                said.append((revision, expected(view)))
+
+    def _said_at(self, name: str, revision: int) -> Any:
+        """What GetNodeState said of view ``name`` at ``revision``."""
+        said = self.said[name]
+        index = bisect.bisect_right(said, revision, key=lambda entry: entry[0])
+        assert index, f"view {name!r} had no state at revision {revision}"
+        return said[index - 1][1]
+
+    @initialize(objs=st.lists(st.one_of(service_st, slice_st, node_st), max_size=6),
+                data=st.data())
+    def sync(self, objs: list[dict[str, Any]], data: st.DataObject) -> None:
+        """The first listing: each kind in pages, the kinds' pages interleaved, and watch
+        events of the kinds listed already between them (as the apiserver source sends)."""
         for obj in objs:
             self._store(Upsert(obj["kind"], obj))
-        for (kind, _, _), obj in self.objects.items():
-            kinds[kind].append(obj)
-        self.engine.submit([Replace(k, v) for k, v in kinds.items()])  # type: ignore[arg-type]
+        pending = {kind: self._listing(kind, self._objects_of(kind), data) for kind in KINDS}
+        listed: list[str] = []
+        while any(pending.values()):
+            kind = data.draw(st.sampled_from([k for k in KINDS if pending[k]]))
+            part = pending[kind].pop(0)
+            self.engine.submit([part])
+            if part.last:
+                listed.append(kind)
+            if listed and not self.engine.synced.is_set():
+                events = data.draw(st.lists(st.one_of(*[KIND_EVENTS[k] for k in listed]),
+                                            max_size=2))
+                if events:
+                    self.engine.submit(events)
+                    for event in events:
+                        self._store(event)
         assert self.engine.synced.is_set()
+        self._record()
+
+    def _objects_of(self, kind: str) -> list[dict[str, Any]]:
+        return [obj for (k, _, _), obj in self.objects.items() if k == kind]
+
+    def _listing(self, kind: str, objs: list[dict[str, Any]], data: st.DataObject
+                 ) -> list[Replace]:
+        cuts = data.draw(st.lists(st.integers(0, 6), max_size=2))
+        return listing(kind, objs, cuts, data.draw(st.booleans()))
+
+    @rule(kind=st.sampled_from(KINDS), data=st.data())
+    def relist(self, kind: str, data: st.DataObject) -> None:
+        """A relist (after 410 Gone, an apiserver restart): the kind's objects now, some
+        unchanged, some new or changed, the rest gone; in pages."""
+        held = self._objects_of(kind)
+        kept = data.draw(st.lists(st.sampled_from(held), unique_by=id)) if held else []
+        objs = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+                for o in kept + data.draw(st.lists(KIND_ST[kind], max_size=3))}
+        for key in [k for k in self.objects if k[0] == kind]:
+            del self.objects[key]
+        for obj in objs.values():
+            self._store(Upsert(kind, obj))  # type: ignore[arg-type]
+        for part in self._listing(kind, list(objs.values()), data):
+            self.engine.submit([part])
+            self._record()
 
     @rule(events=st.lists(event_st, min_size=1, max_size=4))
     def change(self, events: list[Event]) -> None:
         self.engine.submit(events)
+        self._record()
         for event in events:
             self._store(event)
 
@@ -286,6 +541,7 @@ class StreamModel(RuleBasedStateMachine):
         """A stream starts: Watch(since_revision = the client's revision)."""
         client.view = self.engine.changelog.watch(client.name)
         client.cursor, first = self.engine.snapshots.catch_up(client.view, client.sdk.revision)
+        self._record()
         assert client.doc.revision == client.sdk.revision
         client.receive(first)
         self._check(client)
@@ -317,6 +573,119 @@ class StreamModel(RuleBasedStateMachine):
         if client.view is not None:
             self.engine.changelog.unwatch(client.view)
             client.view = None
+
+    # ---- streams a stream worker serves (workers.py, worker.py) ----------------------
+    @rule(name=st.sampled_from(WATCHED))
+    def connect_to_worker(self, name: str) -> None:
+        client = WorkerClient(name, f"10.1.0.{len(self.worker_clients)}")
+        self.worker_clients.append(client)
+        self._start_on_worker(client)
+
+    def _start_on_worker(self, client: WorkerClient) -> None:
+        client.kind, client.task = "watch", self.side.start(self.side.link.watch(
+            client.name, client.sdk.revision, client.peer))
+
+    @rule(to_main=st.integers(0, 3), to_worker=st.integers(0, 6))
+    def pump(self, to_main: int, to_worker: int) -> None:
+        """Each process reads some of what the other sent."""
+        self.side.pump_main(to_main, self._record)
+        self.side.pump_worker(to_worker)
+
+    @precondition(lambda self: self.worker_clients)
+    @rule(data=st.data())
+    def deliver_on_worker(self, data: st.DataObject) -> None:
+        self._deliver_on_worker(data.draw(st.sampled_from(self.worker_clients)))
+
+    def _deliver_on_worker(self, client: WorkerClient) -> bool:
+        """One step of the worker's write_stream; whether it sent or asked anything."""
+        side = self.side
+        if client.task is not None:
+            side.step()
+            if not client.task.done():
+                return False
+            task, client.task = client.task, None
+            if client.kind == "watch":
+                client.view, client.cursor, msgs = task.result()
+            else:
+                client.cursor, msgs = task.result()
+            msgs = side.read(msgs)
+        elif client.view is None:
+            self._start_on_worker(client)
+            return True
+        else:
+            view = client.view
+            if view.revision <= client.cursor:
+                return False
+            msgs = view.messages_since(client.cursor)
+            if msgs is None:
+                client.kind, client.task = "catchup", side.start(side.link.catch_up(
+                    client.name, client.cursor))
+                return True
+            client.cursor = view.revision
+        client.receive(msgs)
+        self._check_at(client)
+        return True
+
+    @precondition(lambda self: self.worker_clients)
+    @rule(data=st.data())
+    def disconnect_from_worker(self, data: st.DataObject) -> None:
+        """The stream ends, also while it waits for the main process or once its answer
+        came but before the stream read it."""
+        client = data.draw(st.sampled_from(self.worker_clients))
+        link = self.side.link
+        task, client.task = client.task, None
+        if task is not None and task.done():
+            # The stream had its answer: its finally closes the snapshot it did not read.
+            answer = task.result()
+            if client.kind == "watch":
+                client.view = answer[0]
+            if isinstance(answer[-1], SnapshotFeed):
+                answer[-1].close()
+        elif task is not None:
+            task.cancel()
+            self.side.step()
+            assert task.cancelled()
+            if client.kind == "watch":
+                return
+        if client.view is not None:
+            # WorkerServicer.stream's end: its finally and the call's done callback.
+            link.unwatch(client.view)
+            link.release(client.peer)
+            client.view = None
+
+    @rule()
+    def settle(self) -> None:
+        """Once both processes have read everything, every stream of the worker is at its
+        view's state (no batch was lost on the way), and the main process holds no
+        snapshot a stream no longer reads."""
+        side = self.side
+        for _ in range(1000):
+            side.pump_main(len(side.to_main.queue), self._record)
+            side.pump_worker(len(side.to_worker.queue))
+            moved = [self._deliver_on_worker(c) for c in self.worker_clients]
+            if not any(moved) and not side.to_main.queue and not side.to_worker.queue:
+                break
+        else:
+            raise AssertionError("the worker's streams never settled")
+        for client in self.worker_clients:
+            assert client.view is not None and client.task is None
+            assert client.doc.state() == expected(self.engine.changelog.views[client.name])
+        assert not side.worker.feeds, "snapshots no stream reads are held"
+        watching = collections.Counter(c.name for c in self.worker_clients)
+        assert side.worker.watching == watching, "streams no client has are counted"
+        assert side.worker.peers == collections.Counter(c.peer for c in self.worker_clients)
+        assert {n: v.watchers for n, v in side.link.views.items()} == watching
+
+    def _check_at(self, client: Client) -> None:
+        """The client's state is what GetNodeState said at the client's revision."""
+        want = self._said_at(client.name, client.doc.revision)
+        assert client.doc.state() == want
+        sdk = DocClient()
+        sdk.apply([pb.WatchEvent(revision=1, ops=[
+            pb.Op(replace_service=state_to_pb(r)) for r in client.sdk._services.values()
+        ] + [pb.Op(set_node=node_to_pb(n)) for n in client.sdk._nodes.values()])])
+        assert _without_triggers(sdk.state()) == _without_triggers(want)
+        assert client.sdk.mismatches == 0
 
     def _check(self, client: Client) -> None:
         assert client.view is not None
@@ -361,7 +730,7 @@ def _without_triggers(state: tuple[dict[bytes, tuple[bytes, dict[str, bytes]]],
 
 
 StreamModel.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=250, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestStreamModel = StreamModel.TestCase
 
@@ -429,3 +798,75 @@ def test_the_proto_defines_the_digest_term_the_frontend_computes() -> None:
     assert sent == _term(b"n", node) == int.from_bytes(
         blake2b(data, digest_size=8).digest(), "little")
     assert sent != int.from_bytes(blake2b(data).digest()[:8], "little")
+
+
+# ---- a stream worker's streams that end at any point give back what they held ---------
+def _synced_engine() -> Engine:
+    engine = Engine(history_limit=2)
+    engine.submit([Replace("Service", [_service("a", [("http", "TCP", 80)], "ClusterIP",
+                                                "Cluster", "Cluster", "", "")]),
+                   Replace("EndpointSlice", [_slice("s0", "a", [_endpoint(
+                       1, "n1", "z1", {}, None)], [("http", "TCP", 80)], "IPv4")]),
+                   Replace("Node", [_node("n1", "z1", "", False)])])
+    return engine
+
+
+def _held(side: WorkerSide, engine: Engine) -> Any:
+    """What the main process and the worker count for streams, and the snapshots kept."""
+    side.pump_main(len(side.to_main.queue), lambda: None)
+    return (dict(side.worker.feeds), dict(side.worker.watching), dict(side.worker.peers),
+            dict(side.link.views), engine.changelog.views["n1"].watchers,
+            dict(side.workers._servicer.slots.per_peer))
+
+
+def test_a_worker_stream_that_leaves_as_its_answer_comes_holds_nothing() -> None:
+    """The answer to a new stream came (its snapshot kept by the main process, the view
+    counted, the peer's slot taken), but the client left before the stream resumed: it
+    was all held until the worker died (100 such at one address: every later stream of
+    that address refused)."""
+    engine = _synced_engine()
+    side = WorkerSide(engine, lambda: None)
+    try:
+        task = side.start(side.link.watch("n1", 0, "10.1.0.1"))
+        side.pump_main(1, lambda: None)
+        assert side.worker.feeds  # the snapshot is read one message at a time
+        side.pump_worker(1)  # the answer is in; the stream has not resumed
+        task.cancel()
+        side.step()
+        assert task.cancelled()
+        assert _held(side, engine) == ({}, {}, {}, {}, 0, {})
+    finally:
+        side.close()
+
+
+def test_a_worker_stream_that_leaves_during_a_catch_up_holds_no_snapshot() -> None:
+    """A stream behind its worker's history asks for a catch-up (a snapshot): leaving
+    before or after the answer came, the main process keeps no snapshot for it."""
+    for answered in (False, True):
+        engine = _synced_engine()
+        side = WorkerSide(engine, lambda: None)
+        try:
+            watch = side.start(side.link.watch("n1", 0, "10.1.0.1"))
+            while not watch.done():
+                side.pump_main(1, lambda: None)
+                side.pump_worker(1)
+                side.step()
+            view, cursor, first = watch.result()
+            side.read(first)
+            for ip in (2, 3, 4):  # past the history of two ops
+                engine.submit([Upsert("EndpointSlice", _slice("s0", "a", [_endpoint(
+                    ip, "n1", "z1", {}, None)], [("http", "TCP", 80)], "IPv4"))])
+            side.pump_worker(len(side.to_worker.queue))
+            assert view.messages_since(cursor) is None
+            task = side.start(side.link.catch_up("n1", cursor))
+            side.pump_main(1, lambda: None)
+            if answered:
+                side.pump_worker(1)
+            task.cancel()
+            side.step()
+            side.pump_worker(len(side.to_worker.queue))
+            side.link.unwatch(view)
+            side.link.release("10.1.0.1")
+            assert _held(side, engine) == ({}, {}, {}, {}, 0, {}), answered
+        finally:
+            side.close()

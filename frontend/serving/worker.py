@@ -64,8 +64,9 @@ class ParentLink:
         self.views: dict[str, NodeView] = {}
         self.closed = asyncio.Event()
         self._ids = itertools.count(1)
-        # A watch request's future knows the view and the peer address it is for.
-        self._pending: dict[int, tuple[asyncio.Future[object], tuple[str, str] | None]] = {}
+        # A request's future, its kind and, for a watch, the view and peer it is for.
+        self._pending: dict[int, tuple[asyncio.Future[object], str,
+                                       tuple[str, str] | None]] = {}
 
     def start(self) -> None:
         self.pipe.start(asyncio.get_running_loop())
@@ -76,14 +77,16 @@ class ParentLink:
             raise MainProcessGone()
         req = next(self._ids)
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._pending[req] = (future, watch)
+        self._pending[req] = (future, kind, watch)
         self.pipe.send((kind, req, *args))
         return future
 
     async def watch(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
         """Start a stream of ``peer`` (its address): the local view (held for it), its
         cursor and first messages; Refused by the main process (caps, requests)."""
-        reply = await self.request("watch", name, since, peer, watch=(name, peer))
+        watch = (name, peer)
+        reply = await self._answer(self.request("watch", name, since, peer, watch=watch),
+                                   watch)
         if isinstance(reply, Refused):
             raise reply
         view, cursor, first, feed = cast(tuple[NodeView, int, list[bytes], int], reply)
@@ -92,8 +95,20 @@ class ParentLink:
     async def catch_up(self, name: str, since: int) -> tuple[int, Messages]:
         """Where a stream goes on when the worker's view no longer has its batches."""
         cursor, first, feed = cast(tuple[int, list[bytes], int],
-                                   await self.request("catchup", name, since))
+                                   await self._answer(self.request("catchup", name, since)))
         return cursor, self.messages(first, feed)
+
+    async def _answer(self, future: asyncio.Future[object],
+                      watch: tuple[str, str] | None = None) -> object:
+        """A watch or catch-up request's answer. A stream that ends once the answer came
+        but before it read it (its call cancelled meanwhile) gives back what the answer
+        holds: the view's count, the peer's slot, the snapshot the main process keeps."""
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._give_back(watch, future.result())
+            raise
 
     def messages(self, first: list[bytes], feed: int) -> Messages:
         return SnapshotFeed(self, first, feed) if feed else first
@@ -119,18 +134,15 @@ class ParentLink:
                 if view is not None:
                     view.append(revision, ops, digest)
             return
-        future, watch = self._pending.pop(message[1])  # type: ignore[arg-type]
+        future, kind, watch = self._pending.pop(message[1])  # type: ignore[arg-type]
         reply = message[2]
-        if watch is not None and isinstance(reply, Refused):
-            watch = None  # refused: nothing was counted
-        if watch is not None and future.done():
-            # The client left while waiting: the main process counted it, uncount it.
-            self.pipe.send(("unwatch", watch[0]))
-            self.pipe.send(("release", watch[1]))
-            if reply[2]:  # type: ignore[index]
-                self.pipe.send(("drop", reply[2]))  # type: ignore[index]
+        if future.done():
+            # The stream left while waiting: the main process counted it (and may keep a
+            # snapshot for it): give that back.
+            if kind in ("watch", "catchup"):
+                self._give_back(watch, reply)
             return
-        if watch is not None:
+        if watch is not None and not isinstance(reply, Refused):
             # Made here, not when the caller resumes: batches after this reply are
             # already on their way and must find the view.
             cursor, first, feed = reply  # type: ignore[misc]
@@ -139,12 +151,26 @@ class ParentLink:
                 view = self.views[watch[0]] = NodeView(watch[0], cursor, self.history)
             view.watchers += 1
             reply = (view, cursor, first, feed)
-        if not future.done():
-            future.set_result(reply)
+        future.set_result(reply)
+
+    def _give_back(self, watch: tuple[str, str] | None, reply: object) -> None:
+        """Uncount a watch or catch-up answer no stream read: a refusal counted nothing."""
+        if isinstance(reply, Refused):
+            return
+        answer = cast(tuple[object, ...], reply)
+        if watch is not None:
+            if isinstance(answer[0], NodeView):
+                self.unwatch(answer[0])
+            elif not self.closed.is_set():
+                self.pipe.send(("unwatch", watch[0]))
+            self.release(watch[1])
+        feed = answer[-1]
+        if feed and not self.closed.is_set():
+            self.pipe.send(("drop", feed))
 
     def _on_closed(self) -> None:
         self.closed.set()
-        for future, _ in self._pending.values():
+        for future, _, _ in self._pending.values():
             if not future.done():
                 future.set_exception(MainProcessGone())
         self._pending.clear()
