@@ -400,6 +400,32 @@ def test_master_keeps_the_current_clusters_tls_files_found_from_the_kubeconfig(
     assert config.api_key == {"BearerToken": "Bearer t"}
 
 
+def test_master_without_a_scheme_is_https_only_where_tls_is_configured(fake, tmp_path) -> None:
+    """``--master HOST:PORT``: https when the kubeconfig configures TLS for it (a CA, a
+    client certificate, insecure-skip-tls-verify), else http, as client-go chooses; the
+    plain stand-in is then reached with the kubeconfig's token."""
+    fake.create("Node", node("node-a"))
+    address = fake.url.removeprefix("http://")
+    plain = write_kubeconfig(tmp_path / "plain", "http://127.0.0.1:1", TOKEN)
+    client = load_api_client(str(plain), address)
+    assert client.configuration.host == fake.url
+    assert _node_names(client) == ["node-a"]
+    (tmp_path / "ca.crt").write_text("stand-in\n")
+    for cluster, user in (({"certificate-authority": "ca.crt"}, {}),
+                          ({"insecure-skip-tls-verify": True}, {}),
+                          ({}, {"client-certificate": "ca.crt", "client-key": "ca.crt"})):
+        kubeconfig = tmp_path / "tls"
+        kubeconfig.write_text(json.dumps({
+            "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": "http://b", **cluster}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "t", **user}}]}))
+        tls = load_api_client(str(kubeconfig), "master:6443")
+        assert tls.configuration.host == "https://master:6443", (cluster, user)
+        tls.close()
+    assert load_api_client(None, address).configuration.host == fake.url
+
+
 def test_master_over_a_kubeconfig_without_a_current_context_is_alone(fake, tmp_path) -> None:
     """No current context to override: clientcmd then uses the master alone (no
     credentials): the stand-in (which wants a token) is reached and refuses."""

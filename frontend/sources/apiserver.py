@@ -53,8 +53,23 @@ def load_api_client(kubeconfig: str | None, master: str = "") -> kubernetes.clie
                 "pass --kubeconfig PATH when running outside a pod"
             ) from exc
     else:
-        configuration.host = master.rstrip("/")
+        configuration.host = _server(master, tls=False)
     return kubernetes.client.ApiClient(configuration)
+
+
+def _server(master: str, tls: bool) -> str:
+    """``master`` as a URL: given without a scheme (HOST[:PORT]) it is https when TLS is
+    configured for it (a CA, a client certificate or insecure-skip-tls-verify), else http,
+    as client-go's DefaultServerURL chooses."""
+    if "://" not in master:
+        master = f"{'https' if tls else 'http'}://{master}"
+    return master.rstrip("/")
+
+
+def _tls_configured(cluster: dict[str, object], user: dict[str, object]) -> bool:
+    return any(cluster.get(key) for key in (
+        "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify")) \
+        or any(user.get(key) for key in ("client-certificate", "client-certificate-data"))
 
 
 def _load_kubeconfig(path: str, master: str,
@@ -70,12 +85,16 @@ def _load_kubeconfig(path: str, master: str,
     if merged is None:
         raise ConfigException("Invalid kube-config file. No configuration found.")
     if master and not merged.safe_get("current-context"):
-        configuration.host = master.rstrip("/")
+        configuration.host = _server(master, tls=False)
         return
     loader = KubeConfigLoader(merged, config_base_path=None)
     if master:
-        cluster = merged["clusters"].get_with_name(loader.current_context["context"]["cluster"])
-        cluster["cluster"].value["server"] = master
+        context = loader.current_context["context"]
+        cluster = merged["clusters"].get_with_name(context["cluster"])["cluster"].value
+        user = context.get("user")
+        found = merged["users"].get_with_name(user, safe=True) if user else None
+        credentials = found["user"].value if found is not None else {}
+        cluster["server"] = _server(master, _tls_configured(cluster, credentials))
     loader.load_and_set(configuration)
 
 
