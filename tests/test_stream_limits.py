@@ -221,6 +221,7 @@ def test_streams_beyond_the_per_peer_cap_are_refused(frontend_factory, tmp_path)
         err = refusal(lambda: api.Watch(pb.WatchRequest(node_name="node-b"), timeout=5))
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--max-streams-per-peer" in err.details()
+        assert err.details().startswith("the unix socket's clients have already 2 open")
         first.cancel()
 
         def admitted() -> bool:

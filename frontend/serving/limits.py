@@ -98,10 +98,11 @@ class StreamSlots:
                 "(--max-streams); retry later with backoff, or connect to another replica"))
         if self.per_peer[peer] >= limits.max_streams_per_peer:
             REFUSED.labels("peer").inc()
+            who = "the unix socket's clients have" if peer == "unix" else f"{peer} has"
             raise Refused("RESOURCE_EXHAUSTED", (
-                f"{peer} already has {self.per_peer[peer]} open streams, the maximum per "
-                "client address (--max-streams-per-peer); close streams you no longer "
-                "read, or retry later with backoff"))
+                f"{who} already {self.per_peer[peer]} open streams, the maximum per "
+                "client address (--max-streams-per-peer; every unix socket client is one "
+                "address); close streams you no longer read, or retry later with backoff"))
         self.total += 1
         self.per_peer[peer] += 1
 
