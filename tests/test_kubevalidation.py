@@ -203,7 +203,12 @@ def test_external_names_kubernetes_refuses_are_refused(name: str) -> None:
     ("spec.podCIDRs", ["fd00::/" + "1" * 4301], "invalid_ip"),
     ("spec.podCIDRs", ["10.0.0.0/24", "fd00::/64", "10.1.0.0/24"], "too_many"),
     ("spec.taints", [{"key": "a b", "effect": "NoSchedule"}], "invalid_name"),
-    ("status.addresses", [{"type": "Mystery", "address": "192.168.0.1"}], "invalid_value"),
+    ("spec.taints", [{"key": "a", "effect": "Sometimes"}], "invalid_value"),
+    ("spec.taints", [{"key": "a"}], "invalid_value"),  # the effect is required
+    ("spec.taints", [{"key": "a", "value": "b c", "effect": "NoSchedule"}], "invalid_value"),
+    ("spec.taints", [{"key": "a", "effect": "NoSchedule"}] * 2, "duplicate"),
+    ("spec.podCIDRs", ["10.0.0.0/24", "10.1.0.0/24"], "ip_family"),
+    ("spec.podCIDRs", ["fd00::/64", "fd00::/64"], "ip_family"),
 ])
 def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str) -> None:
     verdict = validate_node(set_path(node(), path, value))
@@ -251,6 +256,20 @@ def test_a_zone_indexed_ip_is_refused_in_an_ipv6_slice_and_ignored_as_a_node_add
     verdict = validate_node(obj)
     assert verdict.ok and "ignored" in str(verdict.warnings[0]), verdict.warnings
     assert parse_node(obj).addresses == ("192.168.0.10",)
+
+
+def test_a_node_address_of_a_type_kubernetes_does_not_know_is_ignored_not_refused() -> None:
+    """Kubernetes validates no Node status (ValidateNode, ValidateNodeUpdate): refusing the
+    Node for it would lose its zone, labels and pod CIDRs."""
+    obj = set_path(node(), "status.addresses", [
+        {"type": "Mystery", "address": "192.168.0.1"},
+        {"type": "InternalIP", "address": "192.168.0.10"}])
+    verdict = validate_node(obj)
+    assert verdict.ok and "Mystery" in str(verdict.warnings[0]), verdict.summary()
+    assert parse_node(obj).addresses == ("192.168.0.10",)
+    taints = [{"key": "a", "effect": "NoSchedule"}, {"key": "a", "effect": "NoExecute"},
+              {"key": "example.com/b", "value": "c", "effect": "PreferNoSchedule"}]
+    assert validate_node(set_path(node(), "spec.taints", taints)).ok
 
 
 def test_bad_trigger_time_is_a_warning_not_a_refusal() -> None:

@@ -640,8 +640,10 @@ def _affinity(c: _Checker, spec: dict[str, Any]) -> None:
               f"{_shown(timeout)} must be between 1 and 86400")
 
 
-def _cidrs(c: _Checker, value: Any, where: str, allow_commas: bool = False) -> None:
+def _cidrs(c: _Checker, value: Any, where: str, allow_commas: bool = False) -> list[int]:
+    """Checks a CIDR (or comma-separated CIDRs); the family of each valid one."""
     text = c.string(value, where, required=True)
+    families = []
     for part in text.split(",") if allow_commas else [text]:
         part = part.strip()
         if not part and allow_commas:
@@ -651,8 +653,11 @@ def _cidrs(c: _Checker, value: Any, where: str, allow_commas: bool = False) -> N
         bits = length.lstrip("0")  # leading zeros are allowed, a 5,000-digit int() raises
         ok = ip is not None and slash and length.isdigit() and length.isascii() and \
             len(bits) <= 3 and int(bits or "0") <= (32 if ip.version == 4 else 128)
-        if text and not ok:
+        if ok:
+            families.append(ip.version)  # type: ignore[union-attr]
+        elif text:
             c.err(where, "invalid_ip", f"{_shown(part)} is not a CIDR")
+    return families
 
 
 def _lb_status(c: _Checker, status: Any) -> None:
@@ -848,27 +853,50 @@ def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
     c.metadata(obj, c.subdomain, namespaced=False)
     spec = c.mapping(obj.get("spec"), "spec")
     cidrs = c.items(spec.get("podCIDRs"), "spec.podCIDRs", limit=2)
-    for i, cidr in enumerate(cidrs):
-        _cidrs(c, cidr, f"spec.podCIDRs[{i}]")
+    families = [f for i, cidr in enumerate(cidrs) for f in _cidrs(c, cidr, f"spec.podCIDRs[{i}]")]
+    if len(families) == 2 and families[0] == families[1]:
+        c.err("spec.podCIDRs", "ip_family", "may hold one CIDR of each IP family")
     if spec.get("podCIDR") not in (None, ""):
         _cidrs(c, spec.get("podCIDR"), "spec.podCIDR")
-    for i, raw in enumerate(c.items(spec.get("taints"), "spec.taints")):
-        taint = c.mapping(raw, f"spec.taints[{i}]")
-        key = c.string(taint.get("key"), f"spec.taints[{i}].key", required=True)
-        if key and not is_qualified_name(key):
-            c.err(f"spec.taints[{i}].key", "invalid_name", f"{_shown(key)} is not a qualified "
-                  "name")
+    _taints(c, spec.get("taints"))
     status = c.mapping(obj.get("status"), "status")
     for i, raw in enumerate(c.items(status.get("addresses"), "status.addresses")):
-        addr = c.mapping(raw, f"status.addresses[{i}]")
-        c.enum(addr.get("type"), f"status.addresses[{i}].type", NODE_ADDRESS_TYPES)
+        where = f"status.addresses[{i}]"
+        addr = c.mapping(raw, where)
+        kind = c.string(addr.get("type"), f"{where}.type")
         text = addr.get("address")
         if not isinstance(text, str):
-            c.err(f"status.addresses[{i}].address", "malformed", "must be a string")
-        elif addr.get("type") in ("InternalIP", "ExternalIP") and parse_ip(text) is None:
-            c.v.warnings.append(Problem(f"status.addresses[{i}].address", "ignored_value",
+            c.err(f"{where}.address", "malformed", "must be a string")
+        elif kind and kind not in NODE_ADDRESS_TYPES:  # Kubernetes validates no status
+            c.v.warnings.append(Problem(f"{where}.type", "ignored_value", f"{_shown(kind)} "
+                                        "is not a node address type; ignored"))
+        elif kind in ("InternalIP", "ExternalIP") and parse_ip(text) is None:
+            c.v.warnings.append(Problem(f"{where}.address", "ignored_value",
                                         f"{_shown(text)} is not an IP address; ignored"))
     return c.v
+
+
+def _taints(c: _Checker, value: Any) -> None:
+    """validateNodeTaints: a qualified-name key, a label value, an effect, each key and
+    effect once (svcproxy reads the keys only)."""
+    seen: set[tuple[str, str]] = set()
+    for i, raw in enumerate(c.items(value, "spec.taints")):
+        where = f"spec.taints[{i}]"
+        taint = c.mapping(raw, where)
+        key = c.string(taint.get("key"), f"{where}.key", required=True)
+        if key and not is_qualified_name(key):
+            c.err(f"{where}.key", "invalid_name", f"{_shown(key)} is not a qualified name")
+        text = c.string(taint.get("value"), f"{where}.value")
+        if text and (len(text) > 63 or not _QUALIFIED.fullmatch(text)):
+            c.err(f"{where}.value", "invalid_value", f"{_shown(text)} is not a label value")
+        effect = taint.get("effect")
+        if effect not in TAINT_EFFECTS:
+            c.err(f"{where}.effect", "invalid_value", f"{_shown(effect)} is not one of "
+                  f"{', '.join(TAINT_EFFECTS)}")
+        elif (key, effect) in seen:
+            c.err(where, "duplicate", f"{key} {effect} is listed twice")
+        else:
+            seen.add((key, effect))
 
 
 VALIDATORS: dict[str, Callable[[Any, ObjectLimits], Verdict]] = {
