@@ -85,6 +85,39 @@ def test_bad_edit_keeps_the_last_valid_version_logged_once_and_counted(caplog) -
     assert served(eng).service.port == 81, "a valid edit after the bad one applies"
 
 
+def test_refusing_objects_with_huge_names_keeps_neither_their_names_nor_long_lines(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What the intake remembers of a refusal (to log it once) and what it logs are bounded
+    whatever the object holds: a name, namespace, port name, zone hint or taint key of a
+    large part of the object is neither kept after the refusal nor written out."""
+    big = 600_000  # twice in an object: within the 1.5 MiB it may have
+
+    def objects(i: int) -> list[dict[str, Any]]:
+        tail = f"{i:08d}" + "x" * big
+        return [
+            set_path(service(), "metadata.name", "a" + tail),
+            set_path(service(), "metadata.namespace", "n" + tail),
+            set_path(service(), "spec.ports", [{"name": "p" + tail, "port": 80},
+                                               {"name": "p" + tail, "port": 81}]),
+            set_path(endpoint_slice(), "ports", [{"name": "p" + tail}, {"name": "p" + tail}]),
+            set_path(endpoint_slice(), "endpoints.0.hints", {
+                "forZones": [{"name": "z" + tail}, {"name": "z" + tail}]}),
+            set_path(node(), "spec.taints", [{"key": "k" + tail, "effect": "NoSchedule"}] * 2)]
+    intake = Intake("apiserver")
+    caplog.set_level(logging.ERROR, logger="svcproxy.frontend.engine")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(8):
+            assert all(intake.parse(o["kind"], o, served=False) is None for o in objects(i))
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000, f"{kept} bytes kept after refusing 48 objects"
+    assert len(caplog.records) == 48
+    assert max(len(r.getMessage()) for r in caplog.records) < 2000
+
+
 def test_unexpected_error_computing_one_service_freezes_it_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     eng = synced_engine(service(), endpoint_slice(), node(),
                         service("api", ip="10.96.0.2"), endpoint_slice("api-1", "api"))

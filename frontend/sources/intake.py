@@ -9,6 +9,7 @@ refuses that object only. Values Kubernetes lets through but svcproxy cannot use
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -48,11 +49,23 @@ _TYPED: dict[str, Callable[[bytes | msgspec.Raw, ObjectLimits], Service | Endpoi
 
 def describe(kind: str, obj: Any) -> str:
     """``Service ns/name from FILE`` (what a log line names)."""
-    ns, name = object_key(kind, obj)
-    shown = name if len(name) <= 80 else name[:77] + "..."
+    ns, name = (_shown(text) for text in object_key(kind, obj))
     where = obj.get("__source__") if isinstance(obj, dict) else None
-    return f"{kind} {ns + '/' if ns else ''}{shown or '<unnamed>'}" + (
+    return f"{kind} {ns + '/' if ns else ''}{name or '<unnamed>'}" + (
         f" from {where}" if where else "")
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bounded(text: str) -> str:
+    """``text``, or when longer than any valid name its start and a digest of it: what the
+    intake remembers of a refused object is bounded whatever its name."""
+    if len(text) <= 253:
+        return text
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+    return f"{text[:64]}...{digest.hexdigest()}"
 
 
 class Intake:
@@ -100,7 +113,8 @@ class Intake:
         return parsed
 
     def _key(self, kind: str, obj: Any) -> tuple[str, str, str]:
-        return (kind, *object_key(kind, obj))
+        ns, name = object_key(kind, obj)
+        return (kind, _bounded(ns), _bounded(name))
 
     def _once(self, key: tuple[str, str, str], text: str) -> bool:
         if self._said.get(key) == text:

@@ -576,7 +576,7 @@ def _service_ports(c: _Checker, spec: dict[str, Any], stype: str, headless: bool
         elif name:
             c.label(name, f"{where}.name")
             if name in names:
-                c.err(f"{where}.name", "duplicate", f"{name!r} is used by another port")
+                c.err(f"{where}.name", "duplicate", f"{_shown(name)} is used by another port")
             names.add(name)
         port = c.port(p.get("port"), f"{where}.port")
         proto = c.protocol(p.get("protocol"), f"{where}.protocol")
@@ -697,7 +697,7 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
         if name:
             c.label(name, f"{where}.name")
         if name in names:
-            c.err(f"{where}.name", "duplicate", f"{name!r} is used by another port")
+            c.err(f"{where}.name", "duplicate", f"{_shown(name)} is used by another port")
         names.add(name)
         c.protocol(p.get("protocol"), f"{where}.protocol")
         if p.get("port") is not None:
@@ -829,7 +829,7 @@ def _endpoint(c: _Checker, ep: dict[str, Any], where: str, address_type: str) ->
             spot = f"{where}.hints.{key}[{k}].name"
             name = check(c, c.mapping(hint, spot).get("name"), spot)
             if name and name in seen:
-                c.err(spot, "duplicate", f"{name!r} is listed twice")
+                c.err(spot, "duplicate", f"{_shown(name)} is listed twice")
             seen.add(name)
 
 
@@ -894,7 +894,7 @@ def _taints(c: _Checker, value: Any) -> None:
             c.err(f"{where}.effect", "invalid_value", f"{_shown(effect)} is not one of "
                   f"{', '.join(TAINT_EFFECTS)}")
         elif (key, effect) in seen:
-            c.err(where, "duplicate", f"{key} {effect} is listed twice")
+            c.err(where, "duplicate", f"{_shown(key)} {effect} is listed twice")
         else:
             seen.add((key, effect))
 
