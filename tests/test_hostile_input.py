@@ -85,6 +85,24 @@ def test_bad_edit_keeps_the_last_valid_version_logged_once_and_counted(caplog) -
     assert served(eng).service.port == 81, "a valid edit after the bad one applies"
 
 
+def test_a_slice_moved_to_another_service_leaves_the_first_and_one_losing_its_label_is_kept(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """kubernetes.io/service-name changed between two versions of a slice: its endpoints
+    leave the first service for the second; the label removed: that version is refused
+    (a slice of no service, as kube-proxy ignores it) and the last valid one stays."""
+    api = ServicePortKey("shop", "api", "http", Protocol.TCP)
+    eng = synced_engine(service(), service("api", ip="10.96.0.2"), endpoint_slice(), node())
+    assert set(served(eng).endpoints) == {"10.244.1.5"} and not served(eng, api).endpoints
+    eng.submit([Upsert("EndpointSlice", endpoint_slice(svc="api"))])
+    assert not served(eng).endpoints and set(served(eng, api).endpoints) == {"10.244.1.5"}
+    unlabelled = endpoint_slice(svc="api")
+    del unlabelled["metadata"]["labels"]
+    before = rejected()
+    eng.submit([Upsert("EndpointSlice", unlabelled)])
+    assert rejected() == before + 1 and "kubernetes.io/service-name" in caplog.text
+    assert not served(eng).endpoints and set(served(eng, api).endpoints) == {"10.244.1.5"}
+
+
 def test_refusing_objects_with_huge_names_keeps_neither_their_names_nor_long_lines(
         caplog: pytest.LogCaptureFixture) -> None:
     """What the intake remembers of a refusal (to log it once) and what it logs are bounded
@@ -190,6 +208,8 @@ HOSTILE_FILES = {
     "bomb.yaml": BOMB,
     "recursive.yaml": "kind: Service\nmetadata: &m {name: r, self: *m}\n",
     "deep.yaml": "kind: Service\nmetadata: {name: d}\nspec: " + "[" * 200 + "]" * 200 + "\n",
+    # past libyaml's own nesting limit (1,000), where PyYAML raises UnboundLocalError
+    "abyss.yaml": "kind: Service\nmetadata: {name: d}\nspec: " + "[" * 1001 + "]" * 1001 + "\n",
     "binary.yaml": "\udcff",
     "trigger.yaml": yaml.safe_dump({**endpoint_slice("trig-1", "web"), "metadata": {
         "name": "trig-1", "namespace": "shop",
@@ -228,12 +248,12 @@ def test_fresh_frontend_serves_every_valid_object_whatever_the_directory_holds(
     assert peak < 60e6, f"loading the directory peaked at {peak / 1e6:.0f} MB"
     messages = "\n".join(r.getMessage() for r in caplog.records)
     for name in ("meta-string", "meta-list", "kind-list", "kind-typo", "scalar",
-                 "list-bad-items", "items-not-list", "syntax", "bomb", "recursive", "deep",
+                 "list-bad-items", "items-not-list", "syntax", "bomb", "recursive", "deep", "abyss",
                  "binary", "huge", "name-300", "bad-port", "v2", "trigger"):
         assert f"{name}.yaml" in messages, f"{name}.yaml was dropped without a log line"
     assert "--manifest-max-alias-expansion" in messages
     assert "--manifest-max-file-bytes" in messages
-    assert rejected() - before >= 16
+    assert rejected() - before >= 17
 
 
 def test_half_written_files_are_never_read(tmp_path: Path) -> None:
