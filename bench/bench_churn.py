@@ -1,16 +1,19 @@
 """Churn benchmark: changes of every kind at full speed, every watcher exact at the end.
 
     .venv/bin/python bench/bench_churn.py [--services 200] [--changes 5000]
-        [--watchers 3] [--slow 2] [--cuts 10]
+        [--watchers 3] [--slow 2] [--cuts 10] [--stream-workers 1] [--restarts 0]
 
 The stand-in apiserver (tests/fakeapiserver.py) and the watchers run in this process;
 the frontend runs as ``svcproxy frontend --kubeconfig`` in its own process, as in
 production. Watchers: ``--watchers`` live SDK NodeStateClients per node (one node of
 each kind: with local endpoints, in another zone, not a Node), the same number again
 through a TCP relay cut and restored ``--cuts`` times during the churn, and ``--slow``
-raw gRPC streams sleeping 10 ms between reads. Changes (tests/churn.py): services
-re-created with new slices, updated, deleted; slices with endpoints added and removed,
-readiness and terminating flips, port changes; nodes added, re-zoned, deleted. Prints:
+raw gRPC streams sleeping 10 ms between reads. With ``--stream-workers N`` the frontend
+serves on TCP with N processes (the watchers spread over them); ``--restarts K`` kills
+the frontend (SIGKILL) K times during the churn and starts it again. Changes
+(tests/churn.py): services re-created with new slices, updated, deleted; slices with
+endpoints added and removed, readiness and terminating flips, port changes; nodes added,
+re-zoned, deleted. Prints:
 
 - changes per second made (the driver), and end to end: from the first change until
   every watcher is exact;
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,16 +46,23 @@ from tests.churn import (  # noqa: E402
     SlowWatcher,
     all_exact,
     differences,
+    get_node_state,
     sdk_state,
 )
 from tests.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402
 
 
-def start_frontend(kubeconfig: Path, sock: Path) -> subprocess.Popen[bytes]:
+def start_frontend(kubeconfig: Path, listen: str, workers: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig", str(kubeconfig),
-         "--listen", f"unix://{sock}", "--metrics-bind-address", ""],
+         "--listen", listen, "--metrics-bind-address", "", "--stream-workers", str(workers)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> float:
@@ -73,10 +84,13 @@ def run(args: argparse.Namespace) -> None:
     churn = Churn(fake, services=args.services, seed=args.seed)
     kubeconfig = write_kubeconfig(tmp / "kubeconfig", fake.url)
     sock = tmp / "api.sock"
-    proc = start_frontend(kubeconfig, sock)
-    target = f"unix://{sock}"
-    wait(sock.exists, 30)
-    cut = Relay(str(sock))
+    if args.stream_workers > 1:
+        target = relayed = f"127.0.0.1:{free_port()}"
+    else:
+        target, relayed = f"unix://{sock}", str(sock)
+    proc = start_frontend(kubeconfig, target, args.stream_workers)
+    wait(lambda: get_node_state(target, "n1") is not None, 30)
+    cut = Relay(relayed)
     watched = ["n1", "n2", "n4"]
     clients = [NodeStateClient(t, node, max_backoff=0.2)
                for t in (target, f"127.0.0.1:{cut.port}") for node in watched
@@ -87,11 +101,16 @@ def run(args: argparse.Namespace) -> None:
             client.start()
         wait(lambda: all(c.take() is not None for c in clients), 60)
         every = max(1, args.changes // (2 * args.cuts + 1))
+        restart_every = args.changes // (args.restarts + 1) if args.restarts else 0
         start = time.monotonic()
         for i in range(args.changes):
             churn.step()
             if (i + 1) % every == 0:
                 (cut.restore if not cut.open else cut.cut)()
+            if restart_every and (i + 1) % restart_every == 0 and i + 1 < args.changes:
+                proc.kill()
+                proc.wait(10)
+                proc = start_frontend(kubeconfig, target, args.stream_workers)
         end = time.monotonic()
         cut.restore()
         watchers: dict[str, list[Callable[[], Any]]] = {n: [] for n in NODES}
@@ -105,7 +124,8 @@ def run(args: argparse.Namespace) -> None:
             print("\n".join(differences(fake, target, watchers)))
             raise
         mismatches = sum(c.mismatches for c in clients) + sum(w.digest_errors for w in slow)
-        print(f"{args.changes} changes over {args.services} services: "
+        print(f"{args.changes} changes over {args.services} services "
+              f"({args.stream_workers} stream processes, {args.restarts} restarts): "
               f"{args.changes / (end - start):.0f} changes/s made; "
               f"{len(clients) + len(slow)} watchers ({len(clients) // 2} live, "
               f"{len(clients) // 2} cut {args.cuts} times, {len(slow)} slow readers)")
@@ -122,7 +142,12 @@ def run(args: argparse.Namespace) -> None:
             watcher.stop()
         cut.close()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            print("the frontend did not stop within 30 s of SIGTERM: killed")
+            proc.kill()
+            proc.wait(10)
         fake.close()
 
 
@@ -136,6 +161,10 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=2, help="slow raw gRPC readers")
     parser.add_argument("--cuts", type=int, default=10, help="times the relay is cut")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--stream-workers", type=int, default=1,
+                        help="frontend processes serving streams (more than 1: on TCP)")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="times the frontend is killed and started again")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
     run(args)
