@@ -126,6 +126,8 @@ REFUSED_SERVICES = [
     ("metadata.labels", {"app": "a b"}, "invalid_value"),
     ("metadata.annotations", {"svcproxy.io/x": ["y"]}, "malformed"),
     ("metadata.annotations", {"svcproxy.io/x": "\ud800"}, "malformed"),  # YAML "\ud800"
+    # the limit is on bytes: 280,000 in UTF-8
+    ("metadata.annotations", {"svcproxy.io/x": "é" * 140_000}, "too_large"),
     ("status.loadBalancer.ingress", [{"ip": "nope"}], "invalid_ip"),
     ("status.loadBalancer.ingress", [{"ip": "192.0.2.1", "ipMode": "Tunnel"}], "invalid_value"),
 ]
@@ -227,6 +229,8 @@ def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str
             sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}}),
     service(type="LoadBalancer", loadBalancerSourceRanges=["10.0.0.0/0008", "fd00::/00064"]),
     service(ports=[{"port": 53, "protocol": "UDP", "targetPort": "dns-udp"}]),
+    # annotation keys are qualified names whatever their case (ValidateAnnotations)
+    set_path(service(), "metadata.annotations", {"Example.COM/Note": "x", "A_b": "é" * 1000}),
     service(ports=[{"port": 443, "appProtocol": "kubernetes.io/h2c"}], ipFamilies=["IPv4"],
             ipFamilyPolicy="SingleStack"),
     service(ip="fd00::10", ipFamilies=["IPv6", "IPv4"], ipFamilyPolicy="PreferDualStack"),

@@ -291,20 +291,26 @@ class _Checker:
         return version
 
     def meta_map(self, value: Any, where: str, values: re.Pattern[str] | None) -> dict[str, str]:
-        """Labels (``values`` set) or annotations: qualified-name keys, string values."""
+        """Labels (``values`` set) or annotations: qualified-name keys (an annotation's in
+        any case), string values; annotations at most 256 KiB of UTF-8."""
         raw = self.mapping(value, where)
         size = 0
         for k, val in raw.items():
-            if not isinstance(k, str) or not is_qualified_name(k):
+            if not isinstance(k, str) or not is_qualified_name(
+                    k if values is not None else k.lower()):
                 self.err(where, "invalid_name", f"key {_shown(k)} is not a qualified name")
                 continue
             if not isinstance(val, str):
                 self.err(f"{where}.{k}", "malformed", f"must be a string, not {_shown(val)}")
                 continue
-            size += len(k) + len(val)
-            if not val.isascii() and not _is_utf8(val):
+            size += _utf8_size(k) if values is None else 0
+            if val.isascii():
+                size += len(val)
+            elif not _is_utf8(val):
                 self.err(f"{where}.{k}", "malformed", "is not valid UTF-8 text")
                 continue
+            else:
+                size += _utf8_size(val)
             if values is not None and (len(val) > 63 or not (val == "" or values.fullmatch(val))):
                 self.err(f"{where}.{k}", "invalid_value", f"{_shown(val)} is not a valid "
                          "label value (at most 63 letters, digits, '-', '_' or '.')")
@@ -339,6 +345,11 @@ def _matches(pattern: re.Pattern[str], text: str) -> bool:
             _MATCHED.clear()
         hit = _MATCHED[key] = pattern.fullmatch(text) is not None
     return hit
+
+
+def _utf8_size(text: str) -> int:
+    """The bytes of valid text in UTF-8 (Kubernetes' sizes are of bytes)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def _is_utf8(text: str) -> bool:
