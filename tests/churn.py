@@ -179,20 +179,30 @@ def _service(name: str, rng: random.Random) -> dict[str, Any]:
               "targetPort": "http"}]
     if rng.random() < 0.3:
         ports.append({"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"})
+    kind = rng.choice(["ClusterIP"] * 6 + ["NodePort", "LoadBalancer"])
     spec: dict[str, Any] = {
-        "type": "ClusterIP", "clusterIP": f"10.96.0.{_num(name) % 250 + 1}", "ports": ports,
+        "type": kind, "clusterIP": f"10.96.0.{_num(name) % 250 + 1}", "ports": ports,
         "internalTrafficPolicy": rng.choice(["Cluster", "Local"])}
+    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    if kind != "ClusterIP":
+        spec["externalTrafficPolicy"] = rng.choice(["Cluster", "Local"])
+    if kind == "LoadBalancer":
+        obj["status"] = {"loadBalancer": {"ingress": [{"ip": f"192.0.2.{_num(name) % 250}"}]}}
     if rng.random() < 0.3:
         spec["trafficDistribution"] = "PreferClose"
-    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    if rng.random() < 0.05:
+        # No longer a service svcproxy programs (its ports leave every node), or again one.
+        spec.update(type="ClusterIP", clusterIP="None")
+        spec.pop("externalTrafficPolicy", None)
+        obj.pop("status", None)
+    return obj
 
 
 def _slice(name: str, svc: str, rng: random.Random) -> dict[str, Any]:
     eps = []
-    # Slices of one service never share an address: which copy of a duplicate wins on a
-    # tie depends on the order the frontend holds the slices in (compute.merge_endpoints).
-    first = 1 if name.endswith("-a") else 100
-    for ip in rng.sample(range(first, first + 40), rng.randint(0, 6)):
+    # Slices of one service may share addresses (as the EndpointSlice controller's do
+    # while it moves endpoints): every frontend keeps the same copy.
+    for ip in rng.sample(range(1, 30), rng.randint(0, 6)):
         ready = rng.random() < 0.7
         ep: dict[str, Any] = {
             "addresses": [f"10.{1 + _num(svc) % 200}.0.{ip}"], "nodeName": rng.choice(NODES),
@@ -201,6 +211,8 @@ def _slice(name: str, svc: str, rng: random.Random) -> dict[str, Any]:
                            "terminating": not ready and rng.random() < 0.5}}
         if rng.random() < 0.3:
             ep["hints"] = {"forZones": [{"name": rng.choice(ZONES)}]}
+            if rng.random() < 0.3:
+                ep["hints"]["forNodes"] = [{"name": rng.choice(NODES)}]
         eps.append(ep)
     return {"metadata": {"name": name, "namespace": "default",
                          "labels": {"kubernetes.io/service-name": svc}},
@@ -244,9 +256,10 @@ class Churn:
         self._held(kind).discard(name)
 
     def step(self) -> None:
-        """One change: re-create a service (with a new slice), update or delete one, add,
-        change or delete a slice (endpoints, readiness, terminating, ports), or add,
-        re-zone or delete a node."""
+        """One change: re-create a service (with a new slice), update (its type, policies,
+        headless or not) or delete one, add, change or delete a slice (endpoints shared
+        with the service's other slice, readiness, terminating, zone and node hints,
+        ports), or add, re-zone or delete a node."""
         rng, fake = self.rng, self.fake
         name = rng.choice(self.names)
         roll = rng.random()
