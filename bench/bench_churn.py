@@ -38,7 +38,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from svcproxy.sdk.client import NodeStateClient  # noqa: E402
+from svcproxy.sdk.client import NodeStateClient, open_channel  # noqa: E402
+from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc  # noqa: E402
 from tests.churn import (  # noqa: E402
     NODES,
     Churn,
@@ -57,6 +59,14 @@ def start_frontend(kubeconfig: Path, listen: str, workers: int) -> subprocess.Po
         [sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig", str(kubeconfig),
          "--listen", listen, "--metrics-bind-address", "", "--stream-workers", str(workers)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def last_revision(target: str) -> int:
+    """The frontend's revision, as GetNodeState answers it."""
+    with open_channel(target) as channel:
+        stub = pb_grpc.NodeStateServiceStub(channel)
+        return int(stub.GetNodeState(pb.GetNodeStateRequest(node_name="n1", page_size=1),
+                                     timeout=30).revision)
 
 
 def free_port() -> int:
@@ -119,9 +129,14 @@ def run(args: argparse.Namespace) -> None:
         for watcher in slow:
             watchers[watcher.node].append(watcher.state)
         try:
-            settle = wait(lambda: all_exact(fake, target, watchers), 60)
+            settle = wait(lambda: all_exact(fake, target, watchers), args.settle_timeout)
         except SystemExit:
             print("\n".join(differences(fake, target, watchers)))
+            # Behind (still reading what gRPC buffered) or wrong for good: the revisions say.
+            print("revisions behind GetNodeState's: SDK " + " ".join(
+                f"{c.node_name}:{last_revision(target) - c.revision}" for c in clients)
+                + "; slow " + " ".join(f"{w.node}:{last_revision(target) - w.doc.revision}"
+                                       for w in slow))
             raise
         mismatches = sum(c.mismatches for c in clients) + sum(w.digest_errors for w in slow)
         print(f"{args.changes} changes over {args.services} services "
@@ -163,6 +178,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--stream-workers", type=int, default=1,
                         help="frontend processes serving streams (more than 1: on TCP)")
+    parser.add_argument("--settle-timeout", type=float, default=120.0,
+                        help="seconds after the last change for every watcher to be exact "
+                        "(slow readers at thousands of services take minutes: each reads "
+                        "what gRPC buffered for it, 16 MB, at 100 messages a second)")
     parser.add_argument("--restarts", type=int, default=0,
                         help="times the frontend is killed and started again")
     args = parser.parse_args()
