@@ -229,9 +229,10 @@ def of_family(addresses: Iterable[str], family: int) -> list[str]:
 
 def normalize_ip(text: str) -> str | None:
     """Canonical form of an IP, accepting leading zeros as Kubernetes does; None if invalid
-    (a zone index too, which Python's ipaddress reads and Kubernetes does not)."""
+    (a zone index too, which Python's ipaddress reads and Kubernetes does not, and digits
+    other than ASCII ones, which int() reads)."""
     text = text.strip()
-    if "%" in text:
+    if "%" in text or not text.isascii():
         return None
     if ":" not in text and text.count(".") == 3:
         parts = text.split(".")

@@ -256,6 +256,7 @@ def test_a_zone_indexed_ip_is_refused_in_an_ipv6_slice_and_ignored_as_a_node_add
     assert not verdict.ok and verdict.errors[0].reason == "invalid_ip", verdict.summary()
     obj = set_path(node(), "status.addresses", [
         {"type": "InternalIP", "address": "fd00::1%eth0"},
+        {"type": "ExternalIP", "address": "١٠.0.0.1"},  # Arabic-Indic digits: 10.0.0.1
         {"type": "InternalIP", "address": "192.168.0.10"}])
     verdict = validate_node(obj)
     assert verdict.ok and "ignored" in str(verdict.warnings[0]), verdict.warnings
