@@ -77,6 +77,8 @@ REFUSED_SERVICES = [
     ("spec.clusterIPs", ["fd00::10%eth0"], "invalid_ip"),
     ("spec.externalIPs", ["2001:db8::7%1"], "invalid_ip"),
     ("spec.loadBalancerSourceRanges", ["fd00::%eth0/64"], "invalid_ip"),
+    # IPv4-mapped: Kubernetes would read an IPv4 range (192.168.1.0/24), ipaddress an IPv6 one
+    ("spec.loadBalancerSourceRanges", ["::ffff:192.168.1.0/120"], "invalid_ip"),
     ("status.loadBalancer.ingress", [{"ip": "2001:db8::100%lo"}], "invalid_ip"),
     ("spec.clusterIPs", ["10.96.0.10", "10.96.0.11"], "ip_family"),
     ("spec.clusterIPs", ["10.96.0.10", "fd00::1", "fd00::2"], "too_many"),
@@ -202,6 +204,7 @@ def test_external_names_kubernetes_refuses_are_refused(name: str) -> None:
     ("metadata.name", "Node_1", "invalid_name"),
     ("spec.podCIDRs", ["10.0.0.0/33"], "invalid_ip"),
     ("spec.podCIDRs", ["fd00::%1/64"], "invalid_ip"),
+    ("spec.podCIDRs", ["::ffff:10.244.1.0/120"], "invalid_ip"),
     ("spec.podCIDRs", ["fd00::/" + "1" * 4301], "invalid_ip"),
     ("spec.podCIDRs", ["10.0.0.0/24", "fd00::/64", "10.1.0.0/24"], "too_many"),
     ("spec.taints", [{"key": "a b", "effect": "NoSchedule"}], "invalid_name"),

@@ -664,7 +664,10 @@ def _cidrs(c: _Checker, value: Any, where: str, allow_commas: bool = False) -> l
         bits = length.lstrip("0")  # leading zeros are allowed, a 5,000-digit int() raises
         ok = ip is not None and slash and length.isdigit() and length.isascii() and \
             len(bits) <= 3 and int(bits or "0") <= (32 if ip.version == 4 else 128)
-        if ok:
+        if ok and isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            c.err(where, "invalid_ip", f"{_shown(part)} is an IPv4-mapped IPv6 CIDR; write "
+                  "the IPv4 CIDR")  # Go reads an IPv4 range there, ipaddress an IPv6 one
+        elif ok:
             families.append(ip.version)  # type: ignore[union-attr]
         elif text:
             c.err(where, "invalid_ip", f"{_shown(part)} is not a CIDR")
