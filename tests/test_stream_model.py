@@ -40,6 +40,8 @@ from svcproxy.frontend.publication.wire import (
     replace_service,
     set_node,
 )
+from svcproxy.frontend.serving.limits import Refused
+from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.serving.worker import ParentLink, SnapshotFeed
 from svcproxy.frontend.serving.workers import StreamWorkers, _Worker
 from svcproxy.frontend.sources.events import (
@@ -431,6 +433,7 @@ class StreamModel(RuleBasedStateMachine):
         self.engine = Engine(history_limit=12)
         self.clients: list[Client] = []
         self.side = WorkerSide(self.engine, self._record)
+        self.pages = NodeStatePages(self.engine)
         self.worker_clients: list[WorkerClient] = []
         # Per view: what GetNodeState said at each revision it changed (or was made) at.
         self.said: dict[str, list[tuple[int, Any]]] = {}
@@ -573,6 +576,40 @@ class StreamModel(RuleBasedStateMachine):
         if client.view is not None:
             self.engine.changelog.unwatch(client.view)
             client.view = None
+
+    @rule(name=st.sampled_from(NODES + ["n4"]), size=st.integers(1, 3), data=st.data())
+    def get_node_state(self, name: str, size: int, data: st.DataObject) -> None:
+        """GetNodeState in pages, the state changing between them: every page is of the
+        first page's revision and together they are the view then, or the listing is gone
+        (ABORTED: start again)."""
+        token, got, want = "", {}, None
+        first: pb.NodeState | None = None
+        while True:
+            try:
+                page = pb.NodeState.FromString(self.pages.answer(pb.GetNodeStateRequest(
+                    node_name=name, page_size=size, page_token=token)))
+            except Refused as err:
+                assert token and err.code_name == "ABORTED", err.message
+                return
+            if first is None:
+                first = page
+                view = self.engine.changelog.view(name)  # nothing changed since the page
+                want = expected(view)
+                self.engine.changelog.release(view)
+            assert page.revision == first.revision
+            for msg in page.services:
+                got[msg.service.key.SerializeToString()] = (
+                    msg.service.SerializeToString(deterministic=True),
+                    {e.ip: e.SerializeToString() for e in msg.endpoints})
+            token = page.next_page_token
+            if not token:
+                break
+            if data.draw(st.booleans()):
+                self.change(data.draw(st.lists(event_st, min_size=1, max_size=2)))
+        assert want is not None
+        nodes = {first.node.name: first.node.SerializeToString(deterministic=True)} \
+            if first.HasField("node") else {}
+        assert (got, nodes) == want
 
     # ---- streams a stream worker serves (workers.py, worker.py) ----------------------
     @rule(name=st.sampled_from(WATCHED))
