@@ -337,10 +337,14 @@ def node_of(client: NodeStateClient) -> Any:
 
 def all_exact(fake: FakeApiserver, target: str, watchers: dict[str, list[Callable[[], State]]]
               ) -> bool:
-    """Whether every watcher equals GetNodeState equals the objects, for every node."""
+    """Whether every watcher equals GetNodeState equals the objects, for every node (False
+    while GetNodeState fails: a frontend restarting or too loaded to answer in time)."""
     for node, states in watchers.items():
         want = comparable(truth(fake, node))
-        if comparable(get_node_state(target, node)) != want:
+        try:
+            if comparable(get_node_state(target, node)) != want:
+                return False
+        except grpc.RpcError:
             return False
         if any(comparable(state()) != want for state in states):
             return False
