@@ -81,7 +81,7 @@ class RunningFrontend:
         """Stop it (once: a test may stop it before the fixture does)."""
         if not self._loop.running:
             return
-        self._loop.call(self.frontend.stop(), 10)
+        self._loop.call(self.frontend.stop(), 30)  # a loaded 2-core machine: seconds
         self._loop.stop(5)
 
 

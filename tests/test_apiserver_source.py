@@ -339,6 +339,23 @@ def test_stop_closes_the_watches(fake, start_source) -> None:
     wait_until(lambda: not any(fake.active_watches(k) for k in KINDS), "watches to close")
 
 
+def test_stop_waits_its_timeout_in_all_not_per_thread(fake, tmp_path) -> None:
+    """Three reflector threads that do not end (a loaded machine) cost stop() its timeout
+    once, not once each: a frontend's stop (and a restart's) stays within its caller's."""
+    source = ApiserverSource(lambda events: None,
+                             kubeconfig=str(write_kubeconfig(tmp_path / "kc", fake.url, TOKEN)))
+    release = threading.Event()
+    source._threads = [threading.Thread(target=release.wait, daemon=True) for _ in range(3)]
+    for thread in source._threads:
+        thread.start()
+    try:
+        start = time.monotonic()
+        source.stop(timeout=1.0)
+        assert time.monotonic() - start < 2.0
+    finally:
+        release.set()
+
+
 def test_missing_kubeconfig_is_a_clear_error(tmp_path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ApiserverConfigError, match="nope.yaml"):

@@ -9,6 +9,7 @@ every kind has been listed.
 from __future__ import annotations
 
 import threading
+import time
 from types import TracebackType
 
 import kubernetes.client
@@ -157,11 +158,12 @@ class ApiserverSource:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop watching; waits up to ``timeout`` seconds for the threads to end."""
+        """Stop watching; waits up to ``timeout`` seconds in all for the threads to end."""
         for reflector in self._reflectors:
             reflector.stop()
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._threads.clear()
         if self._owns_client:
             self.api_client.close()
