@@ -16,8 +16,8 @@ def pause_collector_for_start() -> None:
     """No cyclic collection from the process start to the first sync (or for at most
     START_PAUSE_LIMIT): what a cold start allocates (imports, the first state, in local
     mode the frontend's too) lives on, and the passes over it cost ~0.5 s of a backend's
-    start at 10,000 services, 0.1-0.4 s of the frontend's (~120 passes, over its imports and
-    the pages listed before its engine exists). Nothing is done when the collector is
+    start at 10,000 services, ~0.1 s of the frontend's (~120 passes, over its imports and the
+    pages listed before its engine exists). Nothing is done when the collector is
     already off."""
     global _start_pause
     if not gc.isenabled() or _start_pause is not None:

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from svcproxy.agent.collector import pause_collector_for_start
 from svcproxy.agent.kubeproxy_config import (
     GROUP,
     ConfigError,
@@ -409,7 +408,6 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
     apiserver's answer then overlaps the rest of the start."""
     local = None
     if not flags.get("cleanup") and not flags.get("init-only"):
-        pause_collector_for_start()
         local = local_frontend(config, rest, flags.get("master") or "")
     if local is None:
         return run_backend(config, flags, forced, rest, None)
