@@ -90,6 +90,16 @@ def _frontend_limit_arguments(p: argparse.ArgumentParser) -> None:
                    "UNAVAILABLE, so it resumes from its revision; 0 never (default "
                    "%(default)s: twice the gRPC keepalive, far beyond any apply a reading "
                    "client does, since the SDK reads while it applies)")
+    g.add_argument("--unary-qps-per-peer", type=float, default=5.0, metavar="QPS",
+                   help="GetNodeState and ListNodes calls per second one client address may "
+                   "make on average, every process's counted together (a call whose answer "
+                   "took more than 25 ms of CPU counts once more per 25 ms: a new listing of "
+                   "a 10,000-service node counts 3-8); more are refused with "
+                   "RESOURCE_EXHAUSTED saying when to retry; 0 no limit (default "
+                   "%(default)s: an address takes at most ~1/8 of the frontend's loop)")
+    g.add_argument("--unary-burst-per-peer", type=int, default=20, metavar="N",
+                   help="calls one client address may make at once beyond "
+                   "--unary-qps-per-peer (default %(default)s)")
 
 
 def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
@@ -281,8 +291,13 @@ def _run_frontend(args: argparse.Namespace) -> int:
     if args.max_streams < 1 or args.max_streams_per_peer < 1 or args.stream_write_timeout < 0:
         raise SystemExit("svcproxy: --max-streams and --max-streams-per-peer must be 1 or "
                          "more, --stream-write-timeout 0 or more")
+    if not args.unary_qps_per_peer >= 0 or args.unary_burst_per_peer < 1:
+        raise SystemExit("svcproxy: --unary-qps-per-peer must be 0 or more, "
+                         "--unary-burst-per-peer 1 or more")
     limits = StreamLimits(args.max_streams, args.max_streams_per_peer,
-                          args.stream_write_timeout)
+                          args.stream_write_timeout,
+                          unary_qps_per_peer=args.unary_qps_per_peer,
+                          unary_burst_per_peer=args.unary_burst_per_peer)
     opts = FrontendOptions(listen=args.listen, manifests=args.manifests,
                            kubeconfig=args.kubeconfig, service_proxy_name=args.service_proxy_name,
                            metrics_bind_address=args.metrics_bind_address, tls=tls,

@@ -13,12 +13,15 @@ a message its client does not read:
 - ``AnswerBudget`` bounds the bytes of unary answers (a GetNodeState page is up to
   3 MiB) that gRPC holds until their clients read them, per peer and in all; beyond it a
   call is refused with RESOURCE_EXHAUSTED.
+- ``UnaryRates`` limits unary calls per peer address to a rate with a burst (a token
+  bucket); beyond it a call is refused with RESOURCE_EXHAUSTED before any work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,21 +41,27 @@ STALLED = counter("svcproxy_frontend_watch_stalled_total",
 UNARY_REFUSED = counter("svcproxy_frontend_unary_refused_total",
                         "GetNodeState and ListNodes calls refused because the answers "
                         "their client address (peer) or every client (total) has not read "
-                        "yet reached their budget, by cap (total, peer).", ["cap"])
+                        "yet reached their budget (total, peer), or because their client "
+                        "address called more often than --unary-qps-per-peer allows "
+                        "(rate), by cap.", ["cap"])
 INVALID = counter("svcproxy_frontend_invalid_requests_total",
                   "Requests refused with INVALID_ARGUMENT, by method.", ["method"])
 
 
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
-    """The flags: --max-streams, --max-streams-per-peer, --stream-write-timeout; and the
-    bytes of unary answers not read yet, per client address and in all (per process)."""
+    """The flags: --max-streams, --max-streams-per-peer, --stream-write-timeout,
+    --unary-qps-per-peer, --unary-burst-per-peer; and the bytes of unary answers not
+    read yet, per client address and in all (per process)."""
 
     max_streams: int = 10000
     max_streams_per_peer: int = 100
     write_timeout: float = 60.0
     answer_bytes_per_peer: int = 32 << 20
     answer_bytes_total: int = 256 << 20
+    # Off unless given (tests poll GetNodeState); the command line's default is on.
+    unary_qps_per_peer: float = 0.0
+    unary_burst_per_peer: int = 20
 
 
 class Refused(Exception):
@@ -157,6 +166,96 @@ class AnswerBudget:
         self.per_peer[peer] -= size
         if self.per_peer[peer] <= 0:
             del self.per_peer[peer]
+
+
+class PeerLog:
+    """Warnings about one client address, at most one per ``interval`` seconds per
+    address (the next says how many were left out); memory follows the addresses
+    logged in the last interval."""
+
+    def __init__(self, interval: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.seen: dict[str, list[float]] = {}  # peer -> [when logged, left out since]
+        self._swept = clock()
+
+    def warn(self, peer: str, message: str, *args: object) -> None:
+        now = self.clock()
+        seen = self.seen.get(peer)
+        if now - self._swept >= self.interval:
+            self._swept = now
+            self.seen = {p: s for p, s in self.seen.items() if now - s[0] < self.interval}
+        if seen is not None and now - seen[0] < self.interval:
+            seen[1] += 1
+            return
+        log.warning(message + "; logged once per %.0f s per client address%s", *args,
+                    self.interval, f" ({seen[1]:.0f} more since the last line)"
+                    if seen is not None and seen[1] else "")
+        self.seen[peer] = [now, 0.0]
+
+
+# A unary call counts as one more call per this much CPU its answer took on the loop
+# beyond the first (a cached page of a 10,000-service node takes ~20 ms, a new listing
+# 80-180 ms, a node's first view ~2 s), as kube-apiserver's priority and fairness
+# counts a LIST as more seats the more objects it returns.
+CALL_SECONDS = 0.025
+
+
+class UnaryRates:
+    """GetNodeState and ListNodes calls per peer address, as kube's client-side
+    --kube-api-qps/--kube-api-burst limit theirs: a token bucket of ``burst`` calls
+    refilled at ``qps`` per second, a call that took more than CALL_SECONDS of the loop
+    counting as more (``charge``); ``qps`` 0 is no limit. A peer whose bucket is full
+    again is forgotten (every minute), so memory follows the active peers."""
+
+    def __init__(self, qps: float, burst: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self.clock = clock
+        self.buckets: dict[str, tuple[float, float]] = {}  # peer -> (tokens, when)
+        self.log = PeerLog(clock=clock)
+        self._swept = clock()
+
+    def admit(self, peer: str) -> None:
+        """Take one call of ``peer``'s; Refused (RESOURCE_EXHAUSTED) beyond the rate."""
+        if self.qps <= 0:
+            return
+        now = self.clock()
+        if now - self._swept >= 60.0:
+            self._sweep(now)
+        tokens, when = self.buckets.get(peer, (self.burst, now))
+        tokens = min(float(self.burst), tokens + (now - when) * self.qps)
+        if tokens >= 1.0:
+            self.buckets[peer] = (tokens - 1.0, now)
+            return
+        self.buckets[peer] = (tokens, now)
+        UNARY_REFUSED.labels("rate").inc()
+        self.log.warn(peer, "refusing unary calls from %s beyond %g per second (burst %d; "
+                      "--unary-qps-per-peer, --unary-burst-per-peer)", peer, self.qps,
+                      self.burst)
+        who = "the unix socket's clients" if peer == "unix" else peer
+        raise Refused("RESOURCE_EXHAUSTED", (
+            f"{who} called more than {self.qps:g} times per second, the most one client "
+            f"address may on average ({self.burst} at once; --unary-qps-per-peer, "
+            f"--unary-burst-per-peer): retry in {(1.0 - tokens) / self.qps:.2f} s or later "
+            "with backoff, and Watch the node instead of polling GetNodeState"))
+
+    def charge(self, peer: str, seconds: float) -> None:
+        """Count the call ``peer`` was admitted for, which took ``seconds`` of CPU, as
+        one more call per CALL_SECONDS beyond the first (its bucket may go below zero:
+        its next calls wait the longer)."""
+        extra = int(seconds / CALL_SECONDS)
+        if self.qps > 0 and extra and peer in self.buckets:
+            tokens, when = self.buckets[peer]
+            self.buckets[peer] = (tokens - extra, when)
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        for peer, (tokens, when) in list(self.buckets.items()):
+            if tokens + (now - when) * self.qps >= self.burst:
+                del self.buckets[peer]
 
 
 class WriteClock:

@@ -9,6 +9,7 @@ its own cursor, so a slow client never delays another.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -31,9 +32,11 @@ from svcproxy.frontend.serving.limits import (
     StallWatch,
     StreamLimits,
     StreamSlots,
+    UnaryRates,
     WriteClock,
     peer_address,
 )
+from svcproxy.frontend.serving.oversized import RequestSizeInterceptor
 from svcproxy.frontend.serving.pages import PAGE_BYTES, NodeStatePages
 from svcproxy.frontend.serving.reflection import enable_reflection
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
@@ -60,6 +63,8 @@ class NodeStateServicer(WatchServicer):
         self.pages = NodeStatePages(engine)
         self.answers = AnswerBudget(self.limits.answer_bytes_per_peer,
                                     self.limits.answer_bytes_total, PAGE_BYTES)
+        self.rates = UnaryRates(self.limits.unary_qps_per_peer,
+                                self.limits.unary_burst_per_peer)
 
     def start_stream(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
         """Admit one stream of ``peer`` (its address; its slot is the caller's to release):
@@ -91,16 +96,22 @@ class NodeStateServicer(WatchServicer):
             engine.changelog.unwatch(view)
             log.info("watch from %s for %s ended", peer, name or "<cluster>")
 
-    def answer(self, method: str, request: Any) -> bytes:
-        """A unary call's serialised answer; Refused for an invalid request, or before
+    def answer(self, method: str, request: Any, peer: str) -> bytes:
+        """A unary call's serialised answer for ``peer`` (its address, whichever process
+        it called); Refused beyond the peer's rate, for an invalid request, or before
         the first complete state (a partial one would pass for the cluster's)."""
+        self.rates.admit(peer)
         if not self.engine.synced.is_set():
             raise Refused("UNAVAILABLE", (
                 "this frontend has not listed every Service, EndpointSlice and Node yet "
                 "(its health is NOT_SERVING): retry with backoff, or ask a ready replica"))
-        if method == "GetNodeState":
-            return self.pages.answer(request)
-        return self.pages.nodes(request)
+        start = time.thread_time()
+        try:
+            if method == "GetNodeState":
+                return self.pages.answer(request)
+            return self.pages.nodes(request)
+        finally:
+            self.rates.charge(peer, time.thread_time() - start)
 
     async def GetNodeState(self, request: pb.GetNodeStateRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> bytes:
@@ -115,7 +126,7 @@ class NodeStateServicer(WatchServicer):
         peer = peer_address(context.peer())
         try:
             self.answers.admit(peer)
-            return self.answers.hold(context, peer, self.answer(method, request))
+            return self.answers.hold(context, peer, self.answer(method, request, peer))
         except Refused as err:
             await err.abort(context)
             raise
@@ -217,8 +228,8 @@ class CallNoise(logging.Filter):
 
 
 # The largest valid request (a 253-character node name, two 63-character filters, a
-# page token) is under 1 KiB: gRPC refuses bigger ones with RESOURCE_EXHAUSTED before a
-# handler sees them (its default let every call bring 4 MiB).
+# page token) is under 1 KiB: gRPC refuses bigger ones with RESOURCE_EXHAUSTED as they
+# arrive (its default let every call bring 4 MiB); RequestSizeInterceptor counts them.
 MAX_REQUEST_BYTES = 64 << 10
 
 
@@ -236,7 +247,8 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
                                       ("grpc.keepalive_time_ms", 30000),
                                       *KEEPALIVE_POLICY,
                                       ("grpc.so_reuseport", 1)],
-                             interceptors=guard.interceptors() if guard else None)
+                             interceptors=[RequestSizeInterceptor(MAX_REQUEST_BYTES),
+                                           *(guard.interceptors() if guard else ())])
     server.add_generic_rpc_handlers((handler,))
     grpc_log = logging.getLogger("grpc._cython.cygrpc")
     if not any(isinstance(f, CallNoise) for f in grpc_log.filters):

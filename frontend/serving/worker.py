@@ -255,7 +255,7 @@ class WorkerServicer(WatchServicer):
         peer = peer_address(context.peer())
         try:
             self.answers.admit(peer)
-            reply = await self.link.request("unary", method, request)
+            reply = await self.link.request("unary", method, request, peer)
             if isinstance(reply, Refused):
                 raise reply
             return self.answers.hold(context, peer, reply)  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ A worker holds nothing but the views its own clients watch. A new stream asks th
 process where to start (``Snapshots.catch_up``: the batches it missed, or a snapshot) and
 subscribes its worker to that view; from then on every batch of the view is sent to the
 worker (already-serialised ops, pickled once per worker and revision), in the same
-pipe and so in the same order as the answers. Unary calls are forwarded here, and
+pipe and so in the same order as the answers. Unary calls are forwarded here (each
+peer's rate is counted here, across processes), and
 each worker reports its metrics here every second, so /metrics covers every process.
 """
 
@@ -167,16 +168,17 @@ class StreamWorkers:
             await self.engine.synced.wait()
             reply = True
         else:
-            reply = self._unary(str(message[2]), bytes(message[3]))
+            reply = self._unary(str(message[2]), bytes(message[3]), str(message[4]))
         worker.pipe.send(("reply", req, reply))
 
-    def _unary(self, method: str, data: bytes) -> bytes | Refused:
-        """A unary call's serialised answer, or why it is refused."""
+    def _unary(self, method: str, data: bytes, peer: str) -> bytes | Refused:
+        """A unary call's serialised answer, or why it is refused (``peer``'s rate is
+        this process's count, so it holds whichever process the peer called)."""
         try:
             request = parse(REQUESTS[method], data)
             if isinstance(request, Malformed):
                 return invalid(method, request.message)
-            return self._servicer.answer(method, request)
+            return self._servicer.answer(method, request, peer)
         except Refused as err:
             return err
 
