@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from svcproxy.frontend.serving.access.auth import AuthConfig
-from svcproxy.frontend.serving.limits import PeerLog, StreamLimits, UnaryRates
+from svcproxy.frontend.serving.limits import PeerLog, Refused, StreamLimits, UnaryRates
 from svcproxy.frontend.serving.server import MAX_REQUEST_BYTES
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
@@ -106,8 +106,9 @@ def test_token_bucket_refills_at_the_rate_and_forgets_full_buckets() -> None:
     rates.admit("b")  # another address has its own bucket
     now[0] += 0.5  # one call's worth
     rates.admit("a")
-    with pytest.raises(Exception, match="retry in 0.50 s"):
+    with pytest.raises(Refused, match="retry in 0.50 s") as refused:
         rates.admit("a")
+    assert refused.value.delay == pytest.approx(0.5)  # held back until it could be answered
     rates.charge("b", 0.1)  # a call that took 100 ms counts as 1 + 4
     assert rates.buckets["b"][0] == pytest.approx(3 - 1 - 4)
     now[0] += 61  # full again: forgotten at the next sweep

@@ -28,6 +28,7 @@ from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
     INVALID,
     AnswerBudget,
+    RefusalDelay,
     Refused,
     StallWatch,
     StreamLimits,
@@ -65,6 +66,7 @@ class NodeStateServicer(WatchServicer):
                                     self.limits.answer_bytes_total, PAGE_BYTES)
         self.rates = UnaryRates(self.limits.unary_qps_per_peer,
                                 self.limits.unary_burst_per_peer)
+        self.delays = RefusalDelay()
 
     def start_stream(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
         """Admit one stream of ``peer`` (its address; its slot is the caller's to release):
@@ -128,6 +130,7 @@ class NodeStateServicer(WatchServicer):
             self.answers.admit(peer)
             return self.answers.hold(context, peer, self.answer(method, request, peer))
         except Refused as err:
+            await self.delays.hold(peer, err)
             await err.abort(context)
             raise
 

@@ -24,6 +24,7 @@ from svcproxy.frontend.publication.views import NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
     AnswerBudget,
+    RefusalDelay,
     Refused,
     StallWatch,
     StreamLimits,
@@ -215,6 +216,7 @@ class WorkerServicer(WatchServicer):
         limits = StreamLimits()
         self.answers = AnswerBudget(limits.answer_bytes_per_peer, limits.answer_bytes_total,
                                     PAGE_BYTES)
+        self.delays = RefusalDelay()
 
     async def stream(self, name: str, since: int, context: grpc.aio.ServicerContext,
                      clock: WriteClock) -> None:
@@ -260,6 +262,7 @@ class WorkerServicer(WatchServicer):
                 raise reply
             return self.answers.hold(context, peer, reply)  # type: ignore[arg-type]
         except Refused as err:
+            await self.delays.hold(peer, err)
             await err.abort(context)
             raise
 
