@@ -94,9 +94,10 @@ def _frontend_limit_arguments(p: argparse.ArgumentParser) -> None:
                    help="GetNodeState and ListNodes calls per second one client address may "
                    "make on average, every process's counted together (a call whose answer "
                    "took more than 25 ms of CPU counts once more per 25 ms: a new listing of "
-                   "a 10,000-service node counts 3-8); more are refused with "
-                   "RESOURCE_EXHAUSTED saying when to retry; 0 no limit (default "
-                   "%(default)s: an address takes at most ~1/8 of the frontend's loop)")
+                   "a 10,000-service node counts 4-8); more are refused with "
+                   "RESOURCE_EXHAUSTED saying when to retry, sent when the call could have "
+                   "been answered (at most 1 s later); 0 no limit (default %(default)s: an "
+                   "address takes at most ~1/8 of the frontend's loop)")
     g.add_argument("--unary-burst-per-peer", type=int, default=20, metavar="N",
                    help="calls one client address may make at once beyond "
                    "--unary-qps-per-peer (default %(default)s)")

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 
 import grpc
 import pytest
 
 from svcproxy.frontend.serving.access.auth import AuthConfig
-from svcproxy.frontend.serving.limits import PeerLog, Refused, StreamLimits, UnaryRates
+from svcproxy.frontend.serving.limits import (
+    MAX_REFUSAL_DELAY,
+    PeerLog,
+    Refused,
+    StreamLimits,
+    UnaryRates,
+)
 from svcproxy.frontend.serving.server import MAX_REQUEST_BYTES
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
@@ -172,3 +179,19 @@ def test_a_unary_call_with_no_request_is_refused(frontend_factory, tmp_path) -> 
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "no request message" in err.value.details()
     assert exposed("svcproxy_frontend_invalid_requests_total", method="ListNodes") == before + 1
+
+
+def test_a_refusal_for_the_rate_is_held_back(frontend_factory, tmp_path) -> None:
+    """A client that retries at once waits for each refusal (a lower bound on time: a
+    loaded machine only makes it longer)."""
+    fe = frontend_factory(copy_examples(tmp_path), stream_limits=StreamLimits(
+        unary_qps_per_peer=NO_REFILL, unary_burst_per_peer=1))
+    with grpc.insecure_channel(fe.opts.listen) as ch:
+        api = pb_grpc.NodeStateServiceStub(ch)
+        api.ListNodes(pb.ListNodesRequest(), timeout=20)
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            api.ListNodes(pb.ListNodesRequest(), timeout=20)
+        took = time.monotonic() - start
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert took >= MAX_REFUSAL_DELAY * 0.95

@@ -14,7 +14,9 @@ a message its client does not read:
   3 MiB) that gRPC holds until their clients read them, per peer and in all; beyond it a
   call is refused with RESOURCE_EXHAUSTED.
 - ``UnaryRates`` limits unary calls per peer address to a rate with a burst (a token
-  bucket); beyond it a call is refused with RESOURCE_EXHAUSTED before any work.
+  bucket, a costly call counting as several); beyond it a call is refused with
+  RESOURCE_EXHAUSTED before any work, the refusal held back (``RefusalDelay``) until the
+  call could have been answered.
 """
 
 from __future__ import annotations
