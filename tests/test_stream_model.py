@@ -655,10 +655,11 @@ class StreamModel(RuleBasedStateMachine):
         self.clients.append(client)
         self._start(client)
 
-    def _since(self, client: Client) -> int | None:
+    def _since(self, client: Client, later: bool = False) -> int | None:
         """The since_revision a client's Watch reaches the servicer with (the epoch
-        interceptor's); None for a client the model leaves (see ``_excluded``)."""
-        if self._excluded(client):
+        interceptor's), ``later`` when the main process reads it; None for a client the
+        model leaves (see ``_excluded``)."""
+        if self._excluded(client, later):
             return None
         since, epoch = through_epoch(self.epoch, client)
         assert epoch == self.epoch.epoch
@@ -669,15 +670,18 @@ class StreamModel(RuleBasedStateMachine):
                 "behind its clock"))
         return since
 
-    def _excluded(self, client: Client) -> bool:
+    def _excluded(self, client: Client, later: bool) -> bool:
         """A client that sends no epoch, whose revision is another frontend's and past
         this one's clock at its start (a clock that stepped back), may resume into this
         frontend's unrelated history (the documented limitation): the model leaves it
-        (removes it). Such a revision still ahead of this frontend's is INVALID_ARGUMENT
-        (the client watches from 0), and one at or behind the clock a reset: both kept."""
+        (removes it). Such a revision still ahead of this frontend's when its Watch is
+        served is INVALID_ARGUMENT (the client watches from 0), and one at or behind
+        the clock a reset: both kept. A stream worker's Watch is served when the main
+        process reads it, the revision moved meanwhile: there, every revision past the
+        clock is left."""
         if (client.sdk is not None or client.generation == self.generation
-                or not self.first_revision < client.revision
-                <= self.engine.changelog.revision):
+                or client.revision <= self.first_revision
+                or client.revision > self.engine.changelog.revision and not later):
             return False
         noted("excluded: no epoch, the clock stepped back past its revision")
         for clients in (self.clients, self.worker_clients):
@@ -835,8 +839,8 @@ class StreamModel(RuleBasedStateMachine):
 
     def _start_on_worker(self, client: WorkerClient) -> None:
         """The worker's servicer starts a stream (the worker has the same epoch
-        interceptor); False when it did not start."""
-        since = self._since(client)
+        interceptor), unless the model leaves the client."""
+        since = self._since(client, later=True)
         if since is not None:
             client.kind, client.task = "watch", self.side.start(self.side.link.watch(
                 client.name, since, client.peer))
