@@ -20,7 +20,7 @@ from svcproxy.frontend.serving.limits import StreamLimits
 from svcproxy.frontend.serving.readiness import Readiness
 from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, start_server
 from svcproxy.frontend.sources.intake import Intake
-from svcproxy.frontend.sources.kubevalidation import ObjectLimits
+from svcproxy.frontend.sources.kube_limits import ObjectLimits
 
 if TYPE_CHECKING:
     from svcproxy.frontend.serving.workers import StreamWorkers

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from svcproxy.frontend.main import FrontendOptions
     from svcproxy.frontend.serving.access.auth import AuthConfig
     from svcproxy.frontend.sources.apiserver_early import Listing
-    from svcproxy.frontend.sources.kubevalidation import ObjectLimits
+    from svcproxy.frontend.sources.kube_limits import ObjectLimits
     from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
 
@@ -158,7 +158,7 @@ def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
 
 def _object_limits(args: argparse.Namespace) -> ObjectLimits:
     """--max-object-* and --max-name-length (every limit flag checked)."""
-    from svcproxy.frontend.sources.kubevalidation import ObjectLimits
+    from svcproxy.frontend.sources.kube_limits import ObjectLimits
 
     sizes = (args.max_object_bytes, args.max_name_length, args.manifest_max_file_bytes)
     if min(sizes) < 1 or args.manifest_max_alias_expansion < 0 or \

@@ -13,20 +13,18 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.computation.compute import merge_endpoints
-from svcproxy.frontend.sources import kubevalidation
+from svcproxy.frontend.sources import kube_slices
 from svcproxy.frontend.sources.events import RawObject, Replace
 from svcproxy.frontend.sources.intake import Intake
-from svcproxy.frontend.sources.kubevalidation import (
-    _FORBIDDEN_IPV4,
+from svcproxy.frontend.sources.kube_addresses import (
     ALLOWED_IPV4,
     CANONICAL_IPV4,
-    ObjectLimits,
-    _ipv4_problem,
-    _plain_ipv4_endpoint,
-    _walk,
-    validate_endpoint_slice,
-    validate_service,
+    FORBIDDEN_IPV4,
+    ipv4_problem,
 )
+from svcproxy.frontend.sources.kube_limits import ObjectLimits, _walk
+from svcproxy.frontend.sources.kube_services import validate_service
+from svcproxy.frontend.sources.kube_slices import _plain_ipv4_endpoint, validate_endpoint_slice
 from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
 from svcproxy.frontend.store.objects import (
@@ -138,14 +136,14 @@ def test_plain_endpoints_parse_as_the_general_path_does(endpoints: list[dict[str
 def test_forbidden_canonical_ipv4_by_prefix_is_the_rule(n: int) -> None:
     text = ".".join(str(n >> shift & 255) for shift in (24, 16, 8, 0))
     assert CANONICAL_IPV4.fullmatch(text)
-    assert text.startswith(_FORBIDDEN_IPV4) == (_ipv4_problem(n) is not None)
-    assert (ALLOWED_IPV4.fullmatch(text) is None) == (_ipv4_problem(n) is not None)
+    assert text.startswith(FORBIDDEN_IPV4) == (ipv4_problem(n) is not None)
+    assert (ALLOWED_IPV4.fullmatch(text) is None) == (ipv4_problem(n) is not None)
 
 
 @given(TEXT)
 def test_an_allowed_ipv4_address_is_canonical_and_not_forbidden(text: str) -> None:
     assert (ALLOWED_IPV4.fullmatch(text) is not None) == (
-        CANONICAL_IPV4.fullmatch(text) is not None and not text.startswith(_FORBIDDEN_IPV4))
+        CANONICAL_IPV4.fullmatch(text) is not None and not text.startswith(FORBIDDEN_IPV4))
 
 
 # A plain endpoint as large as the plain shape allows, with a targetRef.
@@ -183,8 +181,8 @@ def test_a_plain_endpoints_size_bound_is_never_below_the_walks_count(ep: Any) ->
 def test_a_slice_of_plain_endpoints_gets_the_general_verdict(obj: Any,
                                                              limits: ObjectLimits) -> None:
     fast = validate_endpoint_slice(obj, limits)
-    with patch.object(kubevalidation, "_plain_endpoints", return_value=None), \
-            patch.object(kubevalidation, "_plain_ipv4_endpoint", return_value=0):
+    with patch.object(kube_slices, "_plain_endpoints", return_value=None), \
+            patch.object(kube_slices, "_plain_ipv4_endpoint", return_value=0):
         general = validate_endpoint_slice(obj, limits)
     assert (fast.errors, fast.warnings) == (general.errors, general.warnings)
 

@@ -9,7 +9,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from svcproxy.frontend.serving.limits import INVALID, Refused
-from svcproxy.frontend.sources.kubevalidation import DNS1035_LABEL, DNS1123_LABEL
+from svcproxy.frontend.sources.kube_names import DNS1035_LABEL, DNS1123_LABEL
 
 M = TypeVar("M", bound=Message)
 

@@ -18,14 +18,9 @@ import msgspec
 
 from svcproxy.frontend import metrics
 from svcproxy.frontend.sources.events import RawObject
-from svcproxy.frontend.sources.kubevalidation import (
-    DEFAULT_LIMITS,
-    ObjectLimits,
-    Problem,
-    Verdict,
-    object_key,
-    validate,
-)
+from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
+from svcproxy.frontend.sources.kube_verdict import Problem, Verdict
+from svcproxy.frontend.sources.kubevalidation import object_key, validate
 from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
 from svcproxy.frontend.store.objects import (

@@ -12,13 +12,13 @@ from typing import TypeVar
 
 import msgspec
 
-from svcproxy.frontend.sources.kubevalidation import (
-    _QUALIFIED,
+from svcproxy.frontend.sources.kube_checker import MAX_ANNOTATIONS_BYTES
+from svcproxy.frontend.sources.kube_limits import ObjectLimits
+from svcproxy.frontend.sources.kube_names import (
     DNS1123_LABEL,
-    MAX_ANNOTATIONS_BYTES,
-    ObjectLimits,
-    _matches,
+    QUALIFIED,
     is_qualified_name,
+    matches,
 )
 
 # ``check_size`` counts at most 8 per byte of JSON (a scalar is 8, text its length, a
@@ -82,9 +82,9 @@ def metadata_ok(meta: Meta, name_pattern: re.Pattern[str], name_limit: int,
     """The name (``name_pattern``, at most ``name_limit``), namespace, labels,
     annotations and managedFields valid as they are."""
     name, namespace = meta.name, meta.namespace
-    if not name or len(name) > name_limit or not _matches(name_pattern, name):
+    if not name or len(name) > name_limit or not matches(name_pattern, name):
         return False
-    if namespace and (len(namespace) > 63 or not _matches(DNS1123_LABEL, namespace)):
+    if namespace and (len(namespace) > 63 or not matches(DNS1123_LABEL, namespace)):
         return False
     if meta.labels and not labels_ok(meta.labels):
         return False
@@ -97,7 +97,7 @@ def labels_ok(labels: dict[str, str]) -> bool:
     """Qualified-name keys, label values."""
     for key, value in labels.items():
         if not is_qualified_name(key) or len(value) > 63 or \
-                not (value == "" or _QUALIFIED.fullmatch(value)):
+                not (value == "" or QUALIFIED.fullmatch(value)):
             return False
     return True
 

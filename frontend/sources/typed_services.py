@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import msgspec
 
-from svcproxy.frontend.sources.kubevalidation import (
-    _FORBIDDEN_IPV4,
-    CANONICAL_IPV4,
+from svcproxy.frontend.sources.kube_addresses import CANONICAL_IPV4, FORBIDDEN_IPV4
+from svcproxy.frontend.sources.kube_checker import PROTOCOLS
+from svcproxy.frontend.sources.kube_limits import ObjectLimits
+from svcproxy.frontend.sources.kube_names import (
     DNS1035_LABEL,
     DNS1123_LABEL,
-    IP_FAMILY_POLICIES,
-    PROTOCOLS,
-    TRAFFIC_DISTRIBUTIONS,
-    ObjectLimits,
-    _matches,
     is_app_protocol,
     is_port_name,
+    matches,
 )
+from svcproxy.frontend.sources.kube_services import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
 from svcproxy.frontend.sources.typed_metadata import Meta, decoded, metadata_ok
 from svcproxy.frontend.store.objects import (
     OPTION_PREFIX,
@@ -116,7 +114,7 @@ _FAMILY_POLICIES = (None, *IP_FAMILY_POLICIES)
 _FAMILIES = ["IPv4"]  # the family of the one cluster IP this path takes
 # What no service CIDR holds beyond the endpoint rules, as prefixes of canonical IPv4
 # addresses: multicast (224.0.0.0/4) and the broadcast address.
-_FORBIDDEN_CLUSTER_IPV4 = (*_FORBIDDEN_IPV4, *(f"{n}." for n in range(224, 240)),
+_FORBIDDEN_CLUSTER_IPV4 = (*FORBIDDEN_IPV4, *(f"{n}." for n in range(224, 240)),
                            "255.255.255.255")
 
 
@@ -142,7 +140,7 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
     if cluster_ips is None:
         return None
     ports = _ports(spec.ports or [], stype, cluster_ips == ("None",))
-    external_ips = _ips(spec.externalIPs or [], _FORBIDDEN_IPV4)
+    external_ips = _ips(spec.externalIPs or [], FORBIDDEN_IPV4)
     ingress = _ingress(obj.status, limits)
     timeout = _timeout(spec)
     if ports is None or external_ips is None or ingress is None or timeout is None:
@@ -199,7 +197,7 @@ def _ports(ports: list[_Port], stype: str, headless: bool) -> tuple[SvcPort, ...
     for p in ports:
         name, port, protocol = p.name or "", p.port, p.protocol or "TCP"
         if not name and len(ports) > 1 or name and (
-                len(name) > 63 or not _matches(DNS1123_LABEL, name) or name in names):
+                len(name) > 63 or not matches(DNS1123_LABEL, name) or name in names):
             return None
         names.add(name)
         if port is None or not 1 <= port <= 65535 or protocol not in PROTOCOLS or \

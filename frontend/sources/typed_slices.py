@@ -11,20 +11,22 @@ import time
 
 import msgspec
 
-from svcproxy.frontend.sources.kubevalidation import (
-    _QUALIFIED,
-    ALLOWED_IPV4,
+from svcproxy.frontend.sources.kube_addresses import ALLOWED_IPV4
+from svcproxy.frontend.sources.kube_checker import PROTOCOLS
+from svcproxy.frontend.sources.kube_limits import ObjectLimits
+from svcproxy.frontend.sources.kube_names import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
+    QUALIFIED,
+    is_app_protocol,
+    matches,
+)
+from svcproxy.frontend.sources.kube_slices import (
     MAX_ENDPOINT_ADDRESSES,
     MAX_SLICE_ENDPOINTS,
     MAX_SLICE_PORTS,
-    PROTOCOLS,
     SERVICE_NAME_LABEL,
     TRIGGER_TIME_ANNOTATION,
-    ObjectLimits,
-    _matches,
-    is_app_protocol,
     trigger_time_problem,
 )
 from svcproxy.frontend.sources.typed_metadata import NAME, Meta, decoded, metadata_ok
@@ -105,7 +107,7 @@ def _ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
     out = []
     for p in ports:
         name = p.name or ""
-        if name and (len(name) > 63 or not _matches(DNS1123_LABEL, name)) or name in names:
+        if name and (len(name) > 63 or not matches(DNS1123_LABEL, name)) or name in names:
             return None
         names.add(name)
         protocol = p.protocol or "TCP"
@@ -128,7 +130,7 @@ def _place_ok(node: str, zone: str) -> bool:
     if (node, zone) in _PLACES:
         return True
     if node and (len(node) > NAME or not DNS1123_SUBDOMAIN.fullmatch(node)) or \
-            zone and (len(zone) > 63 or not _QUALIFIED.fullmatch(zone)):
+            zone and (len(zone) > 63 or not QUALIFIED.fullmatch(zone)):
         return False
     if len(_PLACES) > 10_000:
         _PLACES.clear()

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from svcproxy.frontend.sources.kubevalidation import MAX_SLICE_ENDPOINTS
+from svcproxy.frontend.sources.kube_slices import MAX_SLICE_ENDPOINTS
 from svcproxy.frontend.store.objects import (
     SERVICE_NAME_LABEL,
     TO_BE_DELETED_TAINT,

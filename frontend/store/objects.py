@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from svcproxy.frontend.sources.kubevalidation import CANONICAL_IPV4
+from svcproxy.frontend.sources.kube_addresses import CANONICAL_IPV4
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,

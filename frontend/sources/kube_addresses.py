@@ -1,0 +1,102 @@
+"""IP addresses and CIDRs as Kubernetes parses them, and the addresses it forbids."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})", re.ASCII)
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+# An IPv4 address in canonical form (no leading zeros): nearly every address there is.
+CANONICAL_IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
+# What ``ipv4_problem`` refuses, as prefixes of canonical addresses (0.0.0.0 is one
+# only of itself): loopback, link-local, link-local multicast.
+FORBIDDEN_IPV4 = ("0.0.0.0", "127.", "169.254.", "224.0.0.")
+# A canonical IPv4 address Kubernetes allows for an endpoint: both tests in one match.
+ALLOWED_IPV4 = re.compile(rf"(?!{'|'.join(map(re.escape, FORBIDDEN_IPV4))})"
+                          + CANONICAL_IPV4.pattern, re.ASCII)
+
+
+def parse_ipv4(text: str) -> int | None:
+    """An IPv4 address as an integer (octets may have leading zeros, as Kubernetes
+    allows); None if ``text`` is not one."""
+    m = _IPV4.fullmatch(text)
+    if m is None:
+        return None
+    a, b, c, d = map(int, m.groups())
+    if a > 255 or b > 255 or c > 255 or d > 255:
+        return None
+    return a << 24 | b << 16 | c << 8 | d
+
+
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP as Kubernetes parses it (IPv4 octets may have leading zeros, IPv6 has no zone
+    index, which Python's ipaddress would read); None if invalid."""
+    if ":" not in text:
+        v4 = parse_ipv4(text)
+        return None if v4 is None else ipaddress.IPv4Address(v4)
+    if "%" in text:
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def cidr_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address of a CIDR as Kubernetes parses it (its prefix length may have leading
+    zeros); None if ``text`` is not a CIDR."""
+    addr, slash, length = text.partition("/")
+    ip = parse_ip(addr)
+    bits = length.lstrip("0")  # leading zeros are allowed, a 5,000-digit int() raises
+    ok = ip is not None and slash and length.isdigit() and length.isascii() and \
+        len(bits) <= 3 and int(bits or "0") <= (32 if ip.version == 4 else 128)
+    return ip if ok else None
+
+
+def endpoint_ip_problem(addr: Any) -> str | None:
+    """Why Kubernetes refuses ``addr`` as an endpoint or external IP (ValidateEndpointIP)."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if addr.version == 4:
+        return ipv4_problem(int(addr))
+    if addr.is_unspecified:
+        return "may not be unspecified (0.0.0.0, ::)"
+    if addr.is_loopback:
+        return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    if addr.is_link_local:
+        return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+    if addr.packed[0] == 0xFF and addr.packed[1] & 0x0F == 0x02:
+        return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
+    return None
+
+
+def ipv4_problem(n: int) -> str | None:
+    if n == 0:
+        return "may not be unspecified (0.0.0.0, ::)"
+    if n >> 24 == 127:
+        return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    if n >> 16 == 0xA9FE:
+        return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+    if n >> 8 == 0xE00000:
+        return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
+    return None
+
+
+def ipv4_cluster_problem(n: int) -> str | None:
+    if n >> 28 == 0xE:
+        return "may not be a multicast address"
+    if n == 0xFFFFFFFF:
+        return "may not be the broadcast address"
+    return None
+
+
+def cluster_ip_problem(addr: Any) -> str | None:
+    """Why an address can be in no service CIDR: the endpoint rules, multicast, broadcast."""
+    why = endpoint_ip_problem(addr)
+    if why:
+        return why
+    if addr.version == 4:
+        return ipv4_cluster_problem(int(addr))
+    return "may not be a multicast address" if addr.is_multicast else None

@@ -1,0 +1,88 @@
+"""What one object may cost before it is read: size (YAML aliases expanded) and depth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from svcproxy.frontend.sources.kube_verdict import Problem
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectLimits:
+    """Bounds on what one object may cost; each has a ``svcproxy frontend`` flag."""
+
+    max_object_bytes: int = 1_572_864  # etcd's default request limit (1.5 MiB)
+    max_depth: int = 64
+    max_name_length: int = 253  # the longest name Kubernetes allows
+
+
+DEFAULT_LIMITS = ObjectLimits()
+
+
+class _TooBig(Exception):
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+
+def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS,
+               sized: tuple[str, int] | None = None) -> Problem | None:
+    """Why ``obj`` is too large or deep (expanded, as YAML aliases would be), or None.
+
+    Each visit of a container spends its own size from one budget, so a value shared
+    many times (YAML aliases) is paid for each time and the walk stops within the budget.
+    ``sized``: a key of ``obj`` and a bound on its value's size (at most 3 levels deep)
+    the caller found as it checked it; the walk then leaves that value out, and when the
+    bound does not fit (or anything else is amiss) the whole walk says why.
+    """
+    try:
+        if sized is not None and type(obj) is dict and limits.max_depth >= 3:
+            key, size = sized
+            budget = [limits.max_object_bytes - size - len(key) - 3]
+            try:
+                _walk({k: v for k, v in obj.items() if k != key}, 0, budget, limits)
+                return None
+            except (_TooBig, RecursionError):
+                pass
+        if isinstance(obj, dict | list):
+            _walk(obj, 0, [limits.max_object_bytes], limits)
+    except _TooBig as big:
+        return big.problem
+    except RecursionError:
+        return _DEEP(limits.max_depth)
+    return None
+
+
+def _walk(value: dict[Any, Any] | list[Any], depth: int, budget: list[int],
+          limits: ObjectLimits) -> None:
+    """``check_size``'s visit of one container (a module function: a nested recursive
+    one is a reference cycle, left for the cyclic collector once per object checked)."""
+    if depth > limits.max_depth:
+        raise _TooBig(_DEEP(limits.max_depth))
+    spent = 2
+    if type(value) is dict:
+        try:
+            spent += sum(map(len, value)) + 3 * len(value)
+        except TypeError:  # a key that is not text (YAML allows numbers...)
+            spent += sum(len(k) + 3 if type(k) is str else 8 for k in value)
+        children: Any = value.values()
+    else:
+        children = value
+    for child in children:
+        kind = type(child)
+        if kind is str:
+            spent += len(child) + 2
+        elif kind is dict or kind is list or isinstance(child, dict | list):
+            _walk(child, depth + 1, budget, limits)
+        else:
+            spent += len(child) if isinstance(child, bytes) else 8
+    budget[0] -= spent
+    if budget[0] < 0:
+        raise _TooBig(Problem("", "too_large", f"larger than {limits.max_object_bytes} "
+                              "bytes once expanded (--max-object-bytes; YAML aliases "
+                              "count each time they are used)"))
+
+
+def _DEEP(max_depth: int) -> Problem:  # noqa: N802 - reads as the constant problem it is
+    return Problem("", "too_deep", f"nested deeper than {max_depth} levels "
+                   "(--max-object-depth)")

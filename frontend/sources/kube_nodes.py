@@ -1,0 +1,69 @@
+"""A Node's fields svcproxy reads, with the apiserver's rules (pkg/apis/core/validation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svcproxy.frontend.sources.kube_addresses import parse_ip
+from svcproxy.frontend.sources.kube_checker import Checker, check_cidrs, check_object
+from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
+from svcproxy.frontend.sources.kube_names import QUALIFIED, is_qualified_name, matches
+from svcproxy.frontend.sources.kube_verdict import Problem, Verdict, shown
+
+NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """A Node's fields svcproxy reads, with the apiserver's rules."""
+    c = Checker(limits)
+    if not check_object(c, obj, limits):
+        return c.v
+    c.metadata(obj, c.subdomain, namespaced=False)
+    spec = c.mapping(obj.get("spec"), "spec")
+    cidrs = c.items(spec.get("podCIDRs"), "spec.podCIDRs", limit=2)
+    families = [f for i, cidr in enumerate(cidrs)
+                for f in check_cidrs(c, cidr, f"spec.podCIDRs[{i}]")]
+    if len(families) == 2 and families[0] == families[1]:
+        c.err("spec.podCIDRs", "ip_family", "may hold one CIDR of each IP family")
+    if spec.get("podCIDR") not in (None, ""):
+        check_cidrs(c, spec.get("podCIDR"), "spec.podCIDR")
+    _taints(c, spec.get("taints"))
+    status = c.mapping(obj.get("status"), "status")
+    for i, raw in enumerate(c.items(status.get("addresses"), "status.addresses")):
+        where = f"status.addresses[{i}]"
+        addr = c.mapping(raw, where)
+        kind = c.string(addr.get("type"), f"{where}.type")
+        text = addr.get("address")
+        if not isinstance(text, str):
+            c.err(f"{where}.address", "malformed", "must be a string")
+        elif kind and kind not in NODE_ADDRESS_TYPES:  # Kubernetes validates no status
+            c.v.warnings.append(Problem(f"{where}.type", "ignored_value", f"{shown(kind)} "
+                                        "is not a node address type; ignored"))
+        elif kind in ("InternalIP", "ExternalIP") and parse_ip(text) is None:
+            c.v.warnings.append(Problem(f"{where}.address", "ignored_value",
+                                        f"{shown(text)} is not an IP address; ignored"))
+    return c.v
+
+
+def _taints(c: Checker, value: Any) -> None:
+    """validateNodeTaints: a qualified-name key, a label value, an effect, each key and
+    effect once (svcproxy reads the keys only)."""
+    seen: set[tuple[str, str]] = set()
+    for i, raw in enumerate(c.items(value, "spec.taints")):
+        where = f"spec.taints[{i}]"
+        taint = c.mapping(raw, where)
+        key = c.string(taint.get("key"), f"{where}.key", required=True)
+        if key and not is_qualified_name(key):
+            c.err(f"{where}.key", "invalid_name", f"{shown(key)} is not a qualified name")
+        text = c.string(taint.get("value"), f"{where}.value")
+        if text and (len(text) > 63 or not matches(QUALIFIED, text)):
+            c.err(f"{where}.value", "invalid_value", f"{shown(text)} is not a label value")
+        effect = taint.get("effect")
+        if effect not in TAINT_EFFECTS:
+            c.err(f"{where}.effect", "invalid_value", f"{shown(effect)} is not one of "
+                  f"{', '.join(TAINT_EFFECTS)}")
+        elif (key, effect) in seen:
+            c.err(where, "duplicate", f"{shown(key)} {effect} is listed twice")
+        else:
+            seen.add((key, effect))

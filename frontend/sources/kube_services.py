@@ -1,0 +1,168 @@
+"""A Service as the apiserver validates the fields svcproxy reads
+(pkg/apis/core/validation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svcproxy.frontend.sources.kube_checker import (
+    Checker,
+    check_app_protocol,
+    check_cidrs,
+    check_object,
+)
+from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
+from svcproxy.frontend.sources.kube_names import DNS1035_LABEL, is_port_name
+from svcproxy.frontend.sources.kube_verdict import Verdict, shown
+
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
+POLICIES = ("Cluster", "Local")
+AFFINITIES = ("None", "ClientIP")
+TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
+IP_MODES = ("VIP", "Proxy")
+IP_FAMILIES = ("IPv4", "IPv6")
+IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
+
+
+def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """A Service as the apiserver validates the fields svcproxy reads."""
+    c = Checker(limits)
+    if not check_object(c, obj, limits):
+        return c.v
+    c.metadata(obj, lambda v, w: c.name(v, w, DNS1035_LABEL, 63, "DNS-1035 label (lowercase "
+                                        "letters, digits and '-', starting with a letter)"),
+               namespaced=True)
+    spec = c.mapping(obj.get("spec"), "spec")
+    stype = c.enum(spec.get("type"), "spec.type", SERVICE_TYPES) or "ClusterIP"
+    headless = _cluster_ips(c, spec, stype)
+    _service_ports(c, spec, stype, headless)
+    for i, ip in enumerate(c.items(spec.get("externalIPs"), "spec.externalIPs")):
+        c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")
+    _affinity(c, spec)
+    c.enum(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
+    c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
+    c.enum(spec.get("trafficDistribution"), "spec.trafficDistribution", TRAFFIC_DISTRIBUTIONS)
+    c.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", allow_zero=True)
+    for i, cidr in enumerate(c.items(spec.get("loadBalancerSourceRanges"),
+                                     "spec.loadBalancerSourceRanges")):
+        check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
+    if stype == "ExternalName":
+        name = spec.get("externalName")
+        if isinstance(name, str) and name.endswith("."):
+            name = name[:-1]  # a CNAME: a trailing dot marks it fully qualified
+        c.subdomain(name, "spec.externalName")
+    _lb_status(c, obj.get("status"))
+    return c.v
+
+
+def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
+    """Checks clusterIP/clusterIPs; True for a headless service."""
+    single = c.string(spec.get("clusterIP"), "spec.clusterIP")
+    single_family = c.ip(single, "spec.clusterIP", "cluster") \
+        if single and single != "None" else 0
+    ips = c.items(spec.get("clusterIPs"), "spec.clusterIPs", limit=2)
+    values = ips or ([single] if single else [])
+    if values and values[0] == "None":
+        if len(values) > 1:
+            c.err("spec.clusterIPs", "invalid_value", "'None' must be the only value")
+        if stype in ("NodePort", "LoadBalancer"):
+            c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
+        _ip_families(c, spec, [])
+        return True
+    families = [c.ip(ip, f"spec.clusterIPs[{i}]", "cluster") if ip != single
+                else single_family for i, ip in enumerate(ips)]
+    if len(families) == 2 and families[0] and families[0] == families[1]:
+        c.err("spec.clusterIPs", "ip_family", "two cluster IPs must be of different families")
+    if single and ips and ips[0] != single:
+        c.err("spec.clusterIPs[0]", "invalid_value", f"{shown(ips[0])} must be the same as "
+              f"spec.clusterIP {shown(single)}")
+    if stype != "ExternalName":
+        _ip_families(c, spec, families or [single_family])
+    return False
+
+
+def _ip_families(c: Checker, spec: dict[str, Any], families: list[int]) -> None:
+    """ipFamilies (IPv4, IPv6, no repeat), each the family of the cluster IP at its index
+    in ``families`` (0: none to match), and ipFamilyPolicy (svcproxy reads neither: a
+    cluster IP's family is its own)."""
+    seen: set[str] = set()
+    for i, name in enumerate(c.items(spec.get("ipFamilies"), "spec.ipFamilies")):
+        where = f"spec.ipFamilies[{i}]"
+        if name not in IP_FAMILIES:
+            c.err(where, "invalid_value", f"{shown(name)} is not one of IPv4, IPv6")
+            continue
+        if name in seen:
+            c.err(where, "duplicate", f"{name} is listed twice")
+        elif i < len(families) and families[i] and f"IPv{families[i]}" != name:
+            c.err(f"spec.clusterIPs[{i}]", "ip_family", f"is not an {name} address as "
+                  f"spec.ipFamilies[{i}] says")
+        seen.add(name)
+    c.enum(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy", IP_FAMILY_POLICIES)
+
+
+def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool) -> None:
+    ports = c.items(spec.get("ports"), "spec.ports")
+    if not ports and not headless and stype != "ExternalName":
+        c.err("spec.ports", "malformed", "is required (a service needs at least one port)")
+    names: set[str] = set()
+    seen: set[tuple[int, str]] = set()
+    node_ports: set[tuple[int, str]] = set()
+    for i, raw in enumerate(ports):
+        where = f"spec.ports[{i}]"
+        p = c.mapping(raw, where)
+        name = c.string(p.get("name"), f"{where}.name")
+        if len(ports) > 1 and not name:
+            c.err(f"{where}.name", "malformed", "is required when a service has several ports")
+        elif name:
+            c.label(name, f"{where}.name")
+            if name in names:
+                c.err(f"{where}.name", "duplicate", f"{shown(name)} is used by another port")
+            names.add(name)
+        port = c.port(p.get("port"), f"{where}.port")
+        proto = c.protocol(p.get("protocol"), f"{where}.protocol")
+        if (port, proto) in seen and port:
+            c.err(where, "duplicate", f"port {port}/{proto} is used by another port")
+        seen.add((port, proto))
+        _target_port(c, p.get("targetPort"), f"{where}.targetPort")
+        if "appProtocol" in p:
+            check_app_protocol(c, p["appProtocol"], f"{where}.appProtocol")
+        node_port = c.port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True)
+        if node_port and stype == "ClusterIP":
+            c.err(f"{where}.nodePort", "invalid_value", "may not be used when type is ClusterIP")
+        if node_port and (node_port, proto) in node_ports:
+            c.err(f"{where}.nodePort", "duplicate", f"{node_port}/{proto} is used twice")
+        node_ports.add((node_port, proto))
+
+
+def _target_port(c: Checker, value: Any, where: str) -> None:
+    if value is None or value == 0 or value == "":
+        return
+    if isinstance(value, str):
+        if not is_port_name(value):
+            c.err(where, "invalid_port", f"{shown(value)} is neither a port number nor a "
+                  "port name (IANA_SVC_NAME: at most 15 lowercase letters, digits and '-', "
+                  "with a letter)")
+        return
+    c.port(value, where)
+
+
+def _affinity(c: Checker, spec: dict[str, Any]) -> None:
+    affinity = c.enum(spec.get("sessionAffinity"), "spec.sessionAffinity", AFFINITIES)
+    cfg = c.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client = c.mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    timeout = client.get("timeoutSeconds")
+    if affinity == "ClientIP" and timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int)
+            or not 0 < timeout <= 86400):
+        c.err("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "invalid_value",
+              f"{shown(timeout)} must be between 1 and 86400")
+
+
+def _lb_status(c: Checker, status: Any) -> None:
+    lb = c.mapping(c.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
+    for i, raw in enumerate(c.items(lb.get("ingress"), "status.loadBalancer.ingress")):
+        where = f"status.loadBalancer.ingress[{i}]"
+        ing = c.mapping(raw, where)
+        if ing.get("ip") not in (None, ""):
+            c.ip(ing.get("ip"), f"{where}.ip")
+            c.enum(ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
