@@ -3,10 +3,14 @@
 Files hold Service, EndpointSlice and Node documents, or ``List`` documents as
 ``kubectl get -o yaml`` prints them. Hostile content stays where it is:
 
-- a file that does not parse (or is over a limit) is reported (file, line, reason) and
-  skipped as a whole: the objects it held before keep their last good state;
-- a document or item that is not an object of a kind svcproxy reads is refused alone,
-  the rest of the file goes on (objects are then validated by the engine's intake);
+- a file that does not parse (broken YAML syntax: where the next document starts is
+  unknown) or is over the size limit is reported (file, line, reason) and skipped as a
+  whole: the objects it held before keep their last good state;
+- a document that parses but cannot be built (an unknown tag, bad ``!!binary``, a
+  date such as 2026-13-45) or is over a limit (the nodes YAML aliases add, the
+  nesting depth), and a document or item that is not an object of a kind svcproxy
+  reads, is refused alone: the rest of the file goes on (objects are then validated
+  by the engine's intake);
 - sizes are bounded: the file, the nodes YAML aliases add, the nesting depth.
 
 Changes arrive through inotify: a file is read once its writer has closed it
@@ -66,21 +70,27 @@ class Fingerprint:
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _check_graph(root: yaml.Node, limits: ManifestLimits, where: str) -> None:
-    """Refuse a document whose aliases expand too much, that nests too deep or that
-    refers to itself, before anything is built from it."""
+class _Refused(Exception):
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+
+def _graph_problem(root: yaml.Node, limits: ManifestLimits) -> Problem | None:
+    """Why a document must not be built (its aliases expand too much, it nests too deep
+    or it refers to itself), found before anything is built from it; None if it may."""
     expanded: dict[int, int] = {}
     active: set[int] = set()
 
     def walk(node: yaml.Node, depth: int) -> int:
         if depth > limits.max_depth:
-            raise ManifestError(f"{where}: nested deeper than {limits.max_depth} levels "
-                                "(--max-object-depth)")
+            raise _Refused(Problem("", "too_deep", f"nested deeper than {limits.max_depth} "
+                                   "levels (--max-object-depth)"))
         hit = expanded.get(id(node))
         if hit is not None:
             return hit
         if id(node) in active:
-            raise ManifestError(f"{where}: a YAML alias refers to the node that holds it")
+            raise _Refused(Problem("", "malformed", "a YAML alias refers to the node that "
+                                   "holds it"))
         count = 1
         if isinstance(node, yaml.SequenceNode | yaml.MappingNode):
             active.add(id(node))
@@ -88,15 +98,35 @@ def _check_graph(root: yaml.Node, limits: ManifestLimits, where: str) -> None:
                 for part in child if isinstance(child, tuple) else (child,):
                     count += walk(part, depth + 1)
                     if count - len(expanded) > limits.max_alias_expansion:
-                        raise ManifestError(
-                            f"{where}: YAML aliases expand it by more than "
+                        raise _Refused(Problem(
+                            "", "too_large", "YAML aliases expand it by more than "
                             f"{limits.max_alias_expansion} nodes (--manifest-max-alias-"
-                            "expansion); write the objects out instead")
+                            "expansion); write the objects out instead"))
             active.discard(id(node))
         expanded[id(node)] = count
         return count
 
-    walk(root, 0)
+    try:
+        walk(root, 0)
+    except _Refused as refused:
+        return refused.problem
+    return None
+
+
+def _build(loader: Any, node: yaml.Node) -> Any:
+    """The document of ``node``, or a Problem when a value in it cannot be built (an
+    unknown tag, bad !!binary, a date that does not exist, an unhashable key...); the
+    loader is then made ready for the next document."""
+    try:
+        return loader.construct_document(node)
+    except (yaml.constructor.ConstructorError, ValueError, TypeError, OverflowError) as err:
+        # What a failed construction left (objects, pending generators) would leak
+        # into the next document: the constructor's own start state again.
+        yaml.constructor.SafeConstructor.__init__(loader)
+        mark = getattr(err, "problem_mark", None) or node.start_mark
+        problem = getattr(err, "problem", None) or f"{type(err).__name__}: {err}"
+        return Problem("", "unparsable", f"line {mark.line + 1}: cannot be built: "
+                       f"{problem[:200]}")
 
 
 def _read_text(path: Path, limits: ManifestLimits) -> str:
@@ -115,21 +145,20 @@ def _read_text(path: Path, limits: ManifestLimits) -> str:
 
 
 def parse_documents(path: Path, limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS) -> list[Any]:
-    """The YAML documents of one file, each checked before it is built; raises
-    ManifestError when the file as a whole cannot be used."""
+    """The YAML documents of one file, each checked before it is built: a document that
+    must not or cannot be built is a Problem in its place. Raises ManifestError when the
+    file as a whole cannot be used (not text, too large, broken YAML syntax)."""
     loader = _Loader(_read_text(path, limits))
     docs: list[Any] = []
     try:
         while loader.check_node():
             node = loader.get_node()
-            _check_graph(node, limits, f"{path}: document {len(docs) + 1}")
-            docs.append(loader.construct_document(node))
+            problem = _graph_problem(node, limits)
+            docs.append(problem if problem is not None else _build(loader, node))
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else 0
         raise ManifestError(f"{path}:{line}: {err.problem}") from None
     except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
-        if isinstance(err, ManifestError):
-            raise
         raise ManifestError(f"{path}: {type(err).__name__}: {err}") from None
     finally:
         loader.dispose()
@@ -160,6 +189,9 @@ def objects_of(path: Path, docs: list[Any]) -> list[Obj]:
     for i, doc in enumerate(docs):
         where = f"{path} (document {i + 1})"
         if doc is None:
+            continue
+        if isinstance(doc, Problem):
+            refuse_file(SOURCE, where, doc)
             continue
         kind = doc.get("kind") if isinstance(doc, dict) else None
         if isinstance(kind, str) and kind.endswith("List") and kind not in KINDS:
