@@ -262,6 +262,22 @@ def test_a_zone_indexed_ip_is_refused_in_an_ipv6_slice_and_ignored_as_a_node_add
     assert parse_node(obj).addresses == ("192.168.0.10",)
 
 
+def test_node_addresses_are_read_as_kube_proxy_reads_them() -> None:
+    """kube-proxy reads a Node's addresses with netutils.ParseIPSloppy (no trimming) and
+    takes an IPv4-mapped IPv6 address as IPv4: padded ones are skipped, mapped ones are
+    their IPv4 address, leading zeros are read sloppily."""
+    obj = set_path(node(), "status.addresses", [
+        {"type": "InternalIP", "address": " 192.168.0.1"},
+        {"type": "InternalIP", "address": "192.168.0.2\n"},
+        {"type": "InternalIP", "address": "::ffff:192.168.0.3"},
+        {"type": "ExternalIP", "address": "010.0.0.4"},
+        {"type": "ExternalIP", "address": "::ffff:192.168.0.3"},
+        {"type": "InternalIP", "address": "fd00::5"}])
+    assert parse_node(obj).addresses == ("192.168.0.3", "10.0.0.4", "fd00::5")
+    warned = [w.field for w in validate_node(obj).warnings]
+    assert warned == ["status.addresses[0].address", "status.addresses[1].address"], warned
+
+
 def test_a_node_address_of_a_type_kubernetes_does_not_know_is_ignored_not_refused() -> None:
     """Kubernetes validates no Node status (ValidateNode, ValidateNodeUpdate): refusing the
     Node for it would lose its zone, labels and pod CIDRs."""

@@ -8,6 +8,7 @@ raises ``ParseError`` with a reason a person can act on.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from datetime import datetime
 from typing import Any
@@ -177,6 +178,19 @@ def canonical_ip(text: str) -> str | None:
     if CANONICAL_IPV4.fullmatch(text):
         return text
     return normalize_ip(text)
+
+
+def _node_ip(text: str) -> str | None:
+    """A Node status address as kube-proxy reads it (netutils.ParseIPSloppy, then IPv4 if it
+    is one): not with spaces around it, an IPv4-mapped IPv6 address as its IPv4 address.
+    Kubernetes validates no Node status, so such addresses reach us."""
+    if text != text.strip():
+        return None
+    ip = canonical_ip(text)
+    if ip is not None and ip.startswith("::ffff:"):
+        mapped = ipaddress.IPv6Address(ip).ipv4_mapped
+        return str(mapped) if mapped is not None else ip
+    return ip
 
 
 def _ips(values: list[Any], where: str) -> tuple[str, ...]:
@@ -376,7 +390,7 @@ def parse_node(obj: dict[str, Any]) -> Node:
     addresses = tuple(dict.fromkeys(
         ip for a in _list(status.get("addresses"), "status.addresses")
         if _dict(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")
-        and (ip := canonical_ip(str(a.get("address", "")))) is not None))
+        and (ip := _node_ip(str(a.get("address", "")))) is not None))
     taints = _list(spec.get("taints"), "spec.taints")
     terminating = bool(meta.get("deletionTimestamp")) or any(
         _dict(t, "spec.taints").get("key") == TO_BE_DELETED_TAINT for t in taints)
