@@ -8,6 +8,7 @@ to backends. Nothing here does I/O.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -227,53 +228,77 @@ def of_family(addresses: Iterable[str], family: int) -> list[str]:
     return [a for a in addresses if ip_family(a) == family]
 
 
-def normalize_ip(text: str) -> str | None:
-    """Canonical form of an IP, accepting leading zeros as Kubernetes does; None if invalid
-    (a zone index too, which Python's ipaddress reads and Kubernetes does not, and digits
-    other than ASCII ones, which int() reads)."""
-    text = text.strip()
-    if "%" in text or not text.isascii():
+# Four dot-separated decimal octets, any number of leading zeros each (Go's dtoi, which
+# netutils.ParseIPSloppy keeps: the check that refuses them came in Go 1.17).
+_IPV4 = re.compile(r"0*(\d{1,3})\.0*(\d{1,3})\.0*(\d{1,3})\.0*(\d{1,3})", re.ASCII)
+
+
+def parse_ipv4(text: str) -> int | None:
+    """An IPv4 address as an integer, read as Kubernetes reads one (netutils.ParseIPSloppy):
+    ASCII digits only, octets may have leading zeros; None if ``text`` is not one."""
+    m = _IPV4.fullmatch(text)
+    if m is None:
         return None
-    if ":" not in text and text.count(".") == 3:
-        parts = text.split(".")
-        if all(p.isdigit() for p in parts):
-            octets = [p.lstrip("0") or "0" for p in parts]
-            if all(len(o) <= 3 and int(o) <= 255 for o in octets):
-                return ".".join(octets)
-            return None
+    a, b, c, d = map(int, m.groups())
+    if a > 255 or b > 255 or c > 255 or d > 255:
+        return None
+    return a << 24 | b << 16 | c << 8 | d
+
+
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP as Kubernetes reads it (netutils.ParseIPSloppy): IPv4 as ``parse_ipv4`` reads
+    it, IPv6 without a zone index (Python's ipaddress reads one), no whitespace around
+    either; None if invalid. The one reader of an IP's text: every other goes through it."""
+    if ":" not in text:
+        v4 = parse_ipv4(text)
+        return None if v4 is None else ipaddress.IPv4Address(v4)
+    if "%" in text:
+        return None
     try:
-        return str(ipaddress.ip_address(text))
+        return ipaddress.IPv6Address(text)
     except ValueError:
         return None
 
 
+def normalize_ip(text: str) -> str | None:
+    """Canonical form of an IP read by ``parse_ip``, whitespace around it dropped (as around
+    a flag's or list's item); None if invalid."""
+    text = text.strip()
+    if ":" not in text:
+        v4 = parse_ipv4(text)
+        return None if v4 is None else _ipv4_text(v4)
+    ip = parse_ip(text)
+    return None if ip is None else str(ip)
+
+
 def normalize_cidr(text: str) -> str | None:
     """Canonical form of a CIDR (host bits cleared); None if invalid. Read as Kubernetes
-    reads one (netutils.ParseCIDRSloppy): ADDRESS/LENGTH, IPv4 octets may have leading
-    zeros, the length is decimal (no netmask), no whitespace inside; whitespace around it
-    is dropped, as around a list item (the apiserver allows it in loadBalancerSourceRanges)."""
+    reads one (netutils.ParseCIDRSloppy): ADDRESS/LENGTH, the address as ``parse_ip`` reads
+    it, the length is decimal (no netmask), may have leading zeros; whitespace around it is
+    dropped, as around a list item (the apiserver allows it in loadBalancerSourceRanges).
+    IPv4 in integer arithmetic: a tenth of ``ipaddress.ip_network``'s cost (a Service may
+    list 100,000 source ranges)."""
     addr, slash, length = text.strip().partition("/")
-    if not slash or not (length.isascii() and length.isdigit()) or any(
-            c.isspace() for c in addr):
+    if not slash or not (length.isascii() and length.isdigit()):
         return None
-    ip = normalize_ip(addr)
-    length = length.lstrip("0") or "0"
-    if ip is None or len(length) > 3:
+    length = length.lstrip("0") or "0"  # a 5,000-digit int() raises
+    if len(length) > 3:
         return None
-    if ":" in ip:
-        try:
-            return str(ipaddress.ip_network(f"{ip}/{length}", strict=False))
-        except ValueError:
+    if ":" not in addr:
+        v4 = parse_ipv4(addr)
+        bits = int(length)
+        if v4 is None or bits > 32:
             return None
-    return _ipv4_network(ip, int(length))
-
-
-def _ipv4_network(ip: str, length: int) -> str | None:
-    """``ip/length`` with its host bits cleared, from a canonical IPv4 address, in integer
-    arithmetic: a tenth of ``ipaddress.ip_network``'s cost (a Service may list 100,000
-    source ranges)."""
-    if length > 32:
+        return f"{_ipv4_text(v4 & (0xFFFFFFFF << (32 - bits)))}/{bits}"
+    ip = parse_ip(addr)
+    if ip is None:
         return None
-    a, b, c, d = (int(octet) for octet in ip.split("."))
-    value = (a << 24 | b << 16 | c << 8 | d) & (0xFFFFFFFF << (32 - length))
-    return f"{value >> 24 & 255}.{value >> 16 & 255}.{value >> 8 & 255}.{value & 255}/{length}"
+    try:
+        return str(ipaddress.ip_network(f"{ip}/{length}", strict=False))
+    except ValueError:
+        return None
+
+
+def _ipv4_text(value: int) -> str:
+    """An IPv4 address's canonical text from its integer."""
+    return f"{value >> 24}.{value >> 16 & 255}.{value >> 8 & 255}.{value & 255}"

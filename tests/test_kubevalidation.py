@@ -272,8 +272,9 @@ def test_node_addresses_are_read_as_kube_proxy_reads_them() -> None:
         {"type": "InternalIP", "address": "::ffff:192.168.0.3"},
         {"type": "ExternalIP", "address": "010.0.0.4"},
         {"type": "ExternalIP", "address": "::ffff:192.168.0.3"},
-        {"type": "InternalIP", "address": "fd00::5"}])
-    assert parse_node(obj).addresses == ("192.168.0.3", "10.0.0.4", "fd00::5")
+        {"type": "InternalIP", "address": "fd00::5"},
+        {"type": "InternalIP", "address": "00010.0.0.6"}])  # Go's dtoi: any leading zeros
+    assert parse_node(obj).addresses == ("192.168.0.3", "10.0.0.4", "fd00::5", "10.0.0.6")
     warned = [w.field for w in validate_node(obj).warnings]
     assert warned == ["status.addresses[0].address", "status.addresses[1].address"], warned
 

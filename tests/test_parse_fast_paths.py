@@ -35,7 +35,7 @@ from svcproxy.frontend.store.objects import (
     parse_service,
 )
 from svcproxy.frontend.store.store import Store
-from svcproxy.model import Protocol, normalize_cidr, normalize_ip
+from svcproxy.model import Protocol, normalize_cidr, normalize_ip, parse_ip
 from tests.hostile import endpoint_slice, spoiled
 
 OCTET = st.one_of(st.integers(0, 300).map(str), st.sampled_from(["00", "01", "007", "256", ""]))
@@ -87,6 +87,16 @@ CIDR = st.one_of(st.tuples(st.one_of(IPV4ISH, TEXT, st.ip_addresses().map(str)),
 @example("0" * 5000 + "1.0.0.1")
 def test_normalize_ip_is_ipaddress_with_leading_zeros_dropped(text: str) -> None:
     assert normalize_ip(text) == _ip_by_ipaddress(text)
+
+
+@given(st.one_of(TEXT, st.ip_addresses().map(str)))
+@example("00010.0.0.1")
+def test_normalize_ip_is_parse_ip_of_the_trimmed_text(text: str) -> None:
+    """One reader of an IP's text: validation (parse_ip) and parsing (normalize_ip) agree
+    on every address; validation refused an octet of four digits or more (0010), which
+    Kubernetes, normalize_ip and so the frontend's parsing read."""
+    ip = parse_ip(text.strip())
+    assert normalize_ip(text) == (None if ip is None else str(ip))
 
 
 @given(CIDR)

@@ -1,4 +1,5 @@
-"""IP addresses and CIDRs as Kubernetes parses them, and the addresses it forbids."""
+"""CIDRs as Kubernetes parses them (an IP: ``svcproxy.model.parse_ip``), and the addresses
+it forbids."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import ipaddress
 import re
 from typing import Any
 
-_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})", re.ASCII)
+from svcproxy.model import parse_ip
+
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 # An IPv4 address in canonical form (no leading zeros): nearly every address there is.
 CANONICAL_IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
@@ -16,32 +18,6 @@ FORBIDDEN_IPV4 = ("0.0.0.0", "127.", "169.254.", "224.0.0.")
 # A canonical IPv4 address Kubernetes allows for an endpoint: both tests in one match.
 ALLOWED_IPV4 = re.compile(rf"(?!{'|'.join(map(re.escape, FORBIDDEN_IPV4))})"
                           + CANONICAL_IPV4.pattern, re.ASCII)
-
-
-def parse_ipv4(text: str) -> int | None:
-    """An IPv4 address as an integer (octets may have leading zeros, as Kubernetes
-    allows); None if ``text`` is not one."""
-    m = _IPV4.fullmatch(text)
-    if m is None:
-        return None
-    a, b, c, d = map(int, m.groups())
-    if a > 255 or b > 255 or c > 255 or d > 255:
-        return None
-    return a << 24 | b << 16 | c << 8 | d
-
-
-def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """An IP as Kubernetes parses it (IPv4 octets may have leading zeros, IPv6 has no zone
-    index, which Python's ipaddress would read); None if invalid."""
-    if ":" not in text:
-        v4 = parse_ipv4(text)
-        return None if v4 is None else ipaddress.IPv4Address(v4)
-    if "%" in text:
-        return None
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
 
 
 def cidr_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -14,8 +14,6 @@ from svcproxy.frontend.sources.kube_addresses import (
     endpoint_ip_problem,
     ipv4_cluster_problem,
     ipv4_problem,
-    parse_ip,
-    parse_ipv4,
 )
 from svcproxy.frontend.sources.kube_limits import ObjectLimits, check_size
 from svcproxy.frontend.sources.kube_names import (
@@ -27,6 +25,7 @@ from svcproxy.frontend.sources.kube_names import (
     matches,
 )
 from svcproxy.frontend.sources.kube_verdict import Verdict, shown
+from svcproxy.model import parse_ip, parse_ipv4
 
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 PROTOCOLS = ("TCP", "UDP", "SCTP")

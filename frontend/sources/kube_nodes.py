@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from svcproxy.frontend.sources.kube_addresses import parse_ip
 from svcproxy.frontend.sources.kube_checker import Checker, check_cidrs, check_object
 from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.kube_names import QUALIFIED, is_qualified_name, matches
 from svcproxy.frontend.sources.kube_verdict import Problem, Verdict, shown
+from svcproxy.model import parse_ip
 
 NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
