@@ -219,6 +219,11 @@ async def run(args: argparse.Namespace) -> None:
     procs, conns = [], []
     names = [f"n{i % args.nodes}" for i in range(args.clients)]
     t0 = time.perf_counter()
+    # The clients stand for nodes that already hold their state: their views exist (a
+    # view is made on a node's first watch, and a client resuming into a view made after
+    # its revision gets a reset and a full snapshot - 1,000 of 4.4 MB at 10,000 services).
+    for name in sorted(set(names)):
+        engine.changelog.view(name)
     for p in range(args.client_procs):
         parent, child = mp.Pipe()
         proc = mp.Process(target=client_process, daemon=True,
