@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError, Message
 
 from svcproxy.frontend.serving.limits import INVALID, Refused
 from svcproxy.frontend.sources.kube_names import DNS1035_LABEL, DNS1123_LABEL
+from svcproxy.frontend.sources.kube_verdict import shown
 
 M = TypeVar("M", bound=Message)
 
@@ -50,13 +51,9 @@ def check_node_name(method: str, name: str) -> None:
         raise invalid(method, f"node_name is required ({hint})")
     if len(name) > MAX_NODE_NAME or not _SUBDOMAIN.fullmatch(name):
         raise invalid(method, (
-            f"node_name {_shown(name)} is not a Kubernetes node name: a DNS-1123 subdomain of at "
+            f"node_name {shown(name)} is not a Kubernetes node name: a DNS-1123 subdomain of at "
             f"most {MAX_NODE_NAME} characters (lowercase letters, digits, '-' and '.', "
             "starting and ending with a letter or digit)"))
-
-
-def _shown(name: str) -> str:
-    return repr(name if len(name) <= 80 else name[:80] + "...")
 
 
 def check_filters(method: str, namespace: str, service: str) -> None:
@@ -64,13 +61,13 @@ def check_filters(method: str, namespace: str, service: str) -> None:
     otherwise look like an empty namespace)."""
     if namespace and (len(namespace) > MAX_LABEL or not DNS1123_LABEL.fullmatch(namespace)):
         raise invalid(method, (
-            f"namespace {_shown(namespace)} is not a Kubernetes namespace name: a DNS-1123 "
+            f"namespace {shown(namespace)} is not a Kubernetes namespace name: a DNS-1123 "
             f"label of at most {MAX_LABEL} characters (lowercase letters, digits and '-', "
             "starting and ending with a letter or digit); leave it empty for every "
             "namespace"))
     if service and (len(service) > MAX_LABEL or not DNS1035_LABEL.fullmatch(service)):
         raise invalid(method, (
-            f"service {_shown(service)} is not a Kubernetes Service name: a DNS-1035 label "
+            f"service {shown(service)} is not a Kubernetes Service name: a DNS-1035 label "
             f"of at most {MAX_LABEL} characters (lowercase letters, digits and '-', "
             "starting with a letter and ending with a letter or digit); leave it empty for "
             "every Service"))

@@ -19,7 +19,7 @@ import msgspec
 from svcproxy.frontend import metrics
 from svcproxy.frontend.sources.events import RawObject
 from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.sources.kube_verdict import Problem, Verdict
+from svcproxy.frontend.sources.kube_verdict import Problem, Verdict, shortened
 from svcproxy.frontend.sources.kubevalidation import object_key, validate
 from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.sources.typed_slices import decode_slice
@@ -44,14 +44,10 @@ _TYPED: dict[str, Callable[[bytes | msgspec.Raw, ObjectLimits], Service | Endpoi
 
 def describe(kind: str, obj: Any) -> str:
     """``Service ns/name from FILE`` (what a log line names)."""
-    ns, name = (_shown(text) for text in object_key(kind, obj))
+    ns, name = (shortened(text) for text in object_key(kind, obj))
     where = obj.get("__source__") if isinstance(obj, dict) else None
     return f"{kind} {ns + '/' if ns else ''}{name or '<unnamed>'}" + (
         f" from {where}" if where else "")
-
-
-def _shown(text: str) -> str:
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _bounded(text: str) -> str:

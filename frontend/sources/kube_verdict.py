@@ -43,5 +43,10 @@ class Verdict:
 
 def shown(value: Any) -> str:
     """``value`` as a message quotes it: its repr, shortened to 80 characters."""
-    text = repr(value)
+    return shortened(repr(value))
+
+
+def shortened(text: str) -> str:
+    """``text``, or when longer than 80 characters its first 77 and "...": every value or
+    name a message or log line quotes, however long what a client sent."""
     return text if len(text) <= 80 else text[:77] + "..."
