@@ -317,10 +317,16 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
     _install_signal_handlers(agent.stop)
     log.info("Backend %s on node %s following %s (node IPs %s)", backend.name,
              config.node_name, args.api, ", ".join(config.node_ips) or "none")
+    # A request the frontend refuses as invalid (the node name) stops the agent.
+    client.on_error = lambda _err: agent.stop()
     client.start()
     try:
         agent.run()
     finally:
         client.stop()
         agent.close()
+    if client.error is not None:
+        log.error("Exiting: %s (the node name is --node-name or --hostname-override, else "
+                  "$NODE_NAME, else the hostname)", client.error)
+        return 1
     return 0

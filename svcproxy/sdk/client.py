@@ -3,7 +3,11 @@
 ``NodeStateClient`` watches the frontend in a background thread, applies each
 batch once it is complete (a consistent point), remembers what changed, and
 reconnects by itself, resuming from its last revision (the frontend answers a
-resume it can no longer serve with a reset and a full snapshot)::
+resume it can no longer serve with a reset and a full snapshot). It acts on the
+statuses the proto documents: INVALID_ARGUMENT for a resume (a revision ahead of the
+frontend's, sent without an epoch) makes it watch again from 0, the snapshot replacing
+its state as a reset does; INVALID_ARGUMENT for a watch from 0 (an invalid node name)
+stops it with ``error`` set, as retrying cannot help; any other status is retried::
 
     client = NodeStateClient("127.0.0.1:12090", "node-1")
     client.start()
@@ -98,6 +102,19 @@ def server_epoch(call: grpc.Call) -> str | None:
     return None
 
 
+class WatchRefused(Exception):
+    """The frontend refused the watch request itself (INVALID_ARGUMENT from revision 0,
+    e.g. a node name no Kubernetes Node can have): fix the request, retrying cannot help."""
+
+    def __init__(self, target: str, node_name: str, details: str) -> None:
+        self.target = target
+        self.node_name = node_name
+        self.details = details
+        super().__init__(f"the frontend at {target} refused to watch "
+                         f"{f'node {node_name!r}' if node_name else 'the cluster'} "
+                         f"(INVALID_ARGUMENT): {details}")
+
+
 class NodeStateClient:
     """Keeps a node's state in sync with the frontend; see the module docstring."""
 
@@ -132,13 +149,18 @@ class NodeStateClient:
         self._service_terms: dict[ServicePortKey, int] = {}
         self._record_terms: dict[ServicePortKey, int] = {}
         self._node_terms: dict[str, int] = {}
-        # Set when our state turned out different from the frontend's: the next stream
-        # asks for a snapshot and replaces everything with it.
+        # Set when our state turned out different from the frontend's, or our revision
+        # means nothing to it: the next stream asks for a snapshot and replaces
+        # everything with it (counted in resets).
         self._out_of_sync = False
         # Batches after which our state differed from the frontend's (each healed by a
         # snapshot); on_mismatch is called with the node name each time.
         self.mismatches = 0
         self.on_mismatch: Callable[[str], None] | None = None
+        # Set when the frontend refused the request itself: the client has stopped for
+        # good (``stopped``); on_error is called with it (from the watch thread).
+        self.error: WatchRefused | None = None
+        self.on_error: Callable[[WatchRefused], None] | None = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._call: grpc.Future | None = None
@@ -156,8 +178,8 @@ class NodeStateClient:
 
     @property
     def stopped(self) -> bool:
-        """Whether ``stop`` was called."""
-        return self._stop.is_set()
+        """Whether ``stop`` was called or the frontend refused the request (``error``)."""
+        return self._stop.is_set() or self.error is not None
 
     def stop(self) -> None:
         self._stop.set()
@@ -172,10 +194,14 @@ class NodeStateClient:
         return self._synced and (self._full or bool(self._dirty) or self._node_changed)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until changes are pending (True) or ``timeout`` passes (False)."""
+        """Block until changes are pending (True), or ``timeout`` passes or the client
+        stops (False). A wait begun after ``error`` stopped it lasts its ``timeout``
+        (a loop that does not check ``stopped`` idles instead of spinning)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.has_changes() or self._stop.is_set(),
-                                       timeout) and not self._stop.is_set()
+            error = self.error
+            return self._cond.wait_for(
+                lambda: self.has_changes() or self._stop.is_set() or self.error is not error,
+                timeout) and not self.stopped
 
     def take(self) -> tuple[NodeState, Changes] | None:
         """A consistent copy of the state and what changed since the previous take.
@@ -211,7 +237,7 @@ class NodeStateClient:
 
     def updates(self, timeout: float | None = None) -> Iterator[tuple[NodeState, Changes]]:
         """Yield (state, changes) at each consistent point until stopped."""
-        while not self._stop.is_set():
+        while not self.stopped:
             if self.wait(timeout):
                 taken = self.take()
                 if taken is not None:
@@ -234,6 +260,10 @@ class NodeStateClient:
                 if self._stop.is_set():
                     break
                 code = err.code() if isinstance(err, grpc.RpcError) else err
+                if isinstance(err, grpc.RpcError) and code == grpc.StatusCode.INVALID_ARGUMENT:
+                    if self._refused(err):
+                        continue  # at once, from revision 0
+                    break
                 log.warning("watch of %s at %s failed (%s); resuming from revision %d",
                             self.node_name or "<cluster>", failed, code, self.revision)
             finally:
@@ -245,6 +275,29 @@ class NodeStateClient:
                 continue  # another replica at once
             self._stop.wait(backoff)
             backoff = min(self.max_backoff, backoff * 2)
+
+    def _refused(self, err: grpc.RpcError) -> bool:
+        """INVALID_ARGUMENT: for a resume (a revision this frontend did not hand out, sent
+        without an epoch), drop the revision and watch from 0, the snapshot replacing
+        the state as a reset's does (True); for a watch from 0 the request itself is
+        invalid: set ``error`` and stop (False)."""
+        details = err.details() or ""
+        if self.revision:
+            log.warning("the frontend at %s refused to resume %s from revision %d (%s); "
+                        "watching from revision 0 for a full snapshot", self.target,
+                        self.node_name or "<cluster>", self.revision, details)
+            with self._cond:
+                self.revision = 0
+                self._out_of_sync = True
+            return True
+        error = WatchRefused(self.target, self.node_name, details)
+        log.error("%s; not retrying", error)
+        with self._cond:
+            self.error = error
+            self._cond.notify_all()
+        if self.on_error is not None:
+            self.on_error(error)
+        return False
 
     def _channel(self) -> grpc.Channel:
         credentials = self.credentials

@@ -28,6 +28,8 @@ def run(backend: Backend, client: NodeStateClient,
 
     A client that was not started is started here, and stopped on return. A failed
     sync is logged and retried as a full sync at the next change or after a second.
+    Raises the client's ``error`` (WatchRefused) when the frontend refused the request
+    itself (an invalid node name): retrying cannot help.
     """
     owned = not client.started
     if owned:
@@ -42,6 +44,8 @@ def run(backend: Backend, client: NodeStateClient,
             taken = client.take()
             if taken is not None:
                 retry = not _sync(backend, *taken, retry=retry)
+        if client.error is not None:
+            raise client.error
     finally:
         if owned:
             client.stop()
