@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -292,9 +293,12 @@ def _run_frontend(args: argparse.Namespace) -> int:
     if args.max_streams < 1 or args.max_streams_per_peer < 1 or args.stream_write_timeout < 0:
         raise SystemExit("svcproxy: --max-streams and --max-streams-per-peer must be 1 or "
                          "more, --stream-write-timeout 0 or more")
-    if not args.unary_qps_per_peer >= 0 or args.unary_burst_per_peer < 1:
-        raise SystemExit("svcproxy: --unary-qps-per-peer must be 0 or more, "
-                         "--unary-burst-per-peer 1 or more")
+    # inf would mean "no limit" only through NaN arithmetic in the token bucket: 0 says it.
+    if not 0 <= args.unary_qps_per_peer < math.inf:
+        raise SystemExit("svcproxy: --unary-qps-per-peer must be a finite number, 0 or more "
+                         "(0: no limit)")
+    if args.unary_burst_per_peer < 1:
+        raise SystemExit("svcproxy: --unary-burst-per-peer must be 1 or more")
     limits = StreamLimits(args.max_streams, args.max_streams_per_peer,
                           args.stream_write_timeout,
                           unary_qps_per_peer=args.unary_qps_per_peer,

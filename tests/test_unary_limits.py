@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import time
 
 import grpc
@@ -195,3 +197,21 @@ def test_a_refusal_for_the_rate_is_held_back(frontend_factory, tmp_path) -> None
         took = time.monotonic() - start
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert took >= MAX_REFUSAL_DELAY * 0.95
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--unary-qps-per-peer", "-1"), ("--unary-qps-per-peer", "nan"),
+    ("--unary-qps-per-peer", "inf"), ("--unary-burst-per-peer", "0")])
+def test_hostile_limit_values_stop_the_frontend_naming_the_flag(tmp_path, flag: str,
+                                                                value: str) -> None:
+    """Refused before anything starts (inf too: 0 is "no limit", and inf would reach the
+    token bucket as NaN arithmetic)."""
+    sock = tmp_path / "api.sock"
+    done = subprocess.run(
+        [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(tmp_path),
+         "--listen", f"unix://{sock}", "--metrics-bind-address", "", f"{flag}={value}"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    other = ({"--unary-qps-per-peer", "--unary-burst-per-peer"} - {flag}).pop()
+    assert flag in done.stderr and other not in done.stderr
+    assert not sock.exists()
