@@ -290,9 +290,10 @@ def _run_frontend(args: argparse.Namespace) -> int:
     if args.stream_workers < 1:
         raise SystemExit("svcproxy: --stream-workers must be 1 or more")
     auth = _frontend_auth(args, tls)
-    if args.max_streams < 1 or args.max_streams_per_peer < 1 or args.stream_write_timeout < 0:
+    if args.max_streams < 1 or args.max_streams_per_peer < 1 or \
+            not 0 <= args.stream_write_timeout < math.inf:
         raise SystemExit("svcproxy: --max-streams and --max-streams-per-peer must be 1 or "
-                         "more, --stream-write-timeout 0 or more")
+                         "more, --stream-write-timeout a finite number of seconds, 0 or more")
     # inf would mean "no limit" only through NaN arithmetic in the token bucket: 0 says it.
     if not 0 <= args.unary_qps_per_peer < math.inf:
         raise SystemExit("svcproxy: --unary-qps-per-peer must be a finite number, 0 or more "

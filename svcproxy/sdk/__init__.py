@@ -20,7 +20,8 @@ What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md
   ``NodeContext`` (node IPs, NodePort addresses, local-traffic detection per family; the
   IP families, the iptables to invoke and the sysctls of the ``ProxyMode`` a backend
   declares, which the agent sets);
-* the client: ``NodeStateClient`` (watch one node's state), ``tls_credentials``;
+* the client: ``NodeStateClient`` (watch one node's state), ``tls_credentials``,
+  ``WatchRefused`` (the frontend refused the request itself: fix it, do not retry);
 * running: ``run.run`` (the smallest loop), ``run_agent`` and ``add_agent_arguments`` (the
   node agent: rate limiting, retries, /healthz, /metrics, health-check node ports),
   ``BackendPlugin`` and ``ENTRY_POINT_GROUP`` (how ``svcproxy backend NAME`` finds it);
@@ -57,7 +58,7 @@ from svcproxy.model import (
 )
 from svcproxy.sdk import run  # the module: run.run(backend, client)
 from svcproxy.sdk.backend import Backend, Changes, NodeState
-from svcproxy.sdk.client import NodeStateClient, tls_credentials
+from svcproxy.sdk.client import NodeStateClient, WatchRefused, tls_credentials
 from svcproxy.sdk.context import (
     IPTABLES_MODES,
     FamilyContext,
@@ -73,7 +74,7 @@ from svcproxy.sdk.stages import Applied, Delta, StagedBackend
 if TYPE_CHECKING:
     from svcproxy.agent.cli import add_agent_arguments, cidr_list, config_from_args, run_agent
 
-API_VERSION = (1, 1)
+API_VERSION = (1, 2)
 
 # The node agent imports this package's modules, so its names load on first use.
 _AGENT_NAMES = {
@@ -111,6 +112,7 @@ __all__ = [
     "SessionAffinity",
     "StagedBackend",
     "TrafficPolicy",
+    "WatchRefused",
     "add_agent_arguments",
     "cidr_list",
     "config_from_args",
