@@ -8,15 +8,14 @@ so one long-lived connection can show which pod still serves it.
 
 from __future__ import annotations
 
-import os
-import secrets
 import socket
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from tests.lab.netns import enter, ip, run, sysctl
+from tests.lab.netns import enter, ip, sysctl
+from tests.lab.topology import Namespaces, veth
 
 T = TypeVar("T")
 POD_PORT = 8080
@@ -75,53 +74,36 @@ class PodServer:
                 return
 
 
-class IpvsLab:
-    """Namespaces, links and pod servers; ``destroy`` removes every namespace it made."""
+class IpvsLab(Namespaces):
+    """The lab's namespaces and links, and its pod servers; ``destroy`` stops the servers
+    and deletes every namespace it made."""
 
     def __init__(self, pods: int) -> None:
-        self.tag = f"{os.getpid() % 10000}{secrets.token_hex(2)}"
-        self.node = f"ivN{self.tag}"
-        self.client = f"ivC{self.tag}"
-        self.pods = [f"ivP{i}{self.tag}" for i in range(1, pods + 1)]
-        self.created: list[str] = []
+        super().__init__()
+        self.node = self.ns("node")
+        self.client = self.ns("client")
+        self.pods = [self.ns(f"pod{i}") for i in range(1, pods + 1)]
         self.servers: list[PodServer] = []
         self.node_thread = ThreadPoolExecutor(1, initializer=enter, initargs=(self.node,))
         self.client_thread = ThreadPoolExecutor(1, initializer=enter, initargs=(self.client,))
 
-    def build(self) -> IpvsLab:
-        try:
-            self._build()
-        except BaseException:
-            self.destroy()
-            raise
-        return self
-
-    def _ns(self, name: str) -> None:
-        run(["ip", "netns", "add", name])
-        self.created.append(name)
-        ip(name, "link", "set", "lo", "up")
-
     def _build(self) -> None:
-        for ns in (self.node, self.client, *self.pods):
-            self._ns(ns)
+        self.add_ns("node")
+        self.add_ns("client")
+        for index in range(1, len(self.pods) + 1):
+            self.add_ns(f"pod{index}")
         sysctl(self.node, "net.ipv4.ip_forward", "1")
-        veth = f"c{self.tag}"
-        run(["ip", "-n", self.node, "link", "add", veth, "type", "veth",
-             "peer", "name", "eth0", "netns", self.client])
-        ip(self.node, "addr", "add", f"{NODE_IP}/24", "dev", veth)
-        ip(self.node, "link", "set", veth, "up")
+        link = f"c{self.tag}"
+        veth(self.node, link, self.client, "eth0")
+        ip(self.node, "addr", "add", f"{NODE_IP}/24", "dev", link)
         for address in CLIENT_IPS:
             ip(self.client, "addr", "add", f"{address}/24", "dev", "eth0")
-        ip(self.client, "link", "set", "eth0", "up")
         ip(self.client, "route", "add", "default", "via", NODE_IP)
         for index, pod in enumerate(self.pods, start=1):
             link = f"p{index}{self.tag}"
-            run(["ip", "-n", self.node, "link", "add", link, "type", "veth",
-                 "peer", "name", "eth0", "netns", pod])
+            veth(self.node, link, pod, "eth0")
             ip(self.node, "addr", "add", f"10.244.{index}.1/24", "dev", link)
-            ip(self.node, "link", "set", link, "up")
             ip(pod, "addr", "add", f"{pod_ip(index)}/24", "dev", "eth0")
-            ip(pod, "link", "set", "eth0", "up")
             ip(pod, "route", "add", "default", "via", f"10.244.{index}.1")
             self.servers.append(PodServer(pod, f"pod{index}").start())
 
@@ -130,9 +112,7 @@ class IpvsLab:
             server.stop()
         self.node_thread.shutdown(wait=True)
         self.client_thread.shutdown(wait=True)
-        for ns in reversed(self.created):
-            run(["ip", "netns", "del", ns], check=False)
-        self.created.clear()
+        super().destroy()
 
     def on_node(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn`` in the node namespace (always the same thread)."""

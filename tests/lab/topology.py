@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass, field
+from typing import Self
 
 from .netns import LabError, ip, run, sysctl
 from .plan import EXTERNAL_CIDRS, LAN4, LAN6, SERVICE_CIDRS, LabSpec, NodeSpec, PodSpec
@@ -28,19 +29,27 @@ def run_tag() -> str:
     return f"{os.getpid() % 100000}{secrets.token_hex(2)}"
 
 
-@dataclass
-class Lab:
-    """A built lab; ``ns(name)`` is the namespace of a node, pod, client or ``lan``."""
+@dataclass(kw_only=True)
+class Namespaces:
+    """The network namespaces one run makes, ``ns(name)`` each (unique among parallel runs);
+    ``destroy`` deletes every one, last made first (their links go with them)."""
 
-    spec: LabSpec
     tag: str = field(default_factory=run_tag)
     created: list[str] = field(default_factory=list)
 
     def ns(self, name: str) -> str:
         return f"sp{self.tag}-{name}"
 
-    def build(self) -> Lab:
-        """Create everything; on failure remove what was made and re-raise."""
+    def add_ns(self, name: str) -> str:
+        """Make namespace ``ns(name)``, its loopback up."""
+        ns = self.ns(name)
+        run(["ip", "netns", "add", ns])
+        self.created.append(ns)
+        ip(ns, "link", "set", "lo", "up")
+        return ns
+
+    def build(self) -> Self:
+        """Make everything (``_build``); on failure remove what was made and re-raise."""
         try:
             self._build()
         except BaseException:
@@ -48,11 +57,21 @@ class Lab:
             raise
         return self
 
+    def _build(self) -> None:
+        raise NotImplementedError
+
     def destroy(self) -> None:
-        """Delete every namespace this lab created (their links go with them)."""
+        """Delete every namespace made (their links go with them)."""
         for ns in reversed(self.created):
             run(["ip", "netns", "del", ns], check=False)
         self.created.clear()
+
+
+@dataclass
+class Lab(Namespaces):
+    """A built lab; ``ns(name)`` is the namespace of a node, pod, client or ``lan``."""
+
+    spec: LabSpec
 
     def __enter__(self) -> Lab:
         return self.build()
@@ -61,10 +80,7 @@ class Lab:
         self.destroy()
 
     def _add_ns(self, name: str, forwarding: bool = False) -> str:
-        ns = self.ns(name)
-        run(["ip", "netns", "add", ns])
-        self.created.append(ns)
-        ip(ns, "link", "set", "lo", "up")
+        ns = self.add_ns(name)
         sysctl(ns, "net.ipv6.conf.all.accept_dad", "0")
         sysctl(ns, "net.ipv6.conf.default.accept_dad", "0")
         # A REJECT answers with an ICMP error, which the kernel limits per destination
@@ -96,7 +112,7 @@ class Lab:
         entry = self.spec.node(self.spec.entry)
         for client in self.spec.clients:
             ns = self._add_ns(client.name)
-            _veth(ns, "eth0", lan, f"c{client.host}", bridge="lan0")
+            veth(ns, "eth0", lan, f"c{client.host}", bridge="lan0")
             _addresses(ns, "eth0", f"{client.ipv4}/24", f"{client.ipv6}/64")
             _default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
             for cidr in (*SERVICE_CIDRS, *EXTERNAL_CIDRS):
@@ -105,7 +121,7 @@ class Lab:
 
     def _build_node(self, lan: str, node: NodeSpec) -> None:
         ns = self._add_ns(node.name, forwarding=True)
-        _veth(ns, "eth0", lan, f"n{node.index}", bridge="lan0")
+        veth(ns, "eth0", lan, f"n{node.index}", bridge="lan0")
         _addresses(ns, "eth0", f"{node.ipv4}/24", f"{node.ipv6}/64")
         _default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
         ip(ns, "link", "add", "br0", "type", "bridge")
@@ -121,7 +137,7 @@ class Lab:
     def _build_pod(self, pod: PodSpec) -> None:
         ns = self._add_ns(pod.name)
         node_ns = self.ns(pod.node.name)
-        _veth(ns, "eth0", node_ns, f"veth{pod.host}", bridge="br0")
+        veth(ns, "eth0", node_ns, f"veth{pod.host}", bridge="br0")
         # As kubelet's hairpin-veth mode: a pod may reach itself through its service
         # (bridge netfilter DNATs back to the port the frame came from).
         ip(node_ns, "link", "set", f"veth{pod.host}", "type", "bridge_slave", "hairpin", "on")
@@ -132,13 +148,15 @@ class Lab:
         _default_routes(ns, "eth0", gw4, gw6)
 
 
-def _veth(ns: str, name: str, peer_ns: str, peer: str, bridge: str) -> None:
-    """A veth pair from ``ns`` to ``peer_ns``, the peer end enslaved to ``bridge``."""
+def veth(ns: str, name: str, peer_ns: str, peer: str, bridge: str = "") -> None:
+    """A veth pair from ``ns`` to ``peer_ns``, both ends up, the peer end enslaved to
+    ``bridge`` if one is named."""
     try:
         ip(ns, "link", "add", name, "type", "veth", "peer", "name", peer, "netns", peer_ns)
     except LabError as err:
         raise LabError(f"veth {ns}/{name} <-> {peer_ns}/{peer}: {err}") from None
-    ip(peer_ns, "link", "set", peer, "master", bridge)
+    if bridge:
+        ip(peer_ns, "link", "set", peer, "master", bridge)
     ip(peer_ns, "link", "set", peer, "up")
     ip(ns, "link", "set", name, "up")
 
