@@ -249,6 +249,11 @@ async def serve_api(handler: grpc.GenericRpcHandler, listen: str,
                                       ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                                       ("grpc.keepalive_time_ms", 30000),
                                       *KEEPALIVE_POLICY,
+                                      # A call waits for the server to pick it up (gRPC
+                                      # cancels it after 30 s by default): in a reconnect
+                                      # storm the nodes queue instead of retrying
+                                      # (bench/bench_reconnect_storm.py).
+                                      ("grpc.server_max_unrequested_time_in_server", 300),
                                       ("grpc.so_reuseport", 1)],
                              interceptors=[RequestSizeInterceptor(MAX_REQUEST_BYTES),
                                            *(guard.interceptors() if guard else ())])
