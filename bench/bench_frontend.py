@@ -320,11 +320,6 @@ def _channel_option(text: str) -> tuple[str, int]:
     return name, int(value)
 
 
-def _channel_option(text: str) -> tuple[str, int]:
-    name, _, value = text.partition("=")
-    return name, int(value)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
