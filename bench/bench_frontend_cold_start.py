@@ -13,6 +13,7 @@ parsed, validated and computed, until the frontend is synced. Two figures:
 
     .venv/bin/python bench/bench_frontend_cold_start.py [--services 10000] [--endpoints 10]
         [--nodes 100] [--profile] [--sync-only] [--before DIR [--after DIR] [--rounds 3]]
+        [--python PYTHON [--rounds 3]]
 
 Views are made when a client first asks for one, so the bench then times the first
 snapshot of one node, of every other node and of the cluster view (what 100 backends and
@@ -21,7 +22,9 @@ the event loop thread's CPU goes (cProfile). ``--before DIR`` compares with anot
 commit's checkout (``git worktree add --detach DIR COMMIT``, mapped as
 bench_local_cold_start.py maps it; ``--after DIR`` another, default this tree): both
 figures of both trees, alternating (ABBA...), against one apiserver, with medians and
-ratios.
+ratios. ``--python PYTHON`` runs this tree's frontend under this interpreter and under
+PYTHON alternately: the interpreter's build matters (a CPython built with PGO and LTO, as
+the image's python:3.11-slim is, against a plain build such as pyenv's default).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import hashlib
 import os
 import pstats
 import re
@@ -164,11 +168,12 @@ def tree_env(tree: Path) -> dict[str, str]:
     return env
 
 
-def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT) -> tuple[float, float]:
+def from_process_start(kubeconfig: Path, sock: Path, tree: Path = ROOT,
+                       python: str = sys.executable) -> tuple[float, float]:
     """Wall and CPU seconds (with its children's) from starting ``svcproxy frontend``
-    to its "frontend synced"."""
+    (``tree``'s, run by ``python``) to its "frontend synced"."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "svcproxy.cli", "frontend", "--kubeconfig",
+    proc = subprocess.Popen([python, "-m", "svcproxy.cli", "frontend", "--kubeconfig",
                              str(kubeconfig), "--listen", f"unix://{sock}",
                              "--metrics-bind-address", ""], env=tree_env(tree),
                             stderr=subprocess.PIPE, text=True, cwd=tree)  # -m: cwd first
@@ -218,6 +223,51 @@ def compare(kubeconfig: Path, tmp: Path, before: Path, after: Path, rounds: int)
               f"(after/before {med['after'][k] / med['before'][k]:.2f})")
 
 
+def interpreter_venv(python: str) -> tuple[str, Path]:
+    """A virtualenv of ``python`` with this venv's packages (made once, in .cache), and a
+    tree that maps this checkout's svcproxy for it as the editable install does here."""
+    version = subprocess.run([python, "-c", "import sys; print(sys.version)"],
+                             capture_output=True, text=True, check=True).stdout
+    name = hashlib.sha256(f"{python}\n{version}".encode()).hexdigest()[:12]
+    venv = ROOT / ".cache" / "bench-venvs" / name
+    if not (venv / "installed").exists():
+        print(f"making a virtualenv of {python} in {venv} (once, ~1 min) ...", flush=True)
+        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
+        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+                                capture_output=True, text=True, check=True).stdout
+        (venv / "requirements.txt").write_text(frozen)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-r",
+                        str(venv / "requirements.txt")], check=True)
+        (venv / "installed").write_text(version)
+    tree = venv / "tree"
+    package = tree / "svcproxy"
+    package.mkdir(parents=True, exist_ok=True)
+    for entry in [*(ROOT / "svcproxy").iterdir(), ROOT / "frontend", ROOT / "backends"]:
+        link = package / entry.name
+        if not link.is_symlink():
+            link.symlink_to(entry)
+    return str(venv / "bin" / "python"), tree
+
+
+def compare_interpreters(kubeconfig: Path, tmp: Path, python: str, rounds: int) -> None:
+    """From process start, this interpreter against ``python`` (ABBA...), same tree."""
+    other, tree = interpreter_venv(python)
+    runs: dict[str, list[tuple[float, float]]] = {"this": [], "other": []}
+    for which, exe, where in (("this", sys.executable, ROOT), ("other", other, tree)):
+        from_process_start(kubeconfig, tmp / f"warm-{which}.sock", where, exe)
+    for i in range(rounds):
+        for which in ("this", "other") if i % 2 == 0 else ("other", "this"):
+            exe, where = (sys.executable, ROOT) if which == "this" else (other, tree)
+            wall, cpu = from_process_start(kubeconfig, tmp / f"{which}{i}.sock", where, exe)
+            runs[which].append((wall, cpu))
+            print(f"round {i + 1} {which:<5} from process start {wall:.2f} s wall, "
+                  f"{cpu:.2f} s CPU (load {os.getloadavg()[0]:.1f})", flush=True)
+    for k, name in enumerate(("wall", "CPU")):
+        this, that = (statistics.median(r[k] for r in runs[w]) for w in ("this", "other"))
+        print(f"median {name}: {sys.executable} {this:.2f} s, {python} {that:.2f} s "
+              f"({python}/this {that / this:.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,6 +283,10 @@ def main() -> None:
     parser.add_argument("--after", type=Path, default=ROOT,
                         help="the checkout compared with --before's (default this tree)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--python", metavar="PYTHON",
+                        help="compare this interpreter with PYTHON (e.g. a PGO+LTO build as "
+                        "the image's, /usr/bin/python3.11 on Debian), from process start, "
+                        "alternating --rounds times; PYTHON's virtualenv is made in .cache")
     parser.add_argument("--kubeconfig", type=Path,
                         help="a running apiserver's (no stand-in started): the in-process "
                         "figure alone")
@@ -251,6 +305,9 @@ def main() -> None:
         apiserver = start_apiserver(args, kubeconfig)
         print(f"stand-in apiserver filled in {time.perf_counter() - t0:.1f} s", flush=True)
         try:
+            if args.python is not None:
+                compare_interpreters(kubeconfig, Path(tmp), args.python, args.rounds)
+                return
             if args.before is not None:
                 compare(kubeconfig, Path(tmp), args.before.resolve(), args.after.resolve(),
                         args.rounds)
