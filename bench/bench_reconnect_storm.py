@@ -37,7 +37,7 @@ from collections import Counter
 from typing import Any
 
 import grpc
-from bench_frontend import _revision, _rss_mb, make_cluster, pct
+from bench_frontend import _channel_option, _revision, _rss_mb, make_cluster, pct
 
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.serving.limits import StreamLimits
@@ -219,11 +219,6 @@ async def run(args: argparse.Namespace) -> None:
     print(f"load average: {load0[0]:.2f} before, {load1[0]:.2f} after", flush=True)
 
 
-def _option(text: str) -> tuple[str, int]:
-    name, _, value = text.partition("=")
-    return name, int(value)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,7 +231,7 @@ def main() -> None:
                         help="the SDK's max_backoff (seconds)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds after which the clients without a snapshot are reported")
-    parser.add_argument("--server-option", type=_option, action="append", default=[],
+    parser.add_argument("--server-option", type=_channel_option, action="append", default=[],
                         metavar="NAME=INT", help="a gRPC server option on top of the "
                         "frontend's (repeatable)")
     args = parser.parse_args()
