@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import hashlib
 import os
 import pstats
 import re
@@ -45,7 +44,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from bench_local_cold_start import cpu_seconds, prepare_tree, stop
+from bench_local_cold_start import cpu_seconds, interpreter_venv, prepare_tree, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 PYCACHE = ROOT / ".cache" / "bench-pycache"
@@ -221,32 +220,6 @@ def compare(kubeconfig: Path, tmp: Path, before: Path, after: Path, rounds: int)
     for k, name in enumerate(names):
         print(f"median {name}: before {med['before'][k]:.2f} s, after {med['after'][k]:.2f} s "
               f"(after/before {med['after'][k] / med['before'][k]:.2f})")
-
-
-def interpreter_venv(python: str) -> tuple[str, Path]:
-    """A virtualenv of ``python`` with this venv's packages (made once, in .cache), and a
-    tree that maps this checkout's svcproxy for it as the editable install does here."""
-    version = subprocess.run([python, "-c", "import sys; print(sys.version)"],
-                             capture_output=True, text=True, check=True).stdout
-    name = hashlib.sha256(f"{python}\n{version}".encode()).hexdigest()[:12]
-    venv = ROOT / ".cache" / "bench-venvs" / name
-    if not (venv / "installed").exists():
-        print(f"making a virtualenv of {python} in {venv} (once, ~1 min) ...", flush=True)
-        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
-        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
-                                capture_output=True, text=True, check=True).stdout
-        (venv / "requirements.txt").write_text(frozen)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-r",
-                        str(venv / "requirements.txt")], check=True)
-        (venv / "installed").write_text(version)
-    tree = venv / "tree"
-    package = tree / "svcproxy"
-    package.mkdir(parents=True, exist_ok=True)
-    for entry in [*(ROOT / "svcproxy").iterdir(), ROOT / "frontend", ROOT / "backends"]:
-        link = package / entry.name
-        if not link.is_symlink():
-            link.symlink_to(entry)
-    return str(venv / "bin" / "python"), tree
 
 
 def compare_interpreters(kubeconfig: Path, tmp: Path, python: str, rounds: int) -> None:

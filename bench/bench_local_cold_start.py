@@ -3,7 +3,7 @@ in the kernel (the first full sync done), nft backend, in a network namespace th
 creates (the stand-in apiserver runs in it too).
 
     .venv/bin/python bench/bench_local_cold_start.py [--breakdown] [--before=DIR [--rounds=N]]
-        [SERVICES ...]    (default 1000 5000 10000)
+        [--python=PYTHON [--rounds=N]] [SERVICES ...]    (default 1000 5000 10000)
 
 local: `svcproxy backend --config` with clientConnection.kubeconfig and no frontend address
 (the frontend's computation in process). split: a frontend already running and synced on
@@ -24,6 +24,16 @@ into its svcproxy/ and copies the generated svcproxy/v1 there, as the editable i
 maps them for this tree. Both run --rounds times (default 3) alternating (ABBA...) against
 the same apiserver; the medians, the best CPU times and the ratios of before to after are printed.
 
+--python PYTHON runs local mode under this interpreter and under PYTHON alternately
+(ABBA..., --rounds times; PYTHON's virtualenv made once in .cache with this venv's
+packages): the interpreter's build matters (the image's python:3.11-slim is built with PGO
+and LTO, /usr/bin/python3.11 on Debian is an optimised build too; pyenv's default is not).
+
+Every table also prints the imports floor: a process of the same interpreter that only
+imports what a local-mode start cannot do without - grpc (the SDK's channel and the API
+server), protobuf, the kubernetes client's ApiClient and kubeconfig loader, yaml - and
+exits, from its start to its end. No start can be faster than that.
+
 "CPU" is the backend process's own; "with children" adds its children's, waited for (nft
 for a large transaction) or still running: the CPU the whole start cost.
 
@@ -36,6 +46,7 @@ tree that is not counted. Compiling the sources at every start instead costs ~0.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -96,7 +107,9 @@ def until_synced(proc: subprocess.Popen[str], start: float) -> dict[str, float]:
     figures for its transaction."""
     assert proc.stderr is not None
     marks: dict[str, float] = {}
+    last: list[str] = []
     for line in proc.stderr:
+        last = [*last[-9:], line]
         now = time.monotonic() - start
         for phase, text in (*PHASES, SPLIT_PHASES[0]):
             if text in line and phase not in marks:
@@ -108,7 +121,7 @@ def until_synced(proc: subprocess.Popen[str], start: float) -> dict[str, float]:
             marks["cpu"] = cpu_seconds(proc.pid)
             marks["cpu all"] = cpu_with_children(proc.pid)
             return marks
-    raise RuntimeError("the backend ended before syncing")
+    raise RuntimeError("the backend ended before syncing; its last lines:\n" + "".join(last))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -156,11 +169,12 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
-def backend(conf: Path, env: dict[str, str], tree: Path = ROOT) -> dict[str, float]:
+def backend(conf: Path, env: dict[str, str], tree: Path = ROOT,
+            python: str = sys.executable) -> dict[str, float]:
     """One cold start of the backend of the source ``tree`` (``-m`` puts it first on the
-    path)."""
+    path), run by ``python``."""
     start = time.monotonic()
-    proc = in_ns(sys.executable, "-m", "svcproxy.cli", "backend", f"--config={conf}",
+    proc = in_ns(python, "-m", "svcproxy.cli", "backend", f"--config={conf}",
                  "--hostname-override=node-a", "-v=4", env=env, stdout=subprocess.DEVNULL,
                  stderr=subprocess.PIPE, cwd=tree)
     try:
@@ -210,15 +224,63 @@ def local_env() -> dict[str, str]:
     return {**env, "PYTHONPYCACHEPREFIX": str(PYCACHE)}
 
 
-WARM: set[Path] = set()
+WARM: set[tuple[Path, str]] = set()
+FLOOR = ("from svcproxy.frontend.sources.kubernetes_package import bare_kubernetes_package\n"
+         "bare_kubernetes_package()\n"
+         "import asyncio, grpc, grpc.aio, google.protobuf.message, yaml\n"
+         "from kubernetes.client import ApiClient\n"
+         "import kubernetes.config.kube_config\n")
 
 
-def warm_up(conf: Path, tree: Path = ROOT) -> None:
+def warm_up(conf: Path, tree: Path = ROOT, python: str = sys.executable) -> None:
     """One uncounted start of ``tree``'s backend in local mode, which fills the bytecode
-    cache with every module a start imports (once per tree)."""
-    if tree not in WARM:
-        backend(conf, local_env(), tree)
-        WARM.add(tree)
+    cache with every module a start imports (once per tree and interpreter)."""
+    if (tree, python) not in WARM:
+        backend(conf, local_env(), tree, python)
+        WARM.add((tree, python))
+
+
+def imports_floor(tree: Path = ROOT, python: str = sys.executable, runs: int = 3) -> float:
+    """The median wall time of a process (``python``, ``tree`` first on its path) that
+    only imports the packages a local-mode start needs, then exits (see FLOOR)."""
+    times = []
+    for _ in range(runs + 1):  # the first fills the bytecode cache
+        start = time.monotonic()
+        subprocess.run([python, "-c", FLOOR], env=local_env(), cwd=tree, check=True)
+        times.append(time.monotonic() - start)
+    return statistics.median(times[1:])
+
+
+def interpreter_venv(python: str) -> tuple[str, Path]:
+    """A virtualenv of ``python`` with this venv's packages (made once, in .cache), and a
+    tree that maps this checkout's svcproxy for it as the editable install does here."""
+    version = subprocess.run([python, "-c", "import sys; print(sys.version)"],
+                             capture_output=True, text=True, check=True).stdout
+    name = hashlib.sha256(f"{python}\n{version}".encode()).hexdigest()[:12]
+    venv = ROOT / ".cache" / "bench-venvs" / name
+    if not (venv / "installed").exists():
+        print(f"making a virtualenv of {python} in {venv} (once, ~1 min) ...", flush=True)
+        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
+        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+                                capture_output=True, text=True, check=True).stdout
+        (venv / "requirements.txt").write_text(frozen)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-r",
+                        str(venv / "requirements.txt")], check=True)
+        (venv / "installed").write_text(version)
+    tree = venv / "tree"
+    package = tree / "svcproxy"
+    package.mkdir(parents=True, exist_ok=True)
+    for entry in [*(ROOT / "svcproxy").iterdir(), ROOT / "frontend", ROOT / "backends"]:
+        link = package / entry.name
+        if not link.is_symlink():
+            link.symlink_to(entry)
+    # The distribution's metadata too: the backends are found by their entry points.
+    site = Path(subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig."
+                                "get_paths()['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    for info in site.glob("svcproxy-*.dist-info"):
+        shutil.copytree(info, tree / info.name, dirs_exist_ok=True)
+    return str(venv / "bin" / "python"), tree
 
 
 def measure(services: int, work: Path) -> tuple[dict[str, float], dict[str, float]]:
@@ -245,18 +307,21 @@ def measure(services: int, work: Path) -> tuple[dict[str, float], dict[str, floa
         api.close()
 
 
-def compare(services: int, work: Path, before: Path, rounds: int) -> None:
-    """Local mode of ``before``'s tree and of this one, alternating (ABBA...)."""
+Runner = tuple[Path, str]  # (source tree, interpreter)
+
+
+def compare(services: int, work: Path, runners: dict[str, Runner], rounds: int) -> None:
+    """Local mode of two runners (label -> tree and interpreter), alternating (ABBA...),
+    with each one's imports floor; ratios are of the first to the second."""
     api = Apiserver(services, work)
-    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in runners}
+    a, b = runners
     try:
-        warm_up(api.conf, before)
-        warm_up(api.conf)
+        for tree, python in runners.values():
+            warm_up(api.conf, tree, python)
         for i in range(rounds):
-            order = ("before", "after") if i % 2 == 0 else ("after", "before")
-            for which in order:
-                tree = before if which == "before" else ROOT
-                marks = backend(api.conf, local_env(), tree)
+            for which in (a, b) if i % 2 == 0 else (b, a):
+                marks = backend(api.conf, local_env(), *runners[which])
                 runs[which].append(marks)
                 print(f"{services:>8} round {i + 1} {which:<6} wall {marks['sync']:.2f}s "
                       f"CPU {marks['cpu']:.2f}s (with children {marks['cpu all']:.2f}s)",
@@ -266,17 +331,18 @@ def compare(services: int, work: Path, before: Path, rounds: int) -> None:
     med = {w: {k: statistics.median(m[k] for m in r) for k in ("sync", "cpu", "cpu all")}
            for w, r in runs.items()}
     best = {w: min(m["cpu"] for m in r) for w, r in runs.items()}
-    print(f"{services:>8} best CPU before {best['before']:.2f}s after {best['after']:.2f}s "
-          f"({best['before'] / best['after']:.2f}x)")
+    floor = {w: imports_floor(*runners[w]) for w in runners}
     kp = KUBE_PROXY.get(services)
-    print(f"{services:>8} median  before wall {med['before']['sync']:.2f}s CPU "
-          f"{med['before']['cpu']:.2f}s | after wall {med['after']['sync']:.2f}s CPU "
-          f"{med['after']['cpu']:.2f}s | before/after wall "
-          f"{med['before']['sync'] / med['after']['sync']:.2f}x CPU "
-          f"{med['before']['cpu'] / med['after']['cpu']:.2f}x"
-          + (f" | after/kube-proxy {med['after']['sync'] / kp:.2f}x" if kp else "")
-          + f" | CPU with children before {med['before']['cpu all']:.2f}s after "
-          f"{med['after']['cpu all']:.2f}s", flush=True)
+    print(f"{services:>8} best CPU {a} {best[a]:.2f}s {b} {best[b]:.2f}s "
+          f"({best[a] / best[b]:.2f}x) | imports floor {a} {floor[a]:.2f}s {b} {floor[b]:.2f}s"
+          + (f" (kube-proxy's whole start {kp:.2f}s)" if kp else ""))
+    print(f"{services:>8} median  {a} wall {med[a]['sync']:.2f}s CPU {med[a]['cpu']:.2f}s | "
+          f"{b} wall {med[b]['sync']:.2f}s CPU {med[b]['cpu']:.2f}s | {a}/{b} wall "
+          f"{med[a]['sync'] / med[b]['sync']:.2f}x CPU {med[a]['cpu'] / med[b]['cpu']:.2f}x"
+          + (f" | /kube-proxy {a} {med[a]['sync'] / kp:.2f}x {b} {med[b]['sync'] / kp:.2f}x"
+             if kp else "")
+          + f" | CPU with children {a} {med[a]['cpu all']:.2f}s {b} {med[b]['cpu all']:.2f}s",
+          flush=True)
 
 
 def cpu_phases(marks: dict[str, float], names: list[tuple[str, str]]) -> dict[str, float]:
@@ -297,19 +363,35 @@ def show(label: str, marks: dict[str, float], names: list[tuple[str, str]]) -> N
         + (f"; sync CPU {cpu['sync']:.2f}" if "sync" in cpu else ""))
 
 
+def comparison(before: Path | None, python: str | None) -> dict[str, Runner] | None:
+    """The two runners --before or --python compares, or None."""
+    if before is not None:
+        prepare_tree(before)
+        return {"before": (before, sys.executable), "after": (ROOT, sys.executable)}
+    if python is not None:
+        exe, tree = interpreter_venv(python)
+        return {"this": (ROOT, sys.executable), "other": (tree, exe)}
+    return None
+
+
 def main(sizes: list[int], breakdown: bool, before: Path | None = None,
-         rounds: int = 3) -> None:
+         rounds: int = 3, python: str | None = None) -> None:
     subprocess.run(["ip", "netns", "add", NS], check=True)
     try:
         subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
         print(f"load average {os.getloadavg()[0]:.1f} at the start")
-        if before is not None:
-            prepare_tree(before)
+        runners = comparison(before, python)
+        if runners is not None:
+            for label, (tree, exe) in runners.items():
+                print(f"{label}: {tree}, {exe}")
             for n in sizes:
                 with tempfile.TemporaryDirectory() as work:
-                    compare(n, Path(work), before, rounds)
+                    compare(n, Path(work), runners, rounds)
             print(f"load average {os.getloadavg()[0]:.1f} at the end")
             return
+        floor = imports_floor()
+        print(f"imports floor (a process importing only grpc, protobuf, the kubernetes "
+              f"client, yaml): {floor:.2f}s")
         print(f"{'services':>8} {'local mode':>11} {'split mode':>11} {'kube-proxy':>11} "
               f"{'local/kube-proxy':>17} {'local CPU':>10} {'split CPU':>10} "
               f"{'local CPU+children':>19}")
@@ -338,8 +420,13 @@ if __name__ == "__main__":
                         help="split each cold start into phases")
     parser.add_argument("--before", type=Path, metavar="DIR",
                         help="another commit's checkout to compare local mode with")
+    parser.add_argument("--python", metavar="PYTHON",
+                        help="compare local mode under this interpreter and under PYTHON "
+                        "(e.g. /usr/bin/python3.11, an optimised build as the image's)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of each tree with --before (default %(default)s)")
+                        help="rounds of each with --before or --python (default %(default)s)")
     args = parser.parse_args()
+    if args.before is not None and args.python is not None:
+        parser.error("--before and --python compare different things: give one")
     main(args.sizes or [1000, 5000, 10000], args.breakdown,
-         args.before.resolve() if args.before else None, args.rounds)
+         args.before.resolve() if args.before else None, args.rounds, args.python)
