@@ -10,19 +10,19 @@ writes (standing in for a backend); the pods answer with their name.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from svcproxy.agent.conntrack_cli import ConntrackCleaner, ConntrackCLI
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
+from tests.lab.netns import ip, ns_exec, sysctl
+from tests.lab.topology import Namespaces, addresses, default_routes, veth
 
 pytestmark = pytest.mark.netns
 
@@ -64,26 +64,20 @@ def _missing() -> str:
     return ""
 
 
-def run(*args: str) -> str:
-    return subprocess.run(args, check=True, capture_output=True, text=True, timeout=20).stdout
+TIMEOUT = 20.0
 
 
-@dataclass
-class Lab:
-    suffix: str
-    names: dict[str, str] = field(default_factory=dict)
-    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+@dataclass(kw_only=True)
+class Lab(Namespaces):
+    """The four namespaces, the pods' servers and the client (which asks on a line of stdin)."""
+
     client: subprocess.Popen[str] | None = None
 
-    def ns(self, role: str) -> str:
-        return self.names[role]
-
     def exec(self, role: str, *args: str) -> str:
-        return run("ip", "netns", "exec", self.ns(role), *args)
+        return ns_exec(self.ns(role), *args, timeout=TIMEOUT)
 
     def nft(self, script: str) -> None:
-        subprocess.run(["ip", "netns", "exec", self.ns("node"), "nft", "-f", "-"], input=script,
-                       check=True, capture_output=True, text=True, timeout=20)
+        ns_exec(self.ns("node"), "nft", "-f", "-", stdin=script, timeout=TIMEOUT)
 
     def ask(self) -> str:
         """One datagram from the client's fixed source port to the service; who answered."""
@@ -95,26 +89,24 @@ class Lab:
     def entries(self) -> str:
         return self.exec("node", "conntrack", "-L", "-p", "udp", "--orig-dst", SERVICE_IP)
 
-    def start(self, role: str, script: str, *args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(role), sys.executable, "-c", script, *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        return proc
+    def _build(self) -> None:
+        for role in ("client", "node", "pod1", "pod2"):
+            self.add_ns(role)
+        self._link("client", 0, CLIENT_IP)
+        self._link("pod1", 1, PODS["pod1"])
+        self._link("pod2", 2, PODS["pod2"])
+        sysctl(self.ns("node"), "net.ipv4.ip_forward", "1")
+        for pod in PODS:
+            self.start(self.ns(pod), SERVER, pod, str(POD_PORT))
+        self.client = self.start(self.ns("client"), CLIENT, CLIENT_IP, SERVICE_IP,
+                                 str(SERVICE_PORT))
 
-
-def _link(lab: Lab, peer: str, index: int, peer_ip: str) -> None:
-    node_if, peer_if = f"n{index}{lab.suffix}", f"p{index}{lab.suffix}"
-    run("ip", "-n", lab.ns("node"), "link", "add", node_if, "type", "veth", "peer", "name",
-        peer_if, "netns", lab.ns(peer))
-    gateway = f"10.200.{index}.1"
-    run("ip", "-n", lab.ns("node"), "addr", "add", f"{gateway}/24", "dev", node_if)
-    run("ip", "-n", lab.ns("node"), "link", "set", node_if, "up")
-    run("ip", "-n", lab.ns(peer), "addr", "add", f"{peer_ip}/24", "dev", peer_if)
-    run("ip", "-n", lab.ns(peer), "link", "set", peer_if, "up")
-    run("ip", "-n", lab.ns(peer), "link", "set", "lo", "up")
-    run("ip", "-n", lab.ns(peer), "route", "add", "default", "via", gateway)
+    def _link(self, peer: str, index: int, peer_ip: str) -> None:
+        node, gateway = self.ns("node"), f"10.200.{index}.1"
+        veth(node, f"n{index}", self.ns(peer), "eth0")
+        addresses(node, f"n{index}", f"{gateway}/24")
+        addresses(self.ns(peer), "eth0", f"{peer_ip}/24")
+        default_routes(self.ns(peer), "eth0", gateway)
 
 
 @pytest.fixture
@@ -123,26 +115,11 @@ def lab() -> Iterator[Lab]:
     if reason:
         print(f"skipping: {reason}")
         pytest.skip(reason)
-    suffix = f"{os.getpid() % 10000}{random.randint(0, 999)}"
-    lab = Lab(suffix)
+    built = Lab().build()
     try:
-        for role in ("client", "node", "pod1", "pod2"):
-            lab.names[role] = f"svcp-ct-{role}-{suffix}"
-            run("ip", "netns", "add", lab.names[role])
-        _link(lab, "client", 0, CLIENT_IP)
-        _link(lab, "pod1", 1, PODS["pod1"])
-        _link(lab, "pod2", 2, PODS["pod2"])
-        lab.exec("node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        for pod in PODS:
-            lab.start(pod, SERVER, pod, str(POD_PORT))
-        lab.client = lab.start("client", CLIENT, CLIENT_IP, SERVICE_IP, str(SERVICE_PORT))
-        yield lab
+        yield built
     finally:
-        for proc in lab.procs:
-            proc.kill()
-            proc.wait(timeout=5)
-        for name in lab.names.values():
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        built.destroy()
 
 
 def dnat_to(*pods: str) -> str:
@@ -198,7 +175,7 @@ def test_removed_endpoint_flow_moves_to_the_remaining_endpoint(lab: Lab) -> None
 
 def test_first_endpoint_replaces_the_blackholed_flow(lab: Lab) -> None:
     # Before the service has endpoints, its datagrams leave the node unanswered.
-    run("ip", "-n", lab.ns("node"), "route", "add", f"{SERVICE_IP}/32", "via", PODS["pod1"])
+    ip(lab.ns("node"), "route", "add", f"{SERVICE_IP}/32", "via", PODS["pod1"])
     lab.nft(dnat_to())
     assert lab.ask() == "no answer"
     assert SERVICE_IP in lab.entries()

@@ -18,10 +18,13 @@ class LabError(RuntimeError):
     """A lab command failed."""
 
 
-def run(argv: Sequence[str], check: bool = True, stdin: str | None = None) -> str:
-    """Run a command, return its stdout; raise LabError with its stderr on failure."""
+def run(argv: Sequence[str], check: bool = True, stdin: str | None = None,
+        timeout: float | None = None) -> str:
+    """Run a command, return its stdout; raise LabError with its stderr on failure (and
+    subprocess.TimeoutExpired, having killed it, past ``timeout`` seconds)."""
     done = subprocess.run(
-        list(argv), input=stdin.encode() if stdin else None, capture_output=True
+        list(argv), input=stdin.encode() if stdin else None, capture_output=True,
+        timeout=timeout,
     )
     if check and done.returncode != 0:
         raise LabError(f"{' '.join(argv)}: {done.stderr.decode().strip()}")
@@ -33,9 +36,10 @@ def ip(ns: str, *args: str, check: bool = True) -> str:
     return run(["ip", "-n", ns, *args], check=check)
 
 
-def ns_exec(ns: str, *argv: str, check: bool = True, stdin: str | None = None) -> str:
+def ns_exec(ns: str, *argv: str, check: bool = True, stdin: str | None = None,
+            timeout: float | None = None) -> str:
     """Run a command inside a namespace."""
-    return run(["ip", "netns", "exec", ns, *argv], check=check, stdin=stdin)
+    return run(["ip", "netns", "exec", ns, *argv], check=check, stdin=stdin, timeout=timeout)
 
 
 def _write(path: str, value: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -31,11 +33,13 @@ def run_tag() -> str:
 
 @dataclass(kw_only=True)
 class Namespaces:
-    """The network namespaces one run makes, ``ns(name)`` each (unique among parallel runs);
-    ``destroy`` deletes every one, last made first (their links go with them)."""
+    """The network namespaces one run makes, ``ns(name)`` each (unique among parallel runs),
+    and the processes it starts in them; ``destroy`` kills those, then deletes every
+    namespace, last made first (their links go with them)."""
 
     tag: str = field(default_factory=run_tag)
     created: list[str] = field(default_factory=list)
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def ns(self, name: str) -> str:
         return f"sp{self.tag}-{name}"
@@ -60,8 +64,24 @@ class Namespaces:
     def _build(self) -> None:
         raise NotImplementedError
 
+    def start(self, ns: str, script: str, *args: str) -> subprocess.Popen[str]:
+        """Run Python ``script`` with ``args`` inside ``ns``, its stdin and stdout piped (text);
+        return once it has printed its first line, ``ready``. ``destroy`` kills it."""
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", script, *args],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.processes.append(proc)
+        assert proc.stdout is not None
+        if (line := proc.stdout.readline().strip()) != "ready":
+            raise LabError(f"a process in {ns} did not start: {line or 'no output'}")
+        return proc
+
     def destroy(self) -> None:
-        """Delete every namespace made (their links go with them)."""
+        """Kill every process started, then delete every namespace made (their links go
+        with them)."""
+        for proc in self.processes:
+            proc.kill()
+            proc.wait(timeout=5)
+        self.processes.clear()
         for ns in reversed(self.created):
             run(["ip", "netns", "del", ns], check=False)
         self.created.clear()
@@ -103,7 +123,7 @@ class Lab(Namespaces):
     def _build(self) -> None:
         lan = self._add_ns("lan", forwarding=True)
         ip(lan, "link", "add", "lan0", "type", "bridge")
-        _addresses(lan, "lan0", f"{LAN4}.1/24", f"{LAN6}:1/64")
+        addresses(lan, "lan0", f"{LAN4}.1/24", f"{LAN6}:1/64")
         ip(lan, "link", "set", "lan0", "up")
         for node in self.spec.nodes:
             self._build_node(lan, node)
@@ -113,8 +133,8 @@ class Lab(Namespaces):
         for client in self.spec.clients:
             ns = self._add_ns(client.name)
             veth(ns, "eth0", lan, f"c{client.host}", bridge="lan0")
-            _addresses(ns, "eth0", f"{client.ipv4}/24", f"{client.ipv6}/64")
-            _default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
+            addresses(ns, "eth0", f"{client.ipv4}/24", f"{client.ipv6}/64")
+            default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
             for cidr in (*SERVICE_CIDRS, *EXTERNAL_CIDRS):
                 via = entry.ipv6 if ":" in cidr else entry.ipv4
                 ip(ns, "route", "add", cidr, "via", via)
@@ -122,11 +142,11 @@ class Lab(Namespaces):
     def _build_node(self, lan: str, node: NodeSpec) -> None:
         ns = self._add_ns(node.name, forwarding=True)
         veth(ns, "eth0", lan, f"n{node.index}", bridge="lan0")
-        _addresses(ns, "eth0", f"{node.ipv4}/24", f"{node.ipv6}/64")
-        _default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
+        addresses(ns, "eth0", f"{node.ipv4}/24", f"{node.ipv6}/64")
+        default_routes(ns, "eth0", f"{LAN4}.1", f"{LAN6}:1")
         ip(ns, "link", "add", "br0", "type", "bridge")
         gw4, gw6 = node.gateways
-        _addresses(ns, "br0", f"{gw4}/24", f"{gw6}/64")
+        addresses(ns, "br0", f"{gw4}/24", f"{gw6}/64")
         ip(ns, "link", "set", "br0", "up")
         for other in self.spec.nodes:
             if other is not node:
@@ -141,11 +161,11 @@ class Lab(Namespaces):
         # As kubelet's hairpin-veth mode: a pod may reach itself through its service
         # (bridge netfilter DNATs back to the port the frame came from).
         ip(node_ns, "link", "set", f"veth{pod.host}", "type", "bridge_slave", "hairpin", "on")
-        _addresses(ns, "eth0", f"{pod.ipv4}/32", f"{pod.ipv6}/128")
+        addresses(ns, "eth0", f"{pod.ipv4}/32", f"{pod.ipv6}/128")
         gw4, gw6 = pod.node.gateways
         ip(ns, "route", "add", gw4, "dev", "eth0")
         ip(ns, "-6", "route", "add", gw6, "dev", "eth0")
-        _default_routes(ns, "eth0", gw4, gw6)
+        default_routes(ns, "eth0", gw4, gw6)
 
 
 def veth(ns: str, name: str, peer_ns: str, peer: str, bridge: str = "") -> None:
@@ -161,11 +181,18 @@ def veth(ns: str, name: str, peer_ns: str, peer: str, bridge: str = "") -> None:
     ip(ns, "link", "set", name, "up")
 
 
-def _addresses(ns: str, dev: str, v4: str, v6: str) -> None:
-    ip(ns, "addr", "add", v4, "dev", dev)
-    ip(ns, "-6", "addr", "add", v6, "dev", dev, "nodad")
+def addresses(ns: str, dev: str, *cidrs: str) -> None:
+    """Add each address (``ADDR/LEN``) to ``dev``, IPv6 ones without duplicate address
+    detection."""
+    for cidr in cidrs:
+        if ":" in cidr:
+            ip(ns, "-6", "addr", "add", cidr, "dev", dev, "nodad")
+        else:
+            ip(ns, "addr", "add", cidr, "dev", dev)
 
 
-def _default_routes(ns: str, dev: str, gw4: str, gw6: str) -> None:
-    ip(ns, "route", "add", "default", "via", gw4, "dev", dev, "onlink")
-    ip(ns, "-6", "route", "add", "default", "via", gw6, "dev", dev, "onlink")
+def default_routes(ns: str, dev: str, *gateways: str) -> None:
+    """A default route through each gateway (of its family), on-link on ``dev``."""
+    for gateway in gateways:
+        family = ("-6",) if ":" in gateway else ()
+        ip(ns, *family, "route", "add", "default", "via", gateway, "dev", dev, "onlink")
