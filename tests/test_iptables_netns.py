@@ -1,6 +1,6 @@
 """The iptables backend against the real kernel: real packets in namespaces this test creates.
 
-Topology (all names carry the pid): a node namespace with two pods on veths
+Topology (tests.lab.topology's namespaces, unique per run): a node namespace with two pods on veths
 (10.244.1.2, .3 and fd00:244::2, ::3), and an outside client on 192.168.50.0/24
 (two source addresses) / fd00:50::/64 routed to the node. The backend runs in
 this process and programs only the node namespace (``ip netns exec``).
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -33,7 +33,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk.backend import Changes, NodeState
 from tests.conftest import wait_for
-from tests.lab.netns import call_in
+from tests.lab.netns import call_in, ip, ns_exec, sysctl
+from tests.lab.topology import Namespaces, addresses, default_routes, veth
 
 pytestmark = pytest.mark.netns
 
@@ -85,29 +86,31 @@ print(json.dumps(out))
 """
 
 
-def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, check=check)
+@dataclass(kw_only=True)
+class Lab(Namespaces):
+    """The node, the client and the pods (``pods``: name to namespace), each pod serving on
+    8080 and 9090."""
 
+    @property
+    def node(self) -> str:
+        return self.ns("node")
 
-def ns_run(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run("ip", "netns", "exec", ns, *args, check=check)
+    @property
+    def client(self) -> str:
+        return self.ns("client")
 
-
-@dataclass
-class Lab:
-    node: str
-    client: str
-    pods: dict[str, str]
-    servers: list[subprocess.Popen[str]] = field(default_factory=list)
+    @property
+    def pods(self) -> dict[str, str]:
+        return {name: self.ns(name) for name in PODS}
 
     def prefix(self) -> tuple[str, ...]:
         return ("ip", "netns", "exec", self.node)
 
     def connect(self, ns: str, host: str, port: int, count: int = 1, source: str = "",
                 seconds: float = 0.0) -> list[str]:
-        proc = ns_run(ns, sys.executable, "-c", CLIENT, host, str(port), str(count),
+        out = ns_exec(ns, sys.executable, "-c", CLIENT, host, str(port), str(count),
                       str(seconds), source)
-        return json.loads(proc.stdout)
+        return json.loads(out)
 
     def background(self, ns: str, host: str, port: int, seconds: float) -> subprocess.Popen[str]:
         return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", CLIENT, host,
@@ -116,7 +119,40 @@ class Lab:
 
     def iptables_save(self, family: int = 4, mode: str = "nft", counters: bool = False) -> str:
         binary = f"{'iptables' if family == 4 else 'ip6tables'}-{mode}-save"
-        return ns_run(self.node, binary, *(["-c"] if counters else [])).stdout
+        return ns_exec(self.node, binary, *(["-c"] if counters else []))
+
+    def _build(self) -> None:
+        node, client = self.add_ns("node"), self.add_ns("client")
+        for name in PODS:
+            self.add_ns(name)
+        # The node routes ClusterIPs back out of the interface they came in on: no ICMP
+        # redirects, or the client would bypass the node for the REJECT.
+        for key, value in (("net.ipv4.ip_forward", "1"), ("net.ipv6.conf.all.forwarding", "1"),
+                           ("net.ipv4.conf.all.send_redirects", "0"),
+                           ("net.ipv4.conf.default.send_redirects", "0")):
+            sysctl(node, key, value)
+        veth(node, "vext", client, "eth0")
+        addresses(node, "vext", f"{NODE_IP}/24", f"{NODE_IP6}/64")
+        addresses(client, "eth0", "192.168.50.2/24", "192.168.50.3/24", "fd00:50::2/64")
+        default_routes(client, "eth0", NODE_IP, NODE_IP6)
+        for i, (name, pod) in enumerate(self.pods.items()):
+            ip4, ip6 = PODS[name]
+            link = f"vp{i}"
+            veth(node, link, pod, "eth0")
+            addresses(node, link, "10.244.1.1/32", "fd00:244::1/128")
+            ip(node, "route", "add", f"{ip4}/32", "dev", link)
+            ip(node, "-6", "route", "add", f"{ip6}/128", "dev", link)
+            addresses(pod, "eth0", f"{ip4}/32", f"{ip6}/128")
+            ip(pod, "route", "add", "10.244.1.1/32", "dev", "eth0")
+            ip(pod, "-6", "route", "add", "fd00:244::1/128", "dev", "eth0")
+            default_routes(pod, "eth0", "10.244.1.1", "fd00:244::1")
+            for port in ("8080", "9090"):
+                self.start(pod, SERVER, name, port)
+        # The node reaches ClusterIPs through a route, as on a real node.
+        ip(node, "route", "add", "172.30.0.0/16", "dev", "vext")
+        ip(node, "-6", "route", "add", "fd00:30::/64", "dev", "vext")
+        ip(client, "route", "add", "172.30.0.0/16", "via", NODE_IP)
+        ip(client, "-6", "route", "add", "fd00:30::/64", "via", NODE_IP6)
 
 
 def _needs_root() -> None:
@@ -124,75 +160,14 @@ def _needs_root() -> None:
         pytest.skip("needs root, iproute2 and iptables (nft and legacy)")
 
 
-def _build(lab: Lab) -> None:
-    node, client = lab.node, lab.client
-    for ns in (node, client, *lab.pods.values()):
-        run("ip", "netns", "add", ns)
-        ns_run(ns, "ip", "link", "set", "lo", "up")
-    # The node routes ClusterIPs back out of the interface they came in on: no ICMP
-    # redirects, or the client would bypass the node for the REJECT.
-    for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1",
-                "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"):
-        ns_run(node, "sysctl", "-qw", key)
-    run("ip", "-n", node, "link", "add", "vext", "type", "veth", "peer", "name", "eth0",
-        "netns", client)
-    ns_run(node, "ip", "addr", "add", f"{NODE_IP}/24", "dev", "vext")
-    ns_run(node, "ip", "addr", "add", f"{NODE_IP6}/64", "dev", "vext", "nodad")
-    ns_run(node, "ip", "link", "set", "vext", "up")
-    ns_run(client, "ip", "addr", "add", "192.168.50.2/24", "dev", "eth0")
-    ns_run(client, "ip", "addr", "add", "192.168.50.3/24", "dev", "eth0")
-    ns_run(client, "ip", "addr", "add", "fd00:50::2/64", "dev", "eth0", "nodad")
-    ns_run(client, "ip", "link", "set", "eth0", "up")
-    ns_run(client, "ip", "route", "add", "default", "via", NODE_IP)
-    ns_run(client, "ip", "-6", "route", "add", "default", "via", NODE_IP6)
-    for i, (name, ns) in enumerate(lab.pods.items()):
-        ip4, ip6 = PODS[name]
-        veth = f"vp{i}"
-        run("ip", "-n", node, "link", "add", veth, "type", "veth", "peer", "name", "eth0",
-            "netns", ns)
-        ns_run(node, "ip", "addr", "add", "10.244.1.1/32", "dev", veth)
-        ns_run(node, "ip", "addr", "add", "fd00:244::1/128", "dev", veth, "nodad")
-        ns_run(node, "ip", "link", "set", veth, "up")
-        ns_run(node, "ip", "route", "add", f"{ip4}/32", "dev", veth)
-        ns_run(node, "ip", "-6", "route", "add", f"{ip6}/128", "dev", veth)
-        ns_run(ns, "ip", "addr", "add", f"{ip4}/32", "dev", "eth0")
-        ns_run(ns, "ip", "addr", "add", f"{ip6}/128", "dev", "eth0", "nodad")
-        ns_run(ns, "ip", "link", "set", "eth0", "up")
-        ns_run(ns, "ip", "route", "add", "10.244.1.1/32", "dev", "eth0")
-        ns_run(ns, "ip", "route", "add", "default", "via", "10.244.1.1")
-        ns_run(ns, "ip", "-6", "route", "add", "fd00:244::1/128", "dev", "eth0")
-        ns_run(ns, "ip", "-6", "route", "add", "default", "via", "fd00:244::1")
-        for port in ("8080", "9090"):
-            server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER,
-                                       name, port], stdout=subprocess.PIPE, text=True)
-            lab.servers.append(server)
-            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-    # The node reaches ClusterIPs through a route, as on a real node.
-    ns_run(node, "ip", "route", "add", "172.30.0.0/16", "dev", "vext")
-    ns_run(node, "ip", "-6", "route", "add", "fd00:30::/64", "dev", "vext")
-    ns_run(client, "ip", "route", "add", "172.30.0.0/16", "via", NODE_IP)
-    ns_run(client, "ip", "-6", "route", "add", "fd00:30::/64", "via", NODE_IP6)
-
-
-def _teardown(lab: Lab) -> None:
-    for server in lab.servers:
-        server.kill()
-        server.wait()
-    for ns in (lab.node, lab.client, *lab.pods.values()):
-        run("ip", "netns", "del", ns, check=False)
-
-
 @pytest.fixture
 def lab() -> Iterator[Lab]:
     _needs_root()
-    tag = f"{os.getpid()}{os.urandom(2).hex()}"
-    made = Lab(node=f"iptn{tag}", client=f"iptc{tag}",
-               pods={name: f"ipt{name[-1]}{tag}" for name in PODS})
+    built = Lab().build()
     try:
-        _build(made)
-        yield made
+        yield built
     finally:
-        _teardown(made)
+        built.destroy()
 
 
 def config(**overrides: object) -> NodeConfig:
@@ -276,8 +251,7 @@ def test_localhost_nodeports_need_route_localnet_in_the_node_only(lab: Lab) -> N
     be = backend(lab)
     be.sync(agent_state(lab, be, web), full())
     assert lab.connect(lab.node, "127.0.0.1", 30080, count=3) == ["pod-a 10.244.1.1"] * 3
-    assert ns_run(lab.node, "sysctl", "-n", "net.ipv4.conf.all.route_localnet").stdout.strip() \
-        == "1"
+    assert ns_exec(lab.node, "sysctl", "-n", "net.ipv4.conf.all.route_localnet").strip() == "1"
     assert open("/proc/sys/net/ipv4/conf/all/route_localnet").read() == root_before
 
 
@@ -351,8 +325,8 @@ def test_endpoint_change_is_a_small_transaction(lab: Lab) -> None:
 def _flush_everything(lab: Lab) -> None:
     """What a firewall reload does: flush and delete every chain of every table."""
     for table in ("filter", "nat", "mangle"):
-        ns_run(lab.node, "iptables-nft", "-t", table, "-F")
-        ns_run(lab.node, "iptables-nft", "-t", table, "-X")
+        ns_exec(lab.node, "iptables-nft", "-t", table, "-F")
+        ns_exec(lab.node, "iptables-nft", "-t", table, "-X")
 
 
 def test_flushed_rules_come_back_at_the_next_periodic_sync(lab: Lab) -> None:
@@ -380,7 +354,7 @@ def test_an_hourly_resync_rewrites_a_service_chain_flushed_behind_its_back(lab: 
     be.clock = lambda: now[0]
     state = node_state(web)
     be.sync(state, full())
-    ns_run(lab.node, "iptables-nft", "-t", "nat", "-F", "KUBE-SERVICES")
+    ns_exec(lab.node, "iptables-nft", "-t", "nat", "-F", "KUBE-SERVICES")
     assert lab.connect(lab.client, "172.30.0.10", 80) == ["timeout"]
     periodic = Changes(services=frozenset(state.services), full=True, reason="periodic")
     now[0] = be.full_sync_interval - 1
@@ -407,7 +381,7 @@ def _foreign_rules(lab: Lab) -> None:
     for args in (["-t", "nat", "-N", "MY-NAT"], ["-t", "nat", "-A", "PREROUTING", "-j", "MY-NAT"],
                  ["-t", "nat", "-A", "MY-NAT", "-s", "1.2.3.4", "-j", "RETURN"],
                  ["-A", "INPUT", "-s", "5.6.7.8", "-j", "DROP"]):
-        ns_run(lab.node, "iptables-nft", *args)
+        ns_exec(lab.node, "iptables-nft", *args)
 
 
 BUILTIN = {"INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTROUTING"}
@@ -434,7 +408,7 @@ def test_cleanup_removes_our_rules_and_keeps_everyone_elses(lab: Lab) -> None:
 
 
 def test_legacy_node_gets_legacy_rules(lab: Lab) -> None:
-    ns_run(lab.node, "iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+    ns_exec(lab.node, "iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
     web = service("web", "172.30.0.10", ("pod-a", "pod-b"))
     be = backend(lab)
     be.sync(agent_state(lab, be, web), full())
@@ -473,7 +447,7 @@ def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
 
     _foreign_rules(lab)
     counted = "[7:700] -A MY-NAT -s 9.9.9.9/32 -j RETURN"  # -S leaves rule counters
-    ns_run(lab.node, "iptables-nft", "-t", "nat", "-A", "MY-NAT", "-s", "9.9.9.9", "-j",
+    ns_exec(lab.node, "iptables-nft", "-t", "nat", "-A", "MY-NAT", "-s", "9.9.9.9", "-j",
            "RETURN", "-c", "7", "700")
     before4 = lab.iptables_save(4)
     services = (service("web", "172.30.0.10", ("pod-a", "pod-b"), node_port=30080),
@@ -548,6 +522,6 @@ def test_nfacct_counters_count_real_packets(lab: Lab) -> None:
     assert _counters(registry) == {localhost: 0.0, invalid: 0.0}
     assert lab.connect(lab.node, "127.0.0.1", 30080, count=3) == ["pod-a 10.244.1.1"] * 3
     assert lab.connect(lab.client, NODE_IP, 30080, count=2) == ["pod-a 10.244.1.1"] * 2
-    ns_run(lab.client, sys.executable, "-c", INVALID_SENDER, "192.168.50.2", "10.244.1.2", "4")
+    ns_exec(lab.client, sys.executable, "-c", INVALID_SENDER, "192.168.50.2", "10.244.1.2", "4")
     assert lab.connect(lab.client, "172.30.0.10", 80) == ["pod-a 10.244.1.1"]
     assert _counters(registry) == {localhost: 3.0, invalid: 4.0}
