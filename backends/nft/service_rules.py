@@ -64,13 +64,21 @@ class _Builder:
 
     ctx: FamilyContext
     svc: ServicePort
-    base: str
     proto: str
     chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sets: dict[str, str] = field(default_factory=dict)
     elements: list[Element] = field(default_factory=list)
     lb_chains: dict[tuple[str, ...], str] = field(default_factory=dict)
     lb_sizes: set[int] = field(default_factory=set)
+    _base: str = ""
+
+    @property
+    def base(self) -> str:
+        """The service port's base name (``names.service_base``), made when a chain or
+        set of its own needs it: a ClusterIP port without affinity has none."""
+        if not self._base:
+            self._base = names.service_base(self.svc.key)
+        return self._base
 
     @property
     def timeout(self) -> int:
@@ -165,7 +173,7 @@ def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules 
     cips = of_family(svc.cluster_ips, ctx.family)
     if not cips:
         return None
-    b = _Builder(ctx, svc, names.service_base(svc.key), svc.key.protocol.lower())
+    b = _Builder(ctx, svc, svc.key.protocol.lower())
     v6 = ctx.family == 6
     if len(state.endpoints) == 1:  # most service ports: nothing to sort
         eps = [e for e in state.endpoints.values() if (":" in e.ip) == v6]
