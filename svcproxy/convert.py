@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from hashlib import blake2b
-from typing import TypeVar
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -32,7 +31,6 @@ _POLICY = {TrafficPolicy.CLUSTER: pb.CLUSTER, TrafficPolicy.LOCAL: pb.LOCAL}
 _POLICY_BACK = {v: k for k, v in _POLICY.items()}
 _AFFINITY = {SessionAffinity.NONE: pb.NONE, SessionAffinity.CLIENT_IP: pb.CLIENT_IP}
 _AFFINITY_BACK = {v: k for k, v in _AFFINITY.items()}
-_T = TypeVar("_T")
 
 
 def key_to_pb(key: ServicePortKey) -> pb.ServicePortKey:
@@ -60,22 +58,14 @@ _ENDPOINT = _setters(Endpoint, "ip port ready serving terminating is_local node_
                      "hint_zones hint_nodes internal external cluster local")
 
 
-def _built(cls: type[_T], setters: tuple[Callable[[object, object], None], ...],
-           *values: object) -> _T:
-    obj = _new(cls)
-    for put, value in zip(setters, values, strict=True):
-        put(obj, value)
-    return obj
-
-
-def _strings(values: Sequence[str]) -> tuple[str, ...]:
-    """A repeated string field as a tuple (an empty one without iterating it)."""
-    return tuple(values) if values else ()
-
-
 def key_from_pb(msg: pb.ServicePortKey) -> ServicePortKey:
-    return _built(ServicePortKey, _KEY, msg.namespace, msg.name, msg.port_name,
-                  _PROTO_BACK.get(msg.protocol, Protocol.TCP))
+    key = _new(ServicePortKey)
+    namespace, name, port_name, protocol = _KEY
+    namespace(key, msg.namespace)
+    name(key, msg.name)
+    port_name(key, msg.port_name)
+    protocol(key, _PROTO_BACK.get(msg.protocol, Protocol.TCP))
+    return key
 
 
 def _timestamp(unix: float) -> Timestamp | None:
@@ -104,20 +94,33 @@ def service_to_pb(svc: ServicePort) -> pb.ServicePort:
 
 
 def service_from_pb(msg: pb.ServicePort) -> ServicePort:
-    return _built(
-        ServicePort, _SERVICE, key_from_pb(msg.key),
-        _TYPE_BACK.get(msg.type, ServiceType.CLUSTER_IP), _strings(msg.cluster_ips),
-        msg.port, msg.node_port, _strings(msg.external_ips),
-        tuple(LoadBalancerIngress(i.ip, i.ip_mode or "VIP") for i in msg.load_balancer_ingress)
-        if msg.load_balancer_ingress else (), _strings(msg.load_balancer_source_ranges),
-        _AFFINITY_BACK.get(msg.session_affinity, SessionAffinity.NONE),
-        msg.session_affinity_timeout_seconds,
-        _POLICY_BACK.get(msg.internal_traffic_policy, TrafficPolicy.CLUSTER),
-        _POLICY_BACK.get(msg.external_traffic_policy, TrafficPolicy.CLUSTER),
-        msg.health_check_node_port, msg.traffic_distribution, msg.has_endpoints,
-        tuple(sorted(msg.options.items())) if msg.options else (),
-        msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time") else 0.0,
-        msg.has_local_endpoints)
+    # Set one by one as endpoint_from_pb: every service port of a first state comes here.
+    svc = _new(ServicePort)
+    key, type_, cluster_ips, port, node_port, external_ips, ingress, source_ranges, \
+        affinity, affinity_timeout, internal_policy, external_policy, health_check_node_port, \
+        traffic_distribution, has_endpoints, options, trigger_time, has_local_endpoints = _SERVICE
+    key(svc, key_from_pb(msg.key))
+    type_(svc, _TYPE_BACK.get(msg.type, ServiceType.CLUSTER_IP))
+    cluster_ips(svc, tuple(ips) if (ips := msg.cluster_ips) else ())
+    port(svc, msg.port)
+    node_port(svc, msg.node_port)
+    external_ips(svc, tuple(ips) if (ips := msg.external_ips) else ())
+    ingress(svc, tuple(LoadBalancerIngress(i.ip, i.ip_mode or "VIP")
+                       for i in msg.load_balancer_ingress)
+            if msg.load_balancer_ingress else ())
+    source_ranges(svc, tuple(ranges) if (ranges := msg.load_balancer_source_ranges) else ())
+    affinity(svc, _AFFINITY_BACK.get(msg.session_affinity, SessionAffinity.NONE))
+    affinity_timeout(svc, msg.session_affinity_timeout_seconds)
+    internal_policy(svc, _POLICY_BACK.get(msg.internal_traffic_policy, TrafficPolicy.CLUSTER))
+    external_policy(svc, _POLICY_BACK.get(msg.external_traffic_policy, TrafficPolicy.CLUSTER))
+    health_check_node_port(svc, msg.health_check_node_port)
+    traffic_distribution(svc, msg.traffic_distribution)
+    has_endpoints(svc, msg.has_endpoints)
+    options(svc, tuple(sorted(msg.options.items())) if msg.options else ())
+    trigger_time(svc, msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time")
+                 else 0.0)
+    has_local_endpoints(svc, msg.has_local_endpoints)
+    return svc
 
 
 def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:

@@ -424,11 +424,12 @@ class NodeStateClient:
         which = op.WhichOneof("op")
         if which == "replace_service":
             rec = state_from_pb(op.replace_service)
-            self._services[rec.key] = rec
+            key = rec.service.key
+            self._services[key] = rec
             self._endpoint_changes += len(rec.endpoints)
-            self._touch(rec.key, rec)
-            self._service_terms[rec.key], term = record_terms(op.replace_service)
-            self._set_record_term(rec.key, term)
+            self._touch(key, rec)
+            self._service_terms[key], term = record_terms(op.replace_service)
+            self._set_record_term(key, term)
         elif which == "set_service":
             svc = service_from_pb(op.set_service)
             old = self._services.get(svc.key)
