@@ -43,7 +43,8 @@ def _varint(value: int) -> bytes:
 
 
 class _Sizes(dict[int, bytes]):
-    """Varints of the sizes fields have, made once each (sizes past 64 KiB each time)."""
+    """Varints of the sizes fields have and of small integer fields (ports, timeouts),
+    made once each (values past 64 Ki each time)."""
 
     def __missing__(self, size: int) -> bytes:
         out = _varint(size)
@@ -106,12 +107,14 @@ def _string(tag: bytes, value: str) -> bytes:
 
 def _strings(tag: bytes, values: tuple[str, ...]) -> bytes:
     """A repeated string field (every element written, empty ones too)."""
+    if len(values) == 1:  # most ClusterIPs: no list to join
+        return _string(tag, values[0])
     return b"".join([_string(tag, v) for v in values]) if values else b""
 
 
 def _int(tag: bytes, value: int) -> bytes:
     """An int32/int64/enum field (a negative one as ten bytes, as protobuf does)."""
-    return tag + _varint(value & _UINT64) if value else b""
+    return tag + SIZES[value & _UINT64] if value else b""
 
 
 def _message(tag: bytes, body: bytes) -> bytes:
