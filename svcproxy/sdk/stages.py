@@ -55,6 +55,16 @@ class Delta(Generic[K, V]):
         return self.rebuild or bool(self.set) or bool(self.removed)
 
 
+def _without_none(items: Mapping[K, V | None]) -> dict[K, V]:
+    """``items`` less those whose value is None, in order: a copy of a dict keeps its
+    keys' hashes (a comprehension hashes every key again, a Python call for a
+    dataclass's), and there are usually few to take out."""
+    out = dict(items)
+    for key in [k for k, v in out.items() if v is None]:
+        del out[key]
+    return out  # type: ignore[return-value]
+
+
 class Applied(Mapping[K, V]):
     """What the last successful apply left in the dataplane, item by item (read only
     as a mapping; changed only by ``commit`` and ``invalidate``)."""
@@ -84,7 +94,7 @@ class Applied(Mapping[K, V]):
         otherwise it covers only the keys that may have changed, None meaning "gone".
         """
         if not self._known:
-            return Delta(True, {k: v for k, v in desired.items() if v is not None})
+            return Delta(True, _without_none(desired))
         items = self._items
         changed: dict[K, V] = {}
         removed: dict[K, V] = {}
@@ -242,7 +252,7 @@ class StagedBackend(Backend, Generic[V]):
         """Which record each applied value came from (after a successful apply)."""
         full, sources = self._pending
         if full:
-            self._sources = {k: r for k, r in sources.items() if r is not None}
+            self._sources = _without_none(sources)
             return
         for key, record in sources.items():
             if record is None:
