@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import random
 import shutil
 import signal
 import socket
@@ -28,6 +27,8 @@ from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.durations import parse_duration
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from tests.lab.netns import ip, ns_exec
+from tests.lab.topology import Namespaces, addresses, veth
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,33 +170,18 @@ def test_node_ips_are_discovered_in_the_current_netns() -> None:
     if reason:
         print(f"skipping: {reason}")
         pytest.skip(reason)
-    suffix = f"{os.getpid() % 10000}{random.randint(0, 999)}"
-    ns, peer = f"svcp-ip-{suffix}", f"svcp-ipp-{suffix}"
-    dev = f"d{suffix}"
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
+    namespaces = Namespaces()
     try:
-        ip("netns", "add", ns)
-        ip("netns", "add", peer)
-        ip("-n", ns, "link", "add", dev, "type", "veth", "peer", "name", f"e{suffix}",
-           "netns", peer)
-        ip("-n", ns, "addr", "add", "10.50.0.5/24", "dev", dev)
-        ip("-n", ns, "addr", "add", "10.50.0.9/24", "dev", dev)
-        ip("-n", ns, "addr", "add", "fd50::5/64", "dev", dev, "nodad")
-        ip("-n", ns, "link", "set", dev, "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        ip("-n", ns, "route", "add", "default", "via", "10.50.0.1", "src", "10.50.0.9")
-        out = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c",
-             "from svcproxy.agent.addresses import discover_node_ips; "
-             "print(','.join(discover_node_ips()))"],
-            check=True, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
+        ns, peer = namespaces.add_ns("ip"), namespaces.add_ns("ipp")
+        veth(ns, "eth0", peer, "eth0")
+        addresses(ns, "eth0", "10.50.0.5/24", "10.50.0.9/24", "fd50::5/64")
+        ip(ns, "route", "add", "default", "via", "10.50.0.1", "src", "10.50.0.9")
+        out = ns_exec(ns, sys.executable, "-c",
+                      "from svcproxy.agent.addresses import discover_node_ips; "
+                      "print(','.join(discover_node_ips()))", timeout=30).strip()
         assert out == "10.50.0.9,10.50.0.5,fd50::5"
     finally:
-        for name in (ns, peer):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        namespaces.destroy()
 
 
 class CleanupBackend(Backend):
