@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.lab.netns import ip, ns_exec
+from tests.lab.topology import Namespaces, addresses, veth
 
 # Run inside the namespace: both readings, as JSON.
 READ = """
@@ -44,32 +42,21 @@ print(json.dumps([ref_addrs, ours_addrs, ref_routes, ours_routes,
 def test_addresses_and_default_routes_match_pyroute2() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2")
-    suffix = f"{os.getpid() % 10000}{random.randint(0, 999)}"
-    ns, dev, other = f"svcp-rtnl-{suffix}", f"r{suffix}", f"o{suffix}"
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", "-n", ns, *args], check=True, capture_output=True, timeout=20)
-
-    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=20)
+    dev, other = "r0", "o0"
+    namespaces = Namespaces()
     try:
-        ip("link", "set", "lo", "up")
+        ns = namespaces.add_ns("rtnl")
         for name in (dev, other):
-            ip("link", "add", name, "type", "veth", "peer", "name", f"p{name}")
-            ip("link", "set", name, "up")
-            ip("link", "set", f"p{name}", "up")
-        ip("addr", "add", "10.60.0.5/24", "dev", dev)
-        ip("addr", "add", "10.60.0.9/24", "dev", dev)
-        ip("addr", "add", "10.61.0.1/24", "dev", other, "preferred_lft", "0")
-        ip("addr", "add", "fd60::5/64", "dev", dev, "nodad")
-        ip("addr", "add", "fd61::5/64", "dev", other, "nodad")
-        ip("route", "add", "default", "dev", dev, "src", "10.60.0.9", "metric", "5")
-        ip("route", "add", "default", "dev", other, "metric", "7")
-        ip("-6", "route", "add", "default", "dev", dev, "metric", "300")
-        out = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", READ.replace("DEV", other)],
-            check=True, capture_output=True, text=True, timeout=60, cwd=REPO).stdout
+            veth(ns, name, ns, f"p{name}")
+        addresses(ns, dev, "10.60.0.5/24", "10.60.0.9/24", "fd60::5/64")
+        ip(ns, "addr", "add", "10.61.0.1/24", "dev", other, "preferred_lft", "0")
+        addresses(ns, other, "fd61::5/64")
+        ip(ns, "route", "add", "default", "dev", dev, "src", "10.60.0.9", "metric", "5")
+        ip(ns, "route", "add", "default", "dev", other, "metric", "7")
+        ip(ns, "-6", "route", "add", "default", "dev", dev, "metric", "300")
+        out = ns_exec(ns, sys.executable, "-c", READ.replace("DEV", other), timeout=60)
     finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        namespaces.destroy()
     ref_addrs, ours_addrs, ref_routes, ours_routes, without_other, missing = json.loads(out)
     assert ours_addrs == ref_addrs and len(ours_addrs) >= 7
     assert ours_routes == ref_routes and len(ours_routes) == 3
