@@ -6,7 +6,6 @@ setting a mode's sysctls (in a namespace this test creates)."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 from svcproxy.agent.kubeproxy_cli import ENV_FLAGS, build_parser, effective_config, routes_here
 from svcproxy.agent.kubeproxy_config import load_config
 from svcproxy.agent.kubeproxy_flags import given_flags
+from tests.lab.topology import Namespaces
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 KUBEADM_CONFIG = Path(__file__).parent / "kubeproxy" / "kubeadm.yaml"
@@ -95,7 +95,8 @@ def test_init_only_sets_the_modes_sysctls_in_its_namespace(tmp_path: Path) -> No
     reason = _netns_missing()
     if reason:
         pytest.skip(reason)
-    ns = f"svcp-init-{os.getpid() % 10000}{random.randint(0, 999)}"
+    namespaces = Namespaces()
+    ns = namespaces.ns("init")
     conf = tmp_path / "config.conf"
     conf.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                     "kind: KubeProxyConfiguration\nmode: iptables\n"
@@ -108,8 +109,8 @@ def test_init_only_sets_the_modes_sysctls_in_its_namespace(tmp_path: Path) -> No
     def sysctl(name: str) -> str:
         return in_ns("cat", f"/proc/sys/{name}").stdout.strip()
 
-    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=20)
     try:
+        namespaces.add_ns("init")
         assert sysctl("net/ipv4/conf/all/route_localnet") == "0"
         proc = in_ns(sys.executable, "-m", "svcproxy.cli", "backend", f"--config={conf}",
                      "--hostname-override=node-a", "--init-only")
@@ -119,7 +120,7 @@ def test_init_only_sets_the_modes_sysctls_in_its_namespace(tmp_path: Path) -> No
         assert sysctl("net/netfilter/nf_conntrack_udp_timeout") == "45"
         assert "Set sysctl net.ipv4.conf.all.route_localnet=1" in proc.stderr
     finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        namespaces.destroy()
 
 
 @pytest.mark.parametrize("name", ["kube-proxy-daemonset.yaml", "kubeadm-kube-proxy.yaml"])
