@@ -5,7 +5,6 @@ network namespace this test creates with those leftovers in it."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from svcproxy.agent.kubeproxy_leftovers import leftover_backends, remove_kube_proxy_tables
+from tests.lab.topology import Namespaces
 
 CONFIG = ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
           "mode: {mode}\nclusterCIDR: 10.244.0.0/16\nconntrack: {{maxPerCore: 0}}\n")
@@ -53,12 +53,11 @@ def test_kube_proxys_tables_are_deleted_only_when_present() -> None:
 def netns() -> Iterator[str]:
     if os.geteuid() != 0:
         pytest.skip("needs root for a network namespace")
-    name = f"svcp-left-{os.getpid() % 10000}{random.randint(0, 999)}"
-    subprocess.run(["ip", "netns", "add", name], check=True, timeout=20)
+    namespaces = Namespaces()
     try:
-        yield name
+        yield namespaces.add_ns("left")
     finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        namespaces.destroy()
 
 
 def _in(ns: str, *cmd: str) -> subprocess.CompletedProcess[str]:
