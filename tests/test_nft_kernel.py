@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -17,7 +16,7 @@ from svcproxy.backends.nft.libnft import LibNftRunner
 from svcproxy.model import Protocol, SessionAffinity
 from svcproxy.sdk import Changes, NodeState, resolve_context
 from tests.lab.netns import call_in, ns_exec
-from tests.netns.harness import netns_or_skip
+from tests.netns.harness import netns_or_skip, scratch_netns
 from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
@@ -96,9 +95,7 @@ def changing_states() -> list[NodeState]:
 
 
 def test_deltas_leave_the_kernel_as_a_full_sync_would(netns: str) -> None:
-    other = f"{netns}b"
-    subprocess.run(["ip", "netns", "add", other], check=True)
-    try:
+    with scratch_netns("spnftb") as other:
         incremental = backend(netns)
         states = changing_states()
         incremental.sync(states[0], everything(states[0]))
@@ -110,8 +107,6 @@ def test_deltas_leave_the_kernel_as_a_full_sync_would(netns: str) -> None:
             fresh.sync(after, everything(after))
             assert kernel_content(netns) == kernel_content(other)
             fresh.cleanup()
-    finally:
-        subprocess.run(["ip", "netns", "del", other], check=False)
 
 
 def test_a_bad_service_is_refused_alone_and_retried_when_it_changes(netns: str) -> None:
@@ -204,13 +199,9 @@ def test_periodic_resync_with_nothing_changed_writes_nothing(netns: str) -> None
     assert runner.applied == before + 1 and b.last and b.last.mode == "delta"
     assert b.last.services == 1
     nft(netns, "flush", "set", "ip", names.TABLE, aff)
-    fresh = f"{netns}f"
-    subprocess.run(["ip", "netns", "add", fresh], check=True)
-    try:
+    with scratch_netns("spnftf") as fresh:
         backend(fresh).sync(changed, everything(changed))
         assert kernel_content(netns) == kernel_content(fresh)
-    finally:
-        subprocess.run(["ip", "netns", "del", fresh], check=False)
     assert kernel_content(netns) != full
 
 
@@ -287,10 +278,6 @@ def test_libnftables_runner_matches_nft_f(netns: str) -> None:
             b.runner.apply("add element ip svcproxy nosuchmap { 1.2.3.4 }\n")
 
     call_in(netns, run_all)
-    other = f"{netns}c"
-    subprocess.run(["ip", "netns", "add", other], check=True)
-    try:
+    with scratch_netns("spnftc") as other:
         backend(other).sync(states[-1], everything(states[-1]))
         assert kernel_content(netns) == kernel_content(other)
-    finally:
-        subprocess.run(["ip", "netns", "del", other], check=False)
