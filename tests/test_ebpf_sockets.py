@@ -8,10 +8,8 @@ removed at the end, also when a test fails.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import secrets
 import selectors
 import shutil
 import socket
@@ -32,23 +30,14 @@ from svcproxy.backends.ebpf.backend import EbpfBackend
 from svcproxy.backends.ebpf.loader import OBJECT, Layout
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.lab.netns import enter
+from tests.lab.topology import Namespaces, addresses
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 EPS4 = [f"10.244.0.{i}" for i in range(1, 5)]
 EPS6 = [f"fd00:244::{i}" for i in range(1, 5)]
 NODE_IP = "192.168.77.10"
 PORT = 8080
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def enter(ns: str) -> None:
-    """Move the calling thread into network namespace ``ns``."""
-    fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-    try:
-        if _libc.setns(fd, 0x40000000) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {ns}")
-    finally:
-        os.close(fd)
 
 
 def _why_not() -> str:
@@ -224,9 +213,9 @@ class World:
 
     def __init__(self, in_process: bool = True) -> None:
         self.in_process = in_process
-        tag = f"{os.getpid() % 10000}{secrets.token_hex(2)}"
-        self.ns = f"spebpf{tag}"
-        self.cgroup = CGROUP2 / f"svcproxy-test-{tag}"
+        self.namespaces = Namespaces()
+        self.ns = self.namespaces.ns("ebpf")
+        self.cgroup = CGROUP2 / f"svcproxy-test-{self.namespaces.tag}"
         self.bpffs = Path(tempfile.mkdtemp(prefix="spebpf-"))
         self.layout = Layout(pin_dir=self.bpffs / "pins", cgroup=self.cgroup)
         self.echo: Echo | None = None
@@ -236,14 +225,9 @@ class World:
         self.services: dict[ServicePortKey, ServicePortState] = {}
 
     def start(self) -> World:
-        subprocess.run(["ip", "netns", "add", self.ns], check=True)
-        ip = ["ip", "-n", self.ns]
-        subprocess.run([*ip, "link", "set", "lo", "up"], check=True)
-        for addr in EPS4:
-            subprocess.run([*ip, "addr", "add", f"{addr}/32", "dev", "lo"], check=True)
-        for addr in EPS6:
-            subprocess.run([*ip, "addr", "add", f"{addr}/128", "dev", "lo", "nodad"], check=True)
-        subprocess.run([*ip, "addr", "add", f"{NODE_IP}/32", "dev", "lo"], check=True)
+        self.namespaces.add_ns("ebpf")
+        addresses(self.ns, "lo", *(f"{addr}/32" for addr in EPS4),
+                  *(f"{addr}/128" for addr in EPS6), f"{NODE_IP}/32")
         self.cgroup.mkdir()
         subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
         self.echo = Echo(self.ns, EPS4 + EPS6).start()
@@ -262,7 +246,7 @@ class World:
         shutil.rmtree(self.bpffs, ignore_errors=True)
         if self.cgroup.exists():
             self.cgroup.rmdir()
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        self.namespaces.destroy()
 
     def _stop_backend(self) -> None:
         if self.backend is not None:
