@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from tests.lab.netns import enter, ip, sysctl
-from tests.lab.topology import Namespaces, veth
+from tests.lab.netns import enter, sysctl
+from tests.lab.topology import Namespaces, addresses, default_routes, veth
 
 T = TypeVar("T")
 POD_PORT = 8080
@@ -95,16 +95,15 @@ class IpvsLab(Namespaces):
         sysctl(self.node, "net.ipv4.ip_forward", "1")
         link = f"c{self.tag}"
         veth(self.node, link, self.client, "eth0")
-        ip(self.node, "addr", "add", f"{NODE_IP}/24", "dev", link)
-        for address in CLIENT_IPS:
-            ip(self.client, "addr", "add", f"{address}/24", "dev", "eth0")
-        ip(self.client, "route", "add", "default", "via", NODE_IP)
+        addresses(self.node, link, f"{NODE_IP}/24")
+        addresses(self.client, "eth0", *(f"{address}/24" for address in CLIENT_IPS))
+        default_routes(self.client, "eth0", NODE_IP)
         for index, pod in enumerate(self.pods, start=1):
             link = f"p{index}{self.tag}"
             veth(self.node, link, pod, "eth0")
-            ip(self.node, "addr", "add", f"10.244.{index}.1/24", "dev", link)
-            ip(pod, "addr", "add", f"{pod_ip(index)}/24", "dev", "eth0")
-            ip(pod, "route", "add", "default", "via", f"10.244.{index}.1")
+            addresses(self.node, link, f"10.244.{index}.1/24")
+            addresses(pod, "eth0", f"{pod_ip(index)}/24")
+            default_routes(pod, "eth0", f"10.244.{index}.1")
             self.servers.append(PodServer(pod, f"pod{index}").start())
 
     def destroy(self) -> None:
