@@ -93,12 +93,6 @@ class Lab(Namespaces):
 
     spec: LabSpec
 
-    def __enter__(self) -> Lab:
-        return self.build()
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
-
     def _add_ns(self, name: str, forwarding: bool = False) -> str:
         ns = self.add_ns(name)
         sysctl(ns, "net.ipv6.conf.all.accept_dad", "0")
