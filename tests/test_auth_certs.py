@@ -8,6 +8,7 @@ call of the API is made by each, through the Python client and through grpcurl.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from pathlib import Path
 
@@ -19,8 +20,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.frontend.serving.access.auth import AuthConfig
 from svcproxy.frontend.serving.server import TLSFiles
+from svcproxy.sdk.client import NodeStateClient
+from svcproxy.sdk.credentials import ClientTLS
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
+from tests.conftest import wait_for
 from tests.pki import CA, Issued
 from tests.test_grpcurl import GRPCURL
 from tests.test_stream import copy_examples
@@ -127,6 +131,33 @@ def test_a_refusal_names_the_identity_and_what_it_may_read(fe, pki) -> None:  # 
     assert "may read only node node-a's state" in err.value.details()
     after = auth_metrics.REFUSALS.labels("PERMISSION_DENIED", "GetNodeState")._value.get()
     assert after == before + 1
+
+
+def test_the_sdk_says_why_it_is_refused_and_keeps_retrying(  # type: ignore[no-untyped-def]
+        fe, pki, caplog: pytest.LogCaptureFixture) -> None:
+    """A backend given another node's name (or a certificate of the wrong node) logs the
+    frontend's message - who it is and what it may read - with what to do, and retries:
+    the operator can fix the credentials or the authorization without a restart."""
+    node_a = pki["node-a"]
+    client = NodeStateClient(f"localhost:{fe.frontend.port}", "node-b", max_backoff=0.2,
+                             credentials=ClientTLS(pki["ca"], node_a.cert, node_a.key))
+    with caplog.at_level(logging.WARNING, "svcproxy.sdk.client"):
+        client.start()
+        try:
+            wait_for(lambda: len(refusals(caplog)) >= 2, timeout=30)
+            assert not client.stopped and client.error is None and not client.has_changes()
+        finally:
+            client.stop()
+    said = refusals(caplog)[0]
+    assert "PERMISSION_DENIED" in said
+    assert "node node-a 'system:node:node-a'" in said
+    assert "may read only node node-a's state" in said
+    assert "give it the credentials" in said and "retrying" in said
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if "watch of node-b" in r.getMessage() and "refused this caller" in r.getMessage()]
 
 
 def grpcurl(fe, pki, who: str | None, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]

@@ -264,8 +264,9 @@ class NodeStateClient:
                     if self._refused(err):
                         continue  # at once, from revision 0
                     break
-                log.warning("watch of %s at %s failed (%s); resuming from revision %d",
-                            self.node_name or "<cluster>", failed, code, self.revision)
+                log.warning("watch of %s at %s failed (%s)%s; resuming from revision %d",
+                            self.node_name or "<cluster>", failed, code, _said(err),
+                            self.revision)
             finally:
                 if self.connected:
                     self.targets.succeeded()
@@ -489,4 +490,21 @@ class NodeStateClient:
         self._services[key] = rec
         self._endpoint_changes += 1
         self._touch(key, rec)
+
+
+_CALLER_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def _said(err: Exception) -> str:
+    """What the frontend said with a failed call (its status message names the caller and
+    what it may read when it refuses one), and what to do about a refusal."""
+    if not isinstance(err, grpc.RpcError) or not isinstance(err, grpc.Call):
+        return ""
+    details = err.details() or ""
+    said = f": {details}" if details else ""
+    if err.code() in _CALLER_REFUSED:
+        said += (" - the frontend refused this caller: give it the credentials (client "
+                 "certificate or token) of this node's identity, or have the frontend "
+                 "authorize it; retrying with backoff")
+    return said
 
