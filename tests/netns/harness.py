@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import random
 import shutil
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ from tests.lab import manifests
 from tests.lab.apiserver import LabApiserver
 from tests.lab.client import Summary, probe, summarize
 from tests.lab.echo import EchoServer
+from tests.lab.netns import LabError
 from tests.lab.nodestate import differences, node_state
 from tests.lab.plan import SERVER_PORTS, LabSpec, standard_spec
 from tests.lab.processes import (
@@ -37,7 +37,7 @@ from tests.lab.processes import (
     local_backend_argv,
     wait_for_path,
 )
-from tests.lab.topology import Lab
+from tests.lab.topology import Lab, Namespaces
 
 from . import leftovers
 from .backends import BackendCase
@@ -51,13 +51,13 @@ CLEANUP_TIMEOUT = 60.0  # one ``--cleanup`` process, start-up included
 
 @contextmanager
 def scratch_netns(prefix: str = "spns") -> Iterator[str]:
-    """An empty network namespace of its own, deleted afterwards (also on failure)."""
-    name = f"{prefix}{os.getpid()}-{random.randrange(1 << 30):x}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
+    """A network namespace of its own (``Namespaces``, unique per run, loopback up),
+    deleted afterwards (also on failure)."""
+    spaces = Namespaces()
     try:
-        yield name
+        yield spaces.add_ns(prefix)
     finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
+        spaces.destroy()
 
 
 @functools.cache
@@ -67,11 +67,11 @@ def missing_requirements() -> str:
         return "needs root for network namespaces"
     if shutil.which("ip") is None:
         return "needs the ip command (iproute2)"
-    probe_ns = f"spcheck{os.getpid()}"
-    done = subprocess.run(["ip", "netns", "add", probe_ns], capture_output=True)
-    if done.returncode != 0:
-        return f"cannot create network namespaces: {done.stderr.decode().strip()}"
-    subprocess.run(["ip", "netns", "del", probe_ns], capture_output=True)
+    try:
+        with scratch_netns("check"):
+            pass
+    except LabError as err:
+        return f"cannot create network namespaces: {err}"
     return ""
 
 
