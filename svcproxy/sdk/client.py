@@ -507,4 +507,3 @@ def _said(err: Exception) -> str:
                  "certificate or token) of this node's identity, or have the frontend "
                  "authorize it; retrying with backoff")
     return said
-
