@@ -37,6 +37,11 @@ log = logging.getLogger("svcproxy.frontend.engine")
 Parsed: TypeAlias = Service | EndpointSlice | Node
 _PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
 _MEMORY = 10000
+# (kind, namespace, name, file and position, reading of the file) of an object said of.
+MemoKey: TypeAlias = tuple[str, str, str, str, int]
+# The keys a manifest object carries: where it is ("FILE (document N)") and the number
+# of the reading of its file that found it (manifests.py).
+FILE_KEYS = ("__source__", "__read__")
 # A RawObject's typed path (one for each of events.RAW_KINDS): its object, or None.
 _TYPED: dict[str, Callable[[bytes | msgspec.Raw, ObjectLimits], Service | EndpointSlice | None]] \
     = {"Service": decode_service, "EndpointSlice": decode_slice}
@@ -66,7 +71,7 @@ class Intake:
         self.source = source
         self.limits = limits
         # What was last said about an object, so an unchanged refusal is logged once.
-        self._said: dict[tuple[str, str, str], str] = {}
+        self._said: dict[MemoKey, str] = {}
 
     def decode(self, raw: RawObject) -> Service | EndpointSlice | dict[str, Any] | None:
         """A listed object's JSON: its object when of the common shape (valid as it is, see
@@ -85,7 +90,7 @@ class Intake:
         a Service or EndpointSlice from ``decode`` is valid as it is."""
         if type(obj) is EndpointSlice or type(obj) is Service:
             if self._said:  # as _accepted: nothing to warn of, what was said is forgotten
-                self._said.pop((kind, *obj.key), None)
+                self._said.pop((kind, *obj.key, "", 0), None)
             return obj
         try:
             verdict = validate(kind, obj, self.limits)
@@ -103,11 +108,16 @@ class Intake:
         self._accepted(kind, obj, verdict)
         return parsed
 
-    def _key(self, kind: str, obj: Any) -> tuple[str, str, str]:
+    def _key(self, kind: str, obj: Any) -> MemoKey:
+        """What the memo remembers an object by: kind, namespace and name, and where a
+        manifest file holds it and which reading of that file (``FILE_KEYS``), so every
+        refused object of each file version is said once, however many share no name."""
         ns, name = object_key(kind, obj)
-        return (kind, _bounded(ns), _bounded(name))
+        where, version = (obj.get(k) for k in FILE_KEYS) if type(obj) is dict else ("", 0)
+        return (kind, _bounded(ns), _bounded(name), where if type(where) is str else "",
+                version if type(version) is int else 0)
 
-    def _once(self, key: tuple[str, str, str], text: str) -> bool:
+    def _once(self, key: MemoKey, text: str) -> bool:
         if self._said.get(key) == text:
             return False
         if len(self._said) >= _MEMORY:

@@ -23,6 +23,7 @@ an event on one rescans the directory, so a ConfigMap update is seen.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterable
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".yaml", ".yml", ".json")
 API_VERSIONS = {"Service": "v1", "Node": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
 SOURCE = "manifests"
+_READINGS = itertools.count(1)  # load_file's readings, numbered
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
 
@@ -214,9 +216,15 @@ def objects_of(path: Path, docs: list[Any]) -> list[Obj]:
 
 def load_file(path: Path, last_good: list[Obj] | None,
               limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS) -> list[Obj]:
-    """The objects of one file; a broken file keeps ``last_good`` (reported, never raised)."""
+    """The objects of one file; a broken file keeps ``last_good`` (reported, never raised).
+    Each object read carries the number of this reading (the intake's memo says each
+    refusal once per file version, named or not)."""
     try:
-        return objects_of(path, parse_documents(path, limits))
+        objs = objects_of(path, parse_documents(path, limits))
+        reading = next(_READINGS)
+        for obj in objs:
+            obj["__read__"] = reading
+        return objs
     except ManifestError as err:
         kept = " (its previous content stays in use)" if last_good else ""
         refuse_file(SOURCE, f"manifest {err}{kept}", Problem("", "unparsable", "unusable"))
