@@ -309,3 +309,26 @@ def test_after_sync_steps_learn_which_service_ports_may_differ(
     wait_for(lambda: len(seen) == 3)
     assert seen == [(None, 1, {key(0), key(1), key(2)}), (1, 2, {key(1)}),
                     (2, 3, {key(0), key(1), key(2)})]
+
+
+def test_a_refused_service_port_due_for_retry_gets_a_sync_without_any_change(
+        start: Callable[..., Running]) -> None:
+    """The backend's ``retry_in`` (its refusals' backoff) wakes the runner: a partial sync
+    of reason "refused" long before the periodic one, and none once nothing waits."""
+    r = start(sync_period=3600.0)
+    due = [time.monotonic() + 0.05]
+    waiting = [True]
+
+    def retry_in() -> float | None:
+        return max(0.0, due[0] - time.monotonic()) if waiting[0] else None
+
+    r.backend.retry_in = retry_in  # type: ignore[attr-defined]
+    r.source.push(state(1))
+    wait_for(lambda: len(r.backend.synced()) >= 2)
+    retry = r.backend.synced()[1].changes
+    assert retry.reason == "refused" and not retry.full and not retry.services
+    waiting[0] = False
+    count = len(r.backend.synced())
+    r.source.push(state(2), {key(0)})  # a later change syncs, and nothing retries after it
+    wait_for(lambda: any(c.state.revision == 2 for c in r.backend.synced()))
+    assert all(c.changes.reason != "refused" for c in r.backend.synced()[count + 1:])

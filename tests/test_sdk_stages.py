@@ -10,16 +10,19 @@ from svcproxy.sdk import (
     Applied,
     Changes,
     Delta,
+    Drift,
     Endpoint,
     NodeInfo,
     NodeState,
+    Protocol,
     ServicePort,
     ServicePortKey,
     ServicePortState,
     StagedBackend,
 )
+from svcproxy.sdk.refusals import Refusals
 
-KEYS = [ServicePortKey("ns", f"svc{i}", "p", "TCP") for i in range(6)]
+KEYS = [ServicePortKey("ns", f"svc{i}", "p", Protocol.TCP) for i in range(6)]
 
 
 def record(key: ServicePortKey, ips: tuple[str, ...]) -> ServicePortState:
@@ -65,6 +68,7 @@ class Dataplane(StagedBackend[tuple[str, ...]]):
                 self.fail_next = False
                 raise RuntimeError("half applied")
             self.table[key] = value
+        self.table.update(delta.repair)
 
 
 def test_diff_reports_new_changed_and_removed_items() -> None:
@@ -227,3 +231,111 @@ def test_an_item_the_dataplane_refused_keeps_its_value_until_its_record_changes(
     backend.sync(fixed, Changes(frozenset({KEYS[0]})))
     assert backend.table == dict(backend.applied) == {KEYS[0]: ("10.0.0.4",),
                                                       KEYS[1]: ("10.0.0.3",)}
+
+
+class Drifting(Dataplane):
+    """Reports as drifted the items its table does not hold as applied; ``skeleton``
+    says the shared part is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skeleton = ""
+        self.checks = 0
+
+    def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
+        self.checks += 1
+        items = frozenset(k for k, v in self.applied.items() if self.table.get(k) != v)
+        return Drift(items, self.skeleton)
+
+
+def test_a_periodic_resync_writes_again_only_what_find_drift_reports() -> None:
+    backend, kept = Drifting(), {}
+    wanted = {k: ("10.0.0.1",) for k in KEYS}
+    state = state_of(wanted, kept=kept)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "initial"))
+    backend.table[KEYS[0]] = ("tampered",)
+    del backend.table[KEYS[1]]
+    backend.sync(state, Changes(frozenset(state.services), True, True, "periodic"))
+    repair = backend.deltas[-1]
+    assert not repair.rebuild and not repair.set and not repair.removed
+    assert dict(repair.repair) == {KEYS[0]: ("10.0.0.1",), KEYS[1]: ("10.0.0.1",)}
+    assert backend.table == wanted and backend.renders == len(KEYS)
+    deltas = len(backend.deltas)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "periodic"))
+    assert len(backend.deltas) == deltas  # nothing drifted: nothing written
+
+
+def test_drift_is_checked_on_periodic_resyncs_only_and_a_changed_item_is_not_repaired(
+) -> None:
+    backend, kept = Drifting(), {}
+    wanted = {k: ("10.0.0.1",) for k in KEYS}
+    state = state_of(wanted, kept=kept)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "initial"))
+    backend.table[KEYS[0]] = ("tampered",)
+    again = state_of({**wanted, KEYS[0]: ("10.0.0.2",)}, 2, kept=kept)
+    backend.sync(again, Changes(frozenset({KEYS[0]})))
+    assert backend.checks == 0 and backend.table[KEYS[0]] == ("10.0.0.2",)
+    backend.table[KEYS[0]] = ("tampered",)
+    three = state_of({**wanted, KEYS[0]: ("10.0.0.3",)}, 3, kept=kept)
+    backend.sync(three, Changes(frozenset(three.services), True, True, "periodic"))
+    delta = backend.deltas[-1]
+    assert backend.checks == 1 and KEYS[0] in delta.set and KEYS[0] not in delta.repair
+
+
+def test_a_drifted_skeleton_makes_the_periodic_resync_a_rebuild_of_the_applied_values(
+) -> None:
+    backend, kept = Drifting(), {}
+    wanted = {k: ("10.0.0.1",) for k in KEYS}
+    state = state_of(wanted, kept=kept)
+    backend.sync(state, Changes(frozenset(state.services), True, True, "initial"))
+    backend.table.clear()
+    backend.skeleton = "the table is gone"
+    backend.sync(state, Changes(frozenset(state.services), True, True, "periodic"))
+    assert backend.deltas[-1].rebuild and backend.renders == len(KEYS)
+    assert backend.table == wanted
+
+
+class RefusingWithBackoff(Refusing):
+    """``Refusing`` that records its refusals (with their retry backoff) as backends do."""
+
+    def __init__(self, now: list[float]) -> None:
+        super().__init__()
+        self.refusals = Refusals(self.name, clock=lambda: now[0])
+
+    def render(self, state: NodeState, rec: ServicePortState) -> tuple[str, ...] | None:
+        if self.refusals.holds(rec.key, rec):
+            return self.applied.get(rec.key)
+        return super().render(state, rec)
+
+    def apply(self, delta: Delta[ServicePortKey, tuple[str, ...]]
+              ) -> Delta[ServicePortKey, tuple[str, ...]] | None:
+        done = super().apply(delta)
+        for key in delta.set:
+            if done is not None and key not in done.set:
+                self.refusals.refuse(key, self.records[key], "refused")
+            else:
+                self.refusals.clear(key)
+        return done
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        self.records = state.services
+        super().sync(state, changes)
+
+
+def test_a_refused_item_is_tried_again_after_its_backoff_without_changing() -> None:
+    now = [0.0]
+    backend, kept = RefusingWithBackoff(now), {}
+    bad = state_of({KEYS[0]: ("10.0.0.66",), KEYS[1]: ("10.0.0.3",)}, 1, kept)
+    backend.sync(bad, Changes(frozenset(bad.services), True, True, "initial"))
+    assert KEYS[0] in backend.refusals and backend.retry_in() == 1.0
+    backend.sync(bad, Changes(frozenset(), reason="refused"))  # not due: not rendered
+    assert backend.renders == 2
+    now[0] = 1.0
+    assert backend.retry_in() == 0.0
+    backend.sync(bad, Changes(frozenset(), reason="refused"))  # due, refused again
+    assert backend.renders == 3 and backend.retry_in() == 2.0  # the backoff doubled
+    backend.refused = "none"  # what the dataplane refused is fixed
+    now[0] = 3.0
+    backend.sync(bad, Changes(frozenset(), reason="refused"))
+    assert backend.table == {KEYS[0]: ("10.0.0.66",), KEYS[1]: ("10.0.0.3",)}
+    assert KEYS[0] not in backend.refusals and backend.retry_in() is None

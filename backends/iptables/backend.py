@@ -251,7 +251,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         if self.refusals and self.refusals.holds(key, record):
             return self.applied.get(key)
         if (reason := invalid_values(record)) is not None:
-            self.refusals.refuse(key, record, f"invalid value: {reason}")
+            self.refusals.refuse(key, record, f"invalid value: {reason}", retry=False)
             return self.applied.get(key)
         self._rendered += 1
         return render(record, self._configs, self._large)

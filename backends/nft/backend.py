@@ -161,7 +161,7 @@ class NftBackend(StagedBackend[PerFamily]):
                 self._retried.add(key)
         reason = invalid_values(record)
         if reason is not None:
-            self.refusals.refuse(key, record, f"invalid value: {reason}")
+            self.refusals.refuse(key, record, f"invalid value: {reason}", retry=False)
             return self.applied.get(key)
         rules = tuple(render_service(record, self._contexts[f]) for f in self.families)
         return rules if any(r is not None for r in rules) else None

@@ -7,6 +7,13 @@
   that are due when it is go first, as their own partial sync, and it does not count
   against ``min_sync_period``. (For a ``StagedBackend`` the resync itself is a diff
   against what was applied: with nothing changed it writes nothing.)
+* A periodic resync is where drift is repaired: a ``StagedBackend`` compares what the
+  kernel holds with what it applied and writes again only what differs
+  (``StagedBackend.find_drift``), so whatever someone else changed is back within one
+  ``sync_period``.
+* A service port the kernel refused is tried again when the backend says its retry is
+  due (``retry_in()``, the refusals' backoff; never sooner than ``min_sync_period``
+  after the last sync), as a partial sync of reason "refused", with no change needed.
 * A failed sync is retried as a full sync after an exponential backoff
   (never sooner than ``min_sync_period``, at most ``sync_period``); the
   changes it carried are folded into the retry.
@@ -34,6 +41,9 @@ log = logging.getLogger(__name__)
 # Called after each successful sync with (previously applied state, new state, the service
 # ports that may differ between the two: every other one is the same in both).
 AfterSync = Callable[[NodeState | None, NodeState, frozenset[ServicePortKey]], object]
+# Called once an apply is complete (its post-sync steps run) with the state and the
+# changes the backend was handed (the SDK's report to the frontend: svcproxy/sdk/report.py).
+Applied = Callable[[NodeState, Changes], object]
 
 
 class SyncRunner:
@@ -66,6 +76,7 @@ class SyncRunner:
         self._poll = poll
         self._clock = clock
         self._stop = threading.Event()
+        self.applied_listeners: list[Applied] = []
         if metrics:
             metrics.track_pending(source.pending)
 
@@ -120,9 +131,22 @@ class SyncRunner:
             candidates.append((start, "changes"))
         if self._last_full is not None:
             candidates.append((self._last_full + self._sync_period, "periodic"))
+        refused = self._refused_due(now)
+        if refused is not None:
+            candidates.append((refused, "refused"))
         if not candidates:
             return None, ""
         return min(candidates)
+
+    def _refused_due(self, now: float) -> float | None:
+        """When the backend wants a sync to try refused service ports again (None: it
+        does not); never sooner than ``min_sync_period`` after the last sync began."""
+        retry_in = getattr(self._backend, "retry_in", None)
+        delay = retry_in() if retry_in is not None and self._applied is not None else None
+        if delay is None:
+            return None
+        last = self._last_start
+        return max(now + delay, now if last is None else last + self._min_period)
 
     def _idle(self, timeout: float | None) -> None:
         """Wait for changes (or just for time to pass when some are already noticed)."""
@@ -234,3 +258,9 @@ class SyncRunner:
             except Exception:  # noqa: BLE001 - one hook's failure must not stop the others
                 log.exception("Post-sync step %s failed", getattr(hook, "__qualname__", hook))
         self._applied = state
+        for listener in self.applied_listeners:
+            try:
+                listener(state, changes)
+            except Exception:  # noqa: BLE001 - a listener never stops the sync loop
+                log.exception("Apply listener %s failed",
+                              getattr(listener, "__qualname__", listener))

@@ -13,7 +13,8 @@ A backend is one class::
 What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md):
 
 * the interface: ``Backend``, ``NodeState``, ``Changes``; ``StagedBackend``, ``Applied``
-  and ``Delta`` for render -> diff -> apply with the applied state tracked for you;
+  and ``Delta`` for render -> diff -> apply with the applied state tracked for you, and
+  ``Drift`` for what its ``find_drift`` finds changed behind its back;
 * the state's types: ``ServicePortKey``, ``ServicePort``, ``ServicePortState``,
   ``Endpoint``, ``NodeInfo``, the enums, and helpers on addresses;
 * the node context: ``NodeConfig`` (kube-proxy's node flags), ``resolve_context`` ->
@@ -69,12 +70,12 @@ from svcproxy.sdk.context import (
     resolve_context,
 )
 from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, BackendPlugin
-from svcproxy.sdk.stages import Applied, Delta, StagedBackend
+from svcproxy.sdk.stages import Applied, Delta, Drift, StagedBackend
 
 if TYPE_CHECKING:
     from svcproxy.agent.cli import add_agent_arguments, cidr_list, config_from_args, run_agent
 
-API_VERSION = (1, 2)
+API_VERSION = (1, 3)
 
 # The node agent imports this package's modules, so its names load on first use.
 _AGENT_NAMES = {
@@ -94,6 +95,7 @@ __all__ = [
     "BackendPlugin",
     "Changes",
     "Delta",
+    "Drift",
     "Endpoint",
     "FamilyContext",
     "LoadBalancerIngress",

@@ -4,9 +4,11 @@ When the kernel (or the tool in front of it) refuses a transaction, a backend ca
 ``isolate_versions`` (or ``isolate``) to split the service ports it carried into those
 the dataplane takes and those it refuses, applies the first, and records the second in
 its ``Refusals``. A
-refused service port is not retried until its record changes (a new version of the
-Service or its endpoints); the node agent reports the refused ones (log line, metric,
-``/healthz`` detail) from ``backend.refusals``.
+refused service port is tried again when its record changes (a new version of the
+Service or its endpoints) and, unchanged, after a backoff (1 s, doubling to 60 s: what
+the kernel refused may be fixed meanwhile, a foreign rule removed); the node agent
+reports the refused ones (log line, metric, ``/healthz`` detail) from
+``backend.refusals``.
 
 ``invalid_values`` refuses a record up front when a value that reaches a rule is not
 what its field holds (an address that is not one, a port beyond 65535): a frontend
@@ -20,8 +22,9 @@ import ipaddress
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from svcproxy.model import ServicePortKey, ServicePortState
@@ -32,14 +35,19 @@ T = TypeVar("T")
 
 MAX_AFFINITY_TIMEOUT = 86400  # Kubernetes' limit for sessionAffinityConfig.clientIP
 MAX_ERROR = 500  # characters of the kernel's error kept per refusal
+RETRY_FIRST = 1.0  # seconds before a refused service port is tried again, unchanged
+RETRY_MAX = 60.0  # the backoff doubles up to this
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """One refused service port: the version refused (None: its removal) and why."""
+    """One refused service port: the version refused (None: its removal), why, and when
+    it is tried again unchanged (``Refusals.clock``; inf: only when it changes)."""
 
     record: ServicePortState | None
     error: str
+    retry_at: float = float("inf")
+    backoff: float = RETRY_FIRST
 
 
 def describe(key: ServicePortKey) -> str:
@@ -52,9 +60,13 @@ class Refusals(Mapping[ServicePortKey, Refusal]):
     """The service ports a backend's dataplane refused, until they change (thread-safe
     to read: the agent's HTTP threads read it while the sync thread writes)."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, clock: Callable[[], float] = time.monotonic,
+                 retry_first: float = RETRY_FIRST, retry_max: float = RETRY_MAX) -> None:
         self.backend = backend
         self.total = 0  # refusals recorded so far (a changed version refused again counts)
+        self.clock = clock
+        self.retry_first = retry_first
+        self.retry_max = retry_max
         self._items: dict[ServicePortKey, Refusal] = {}
         self._lock = threading.Lock()
 
@@ -68,21 +80,48 @@ class Refusals(Mapping[ServicePortKey, Refusal]):
         return len(self._items)
 
     def holds(self, key: ServicePortKey, record: ServicePortState | None) -> bool:
-        """True when exactly this version of the service port was refused (not retried)."""
+        """True when exactly this version of the service port was refused and its retry
+        is not due yet."""
         refusal = self._items.get(key)
-        return refusal is not None and refusal.record == record
+        return (refusal is not None and refusal.record == record
+                and refusal.retry_at > self.clock())
 
-    def refuse(self, key: ServicePortKey, record: ServicePortState | None, error: str) -> None:
-        """Record a refusal; logged once per version refused."""
-        if self.holds(key, record):
-            return
+    def refuse(self, key: ServicePortKey, record: ServicePortState | None, error: str,
+               *, retry: bool = True) -> None:
+        """Record a refusal, logged once per version refused; ``retry``: try it again
+        unchanged after the backoff (doubled at each refusal of the same version), else
+        only once it changes (a value no dataplane takes)."""
         error = " ".join(error.split())[:MAX_ERROR]
+        old = self._items.get(key)
+        if old is not None and old.record == record:
+            backoff = min(old.backoff * 2, self.retry_max)
+            retry_at = self.clock() + backoff if retry else float("inf")
+            with self._lock:
+                self._items[key] = replace(old, error=error, retry_at=retry_at,
+                                           backoff=backoff)
+            log.debug("Backend %s: service port %s refused again (%s); next try in %.3gs",
+                      self.backend, describe(key), error, backoff)
+            return
+        first = self.retry_first
         with self._lock:
-            self._items[key] = Refusal(record, error)
+            self._items[key] = Refusal(record, error,
+                                       self.clock() + first if retry else float("inf"), first)
             self.total += 1
+        when = f"in {first:.3g}s (with backoff) and when it changes" if retry else \
+            "when it changes"
         log.error("Backend %s: the dataplane refused service port %s: %s; its previous "
                   "rules (if any) stay, the other services are applied, and it is retried "
-                  "when it changes", self.backend, describe(key), error)
+                  "%s", self.backend, describe(key), error, when)
+
+    def due(self) -> list[ServicePortKey]:
+        """The refused service ports whose retry is due."""
+        now = self.clock()
+        return [k for k, r in list(self._items.items()) if r.retry_at <= now]
+
+    def retry_in(self) -> float | None:
+        """Seconds until the next retry is due (0: one is), or None when none waits."""
+        first = min((r.retry_at for r in list(self._items.values())), default=float("inf"))
+        return None if first == float("inf") else max(0.0, first - self.clock())
 
     def clear(self, key: ServicePortKey) -> None:
         """The service port was applied (or is gone): no longer refused."""

@@ -10,27 +10,42 @@ not a rewrite; after a failed apply it forgets, and the next sync rebuilds::
             return f"{record.service.cluster_ips} -> {sorted(record.endpoints)}"
 
         def apply(self, delta):
-            ...  # write delta.set, remove delta.removed; delta.rebuild: replace all
+            ...  # write delta.set and delta.repair, remove delta.removed;
+                 # delta.rebuild: replace all
+
+        def find_drift(self, state):
+            ...  # read the dataplane, compare it with self.applied: Drift(keys that differ)
 
 Values must compare by value (frozen dataclasses, tuples, strings): an item whose
 rendering did not change is not applied again.
+
+Drift (someone else changed what we programmed): on every periodic resync the stages
+ask ``find_drift`` which applied items the dataplane no longer holds as applied, and
+hand those to ``apply`` in ``Delta.repair``, with their applied values (not rendered
+again); a drifted skeleton (what every item relies on) makes the resync a rebuild to
+the applied values. A backend that does not override ``find_drift`` is repaired only
+by rebuilds (``full_sync_interval``, ``repair_reason``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.refusals import Refusals, describe
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["Applied", "Delta", "StagedBackend"]
+__all__ = ["Applied", "Delta", "Drift", "StagedBackend"]
+
+log = logging.getLogger(__name__)
 
 _MISSING = object()
 
@@ -42,17 +57,37 @@ class Delta(Generic[K, V]):
     ``rebuild``: what the dataplane holds is unknown (first sync, or the previous apply
     failed); apply must make it hold exactly ``set`` and remove anything else it owns.
     Otherwise ``set`` holds the new and changed items (``previous`` their applied
-    values, for the changed ones) and ``removed`` what to take away (with its applied
-    value).
+    values, for the changed ones), ``removed`` what to take away (with its applied
+    value), and ``repair`` applied items the dataplane lost or altered (``find_drift``
+    said so): apply must make the dataplane hold their value (unchanged) again, whatever
+    part of it is there now. A key is in at most one of ``set``, ``removed``, ``repair``.
     """
 
     rebuild: bool
     set: Mapping[K, V] = field(default_factory=dict)
     removed: Mapping[K, V] = field(default_factory=dict)
     previous: Mapping[K, V] = field(default_factory=dict)
+    repair: Mapping[K, V] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return self.rebuild or bool(self.set) or bool(self.removed)
+        return self.rebuild or bool(self.set) or bool(self.removed) or bool(self.repair)
+
+
+@dataclass(frozen=True, slots=True)
+class Drift(Generic[K]):
+    """What ``StagedBackend.find_drift`` found in the dataplane that is not as applied.
+
+    ``items``: applied keys whose objects are missing, altered or joined by others of
+    theirs (they are written again from their applied values); ``skeleton``: why what
+    every item relies on (a table, a base chain, a shared map) is not as applied, or "":
+    then everything applied is rewritten (a rebuild). Empty: the dataplane is as applied.
+    """
+
+    items: frozenset[K] = frozenset()
+    skeleton: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.items) or bool(self.skeleton)
 
 
 def _without_none(items: Mapping[K, V | None]) -> dict[K, V]:
@@ -140,19 +175,27 @@ class StagedBackend(Backend, Generic[V]):
     periodic resync with nothing changed costs a lookup per service port.
 
     Changes made behind the backend's back (a firewall reload, a foreign rule) are
-    repaired by a rebuild to the applied values (not rendered again) plus any changes:
-    on every full sync that is not a periodic resync (after a reconnect), on the first
-    periodic resync once ``full_sync_interval`` seconds have passed since the last
-    rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every resync), and
-    whenever ``repair_reason`` names one (a backend adds its own).
+    found on every periodic resync by ``find_drift`` (the kernel compared with
+    ``self.applied``) and only what differs is written again (``Delta.repair``). They
+    are also repaired by a rebuild to the applied values (not rendered again) plus any
+    changes: on every full sync that is not a periodic resync (after a reconnect), on
+    the first periodic resync once ``full_sync_interval`` seconds have passed since the
+    last rebuild (an hour, as kube-proxy's full syncs; None: never; 0: every resync),
+    when ``find_drift`` reports the skeleton drifted, and whenever ``repair_reason``
+    names one (a backend adds its own).
+
+    A service port the dataplane refused (``self.refusals``) is rendered and tried again
+    once its retry is due (``Refusals``' backoff), although its record did not change;
+    ``retry_in`` tells the node agent when to sync for it.
     """
 
     full_sync_interval: float | None = 3600.0
     clock: Callable[[], float] = staticmethod(time.monotonic)
+    refusals: Refusals | None = None
 
     def __init__(self) -> None:
         self.applied: Applied[ServicePortKey, V] = Applied()
-        self._sources: dict[ServicePortKey, ServicePortState] = {}
+        self._sources: dict[ServicePortKey, ServicePortState | None] = {}
         self._node: NodeInfo | None = None
         self._pending: tuple[bool, dict[ServicePortKey, ServicePortState | None]] = (False, {})
         self._last_rebuild: float | None = None
@@ -181,22 +224,70 @@ class StagedBackend(Backend, Generic[V]):
             # Everything applied is known and its records are at hand: only the service
             # ports whose record is another object, and those gone, can differ.
             keys, full = self._moved(state), False
+        retry = self._retries(state) if reuse else frozenset()
+        if retry:
+            keys = [*keys, *(k for k in retry if k not in changes.services)]
         desired: dict[ServicePortKey, V | None] = {}
         sources: dict[ServicePortKey, ServicePortState | None] = {}
         for key in keys:
             record = sources[key] = state.services.get(key)
             if record is None:
                 desired[key] = None
-            elif reuse and self._sources.get(key) is record:
+            elif reuse and self._sources.get(key) is record and key not in retry:
                 desired[key] = self.applied.get(key)
             else:
                 desired[key] = self.render(state, record)
         self._pending = (full, sources)
         self._node = state.node
         delta = self.applied.diff(desired, full=full)
-        if not delta.rebuild and self.repair_reason(changes):
+        if delta.rebuild:
+            return delta
+        if self.repair_reason(changes):
             return self._as_rebuild(delta)
+        if changes.reason == "periodic":
+            return self._repairing(state, delta)
         return delta
+
+    def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
+        """Compare what the dataplane holds with ``self.applied`` (called on every periodic
+        resync, before ``apply``): the applied service ports whose objects differ, or the
+        skeleton's drift. It must be cheap (one read of the dataplane, a comparison: it
+        runs every sync period at 10,000 services) and read only; the default checks
+        nothing. Objects of others (a foreign chain in our table) are not drift."""
+        return Drift()
+
+    def _repairing(self, state: NodeState, delta: Delta[ServicePortKey, V]
+                   ) -> Delta[ServicePortKey, V]:
+        """``delta`` plus the repair of what ``find_drift`` reports (a rebuild for the
+        skeleton)."""
+        drift = self.find_drift(state)
+        if drift.skeleton:
+            log.warning("Backend %s: %s (changed behind its back): rewriting everything "
+                        "applied", self.name, drift.skeleton)
+            return self._as_rebuild(delta)
+        applied = self.applied
+        repair = {k: applied[k] for k in drift.items
+                  if k in applied and k not in delta.set and k not in delta.removed}
+        if not repair:
+            return delta
+        shown = ", ".join(describe(k) for k in sorted(repair)[:5])
+        more = f" and {len(repair) - 5} more" if len(repair) > 5 else ""
+        log.warning("Backend %s: %d service ports changed behind its back (%s%s): writing "
+                    "them again", self.name, len(repair), shown, more)
+        return replace(delta, repair=repair)
+
+    def _retries(self, state: NodeState) -> frozenset[ServicePortKey]:
+        """Refused service ports whose retry is due (rendered again although unchanged)."""
+        refusals = self.refusals
+        if not refusals:
+            return frozenset()
+        return frozenset(k for k in refusals.due() if k in state.services)
+
+    def retry_in(self) -> float | None:
+        """Seconds until a refused service port is due for another try (0: now), or None
+        when none waits: the node agent syncs then, without a change."""
+        refusals = self.refusals
+        return refusals.retry_in() if refusals else None
 
     def repair_reason(self, changes: Changes) -> str:
         """Why this sync must rewrite everything applied although it is known, or "": a
@@ -218,11 +309,12 @@ class StagedBackend(Backend, Generic[V]):
         return Delta(True, values)
 
     def _moved(self, state: NodeState) -> list[ServicePortKey]:
-        """Service ports whose record is not the one last rendered, or that are gone."""
-        sources = self._sources
+        """Service ports whose record is not the one last rendered, or that are gone
+        (or whose removal the dataplane refused)."""
+        sources, services = self._sources, state.services
         moved: list[ServicePortKey] = []
         known = 0  # keys of the state that were rendered before (each key hashed once)
-        for key, record in state.services.items():
+        for key, record in services.items():
             source = sources.get(key)
             if source is not None:
                 known += 1
@@ -230,7 +322,7 @@ class StagedBackend(Backend, Generic[V]):
                     continue
             moved.append(key)
         if known != len(sources):
-            moved += [k for k in sources if k not in state.services]
+            moved += [k for k in sources if k not in services]
         return moved
 
     def sync(self, state: NodeState, changes: Changes) -> None:
@@ -251,11 +343,14 @@ class StagedBackend(Backend, Generic[V]):
     def _remember(self) -> None:
         """Which record each applied value came from (after a successful apply)."""
         full, sources = self._pending
+        applied = self.applied
         if full:
             self._sources = _without_none(sources)
+            # A removal the dataplane refused: None keeps it to be removed again.
+            self._sources.update((k, None) for k in applied if k not in self._sources)
             return
         for key, record in sources.items():
-            if record is None:
+            if record is None and key not in applied:
                 self._sources.pop(key, None)
             else:
                 self._sources[key] = record
