@@ -1,0 +1,41 @@
+"""The documentation as a reader meets it: the site builds with no broken link or page
+left out of its navigation, and the README stays a short map whose links all lead
+somewhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """mkdocs --strict fails on a link to a missing page or anchor and on a page that is
+    in docs/ but not in mkdocs.yml's nav."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "backends" / "nft" / "index.html").exists()
+
+
+def test_the_readme_is_a_short_map() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert "bash scripts/setup.sh" in readme and "bash scripts/test.sh" in readme
+
+
+def test_every_relative_link_of_the_top_level_pages_exists() -> None:
+    """README.md, CONTRIBUTING.md and the backends' READMEs are read outside the site
+    (on a forge, in a checkout): their links must resolve there."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("backends/*/README.md")]
+    missing = [f"{page.relative_to(ROOT)}: {target}"
+               for page in pages for target in LINK.findall(page.read_text())
+               if "://" not in target and not (page.parent / target).exists()]
+    assert missing == []
