@@ -265,7 +265,8 @@ class NodeStateClient:
                         continue  # at once, from revision 0
                     break
                 log.warning("watch of %s at %s failed (%s)%s; resuming from revision %d",
-                            self.node_name or "<cluster>", failed, code, _said(err),
+                            self.node_name or "<cluster>", failed, code,
+                            _said(err) + _unreachable(err, failed, self.connected),
                             self.revision)
             finally:
                 if self.connected:
@@ -493,6 +494,17 @@ class NodeStateClient:
 
 
 _CALLER_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def _unreachable(err: Exception, target: str, connected: bool) -> str:
+    """What to check when a watch failed before anything came back (UNAVAILABLE: no
+    frontend answered at ``target``)."""
+    if connected or not isinstance(err, grpc.RpcError) \
+            or err.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    return (f" - is the frontend running at {target}? Check that it is started and "
+            "listening there (svcproxy frontend --listen), and this client's address "
+            "(--api or $SVCPROXY_API)")
 
 
 def _said(err: Exception) -> str:
