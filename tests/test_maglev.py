@@ -1,0 +1,88 @@
+"""Maglev lookup tables (backends/ebpf/maglev.py): the paper's properties, checked over
+endpoint sets hypothesis picks (pure, no root)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from svcproxy.backends.ebpf import maglev
+
+SIZE = 1021  # a small prime keeps each example fast; the bench uses 16,381
+
+names = st.lists(st.builds(lambda a, b, p: f"10.{a}.{b}.7:{p}".encode(),
+                           st.integers(0, 255), st.integers(0, 255), st.integers(1, 65535)),
+                 min_size=1, max_size=40, unique=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names)
+def test_every_slot_is_filled_and_shares_differ_by_at_most_one(eps: list[bytes]) -> None:
+    table = maglev.build(eps, SIZE)
+    assert len(table) == SIZE
+    assert all(0 <= i < len(eps) for i in table)
+    counts = Counter(table)
+    shares = [counts.get(i, 0) for i in range(len(eps))]
+    # The endpoints take turns until the table is full: floor(M/N) or ceil(M/N) each.
+    assert set(shares) <= {SIZE // len(eps), -(-SIZE // len(eps))}, shares
+
+
+@settings(max_examples=60, deadline=None)
+@given(names.filter(lambda e: 2 <= len(e) <= 10), st.data())
+def test_removing_one_endpoint_moves_about_one_nth(eps: list[bytes], data: st.DataObject) -> None:
+    gone = data.draw(st.sampled_from(eps))
+    before = [eps[i] for i in maglev.build(eps, SIZE)]
+    rest = [e for e in eps if e != gone]
+    after = [rest[i] for i in maglev.build(rest, SIZE)]
+    moved = sum(a != b for a, b in zip(before, after, strict=True))
+    own = before.count(gone)
+    # The removed endpoint's slots all move; of the others only a few do (the paper's
+    # figure 7: a little over 1/N in all, for a table >= 100 x N as here).
+    assert moved - own <= own, (moved, own, len(eps))
+
+
+def test_order_of_names_does_not_matter_but_indexes_follow_it() -> None:
+    eps = [f"10.244.1.{i}:8080".encode() for i in range(10)]
+    table = maglev.build(eps, SIZE)
+    shuffled = eps[3:] + eps[:3]
+    other = maglev.build(shuffled, SIZE)
+    assert [eps[i] for i in table] == [shuffled[i] for i in other]
+
+
+def test_same_table_in_another_process() -> None:
+    """Two nodes (two processes, each with its own hash salt) build the same table."""
+    code = ("from svcproxy.backends.ebpf import maglev; import hashlib; "
+            "eps=[f'10.244.2.{i}:80'.encode() for i in range(7)]; "
+            "print(hashlib.sha256(maglev.pack(maglev.build(eps, 16381))).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, env={"PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2")}
+    eps = [f"10.244.2.{i}:80".encode() for i in range(7)]
+    import hashlib
+    here = hashlib.sha256(maglev.pack(maglev.build(eps, 16381))).hexdigest()
+    assert digests == {here + "\n"}
+
+
+def test_sizes_must_be_prime_and_names_distinct() -> None:
+    with pytest.raises(ValueError, match="prime"):
+        maglev.build([b"a"], 1000)
+    with pytest.raises(ValueError, match="distinct"):
+        maglev.build([b"a", b"a"], SIZE)
+    assert maglev.build([], SIZE) == []
+    assert all(maglev.is_prime(s) for s in maglev.SIZES)
+
+
+def test_flow_hash_is_spread_and_fixed() -> None:
+    flows = [maglev.flow_hash(bytes([10, 0, i >> 8, i & 255]) + bytes(12),
+                              bytes([192, 168, 50, 2]) + bytes(12), 40000 + i, 30080, 6)
+             for i in range(4000)]
+    assert len(set(flows)) == len(flows)
+    buckets = Counter(h % 10 for h in flows)
+    assert min(buckets.values()) > 300, buckets
+    assert maglev.flow_hash(bytes(16), bytes(16), 1, 2, 6) == maglev.flow_hash(
+        bytes(16), bytes(16), 1, 2, 6)
