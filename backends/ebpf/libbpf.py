@@ -12,8 +12,9 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import struct
 from collections.abc import Iterator
-from functools import cache
+from functools import cache, lru_cache
 
 PROG_TYPE_CGROUP_SOCK_ADDR = 18
 LINK_TYPE_CGROUP = 3
@@ -181,5 +182,34 @@ class Map:
             token_in.value = token_out.value
             first = False
 
+    def read_all(self, chunk: int = 8192) -> dict[bytes, bytes]:
+        """Every entry as one dict (BPF_MAP_LOOKUP_BATCH; each batch split into keys and
+        values by one ``struct`` call: no Python work per entry)."""
+        keys = ctypes.create_string_buffer(self.key_size * chunk)
+        values = ctypes.create_string_buffer(self.value_size * chunk)
+        token_in, token_out = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        found: dict[bytes, bytes] = {}
+        first = True
+        while True:
+            count = ctypes.c_uint32(chunk)
+            result = lib().bpf_map_lookup_batch(
+                self.fd, None if first else ctypes.byref(token_in), ctypes.byref(token_out),
+                keys, values, ctypes.byref(count), None)
+            if result < 0 and result != -errno.ENOENT:
+                check(result, f"read {self.name}")
+            n = count.value
+            found.update(zip(_split(self.key_size, n).unpack_from(keys),
+                             _split(self.value_size, n).unpack_from(values), strict=True))
+            if result == -errno.ENOENT:
+                return found
+            token_in.value = token_out.value
+            first = False
+
     def __len__(self) -> int:
         return sum(1 for _ in self.items())
+
+
+@lru_cache(maxsize=16)
+def _split(size: int, count: int) -> struct.Struct:
+    """``count`` strings of ``size`` bytes (a batch read's keys or values)."""
+    return struct.Struct(f"{size}s" * count)

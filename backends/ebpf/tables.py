@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .layout import ServiceValue, ep_key
+from .layout import EP_KEY, ServiceValue, ep_key
 from .libbpf import BpfError, Map
 from .plan import Entry
 
@@ -37,6 +37,43 @@ class WriteReport:
     services_deleted: int = 0
     slots_written: int = 0
     slots_deleted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MapDrift:
+    """How the maps differ from what this process wrote (``compare``).
+
+    ``services``: applied service keys whose entry is gone or altered, or one of whose
+    endpoint slots is; ``foreign``: service keys this process never wrote; ``stray``:
+    endpoint slots no applied service points at."""
+
+    services: frozenset[bytes] = frozenset()
+    foreign: frozenset[bytes] = frozenset()
+    stray: frozenset[bytes] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.services or self.foreign or self.stray)
+
+    def __str__(self) -> str:
+        return (f"{len(self.services)} service entries lost or altered, {len(self.foreign)} "
+                f"not ours, {len(self.stray)} endpoint slots nobody uses")
+
+
+def compare(applied: Mapping[bytes, Applied],
+            written: tuple[Mapping[bytes, bytes], Mapping[bytes, bytes]],
+            services: Mapping[bytes, bytes], endpoints: Mapping[bytes, bytes]) -> MapDrift:
+    """What the maps (as read: key -> value bytes) hold that is not as written (pure):
+    ``written`` is (services, endpoints) as this process wrote them for ``applied``."""
+    wrote_services, wrote_slots = written
+    lost = set() if wrote_services == services else {
+        k for k, _ in wrote_services.items() - services.items()}
+    bad_slots = () if wrote_slots == endpoints else wrote_slots.items() - endpoints.items()
+    if bad_slots:
+        sets = {EP_KEY.unpack(k)[0] for k, _ in bad_slots}
+        lost.update(k for k, have in applied.items()
+                    if have.value.count and have.value.set_id in sets)
+    return MapDrift(frozenset(lost), frozenset(services.keys() - wrote_services.keys()),
+                    frozenset(endpoints.keys() - wrote_slots.keys()))
 
 
 def read_kernel(services: Map, endpoints: Map) -> tuple[dict[bytes, Applied], set[int]]:
@@ -67,6 +104,9 @@ class Tables:
         self.applied: dict[bytes, Applied] | None = None  # None: unknown, read the kernel
         self.next_set = 1
         self.slot_count = 0
+        # What this process wrote, as the maps hold it (key -> value bytes): None when
+        # unknown, then made from ``applied`` when ``verify`` needs it.
+        self._written: tuple[dict[bytes, bytes], dict[bytes, bytes]] | None = None
 
     def full(self, desired: Mapping[bytes, Entry], reread: bool = True) -> WriteReport:
         """Make the maps hold exactly ``desired``, writing the differences: against what
@@ -79,14 +119,51 @@ class Tables:
             self.slot_count = sum(a.value.count for a in applied.values())
             used = {a.value.set_id for a in applied.values()} | orphans
             self.next_set = max(used, default=0) + 1
+            self._written = None
         applied = self.applied
         changes: dict[bytes, Entry | None] = {k: None for k in applied if k not in desired}
         changes.update(desired)
         report = self.apply(changes)
+        if reread:
+            self._written = None  # read back with incomplete sets: made again when needed
         if orphans:
             self._delete_sets(orphans)
             log.info("Removed %d endpoint sets no service used", len(orphans))
         return report
+
+    def verify(self) -> MapDrift:
+        """Read both maps and compare them with what this process wrote: entries and
+        slots nobody wrote are deleted at once; a service whose entry or slots differ is
+        forgotten, so that the next ``full`` or ``apply`` writes it again (a new set,
+        then the switch, as any change)."""
+        if self.applied is None:
+            raise RuntimeError("the maps' contents are unknown: run a full sync")
+        held = self._guard(self.services.name, self.services.read_all)
+        slots = self._guard(self.endpoints.name, self.endpoints.read_all)
+        written = self._written_maps()
+        if (held, slots) == written:
+            return MapDrift()
+        drift = compare(self.applied, written, held, slots)
+        if drift.foreign:
+            self._guard(self.services.name, self.services.delete_many, sorted(drift.foreign))
+        if drift.stray:
+            self._guard(self.endpoints.name, self.endpoints.delete_many, sorted(drift.stray))
+        for key in drift.services:
+            have = self.applied[key]
+            self.applied[key] = Applied(have.value, None)
+        return drift
+
+    def _written_maps(self) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+        """(services, endpoints) as this process wrote them."""
+        if self._written is None:
+            assert self.applied is not None
+            services: dict[bytes, bytes] = {}
+            slots: dict[bytes, bytes] = {}
+            for key, have in self.applied.items():
+                services[key] = have.value.pack()
+                slots.update(zip(_slot_keys(have.value), have.slots or (), strict=False))
+            self._written = (services, slots)
+        return self._written
 
     def _delete_sets(self, set_ids: Iterable[int]) -> None:
         wanted = set(set_ids)
@@ -144,7 +221,16 @@ class Tables:
             self._guard(self.endpoints.name, self.endpoints.delete_many, retired)
         except BpfError:
             self.applied = None
+            self._written = None
             raise
+        if self._written is not None:
+            services, slots = self._written
+            for key in retired:
+                slots.pop(key, None)
+            slots.update(zip(slot_keys, slot_values, strict=True))
+            for key in svc_gone:
+                services.pop(key, None)
+            services.update(zip(svc_keys, svc_values, strict=True))
         for key, entry in after.items():
             old = applied.pop(key, None)
             self.slot_count -= old.value.count if old else 0
