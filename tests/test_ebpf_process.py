@@ -4,6 +4,7 @@ prints them, /metrics shows their sizes, --cleanup removes every link and pin.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,11 +21,48 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_ebpf_sockets import EPS4, NODE_IP, PORT, Client, World, enter, pytestmark
+from tests.test_ebpf_sockets import EPS4, NODE_IP, PORT, World, enter, pytestmark
 
 __all__ = ["pytestmark"]
 
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
+# A hammer stops when the test says so; the limit only bounds a test that never does.
+HAMMER_LIMIT = 1_000_000
+# Connections the hammer must complete after the kill: the traffic outlasts it.
+AFTER_KILL = 300
+
+# The hammer: a process in the test's cgroup connecting (and reading the greeting) in a
+# loop on a thread of its own, from "start" until "stop"; "count" says how many so far.
+HAMMER = r"""
+import collections, json, socket, sys, threading
+stop, seen, done = threading.Event(), collections.Counter(), [0]
+def once(host, port):
+    with socket.socket() as s:
+        s.settimeout(2.0)
+        try:
+            s.connect((host, port))
+            return s.recv(2048).decode().split()[0]
+        except OSError as e:
+            return {111: "refused", 101: "unreachable", 113: "unreachable"}.get(
+                e.errno, "timeout" if isinstance(e, TimeoutError) else str(e))
+def loop(host, port, limit):
+    while not stop.is_set() and done[0] < limit:
+        seen[once(host, port)] += 1
+        done[0] += 1
+for line in sys.stdin:
+    c = json.loads(line)
+    if c["op"] == "start":
+        worker = threading.Thread(target=loop, args=(c["host"], c["port"], c["limit"]))
+        worker.start()
+        out = {"ok": True}
+    elif c["op"] == "count":
+        out = {"count": done[0], "running": worker.is_alive()}
+    else:
+        stop.set()
+        worker.join()
+        out = {"count": done[0], "seen": dict(seen)}
+    print(json.dumps(out), flush=True)
+"""
 
 
 def _manifests(directory: Path, endpoints: list[str]) -> None:
@@ -53,6 +91,40 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class Hammer:
+    """Connections to one service address until stopped (``HAMMER``), from a process
+    moved into ``cgroup`` before it makes any socket."""
+
+    def __init__(self, ns: str, cgroup: Path) -> None:
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-u", "-c", HAMMER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        (cgroup / "cgroup.procs").write_text(f"{self.proc.pid}\n")
+
+    def call(self, **command: Any) -> Any:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "hammer process died"
+        return json.loads(line)
+
+    def wait_count(self, at_least: int, timeout: float = 120.0) -> int:
+        """Block until ``at_least`` connections are done (the hammer still running)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            now = self.call(op="count")
+            assert now["running"], f"the hammer stopped by itself at {now['count']}"
+            if now["count"] >= at_least:
+                return int(now["count"])
+            assert time.monotonic() < deadline, f"{now['count']} of {at_least} connections"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
 
 
 class BackendProcess:
@@ -132,7 +204,7 @@ def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
     _manifests(manifests, EPS4[:2])
     fe = frontend_factory(manifests)
     backend = BackendProcess(world, fe.opts.listen, tmp_path / "backend.log")
-    hammer = Client(world.ns, world.cgroup)
+    hammer = Hammer(world.ns, world.cgroup)
     client = world.client
     assert client is not None
     logs = lambda: backend.log.read_text()  # noqa: E731
@@ -153,15 +225,14 @@ def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
         eventually(nft_programmed, why=logs)
         held = [client.call(op="hold", id=str(i), host="10.96.1.1", port=80)["name"]
                 for i in range(4)]
-        results: list[Any] = []
-        worker = threading.Thread(
-            target=lambda: results.extend(hammer.connect("tcp", "10.96.1.1", count=1500)))
-        worker.start()
-        time.sleep(0.1)
+        hammer.call(op="start", host="10.96.1.1", port=80, limit=HAMMER_LIMIT)
+        hammer.wait_count(1)  # the traffic has started
         backend.kill()  # kill -9 in the middle of the traffic
-        assert worker.is_alive(), "the traffic outlasts the kill"
-        worker.join()
-        assert {r.get("name") or r["error"] for r in results} <= set(EPS4[:2]), results
+        at_kill = hammer.wait_count(1)
+        hammer.wait_count(at_kill + AFTER_KILL)  # the traffic outlasts the kill
+        results = hammer.call(op="stop")
+        assert results["count"] < HAMMER_LIMIT, "the hammer ran until the test stopped it"
+        assert set(results["seen"]) <= set(EPS4[:2]), results
         assert [client.call(op="ping", id=str(i))["name"] for i in range(4)] == held
 
         dump = backend.run("--dump")
