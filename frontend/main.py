@@ -13,6 +13,7 @@ import grpc
 
 from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.gctuning import paused_until
 from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
 from svcproxy.frontend.serving.access.guard import CallGuard
@@ -56,6 +57,8 @@ class FrontendOptions:
     manifest_limits: ManifestLimits | None = None
     # --max-streams, --max-streams-per-peer, --stream-write-timeout
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
+    # --lag-warning: a node behind the revision it is served for longer is LAGGING.
+    lag_warning: float = 10.0
 
 
 def _start_source(opts: FrontendOptions, engine: Engine, listing: Listing | None) -> object:
@@ -122,6 +125,7 @@ class Frontend:
         auth = opts.auth or AuthConfig(certs, allow_anonymous=check_listen(
             opts.listen, opts.tls is not None, certs, False, False))
         self.guard = CallGuard(auth)
+        self.fleet = FleetService(self.engine, self.guard.epoch, opts.lag_warning)
 
     async def start(self) -> None:
         """The source first: its list requests are out (the apiserver answers them on its
@@ -131,7 +135,8 @@ class Frontend:
         await self.readiness.start(self.opts.healthz_bind_address)
         self._source = self.readiness.source = _start_source(self.opts, self.engine,
                                                              self._listing)
-        servicer = NodeStateServicer(self.engine, self.opts.stream_limits)
+        servicer = NodeStateServicer(self.engine, self.opts.stream_limits, self.fleet)
+        self.fleet.start()
         self._server, self.port = await start_server(self.engine, self.opts.listen,
                                                       self.opts.tls, self.guard,
                                                       self.readiness.health, servicer)
@@ -146,6 +151,7 @@ class Frontend:
         start_metrics(self.opts.metrics_bind_address)
 
     async def stop(self) -> None:
+        self.fleet.stop()
         if self._collector is not None:
             self._collector.cancel()
         self.readiness.stop()

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
@@ -56,8 +57,11 @@ class TLSFiles:
 
 
 class NodeStateServicer(WatchServicer):
-    def __init__(self, engine: Engine, limits: StreamLimits | None = None) -> None:
+    def __init__(self, engine: Engine, limits: StreamLimits | None = None,
+                 fleet: FleetService | None = None) -> None:
         self.engine = engine
+        # What every node applied (Report, GetFleet, WatchFleet, WaitFleet).
+        self.fleet = fleet or FleetService(engine, "")
         self.limits = limits or StreamLimits()
         self.slots = StreamSlots(self.limits)
         self.stalls = StallWatch(self.limits.write_timeout)
@@ -111,6 +115,10 @@ class NodeStateServicer(WatchServicer):
         try:
             if method == "GetNodeState":
                 return self.pages.answer(request)
+            if method == "Report":
+                return self.fleet.report(request)
+            if method == "GetFleet":
+                return self.fleet.get_fleet(request)
             return self.pages.nodes(request)
         finally:
             self.rates.charge(peer, time.thread_time() - start)
@@ -122,6 +130,32 @@ class NodeStateServicer(WatchServicer):
     async def ListNodes(self, request: pb.ListNodesRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> bytes:
         return await self._unary("ListNodes", request, context)
+
+    async def Report(self, request: pb.NodeReport,  # noqa: N802
+                     context: grpc.aio.ServicerContext) -> bytes:
+        return await self._unary("Report", request, context)
+
+    async def GetFleet(self, request: pb.GetFleetRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> bytes:
+        return await self._unary("GetFleet", request, context)
+
+    async def WatchFleet(self, request: pb.WatchFleetRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> None:
+        await self._fleet_stream(self.fleet.watch, request, context)
+
+    async def WaitFleet(self, request: pb.WaitFleetRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> None:
+        await self._fleet_stream(self.fleet.wait, request, context)
+
+    async def _fleet_stream(self, messages: Callable[[Any], Any], request: Any,
+                            context: grpc.aio.ServicerContext) -> None:
+        """Write a fleet stream's messages once the frontend has synced."""
+        await self.engine.synced.wait()
+        try:
+            async for msg in messages(request):
+                await context.write(msg)
+        except Refused as err:
+            await err.abort(context)
 
     async def _unary(self, method: str, request: Any,
                      context: grpc.aio.ServicerContext) -> bytes:
@@ -154,10 +188,26 @@ class Servicer(Protocol):
     async def ListNodes(self, request: Any,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> Any: ...
 
+    async def Report(self, request: Any,  # noqa: N802
+                     context: grpc.aio.ServicerContext) -> Any: ...
+
+    async def GetFleet(self, request: Any,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> Any: ...
+
+    async def WatchFleet(self, request: pb.WatchFleetRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> None: ...
+
+    async def WaitFleet(self, request: pb.WaitFleetRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> None: ...
+
 
 REQUESTS: dict[str, type[Message]] = {
     "Watch": pb.WatchRequest, "WatchCluster": pb.ClusterWatchRequest,
-    "GetNodeState": pb.GetNodeStateRequest, "ListNodes": pb.ListNodesRequest}
+    "GetNodeState": pb.GetNodeStateRequest, "ListNodes": pb.ListNodesRequest,
+    "Report": pb.NodeReport, "GetFleet": pb.GetFleetRequest,
+    "WatchFleet": pb.WatchFleetRequest, "WaitFleet": pb.WaitFleetRequest}
+# The server-streaming methods (the others are unary).
+STREAMING = frozenset({"Watch", "WatchCluster", "WatchFleet", "WaitFleet"})
 
 
 def _refusing_malformed(method: str, behavior: Callable[[Any, grpc.aio.ServicerContext], Any]
@@ -177,7 +227,7 @@ def api_handler(servicer: Servicer, raw_unary: bool = False) -> grpc.GenericRpcH
     methods = {}
     for name, kind in REQUESTS.items():
         behavior = getattr(servicer, name)
-        if name.startswith("Watch"):
+        if name in STREAMING:
             methods[name] = grpc.unary_stream_rpc_method_handler(
                 _refusing_malformed(name, behavior), request_deserializer=partial(parse, kind),
                 response_serializer=_identity)

@@ -252,6 +252,22 @@ class WorkerServicer(WatchServicer):
                         context: grpc.aio.ServicerContext) -> bytes:
         return await self._unary("ListNodes", request, context)
 
+    async def Report(self, request: bytes,  # noqa: N802
+                     context: grpc.aio.ServicerContext) -> bytes:
+        return await self._unary("Report", request, context)
+
+    async def GetFleet(self, request: bytes,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> bytes:
+        return await self._unary("GetFleet", request, context)
+
+    async def WatchFleet(self, request: object,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> None:
+        await _main_process_only(context)
+
+    async def WaitFleet(self, request: object,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> None:
+        await _main_process_only(context)
+
     async def _unary(self, method: str, request: bytes,
                      context: grpc.aio.ServicerContext) -> bytes:
         peer = peer_address(context.peer())
@@ -265,6 +281,14 @@ class WorkerServicer(WatchServicer):
             await self.delays.hold(peer, err)
             await err.abort(context)
             raise
+
+
+async def _main_process_only(context: grpc.aio.ServicerContext) -> None:
+    """WatchFleet and WaitFleet are served by the main process, not a stream worker."""
+    await context.abort(grpc.StatusCode.UNAVAILABLE, (
+        "this call reached a stream worker, and WatchFleet and WaitFleet are served by the "
+        "frontend's main process only: retry (the kernel spreads connections over the "
+        "processes), or use GetFleet"))
 
 
 async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:

@@ -128,6 +128,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "period, and at most once a second",
     )
     sync.add_argument(
+        "--report-min-interval", type=duration, default=1.0, metavar="DURATION",
+        help="after an apply, tell the frontend what this node holds (revision, digest, "
+        "refused service ports) at most this often; applies meanwhile are coalesced into "
+        "the newest report, so a slow frontend never delays a sync (default 1s)",
+    )
+    sync.add_argument(
         "--cleanup", action="store_true",
         help="remove everything this backend ever programmed, then exit 0",
     )
@@ -319,11 +325,17 @@ def run_agent(backend: Backend, config: NodeConfig, args: argparse.Namespace) ->
              config.node_name, args.api, ", ".join(config.node_ips) or "none")
     # A request the frontend refuses as invalid (the node name) stops the agent.
     client.on_error = lambda _err: agent.stop()
+    from svcproxy.sdk.report import Reporter
+
+    reporter = Reporter(client, backend, getattr(args, "report_min_interval", 1.0))
+    agent.runner.applied_listeners.append(reporter.applied)
+    reporter.start()
     client.start()
     try:
         agent.run()
     finally:
         client.stop()
+        reporter.stop()
         agent.close()
     if client.error is not None:
         log.error("Exiting: %s (the node name is --node-name or --hostname-override, else "

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import NamedTuple
 
 import grpc
 
@@ -102,6 +103,15 @@ def server_epoch(call: grpc.Call) -> str | None:
     return None
 
 
+class Taken(NamedTuple):
+    """The state a take handed out: its revision, the epoch of the frontend that handed
+    it out (None: not announced) and its digest (WatchEvent.digest's)."""
+
+    revision: int
+    epoch: str | None
+    digest: int
+
+
 class WatchRefused(Exception):
     """The frontend refused the watch request itself (INVALID_ARGUMENT from revision 0,
     e.g. a node name no Kubernetes Node can have): fix the request, retrying cannot help."""
@@ -161,6 +171,8 @@ class NodeStateClient:
         # good (``stopped``); on_error is called with it (from the watch thread).
         self.error: WatchRefused | None = None
         self.on_error: Callable[[WatchRefused], None] | None = None
+        # What the last take handed out: the revision, its epoch and the state's digest.
+        self.taken: Taken | None = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._call: grpc.Future | None = None
@@ -223,6 +235,7 @@ class NodeStateClient:
             self._endpoint_changes = 0
             self._node_changed = self._full = False
             self._triggers = set()
+            self.taken = Taken(self.revision, self.epoch, self._digest)
             return state, changes
 
     def pending(self) -> tuple[int, int]:
@@ -301,6 +314,15 @@ class NodeStateClient:
             self.on_error(error)
         return False
 
+    def channel(self) -> grpc.Channel:
+        """A new channel to the frontend in use, with this client's credentials (the
+        caller closes it); calls on it send ``call_metadata()``."""
+        return self._channel()
+
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata of a call made for this client (its token, if any)."""
+        return self.token.metadata() if self.token is not None else ()
+
     def _channel(self) -> grpc.Channel:
         credentials = self.credentials
         if isinstance(credentials, ClientTLS):
@@ -334,10 +356,10 @@ class NodeStateClient:
                     log.info("watching %s at %s", self.node_name or "<cluster>", self.target)
                 pending.append(event)
                 if not event.more:
+                    # Our revision is now this replica's: resume (and report) with its epoch.
+                    self.epoch = epoch
                     self._apply(pending)
                     pending = []
-                    # Our revision is now this replica's: resume with its epoch.
-                    self.epoch = epoch
                     if self._out_of_sync:
                         call.cancel()
                         return

@@ -1,7 +1,7 @@
 """Who may read what, and the gRPC interceptor that enforces it on every call.
 
-A node identity may Watch and GetNodeState its own node; ListNodes, WatchCluster and
-every other node are for the identities (user names or groups) named in
+A node identity may Watch and GetNodeState its own node, and Report for it; ListNodes,
+WatchCluster, the fleet and every other node are for the identities (user names or groups) named in
 ``--cluster-readers`` and, where anonymous callers are accepted at all (a unix socket
 or loopback without authentication configured), for them. Health stays open;
 reflection needs an authenticated caller. Refusals are PERMISSION_DENIED (or
@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 API = "svcproxy.v1.NodeStateService"
 OPEN = ("grpc.health.v1.Health",)
 NODE_METHODS: dict[str, type[Message]] = {"Watch": pb.WatchRequest,
-                                          "GetNodeState": pb.GetNodeStateRequest}
+                                          "GetNodeState": pb.GetNodeStateRequest,
+                                          "Report": pb.NodeReport}
 
 
 def is_cluster_reader(identity: Identity, readers: frozenset[str]) -> bool:
@@ -40,7 +41,8 @@ def is_cluster_reader(identity: Identity, readers: frozenset[str]) -> bool:
 def may_read(identity: Identity) -> str:
     """What ``identity`` may read, as a refusal message says it."""
     if identity.node:
-        return f"it may read only node {identity.node}'s state (Watch, GetNodeState)"
+        return (f"it may read only node {identity.node}'s state (Watch, GetNodeState) and "
+                "report only for it (Report)")
     return "it may read nothing: it is not a node identity nor named in --cluster-readers"
 
 
