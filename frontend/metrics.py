@@ -29,6 +29,18 @@ REJECTED_OBJECTS = counter(
     "manifests, upstream), kind and reason (invalid_name, invalid_port, forbidden_ip, "
     "too_large, internal_error, ...); an object's last valid version stays served.",
     ["source", "kind", "reason"])
+DEGRADED_FIELDS = counter(
+    "svcproxy_frontend_degraded_fields_total",
+    "Fields of objects Kubernetes accepts that svcproxy cannot use as they are (an "
+    "EndpointSlice port out of 1-65535, ...), each degraded alone as docs/edge-fields.md "
+    "says (the object stays served), by kind and field.",
+    ["kind", "field"])
+REFUSED_PORTS = counter(
+    "svcproxy_frontend_refused_service_ports_total",
+    "Service ports refused because an earlier Service (by creationTimestamp, then "
+    "namespace/name) holds the same ClusterIP:port/protocol or nodePort/protocol, as the "
+    "apiserver's allocators would have refused them, by claim (cluster_ip, node_port).",
+    ["claim"])
 SERVICE_ERRORS = counter("svcproxy_frontend_service_errors_total",
                          "Unexpected errors computing one service's records; the service "
                          "keeps its previous records, every other service goes on.")
@@ -46,3 +58,7 @@ BATCH_OPS = Histogram("svcproxy_frontend_batch_ops", "Ops per published node bat
                       buckets=(1, 2, 5, 10, 100, 1000, 10000, 100000))
 RESETS = counter("svcproxy_frontend_watch_resets_total",
                  "Watch streams that had to start over with a snapshot (history gone).")
+VIEWS_REFUSED = counter("svcproxy_frontend_views_refused_total",
+                        "Watch streams refused with RESOURCE_EXHAUSTED because a view for "
+                        "their name would be past --max-views (every view watched or of "
+                        "a Node).")

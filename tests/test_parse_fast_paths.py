@@ -213,7 +213,7 @@ def test_merged_endpoints_are_whole_dataclasses(endpoints: list[dict[str, Any]])
 # A listed slice as the apiserver serves it, every field the typed decoding knows set.
 TYPED_SLICE = dict(PLAIN_SLICE, endpoints=[
     {k: v for k, v in WIDE_ENDPOINT.items() if k not in ("hints", "hostname")},
-    dict(endpoint_slice()["endpoints"][0], hostname=""),
+    dict(endpoint_slice()["endpoints"][0], hostname=None),
     {"addresses": ["10.0.0.9", "10.0.0.9", "10.0.0.8"],
      "conditions": {"ready": False, "serving": True, "terminating": True}},
     {"addresses": ["10.0.0.10"]}], ports=[

@@ -4,13 +4,16 @@ Whatever the source, an object passes Kubernetes' rules (kubevalidation.py) befo
 it is parsed; a refused one is logged once (source, file, object, field, reason) and
 counted in ``svcproxy_frontend_rejected_objects_total``; an unexpected exception
 refuses that object only. Values Kubernetes lets through but svcproxy cannot use
-(a bad trigger-time annotation) are ignored with a log line.
+(a bad trigger-time annotation, an EndpointSlice port out of 1-65535) degrade that
+field alone (docs/edge-fields.md), with a log line and
+``svcproxy_frontend_degraded_fields_total``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -37,6 +40,7 @@ log = logging.getLogger("svcproxy.frontend.engine")
 Parsed: TypeAlias = Service | EndpointSlice | Node
 _PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
 _MEMORY = 10000
+_INDEX = re.compile(r"\[\d+\]")
 # (kind, namespace, name, file and position, reading of the file) of an object said of.
 MemoKey: TypeAlias = tuple[str, str, str, str, int]
 # The keys a manifest object carries: where it is ("FILE (document N)") and the number
@@ -143,7 +147,15 @@ class Intake:
             return
         text = "; ".join(str(w) for w in verdict.warnings)
         if self._once(key, "warned: " + text):
+            for warning in verdict.warnings:
+                metrics.DEGRADED_FIELDS.labels(kind, field_label(warning.field)).inc()
             log.warning("%s (source %s): %s", describe(kind, obj), self.source, text)
+
+
+def field_label(where: str) -> str:
+    """A field's path without its indexes (endpoints[3].zone: endpoints[].zone), the
+    degraded-fields metric's bounded label."""
+    return _INDEX.sub("[]", where)
 
 
 def refuse_file(source: str, where: str, problem: Problem | str) -> None:

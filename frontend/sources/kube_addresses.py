@@ -7,7 +7,7 @@ import ipaddress
 import re
 from typing import Any
 
-from svcproxy.model import parse_ip
+from svcproxy.model import normalize_cidr, parse_ip
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 # An IPv4 address in canonical form (no leading zeros): nearly every address there is.
@@ -29,6 +29,32 @@ def cidr_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | N
     ok = ip is not None and slash and length.isdigit() and length.isascii() and \
         len(bits) <= 3 and int(bits or "0") <= (32 if ip.version == 4 else 128)
     return ip if ok else None
+
+
+def cidr_family(text: str) -> int:
+    """The family of a CIDR as Go reads it (0 if ``text`` is not one): an IPv4-mapped
+    address with a length of 96 or more is an IPv4 range to Go (its network keeps the
+    mapping, To4() != nil), a shorter one an IPv6 range (the mapping is masked away)."""
+    ip = cidr_address(text)
+    if ip is None:
+        return 0
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return 4 if int(text.rpartition("/")[2].lstrip("0") or "0") >= 96 else 6
+    return ip.version
+
+
+def kube_cidr(text: str) -> str | None:
+    """A CIDR's canonical form as Go reads it: ``normalize_cidr``'s, but an IPv4-mapped
+    range of length 96 or more is the IPv4 range it maps (::ffff:10.0.0.0/104 is
+    10.0.0.0/8, which is what Kubernetes and kube-proxy match); None if not a CIDR."""
+    cidr = normalize_cidr(text)
+    if cidr is None or not cidr.startswith("::ffff:"):
+        return cidr
+    net = ipaddress.IPv6Network(cidr)
+    mapped = net.network_address.ipv4_mapped
+    if mapped is None or net.prefixlen < 96:
+        return cidr
+    return f"{mapped}/{net.prefixlen - 96}"
 
 
 def endpoint_ip_problem(addr: Any) -> str | None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from svcproxy.frontend.sources.kube_addresses import (
-    cidr_address,
+    cidr_family,
     cluster_ip_problem,
     endpoint_ip_problem,
     ipv4_cluster_problem,
@@ -140,10 +140,10 @@ class Checker:
             if addr is None:
                 self.err(where, "invalid_ip", f"{shown(text)} is not an IP address")
                 return 0
+            # An IPv4-mapped IPv6 address is an IPv4 one to Go (To4() != nil), so to
+            # IsValidIPv4Address and the family checks; it is read as its IPv4 address.
             if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-                self.err(where, "invalid_ip", f"{text} is an IPv4-mapped IPv6 address; write "
-                         "the IPv4 address")
-                return 0
+                addr = addr.ipv4_mapped
             version = addr.version
             why = ({"endpoint": endpoint_ip_problem, "cluster": cluster_ip_problem}[forbid](addr)
                    if forbid else None)
@@ -225,26 +225,25 @@ def check_object(c: Checker, obj: Any, limits: ObjectLimits,
 
 
 def check_app_protocol(c: Checker, value: Any, where: str) -> None:
-    """A port's appProtocol: a qualified name when set (svcproxy does not read it)."""
+    """A port's appProtocol: a qualified name when set, null is unset (a *string):
+    ValidateQualifiedName in ValidateServicePort and discovery's validatePorts (svcproxy
+    does not read it)."""
     if value is not None and not is_app_protocol(value):
         c.err(where, "invalid_value", f"{shown(value)} is not a qualified name")
 
 
 def check_cidrs(c: Checker, value: Any, where: str, allow_commas: bool = False) -> list[int]:
-    """Checks a CIDR (or comma-separated CIDRs); the family of each valid one."""
+    """Checks a CIDR (or comma-separated CIDRs) as ValidateCIDR (netutils.ParseCIDRSloppy)
+    does; the family of each valid one as Go reads it (``cidr_family``)."""
     text = c.string(value, where, required=True)
     families = []
     for part in text.split(",") if allow_commas else [text]:
         part = part.strip()
         if not part and allow_commas:
             continue
-        ip = cidr_address(part)
-        if ip is not None and isinstance(ip, ipaddress.IPv6Address) \
-                and ip.ipv4_mapped is not None:
-            c.err(where, "invalid_ip", f"{shown(part)} is an IPv4-mapped IPv6 CIDR; write "
-                  "the IPv4 CIDR")  # Go reads an IPv4 range there, ipaddress an IPv6 one
-        elif ip is not None:
-            families.append(ip.version)
+        family = cidr_family(part)
+        if family:
+            families.append(family)
         elif text:
             c.err(where, "invalid_ip", f"{shown(part)} is not a CIDR")
     return families

@@ -7,7 +7,12 @@ from datetime import datetime
 from typing import Any
 
 from svcproxy.frontend.sources.kube_addresses import ALLOWED_IPV4
-from svcproxy.frontend.sources.kube_checker import Checker, check_app_protocol, check_object
+from svcproxy.frontend.sources.kube_checker import (
+    PROTOCOLS,
+    Checker,
+    check_app_protocol,
+    check_object,
+)
 from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.kube_names import DNS1123_SUBDOMAIN, QUALIFIED, is_fqdn, matches
 from svcproxy.frontend.sources.kube_verdict import Problem, Verdict, shown
@@ -16,6 +21,9 @@ MAX_SLICE_ENDPOINTS = 1000
 MAX_SLICE_PORTS = 20000
 MAX_ENDPOINT_ADDRESSES = 100
 MAX_ZONE_HINTS = 8
+MAX_TOPOLOGY_LABELS = 16
+ZONE_KEY = "topology.kubernetes.io/zone"
+INT32 = (-(2**31), 2**31 - 1)  # an int32 field: the apiserver's decoding refuses more
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
@@ -42,33 +50,20 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
     plain = _plain_endpoints(obj, limits)
     if not check_object(c, obj, limits, None if plain is None else ("endpoints", plain)):
         return c.v
+    # ValidateObjectMeta with ValidateEndpointSliceName (NameIsDNSSubdomain).
     labels, annotations = c.metadata(obj, c.subdomain, namespaced=True)
-    if not labels.get(SERVICE_NAME_LABEL):
-        c.err(f"metadata.labels.{SERVICE_NAME_LABEL}", "malformed",
-              "is missing: the slice belongs to no service")
+    if not labels.get(SERVICE_NAME_LABEL):  # no Kubernetes rule: kube-proxy skips such an
+        c.err(f"metadata.labels.{SERVICE_NAME_LABEL}", "malformed",  # update, keeping the last
+              "is missing: the slice belongs to no service")  # version (so does refusing it)
     if TRIGGER_TIME_ANNOTATION in annotations:
         why = trigger_time_problem(annotations[TRIGGER_TIME_ANNOTATION])
         if why:
             c.v.warnings.append(Problem(f"metadata.annotations.{TRIGGER_TIME_ANNOTATION}",
                                         "ignored_value", f"{why}; ignored"))
     address_type = obj.get("addressType")
-    if address_type not in ADDRESS_TYPES:
+    if address_type not in ADDRESS_TYPES:  # validateAddressType
         c.err("addressType", "invalid_value", f"{shown(address_type)} is not IPv4, IPv6 or FQDN")
-    names: set[str] = set()
-    for i, raw in enumerate(c.items(obj.get("ports"), "ports", MAX_SLICE_PORTS)):
-        where = f"ports[{i}]"
-        p = c.mapping(raw, where)
-        name = c.string(p.get("name"), f"{where}.name")
-        if name:
-            c.label(name, f"{where}.name")
-        if name in names:
-            c.err(f"{where}.name", "duplicate", f"{shown(name)} is used by another port")
-        names.add(name)
-        c.protocol(p.get("protocol"), f"{where}.protocol")
-        if p.get("port") is not None:
-            c.port(p.get("port"), f"{where}.port")
-        if "appProtocol" in p:
-            check_app_protocol(c, p["appProtocol"], f"{where}.appProtocol")
+    _ports(c, obj.get("ports"))
     if plain is not None:
         return c.v
     kind = address_type if address_type in ADDRESS_TYPES else ""
@@ -77,6 +72,34 @@ def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> 
         if kind != "IPv4" or not _plain_ipv4_endpoint(raw, node_limit):
             _endpoint(c, c.mapping(raw, f"endpoints[{i}]"), f"endpoints[{i}]", kind)
     return c.v
+
+
+def _ports(c: Checker, value: Any) -> None:
+    """validatePorts: at most 20,000; a name unique (unset is "") and a DNS-1123 label
+    when set; a protocol (unset defaults to TCP, "" is not supported); appProtocol a
+    qualified name. The port number has no rule but its type (int32): one svcproxy
+    cannot use (0, negative, over 65535) degrades that port alone."""
+    names: set[str] = set()
+    for i, raw in enumerate(c.items(value, "ports", MAX_SLICE_PORTS)):
+        where = f"ports[{i}]"
+        p = c.mapping(raw, where)
+        name = c.string(p.get("name"), f"{where}.name")
+        if name:
+            c.label(name, f"{where}.name")
+        if name in names:
+            c.err(f"{where}.name", "duplicate", f"{shown(name)} is used by another port")
+        names.add(name)
+        protocol = p.get("protocol")  # SetDefaults_EndpointPort: unset (null) is TCP
+        if protocol is not None and protocol not in PROTOCOLS:
+            c.err(f"{where}.protocol", "invalid_protocol", f"{shown(protocol)} is not TCP, "
+                  "UDP or SCTP")
+        port = p.get("port")
+        if port is not None and (type(port) is not int or not INT32[0] <= port <= INT32[1]):
+            c.err(f"{where}.port", "invalid_port", f"{shown(port)} is not a 32-bit integer")
+        elif port is not None and not 1 <= port <= 65535:
+            c.v.warnings.append(Problem(f"{where}.port", "degraded", f"{port} is not a port "
+                                        "svcproxy can program (1-65535); this port is left out"))
+        check_app_protocol(c, p.get("appProtocol"), f"{where}.appProtocol")
 
 
 def _plain_endpoints(obj: Any, limits: ObjectLimits) -> int | None:
@@ -113,7 +136,7 @@ def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> int:
     paths: a bound on its size as ``check_size`` counts it. 0 for anything else (or any
     doubt), which goes through ``_endpoint`` (that says why) and the walk."""
     if type(ep) is not dict or not ep.keys() <= _PLAIN_KEYS or ep.get("hints") is not None \
-            or ep.get("hostname") not in (None, ""):
+            or ep.get("hostname") is not None:
         return 0
     addresses = ep.get("addresses")
     if type(addresses) is not list or not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES:
@@ -129,12 +152,11 @@ def _plain_ipv4_endpoint(ep: Any, node_limit: int) -> int:
             if value is not None and value is not True and value is not False:
                 return 0
     node = ep.get("nodeName")
-    if node not in (None, "") and not (type(node) is str and len(node) <= node_limit
-                                       and matches(DNS1123_SUBDOMAIN, node)):
+    if node is not None and not (type(node) is str and len(node) <= node_limit
+                                 and matches(DNS1123_SUBDOMAIN, node)):
         return 0
     zone = ep.get("zone")
-    if zone not in (None, "") and not (type(zone) is str and len(zone) <= 63
-                                       and matches(QUALIFIED, zone)):
+    if zone is not None and not (type(zone) is str and len(zone) <= 63 and zone.isascii()):
         return 0
     size = _PLAIN_BOUND + _ADDRESS_BOUND * len(addresses)
     ref = ep.get("targetRef")
@@ -165,6 +187,11 @@ def _flat_size(value: dict[Any, Any]) -> int:
 
 
 def _endpoint(c: Checker, ep: dict[str, Any], where: str, address_type: str) -> None:
+    """validateEndpoints' rules for one endpoint (the count of endpoints is checked by
+    the caller): 1-100 addresses, each IsValidIPv4Address / IsValidIPv6Address and
+    ValidateEndpointIP, or IsFullyQualifiedDomainName; nodeName ValidateNodeName and
+    hostname ValidateDNS1123Label when set (even to ""); deprecatedTopology labels;
+    hints. The zone has no rule."""
     addresses = c.items(ep.get("addresses"), f"{where}.addresses", MAX_ENDPOINT_ADDRESSES)
     if not addresses and isinstance(ep.get("addresses"), list | None):
         c.err(f"{where}.addresses", "malformed", "must hold at least one address")
@@ -178,32 +205,59 @@ def _endpoint(c: Checker, ep: dict[str, Any], where: str, address_type: str) -> 
     cond = c.mapping(ep.get("conditions"), f"{where}.conditions")
     for key in ("ready", "serving", "terminating"):
         c.boolean(cond.get(key), f"{where}.conditions.{key}")
-    if ep.get("nodeName") not in (None, ""):
+    if ep.get("nodeName") is not None:
         c.subdomain(ep.get("nodeName"), f"{where}.nodeName")
-    if ep.get("hostname") not in (None, ""):
+    if ep.get("hostname") is not None:
         c.label(ep.get("hostname"), f"{where}.hostname")
     zone = c.string(ep.get("zone"), f"{where}.zone")
-    if zone and (len(zone) > 63 or not matches(QUALIFIED, zone)):
-        c.err(f"{where}.zone", "invalid_value", f"{shown(zone)} is not a valid label value")
-    if ep.get("hints") is None:
+    if zone and not _is_text(zone):
+        c.v.warnings.append(Problem(f"{where}.zone", "degraded", "is not valid UTF-8 text "
+                                    "(it cannot be sent); the endpoint is served without it"))
+    _topology(c, ep.get("deprecatedTopology"), f"{where}.deprecatedTopology")
+    if ep.get("hints") is not None:
+        _hints(c, c.mapping(ep.get("hints"), f"{where}.hints"), f"{where}.hints")
+
+
+def _topology(c: Checker, value: Any, where: str) -> None:
+    """deprecatedTopology: at most 16 labels (ValidateLabels), not the zone's key (its
+    v1beta1 conversion moves that one to zone; validateEndpoints refuses it in v1)."""
+    if value is None:
         return
-    hints = c.mapping(ep.get("hints"), f"{where}.hints")
+    labels = c.meta_map(value, where, QUALIFIED)
+    if len(labels) > MAX_TOPOLOGY_LABELS:
+        c.err(where, "too_many", f"has {len(labels)} labels, at most {MAX_TOPOLOGY_LABELS}")
+    if ZONE_KEY in labels:
+        c.err(f"{where}.{ZONE_KEY}", "invalid_value", "is reserved: set zone instead")
+
+
+def _hints(c: Checker, hints: dict[str, Any], where: str) -> None:
+    """validateHints: at most 8 forZones, each name unique and IsValidLabelValue (which
+    allows ""); forNodes (Kubernetes 1.33) at most 8, each unique and ValidateNodeName."""
     for key, check in (("forZones", _hint_zone), ("forNodes", _hint_node)):
         seen: set[str] = set()
-        for k, hint in enumerate(c.items(hints.get(key), f"{where}.hints.{key}", MAX_ZONE_HINTS)):
-            spot = f"{where}.hints.{key}[{k}].name"
+        for k, hint in enumerate(c.items(hints.get(key), f"{where}.{key}", MAX_ZONE_HINTS)):
+            spot = f"{where}.{key}[{k}].name"
             name = check(c, c.mapping(hint, spot).get("name"), spot)
-            if name and name in seen:
+            if name in seen:
                 c.err(spot, "duplicate", f"{shown(name)} is listed twice")
             seen.add(name)
 
 
 def _hint_zone(c: Checker, value: Any, where: str) -> str:
-    name = c.string(value, where, required=True)
-    if name and (len(name) > 63 or not matches(QUALIFIED, name)):
+    name = c.string(value, where)
+    if len(name) > 63 or name and not matches(QUALIFIED, name):
         c.err(where, "invalid_value", f"{shown(name)} is not a valid label value")
     return name
 
 
 def _hint_node(c: Checker, value: Any, where: str) -> str:
     return c.subdomain(value, where)
+
+
+def _is_text(text: str) -> bool:
+    """Whether ``text`` can be encoded (YAML escapes can make lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -17,7 +17,6 @@ from svcproxy.frontend.sources.kube_limits import ObjectLimits
 from svcproxy.frontend.sources.kube_names import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
-    QUALIFIED,
     is_app_protocol,
     matches,
 )
@@ -110,27 +109,29 @@ def _ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
         if name and (len(name) > 63 or not matches(DNS1123_LABEL, name)) or name in names:
             return None
         names.add(name)
-        protocol = p.protocol or "TCP"
+        protocol = "TCP" if p.protocol is None else p.protocol
         if protocol not in PROTOCOLS or \
                 p.appProtocol is not None and not is_app_protocol(p.appProtocol):
             return None
         if p.port is None:
             continue
-        if not 1 <= p.port <= 65535:
+        if not 1 <= p.port <= 65535:  # degraded (or refused): the general path says so
             return None
         out.append(SlicePort(name, Protocol(protocol), p.port))
     return tuple(out)
 
 
 # Node name and zone pairs found valid (a cluster has a few hundred): one look-up each.
-_PLACES: set[tuple[str, str]] = set()
+_PLACES: set[tuple[str | None, str]] = set()
 
 
-def _place_ok(node: str, zone: str) -> bool:
+def _place_ok(node: str | None, zone: str) -> bool:
+    """A node name valid when set (ValidateNodeName, "" is not), a zone (no rule) of at
+    most 63 ASCII characters (others: the general path, which reads any)."""
     if (node, zone) in _PLACES:
         return True
-    if node and (len(node) > NAME or not DNS1123_SUBDOMAIN.fullmatch(node)) or \
-            zone and (len(zone) > 63 or not QUALIFIED.fullmatch(zone)):
+    if node is not None and (len(node) > NAME or not DNS1123_SUBDOMAIN.fullmatch(node)) or \
+            len(zone) > 63 or not zone.isascii():
         return False
     if len(_PLACES) > 10_000:
         _PLACES.clear()
@@ -147,19 +148,20 @@ def _endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
     places = _PLACES
     for ep in endpoints:
         addresses = ep.addresses
-        if len(addresses) == 1 and not ep.hostname:
+        if len(addresses) == 1 and ep.hostname is None:
             if not allowed(addresses[0]):
                 return None
         else:
-            if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname:
+            if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname is not None:
                 return None
             for address in addresses:
                 if not allowed(address):
                     return None
             addresses = tuple(dict.fromkeys(addresses))
-        node, zone = ep.nodeName or "", ep.zone or ""
+        node, zone = ep.nodeName, ep.zone or ""
         if (node, zone) not in places and not _place_ok(node, zone):
             return None
+        node = node or ""
         cond = ep.conditions
         if cond is None:
             append(SliceEndpoint(addresses, True, True, False, node, zone, (), ()))

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from svcproxy.frontend.sources.kube_addresses import CANONICAL_IPV4
+from svcproxy.frontend.sources.kube_addresses import CANONICAL_IPV4, kube_cidr
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,
@@ -23,7 +23,6 @@ from svcproxy.model import (
     ServiceType,
     SessionAffinity,
     TrafficPolicy,
-    normalize_cidr,
     normalize_ip,
 )
 
@@ -194,6 +193,8 @@ def _node_ip(text: str) -> str | None:
 
 
 def _ips(values: list[Any], where: str) -> tuple[str, ...]:
+    """Addresses in canonical form, an IPv4-mapped one as its IPv4 address (Go's To4(),
+    which Kubernetes validates and kube-proxy programs it as)."""
     if len(values) == 1 and type(values[0]) is str and CANONICAL_IPV4.fullmatch(values[0]):
         return (values[0],)
     out = []
@@ -201,6 +202,9 @@ def _ips(values: list[Any], where: str) -> tuple[str, ...]:
         ip = canonical_ip(str(value))
         if ip is None:
             raise ParseError(f"{where}: {value!r} is not an IP address")
+        if ip.startswith("::ffff:"):
+            mapped = ipaddress.IPv6Address(ip).ipv4_mapped
+            ip = str(mapped) if mapped is not None else ip
         out.append(ip)
     return tuple(dict.fromkeys(out))
 
@@ -250,7 +254,7 @@ def _source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
         for part in str(value).split(","):
             if not part.strip():
                 continue
-            cidr = normalize_cidr(part)
+            cidr = kube_cidr(part)
             if cidr is None:
                 raise ParseError(f"loadBalancerSourceRanges: {part.strip()!r} is not a CIDR")
             out.append(cidr)
@@ -319,6 +323,19 @@ def plain_endpoint(addresses: tuple[str, ...], ready: bool, serving: bool, termi
     return SliceEndpoint(addresses, ready, serving, terminating, node_name, zone, (), ())
 
 
+def _zone(value: Any) -> str:
+    """An endpoint's zone (any text: Kubernetes has no rule), "" when it cannot be sent
+    (not valid UTF-8: the validator warned of it)."""
+    text = str(value or "")
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return ""
+    return text
+
+
 def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
     cond = ep.get("conditions")
     if ep.get("hints") is None and type(cond) is dict:
@@ -332,7 +349,7 @@ def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
                  else _list(addresses, f"endpoints[{i}].addresses"), f"endpoints[{i}].addresses"),
             ready, ready if serving is None else bool(serving),
             bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
-            str(ep.get("zone") or ""))
+            _zone(ep.get("zone")))
     where = f"endpoints[{i}]"
     cond = _dict(cond, f"{where}.conditions")
     hints = _dict(ep.get("hints"), f"{where}.hints")
@@ -343,7 +360,7 @@ def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
     return SliceEndpoint(
         addresses=_ips(_list(ep.get("addresses"), f"{where}.addresses"), f"{where}.addresses"),
         ready=ready, serving=serving, terminating=bool(cond.get("terminating") or False),
-        node_name=str(ep.get("nodeName") or ""), zone=str(ep.get("zone") or ""),
+        node_name=str(ep.get("nodeName") or ""), zone=_zone(ep.get("zone")),
         hint_zones=tuple(str(_dict(z, where).get("name", "")) for z in
                          _list(hints.get("forZones"), f"{where}.hints.forZones")),
         hint_nodes=tuple(str(_dict(n, where).get("name", "")) for n in
@@ -366,10 +383,11 @@ def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> E
     for i, p in enumerate(_list(obj.get("ports"), "ports")):
         where = f"ports[{i}]"
         p = _dict(p, where)
-        if p.get("port") is None:
-            continue  # "all ports": nothing a service port can be resolved to (as kube-proxy)
+        port = p.get("port")
+        if port is None or type(port) is int and not 1 <= port <= 65535:
+            continue  # "all ports", or one no kernel takes (degraded): nothing to serve
         ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
-                               _port(p.get("port"), where)))
+                               _port(port, where)))
     endpoints = () if address_type == "FQDN" else tuple(
         _slice_endpoint(ep if type(ep) is dict else _dict(ep, f"endpoints[{i}]"), i)
         for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")))
@@ -386,7 +404,7 @@ def parse_node(obj: dict[str, Any]) -> Node:
     status = _dict(obj.get("status"), "status")
     cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs") or (
         [spec["podCIDR"]] if spec.get("podCIDR") else [])
-    pod_cidrs = tuple(c for c in (normalize_cidr(str(x)) for x in cidrs) if c)
+    pod_cidrs = tuple(c for c in (kube_cidr(str(x)) for x in cidrs) if c)
     addresses = tuple(dict.fromkeys(
         ip for a in _list(status.get("addresses"), "status.addresses")
         if _dict(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")

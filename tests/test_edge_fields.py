@@ -1,0 +1,54 @@
+"""docs/edge-fields.md and the code agree: the page holds the code's table verbatim, and
+each field's example is handled (honoured, degraded, ignored) as the table says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from svcproxy.frontend.sources.edge_fields import DEGRADED, FIELDS, EdgeField, markdown
+from svcproxy.frontend.sources.intake import field_label
+from svcproxy.frontend.sources.kubevalidation import validate
+from svcproxy.frontend.store.objects import parse_endpoint_slice, parse_node, parse_service
+from tests.hostile import endpoint_slice, node, service, set_path
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "edge-fields.md"
+BASE = {"Service": service, "EndpointSlice": endpoint_slice, "Node": node}
+PARSE: dict[str, Any] = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice,
+                         "Node": parse_node}
+
+
+def test_the_page_holds_the_codes_table() -> None:
+    assert markdown() in PAGE.read_text(), (
+        "docs/edge-fields.md is out of date: regenerate its table with "
+        "`.venv/bin/python -m svcproxy.frontend.sources.edge_fields`")
+
+
+def test_every_kind_and_handling_is_listed_once() -> None:
+    keys = [(f.kind, f.field) for f in FIELDS]
+    assert len(keys) == len(set(keys))
+    assert {f.handling for f in FIELDS} == {"honoured", "degraded", "ignored"}
+    assert all(f.rule for f in FIELDS)
+
+
+EXAMPLES = [f for f in FIELDS if f.example is not None]
+
+
+@pytest.mark.parametrize("entry", EXAMPLES, ids=[f"{f.kind}:{f.field}" for f in EXAMPLES])
+def test_each_example_is_served_as_the_table_says(entry: EdgeField) -> None:
+    assert entry.example is not None
+    path, value = entry.example
+    obj = set_path(BASE[entry.kind](), path, value)
+    verdict = validate(entry.kind, obj)
+    assert verdict.ok, f"{entry.field}: Kubernetes accepts it, svcproxy refused: " \
+        + verdict.summary()
+    where = re.sub(r"\.(\d+)(?=\.|$)", "[]", path)
+    warned = [w for w in verdict.warnings if field_label(w.field).startswith(where)]
+    if entry.handling == DEGRADED:
+        assert warned and all(w.field for w in warned), verdict.warnings
+    else:
+        assert not verdict.warnings, verdict.warnings
+    PARSE[entry.kind](obj)  # what is served parses
