@@ -121,11 +121,13 @@ def test_an_invalid_version_keeps_the_last_valid_plan(
     assert set(ipvs.servers) == {sid(1)}, "kept through a rebuild (a reconnect)"
 
 
-def test_a_resync_is_a_diff_and_an_hourly_one_rebuilds_from_the_kernel(
+def test_a_resync_repairs_drift_sends_nothing_else_and_an_hourly_one_rebuilds(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A periodic resync with nothing changed renders and sends nothing (a change never
-    waits behind a rewrite); once ``full_sync_interval`` has passed it reads the kernel
-    back and repairs what was changed behind the backend's back, as a reconnect does."""
+    """A periodic resync reads the kernel back and repairs what was changed behind the
+    backend's back (within one sync period, as a reconnect does); with nothing changed
+    it renders and sends nothing (a change never waits behind a rewrite); once
+    ``full_sync_interval`` has passed since the last rebuild it rewrites every ipset and
+    the rules."""
     now = [0.0]
     backend = IpvsBackend(CONFIG, IpvsOptions(), families=(4,), clock=lambda: now[0])
     ipvs, route, recorded = stand_in(backend, monkeypatch)
@@ -136,19 +138,22 @@ def test_a_resync_is_a_diff_and_an_hourly_one_rebuilds_from_the_kernel(
     foreign = ServiceId("TCP", "10.96.0.99", 80)
     ipvs.servers[foreign] = genl.ServiceSpec(foreign)
     ipvs.dests_of[foreign] = {}
-    dumps, sent, ipset = ipvs.dumps, len(ipvs.sent), len(recorded.ipset)
 
-    now[0] = 3599.0
-    backend.sync(state, full(state, "periodic"))
-    assert (ipvs.dumps, len(ipvs.sent), len(recorded.ipset)) == (dumps, sent, ipset)
-
-    now[0] = 3600.0
+    now[0] = 10.0
     backend.sync(state, full(state, "periodic"))
     assert set(ipvs.servers) == {sid(1), sid(2)}
     assert ipvs.dests_of[sid(2)] == {DestId("10.244.3.2", 8080): 1}
     assert route.bound() == {"10.96.0.1", "10.96.0.2"}
+
+    sent, ipset, rules = len(ipvs.sent), len(recorded.ipset), len(recorded.iptables)
+    now[0] = 3609.0
+    backend.sync(state, full(state, "periodic"))
+    assert (len(ipvs.sent), len(recorded.ipset), len(recorded.iptables)) == (sent, ipset, rules)
+
+    now[0] = 3610.0
+    backend.sync(state, full(state, "periodic"))
     assert "swap" in recorded.ipset[ipset], "every ipset rewritten"
-    assert recorded.iptables, "the rules rewritten"
+    assert len(recorded.iptables) > rules, "the rules rewritten"
 
     del ipvs.servers[sid(1)], ipvs.dests_of[sid(1)]
     backend.sync(state, full(state, "initial"))  # a reconnect: full, not periodic

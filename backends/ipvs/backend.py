@@ -8,8 +8,11 @@ and a periodic resync once an hour) reads the IPVS services and the addresses on
 kube-ipvs0 back from the kernel and rewrites every ipset and the fixed iptables rules;
 otherwise, periodic resyncs included, only the service ports whose record changed are
 rendered and only their difference is sent (a resync with nothing changed sends
-nothing, so a change never waits behind a rewrite). Draining real servers are deleted by a
-small background check once their connections are gone (or after the bound).
+nothing, so a change never waits behind a rewrite). Every periodic resync also reads the
+kernel back (``find_drift``: virtual and real servers, kube-ipvs0's addresses, local
+routes, our ipsets and rules) and writes again only what someone else changed. Draining
+real servers are deleted by a small background check once their connections are gone
+(or after the bound).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from svcproxy.backends.ipvs.diff import (
     reap,
     reap_requests,
 )
+from svcproxy.backends.ipvs.drift import compare, in_our_spelling, owners, parse_ipset_save
 from svcproxy.backends.ipvs.genl import ServiceId
 from svcproxy.backends.ipvs.netlink import (
     NETLINK_ROUTE,
@@ -44,6 +48,7 @@ from svcproxy.backends.ipvs.render import PortPlan, RenderContext, render_port
 from svcproxy.sdk import (
     IPTABLES_MODES,
     Delta,
+    Drift,
     NodeConfig,
     NodeContext,
     NodeInfo,
@@ -111,6 +116,9 @@ class IpvsBackend(StagedBackend[PortPlan]):
         self._reason = "initial"
         self._unsure = True  # the real servers' weights must be read back from the kernel
         self.ifindex = 0
+        self._held: Kernel | None = None  # what find_drift read, for the repair to start from
+        self._relink = False  # kube-ipvs0 was found gone: the rebuild creates it again
+        self._rules_seen: dict[tuple[int, str], tuple[str, ...]] = {}
         self.ipvs: IpvsNetlink | None = None
         self.route: NetlinkBatch | None = None
         self.warned: set[str] = set()
@@ -304,6 +312,10 @@ class IpvsBackend(StagedBackend[PortPlan]):
 
     def _rebuild(self, plans: Mapping[ServicePortKey, PortPlan]) -> None:
         started = time.monotonic()
+        self._held = None
+        if self._relink:
+            self.ifindex = system.ensure_dummy(self.options.interface)
+            self._relink = False
         self.desired = Desired(marks=self.desired.marks)
         for key, plan in plans.items():
             self.desired.replace(key, None, plan, Touched())
@@ -328,6 +340,10 @@ class IpvsBackend(StagedBackend[PortPlan]):
 
     def _update(self, delta: Delta[ServicePortKey, PortPlan]) -> None:
         touched = Touched()
+        if delta.repair:
+            self._adopt_held()
+            for key, plan in delta.repair.items():
+                self.desired.replace(key, plan, plan, touched)  # touches all its objects
         for key, old in delta.removed.items():
             self.desired.replace(key, old, None, touched)
         for key, plan in delta.set.items():
@@ -424,6 +440,79 @@ class IpvsBackend(StagedBackend[PortPlan]):
             saved = {t: system.iptables_save(family, t, self.iptables) for t in R.TABLES}
             missing = [j for j in R.JUMPS if j.rule() not in saved[j.table]]
             system.iptables_restore(family, R.restore_text(tables, missing), self.iptables)
+            for table in R.TABLES:  # as iptables-save prints them, for the drift check
+                self._rules_seen[(family, table)] = R.our_rules(
+                    system.iptables_save(family, table, self.iptables), table)
+
+    # -- drift -----------------------------------------------------------------------------
+
+    def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
+        """Read the kernel and compare it with what was applied (every periodic resync).
+
+        kube-ipvs0, one of our ipsets or our iptables rules not as applied is the
+        skeleton's drift, and so are objects nobody applied in what we own (a virtual
+        server outside --ipvs-exclude-cidrs, an address on kube-ipvs0, an entry in our
+        sets): the SDK rebuilds, which reads everything back and removes them. Virtual
+        servers, real servers, addresses, routes and ipset entries lost or altered name
+        the service ports to write again (``_update`` starts from what was read)."""
+        self._held = None
+        skeleton = self._skeleton_drift()
+        if skeleton:
+            self._unsure = True  # the rebuild reads every real server back
+            return Drift(skeleton=skeleton)
+        held, present = self._read_held()
+        wanted = {ipsets.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
+        if wanted - present:
+            return Drift(skeleton=f"ipsets gone: {', '.join(sorted(wanted - present))}")
+        drift = compare(self.kernel, held)
+        if drift.foreign:
+            self._unsure = True
+            shown = ", ".join(drift.foreign[:5])
+            more = f" and {len(drift.foreign) - 5} more" if len(drift.foreign) > 5 else ""
+            return Drift(skeleton=f"objects nobody applied in what ipvs owns: {shown}{more}")
+        if not drift:
+            return Drift()
+        keys = owners(drift, self.applied, self.desired)
+        if not keys:
+            self._unsure = True
+            return Drift(skeleton="kernel objects not as applied and of no service port")
+        self._held = held
+        return Drift(frozenset(keys))
+
+    def _skeleton_drift(self) -> str:
+        """Why kube-ipvs0 or our iptables rules are not as applied, or ""."""
+        if system.link_index(self.options.interface) != self.ifindex:
+            self._relink = True
+            return f"{self.options.interface} is gone"
+        for (family, table), seen in self._rules_seen.items():
+            now = R.our_rules(system.iptables_save(family, table, self.iptables), table)
+            if now != seen:
+                return f"the IPv{family} {table} rules of kube-proxy's chains changed"
+        return ""
+
+    def _read_held(self) -> tuple[Kernel, set[str]]:
+        """What the kernel holds of ours (every real server read), and our sets present."""
+        assert self.ipvs is not None
+        servers = {s.id: s for s in self.ipvs.services() if self._owned(s.id)}
+        dests = {sid: {d.id: d.weight for d in self.ipvs.dests(sid)} for sid in servers}
+        addresses = {a for index, a in self._addresses() if index == self.ifindex}
+        routes = self._local_routes() - addresses
+        names = {ipsets.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
+        present, entries = parse_ipset_save(system.ipset_save(), names)
+        held = Kernel(servers, dests, addresses, routes,
+                      in_our_spelling(entries, self.kernel.entries))
+        return held, present
+
+    def _adopt_held(self) -> None:
+        """Take what ``find_drift`` read as what the kernel holds (the repair's start)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        kernel = self.kernel
+        kernel.servers, kernel.dests = held.servers, held.dests
+        kernel.addresses, kernel.routes, kernel.entries = held.addresses, held.routes, held.entries
+        kernel.draining = {k: v for k, v in kernel.draining.items()
+                           if k[1] in held.dests.get(k[0], {})}
 
     # -- graceful termination ------------------------------------------------------------
 

@@ -104,6 +104,11 @@ class Desired:
             if key not in keys:
                 self.marks.release(key, set())
 
+    def marked(self, key: ServicePortKey, plan: PortPlan) -> PortPlan:
+        """The applied plan of ``key`` as the kernel holds it: with its firewall-mark
+        virtual servers and their ipset entries."""
+        return self._with_marks(key, plan)
+
     def _with_marks(self, key: ServicePortKey, plan: PortPlan) -> PortPlan:
         """The plan plus its firewall-mark virtual servers and their ipset entries."""
         if not plan.short_circuits:

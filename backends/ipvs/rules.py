@@ -204,3 +204,21 @@ def count_rules(save_output: str, chains: Sequence[str]) -> int:
             if parts[1] in wanted or (parts[-2:-1] == ["-j"] and parts[-1] in wanted):
                 total += 1
     return total
+
+
+def our_rules(save_output: str, table: str) -> tuple[str, ...]:
+    """The chains of ours in ``table`` (their names), their rules and the jumps into them,
+    as iptables-save prints them, in order: what the drift check compares with what it
+    saw right after applying."""
+    wanted = set(CHAINS[table])
+    found: list[str] = []
+    for line in save_output.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0].startswith(":") and parts[0][1:] in wanted:
+            found.append(parts[0])  # the chain (its counters left out)
+        elif parts[0] == "-A" and len(parts) > 1 and (
+                parts[1] in wanted or parts[-2:-1] == ["-j"] and parts[-1] in wanted):
+            found.append(line)
+    return tuple(found)

@@ -66,6 +66,11 @@ def ipset_restore(text: str) -> None:
         run(["ipset", "restore"], text)
 
 
+def ipset_save() -> str:
+    """Every set and entry, as ``ipset save`` prints them."""
+    return run(["ipset", "save"])
+
+
 def ipset_names() -> set[str]:
     return set(run(["ipset", "list", "-n"]).split())
 

@@ -3,7 +3,8 @@
 ``StandInIpvs`` decodes the backend's IPVS requests (``genl.parse_service``,
 ``genl.parse_dest``) into virtual servers and real servers with the kernel's errors
 (EEXIST, ESRCH, ENOENT); ``StandInRoute`` decodes address and local-route requests and
-answers the backend's dumps with them. ipsets and iptables are recorded, not run.
+answers the backend's dumps with them; ``StandInIpset`` keeps the sets ``ipset restore``
+input makes and prints them as ``ipset save``. iptables input is recorded, not run.
 What these check is the backend's own logic (what it sends, when it reads back);
 real packets are checked in the IPVS guest (tests/test_ipvs_vm.py).
 """
@@ -141,6 +142,38 @@ class Recorded:
     def __init__(self) -> None:
         self.ipset: list[str] = []
         self.iptables: list[str] = []
+        self.sets: StandInIpset | None = None  # the ipsets as the restores left them
+
+
+class StandInIpset:
+    """Sets and entries changed by ``ipset restore`` input and printed by ``ipset save``
+    (entries as they were added: the real kernel's spelling is checked in the guest)."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, set[str]] = {}
+
+    def restore(self, text: str) -> None:
+        for line in text.splitlines():
+            verb, name, *rest = line.replace(" -exist", "").split(" ")
+            if verb == "create":
+                self.sets.setdefault(name, set())
+            elif verb == "flush":
+                self.sets[name].clear()
+            elif verb == "add":
+                self.sets[name].add(" ".join(rest))
+            elif verb == "del":
+                self.sets[name] = {e for e in self.sets[name] if e.split(" ")[0] != rest[0]}
+            elif verb == "swap":
+                self.sets[name], self.sets[rest[0]] = self.sets[rest[0]], self.sets[name]
+            elif verb == "destroy":
+                del self.sets[name]
+
+    def save(self) -> str:
+        lines = []
+        for name, entries in sorted(self.sets.items()):
+            lines.append(f"create {name} hash:ip,port family inet")
+            lines.extend(f"add {name} {e}" for e in sorted(entries))
+        return "\n".join(lines) + "\n"
 
 
 def stand_in(backend: IpvsBackend, monkeypatch: pytest.MonkeyPatch,
@@ -149,7 +182,16 @@ def stand_in(backend: IpvsBackend, monkeypatch: pytest.MonkeyPatch,
              ) -> tuple[StandInIpvs, StandInRoute, Recorded]:
     """Put ``backend`` on the stand-in kernel (its setup already done)."""
     recorded = Recorded()
-    monkeypatch.setattr(system, "ipset_restore", recorded.ipset.append)
+    sets = StandInIpset()
+
+    def ipset_restore(text: str) -> None:
+        recorded.ipset.append(text)
+        sets.restore(text)
+
+    monkeypatch.setattr(system, "ipset_restore", ipset_restore)
+    monkeypatch.setattr(system, "ipset_save", sets.save)
+    monkeypatch.setattr(system, "link_index", lambda name: IFINDEX)
+    recorded.sets = sets
     monkeypatch.setattr(system, "iptables_restore",
                         lambda family, text, mode="": recorded.iptables.append(text))
     monkeypatch.setattr(system, "iptables_save", lambda *args: "")
