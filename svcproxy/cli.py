@@ -70,6 +70,10 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
                    "CN=system:node:NAME with O=system:nodes is node NAME, which may read "
                    "only its own state; any other certificate is the identity CN (groups: "
                    "O). Certificate, key and CA files are re-read when they change")
+    p.add_argument("--lag-warning", type=float, default=10.0, metavar="SECONDS",
+                   help="a node behind the revision it is served for longer than this is "
+                   "LAGGING in GetFleet and svcproxy_frontend_fleet_lagging_nodes, with a "
+                   "log line (and another when it recovers) (default %(default)s)")
     _frontend_auth_arguments(p)
     _frontend_object_limit_arguments(p)
     _frontend_limit_arguments(p)
@@ -300,6 +304,9 @@ def _run_frontend(args: argparse.Namespace) -> int:
                          "(0: no limit)")
     if args.unary_burst_per_peer < 1:
         raise SystemExit("svcproxy: --unary-burst-per-peer must be 1 or more")
+    if not 0 < args.lag_warning < math.inf:
+        raise SystemExit("svcproxy: --lag-warning must be a finite number of seconds, more "
+                         "than 0")
     limits = StreamLimits(args.max_streams, args.max_streams_per_peer,
                           args.stream_write_timeout,
                           unary_qps_per_peer=args.unary_qps_per_peer,
@@ -312,7 +319,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            upstream_token=upstream_token,
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
                            apiserver_lost_after=args.apiserver_lost_after,
-                           stream_limits=limits)
+                           stream_limits=limits, lag_warning=args.lag_warning)
     opts = _with_object_limits(opts, args)
     return asyncio.run(run_frontend(opts, listing))
 
@@ -351,7 +358,20 @@ def _version() -> str:
     return version_text()
 
 
-_COMMANDS = {"frontend": _frontend_parser, "backend": _backend_parsers, "certs": _certs_parser}
+def _status_parser(sub: argparse._SubParsersAction) -> None:
+    from svcproxy.fleet_cli import status_parser
+
+    status_parser(sub)
+
+
+def _wait_parser(sub: argparse._SubParsersAction) -> None:
+    from svcproxy.fleet_cli import wait_parser
+
+    wait_parser(sub)
+
+
+_COMMANDS = {"frontend": _frontend_parser, "backend": _backend_parsers, "certs": _certs_parser,
+             "status": _status_parser, "wait": _wait_parser}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

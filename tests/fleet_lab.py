@@ -38,10 +38,12 @@ class Agents:
         address, the node's name and AGENT_FLAGS."""
         cmd = list(command)
         log = open(self.log_dir / f"agent-{node}.log", "wb")  # noqa: SIM115 - the process's
+        out = open(self.output_file(node), "wb")  # noqa: SIM115
         proc = subprocess.Popen([*cmd, "--api", self.api, "--node-name", node, *AGENT_FLAGS],
-                                stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
+                                stdout=out, stderr=log, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
         log.close()
+        out.close()
         self.procs[node] = proc
         return proc
 
@@ -60,6 +62,10 @@ class Agents:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    def output_file(self, node: str) -> Path:
+        """Where the agent's backend writes (the dump backend: a JSON line per sync)."""
+        return self.log_dir / f"out-{node}.jsonl"
 
     def log(self, node: str) -> str:
         return (self.log_dir / f"agent-{node}.log").read_text(errors="replace")

@@ -37,7 +37,7 @@ MAX_PAGE = 5000
 MAX_NAMED = 100
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Subscriber:
     """A WatchFleet or WaitFleet stream: what changed since it last looked."""
 
