@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from svcproxy.model import ServicePortKey, ServicePortState
 
@@ -27,7 +27,7 @@ class ViewLike(Protocol):
     records: dict[ServicePortKey, ServicePortState]
 
     @property
-    def history(self) -> Iterable[tuple[int, list]]: ...  # type: ignore[type-arg]
+    def history(self) -> Iterable[tuple[Any, ...]]: ...
 
 
 def changed_after(view: ViewLike, applied: int, upto: int, touches: OpKeyTest) -> bool:
@@ -37,7 +37,8 @@ def changed_after(view: ViewLike, applied: int, upto: int, touches: OpKeyTest) -
         return False
     if applied < view.history_start:
         return True
-    for revision, ops in reversed(view.history):  # type: ignore[call-overload]
+    for batch in reversed(view.history):  # type: ignore[call-overload]
+        revision, ops = batch[0], batch[1]  # (revision, ops, ...): a batch of the view
         if revision <= applied:
             break
         if revision <= upto and any(touches(op.key) for op in ops):
