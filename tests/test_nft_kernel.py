@@ -205,9 +205,11 @@ def test_periodic_resync_with_nothing_changed_writes_nothing(netns: str) -> None
     assert kernel_content(netns) != full
 
 
-def test_an_hourly_resync_repairs_what_was_changed_behind_the_backend(netns: str) -> None:
-    """A resync writes nothing until ``full_sync_interval`` has passed since the last
-    rebuild; the first one after it puts back a map someone flushed."""
+def test_a_resync_repairs_a_flushed_map_and_the_hourly_one_rewrites_everything(
+        netns: str) -> None:
+    """The first periodic resync puts back a map someone flushed (the drift check, issue
+    27: before, it stayed flushed for an hour), writing only that service port's objects;
+    once ``full_sync_interval`` has passed the resync rewrites the tables whole."""
     now = [0.0]
     state = node_state(state_of(service("web"), endpoint("10.244.1.10")))
     b = backend(netns)
@@ -218,7 +220,7 @@ def test_an_hourly_resync_repairs_what_was_changed_behind_the_backend(netns: str
     nft(netns, "flush", "map", "ip", names.TABLE, "service-ips")
     now[0] = b.full_sync_interval - 1
     b.sync(state, periodic)
-    assert kernel_content(netns) != full
+    assert kernel_content(netns) == full and b.last and b.last.mode == "repair"
     now[0] = b.full_sync_interval
     b.sync(state, periodic)
     assert kernel_content(netns) == full and b.last and b.last.mode == "replace"

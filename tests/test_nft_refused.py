@@ -56,6 +56,7 @@ class Conflicting:
 
     def __init__(self, ns: str) -> None:
         self.runner = NftRunner(("ip", "netns", "exec", ns))
+        self.prefix = self.runner.prefix  # where the backend's drift check reads
         self.seen: list[str] = []
         self.checks = 0
 
@@ -100,12 +101,18 @@ def test_delta_refused_for_one_service_applies_the_others(
     assert "10.96.0.1 . tcp . 80" in table and "10.244.1.30" not in table  # a as before
     assert "10.96.0.3 . tcp . 80 : drop" in table  # the conflict, untouched
 
-    # A periodic resync is a diff: it does not retry c, whose version is the one refused
-    # (it stays reported), and leaves the table as it is.
-    b.sync(second, everything(second, "periodic"))
+    # Before its retry is due, a sync of c's refused version does not try it again.
+    now = [b.refusals.clock()]
+    b.refusals.clock = lambda: now[0]
+    b.sync(second, Changes(frozenset(), reason="refused"))
     assert list(b.refusals) == [key("c")] and listing(netns) == table
-    # Once the conflict is gone, a new version of c is retried, and now accepted.
+    # Once the conflict is gone, the same version of c is retried after its backoff,
+    # without any change, and now accepted.
     nft(netns, "delete", "element", "ip", names.TABLE, "service-ips", "{ 10.96.0.3 . tcp . 80 }")
+    now[0] += 1.0
+    b.sync(second, Changes(frozenset(), reason="refused"))
+    assert not b.refusals and "10.244.1.30" in listing(netns)
+    # A new version of c is applied as any change.
     third = three(c_endpoint="10.244.1.31")
     b.sync(third, Changes(frozenset({key("c")})))
     assert not b.refusals

@@ -5,13 +5,20 @@ one ``nft -f`` transaction.
 * diff: the SDK's, against what the last successful apply left (``self.applied``), so a
   periodic resync with nothing changed renders nothing and writes nothing;
 * apply: a rebuild replaces the tables (first sync, after a failure, a new node
-  context); otherwise the changed service ports' chains, sets and elements only.
+  context); otherwise the changed service ports' chains, sets and elements only;
+* drift: every periodic resync reads the tables over netlink (``kernel_view``) and
+  compares them with what was applied (``drift``); what differs is written again from
+  the applied values (``Delta.repair``), a drifted skeleton rebuilds the tables;
+* a chain the kernel will not delete because a foreign rule jumps to it (EBUSY) is left
+  in place, the rest of the service port's change applied, the culprit logged, and the
+  deletion retried with the refusals' backoff until it succeeds.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -20,6 +27,7 @@ from dataclasses import dataclass, replace
 from svcproxy.sdk import (
     Changes,
     Delta,
+    Drift,
     NodeConfig,
     NodeState,
     ServicePortKey,
@@ -29,6 +37,7 @@ from svcproxy.sdk import (
 from svcproxy.sdk.refusals import (
     Refusals,
     TooManyRefused,
+    describe,
     invalid_values,
     isolate,
     isolate_versions,
@@ -37,12 +46,14 @@ from svcproxy.sdk.refusals import (
 from .affinity import learnt_clients, restore_lines
 from .apply import NftError, NftRunner, Runner
 from .claims import Delta as TableDelta
-from .claims import FamilyTable, build_table, commit, full_text, plan_delta
+from .claims import FamilyTable, build_table, commit, element_lines, full_text, plan_delta
 from .context import NODE_PORT_DEFAULT, FamilyContext, from_node_context, node_context
-from .culprits import named_in_error
+from .culprits import foreign_jumps, named_in_error
+from .drift import Learnt, compare, layouts
+from .kernel_view import KernelReadError, TableReader, TableView, netns_path
 from .names import TABLE, lb_chain
 from .service_rules import ServiceRules, render_service
-from .skeleton import MAPS, SETS
+from .skeleton import MAPS, SETS, chain_block, skeleton_chains
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,7 @@ FAMILIES = (4, 6)
 
 # What one service port holds in each family's table (in ``families`` order).
 PerFamily = tuple[ServiceRules | None, ...]
+_REFERENCES = re.compile(r"(?:goto|jump) (\S+)|@(\S+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +109,13 @@ class NftBackend(StagedBackend[PerFamily]):
         runner: Runner | None = None,
         families: tuple[int, ...] | list[int] = FAMILIES,
         table: str = TABLE,
+        reader: TableReader | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.runner: Runner = runner or NftRunner()
+        # Reads the tables for the drift check, in the namespace the runner writes to.
+        self.reader = reader or TableReader(netns_path(getattr(self.runner, "prefix", ())))
         self.families = tuple(families)
         self.table = table
         # The claims of the applied rules per family; None: the tables are unknown.
@@ -113,6 +128,13 @@ class NftBackend(StagedBackend[PerFamily]):
         self._retried: set[ServicePortKey] = set()
         self.refusals = Refusals(self.name)
         self.last: SyncReport | None = None
+        # The drift check's: per family what it learnt and read; the service ports found.
+        self._learnt: dict[int, Learnt] = {}
+        self._views: dict[int, TableView] = {}
+        self._drifted: frozenset[ServicePortKey] = frozenset()
+        # Per family: chains and sets the kernel would not delete (a foreign rule uses
+        # them) -> (kind, the service port that left them, the culprit).
+        self._leftovers: dict[int, dict[str, tuple[str, ServicePortKey, str]]] = {}
 
     def _family_contexts(self, state: NodeState) -> dict[int, FamilyContext]:
         """Each family's rendering context; resolved again only for another node context
@@ -131,11 +153,18 @@ class NftBackend(StagedBackend[PerFamily]):
         with _collector_paused():
             self.refusals.prune(state.services)
             self._state, self._retried = state, set()
-            super().sync(state, changes)
-            # A refused service port whose new version was applied is no longer refused.
+            try:
+                super().sync(state, changes)
+            finally:
+                self._views, self._drifted = {}, frozenset()
+            # A refused service port whose new version was applied is no longer refused
+            # (unless it left a chain behind: then once that is deleted).
+            owners = self._leftover_owners()
             for key in self._retried:
-                if not self.refusals.holds(key, state.services.get(key)):
+                if key not in owners and not self.refusals.holds(key, state.services.get(key)):
                     self.refusals.clear(key)
+            if self._leftovers:
+                self._delete_leftovers(state)
 
     def diff(self, state: NodeState, changes: Changes) -> Delta[ServicePortKey, PerFamily]:
         """The SDK's diff; a new node context (local traffic detection, node IPs, service
@@ -149,6 +178,32 @@ class NftBackend(StagedBackend[PerFamily]):
             self.applied.invalidate()
         self._contexts = contexts
         return super().diff(state, changes)
+
+    def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
+        """Read each family's table (netlink: chains, rule counts and digests, sets, our
+        sets' and maps' elements) and compare it with what was applied."""
+        tables = self._tables
+        if tables is None:
+            return Drift()
+        drifted: set[ServicePortKey] = set()
+        for i, f in enumerate(self.families):
+            table = tables[f]
+            ctx = table.ctx
+            try:
+                view = self.reader.read(ctx.ipx, ctx.table, layouts(ctx, table.lb_sizes))
+            except KernelReadError as err:
+                log.warning("Cannot read %s %s to check it (%s): not checked this period",
+                            ctx.ipx, ctx.table, err)
+                return Drift()
+            learnt = self._learnt.setdefault(f, Learnt())
+            keys, why = compare(table, FamilyView(self.applied, i), view, learnt)
+            if why:
+                return Drift(skeleton=f"{ctx.ipx} {ctx.table}: {why}")
+            drifted |= keys
+            if view is not None:
+                self._views[f] = view
+        self._drifted = frozenset(drifted)
+        return Drift(self._drifted)
 
     def render(self, state: NodeState, record: ServicePortState) -> PerFamily | None:
         """The record's rules in each family; a version refused (or with values no rule
@@ -194,6 +249,10 @@ class NftBackend(StagedBackend[PerFamily]):
         finally:
             self._clients = {}
         self._tables = tables
+        self._learnt = {}
+        for key in self._leftover_owners():  # the tables were replaced: nothing is left
+            self.refusals.clear(key)
+        self._leftovers = {}
         # The kept rules are long-lived and acyclic: keep the cyclic collector off them.
         gc.freeze()
         return None if len(values) == len(delta.set) else Delta(True, values)
@@ -265,12 +324,21 @@ class NftBackend(StagedBackend[PerFamily]):
         """Rewrite only what the changed service ports own."""
         tables = self._tables
         assert tables is not None, "a delta without tables: diff rebuilds then"
+        repair = dict(delta.repair)
+        for key in self._drifted:  # changed now and drifted: put back what was applied first
+            if key in self.applied and (key in delta.set or key in delta.removed):
+                repair[key] = self.applied[key]
+        if repair:
+            self._repair(repair)
         updates: dict[ServicePortKey, PerFamily | None] = dict.fromkeys(delta.removed)
         updates.update(delta.set)
+        if not updates:
+            return None
         old = {f: FamilyView(self.applied, i) for i, f in enumerate(self.families)}
         per = {f: {k: None if v is None else v[i] for k, v in updates.items()}
                for i, f in enumerate(self.families)}
-        deltas = {f: plan_delta(t, old[f], per[f]) for f, t in tables.items()}
+        deltas = {f: plan_delta(t, old[f], per[f], existing=self._leftovers.get(f, {}))
+                  for f, t in tables.items()}
         done: Delta[ServicePortKey, PerFamily] | None = None
         try:
             self._apply("".join(d.text for d in deltas.values()), start, "delta", len(updates))
@@ -280,7 +348,81 @@ class NftBackend(StagedBackend[PerFamily]):
                          _only(delta.previous, keys))
         for f, d in deltas.items():
             commit(tables[f], d)
+            self._written(f, [r for r in d.services.values() if r is not None])
         return done
+
+    def _written(self, family: int, rules: Iterable[ServiceRules]) -> None:
+        """Chains written again: their digest is learnt anew; left ones are ours again."""
+        names = [n for r in rules for n in (*r.chains, *r.sets)]
+        learnt = self._learnt.get(family)
+        if learnt is not None:
+            learnt.forget(names)
+        left = self._leftovers.get(family)
+        if left:
+            for name in names:
+                left.pop(name, None)
+
+    def _repair(self, items: Mapping[ServicePortKey, PerFamily]) -> None:
+        """Write the applied objects of ``items`` again (changed behind our back): their
+        chains whole, their sets, the elements the kernel lacks or holds otherwise. One
+        that the kernel refuses is left for the next check (raises when all are)."""
+        keys = sorted(items, key=lambda k: (k.namespace, k.name, k.port_name, k.protocol))
+
+        def text_of(chosen: list[ServicePortKey]) -> str:
+            return "".join(self._repair_text(f, i, [items[k] for k in chosen])
+                           for i, f in enumerate(self.families))
+
+        try:
+            self._apply(text_of(keys), time.perf_counter(), "repair", len(keys))
+        except NftError as err:
+            try:
+                accepted, refused = isolate(keys, lambda a, g: self._check(text_of([*a, *g])),
+                                            str(err))
+            except TooManyRefused:
+                raise err from None
+            self._apply(text_of(accepted), time.perf_counter(), "repair", len(accepted))
+            for key, error in refused:
+                log.warning("Cannot write service port %s again (%s): tried at the next "
+                            "check", describe(key), error)
+        for i, f in enumerate(self.families):
+            self._written(f, [r for v in items.values() if (r := v[i]) is not None])
+
+    def _repair_text(self, family: int, index: int, values: Iterable[PerFamily]) -> str:
+        """The text writing ``values``' objects in one family again, idempotently."""
+        assert self._tables is not None
+        table = self._tables[family]
+        ctx, view = table.ctx, self._views.get(family)
+        learnt = self._learnt.get(family, Learnt())
+        ref = f"{ctx.ipx} {ctx.table}"
+        sets: dict[str, str] = {}
+        chains: dict[str, tuple[str, ...]] = {}
+        adds: dict[tuple[str, str], str] = {}
+        deletes: dict[tuple[str, str], str] = {}
+        for value in values:
+            rules = value[index]
+            if rules is None:
+                continue
+            sets.update(rules.sets)
+            chains.update(rules.chains)
+            for container, key, own in rules.elements:
+                eid = (container, key)
+                applied = table.applied.get(eid)
+                want = applied[0] if applied is not None else own
+                held = _held(view, learnt, container, key, want)
+                if held == "same":
+                    continue
+                if held == "other":
+                    deletes[eid] = ""
+                adds[eid] = want
+        lines = [f"add set {ref} {n} {{ {d} }}" for n, d in sets.items()]
+        lines += [f"add chain {ref} {n}" for n in chains]
+        lines += [f"flush chain {ref} {n}" for n in chains]
+        if chains:
+            body = "\n".join(chain_block(n, r) for n, r in chains.items())
+            lines.append(f"table {ref} {{\n{body}\n}}")
+        lines += element_lines(ctx, "delete", deletes.items())
+        lines += element_lines(ctx, "add", adds.items())
+        return "\n".join(lines) + "\n" if lines else ""
 
     def _isolate_delta(
         self,
@@ -292,8 +434,11 @@ class NftBackend(StagedBackend[PerFamily]):
         """After a refused delta: find the refused service ports (they keep what the
         kernel holds for them), apply the others; return the deltas and keys applied."""
 
+        keep: dict[int, dict[str, tuple[str, ServicePortKey, str]]] = {}
+
         def deltas_of(keys: list[ServicePortKey]) -> dict[int, TableDelta]:
-            return {f: plan_delta(t, old[f], {k: per[f][k] for k in keys})
+            return {f: plan_delta(t, old[f], {k: per[f][k] for k in keys}, keep.get(f, {}),
+                                  self._leftovers.get(f, {}))
                     for f, t in tables.items()}
 
         def accepts(accepted: list[ServicePortKey], group: list[ServicePortKey]) -> str | None:
@@ -308,11 +453,110 @@ class NftBackend(StagedBackend[PerFamily]):
             # Everything refused and our own objects are not what we kept (a flushed
             # ruleset?): the node's fault; the retry rewrites the tables.
             raise err
+        busy = [k for k, error in refused if "busy" in error.lower()]
+        if busy:
+            keep.update(self._kept(busy, old, per))
+            lenient = sorted({k for left in keep.values() for _, k, _ in left.values()})
+            if lenient and accepts(accepted, lenient) is None:
+                accepted += lenient
+                refused = [(k, e) for k, e in refused if k not in lenient]
+            else:
+                keep.clear()
         deltas = deltas_of(accepted)
         self._apply("".join(d.text for d in deltas.values()), time.perf_counter(),
                     "delta", len(accepted))
         self._refuse(refused)
+        for f, left in keep.items():
+            self._leave(f, left)
         return deltas, accepted
+
+    def _kept(self, keys: list[ServicePortKey],
+              old: Mapping[int, Mapping[ServicePortKey, ServiceRules]],
+              per: Mapping[int, Mapping[ServicePortKey, ServiceRules | None]],
+              ) -> dict[int, dict[str, tuple[str, ServicePortKey, str]]]:
+        """Per family, the chains (and what they use) that ``keys`` stop using and that a
+        foreign rule jumps to: the kernel will not delete them (kind, owner, culprit)."""
+        assert self._tables is not None
+        found: dict[int, dict[str, tuple[str, ServicePortKey, str]]] = {}
+        for f, table in self._tables.items():
+            ctx = table.ctx
+            try:
+                view = self.reader.read(ctx.ipx, ctx.table, expressions=True)
+            except KernelReadError:
+                continue
+            if view is None:
+                continue
+            ours = set(skeleton_chains(ctx)) | {lb_chain(n) for n in table.lb_sizes}
+            ours.update(n for r in old[f].values() for n in r.chains)
+            left: dict[str, tuple[str, ServicePortKey, str]] = {}
+            for key in keys:
+                before, after = old[f].get(key), per[f].get(key)
+                if before is None:
+                    continue
+                gone = [n for n in before.chains if after is None or n not in after.chains]
+                for name in gone:
+                    culprits = foreign_jumps(view, ours, name)
+                    if culprits:
+                        _keep_with_uses(left, before, name, key, "; ".join(culprits))
+            if left:
+                found[f] = left
+        return found
+
+    def _leave(self, family: int, left: Mapping[str, tuple[str, ServicePortKey, str]]
+               ) -> None:
+        """Chains and sets left in the kernel: logged with the culprit, their service port
+        refused (retried with backoff) until they are deleted."""
+        assert self._tables is not None
+        ctx = self._tables[family].ctx
+        self._leftovers.setdefault(family, {}).update(left)
+        state = self._state
+        for name, (kind, key, culprit) in left.items():
+            if kind != "chain":
+                continue
+            error = (f"chain {name} of {ctx.ipx} {ctx.table} cannot be deleted: {culprit}, "
+                     "not svcproxy's, jumps to it; the chain is left in place (the rest of "
+                     "the change is applied) and deleted once that rule is gone")
+            log.warning("Backend %s: service port %s: %s", self.name, describe(key), error)
+            self.refusals.refuse(key, state.services.get(key) if state else None, error)
+
+    def _leftover_owners(self) -> set[ServicePortKey]:
+        return {key for left in self._leftovers.values() for _, key, _ in left.values()}
+
+    def _delete_leftovers(self, state: NodeState) -> None:
+        """Try again to delete what was left (for service ports whose retry is due):
+        chains first, then sets, each alone; what still cannot go waits another backoff."""
+        assert self._tables is not None
+        due = {k for k in self._leftover_owners()
+               if not self.refusals.holds(k, state.services.get(k))}
+        if not due:
+            return
+        for f, left in self._leftovers.items():
+            ctx = self._tables[f].ctx
+            order = sorted(left.items(), key=lambda item: item[1][0] != "chain")
+            for _ in range(len(order)):  # a chain may be used by another one left
+                progress = False
+                for name, (kind, key, _culprit) in order:
+                    if key not in due or name not in left:
+                        continue
+                    try:
+                        self.runner.apply(f"delete {kind} {ctx.ipx} {ctx.table} {name}\n")
+                    except NftError:
+                        continue
+                    del left[name]
+                    progress = True
+                if not progress:
+                    break
+        still = self._leftover_owners()
+        for key in due:
+            record = state.services.get(key)
+            if key in still:
+                error = self.refusals[key].error if key in self.refusals else "chain left"
+                self.refusals.refuse(key, record, error)
+            else:
+                log.info("Backend %s: service port %s: what the foreign rule kept is now "
+                         "deleted", self.name, describe(key))
+                self.refusals.clear(key)
+        self._leftovers = {f: left for f, left in self._leftovers.items() if left}
 
     def _refuse(self, refused: Iterable[tuple[ServicePortKey, str]]) -> None:
         state = self._state
@@ -356,6 +600,38 @@ class NftBackend(StagedBackend[PerFamily]):
         self._tables = None
         self.applied.invalidate()
         self.runner.apply(text)
+
+
+def _held(view: TableView | None, learnt: Learnt, container: str, key: str, want: str
+          ) -> str:
+    """Whether the kernel (as last read) holds an element as wanted: "same", "other" (a
+    value of its own) or "missing" (also when unknown)."""
+    if view is None or container not in view.elements:
+        return "missing"
+    pair = learnt.encoded.get((container, key, want))
+    if pair is None:
+        return "missing"
+    held = view.elements[container].get(pair[0], None)
+    if held is None:
+        return "missing"
+    return "same" if held == pair[1] else "other"
+
+
+def _keep_with_uses(left: dict[str, tuple[str, ServicePortKey, str]], rules: ServiceRules,
+                    name: str, key: ServicePortKey, culprit: str) -> None:
+    """Keep ``name`` and, transitively, the chains and sets of ``rules`` it uses."""
+    pending = [name]
+    while pending:
+        chain = pending.pop()
+        if chain in left:
+            continue
+        left[chain] = ("chain", key, culprit)
+        for rule in rules.chains.get(chain, ()):
+            for target, used in _REFERENCES.findall(rule):
+                if target in rules.chains:
+                    pending.append(target)
+                elif used in rules.sets:
+                    left[used] = ("set", key, culprit)
 
 
 def _only(items: Mapping[ServicePortKey, PerFamily], keys: list[ServicePortKey]

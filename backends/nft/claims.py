@@ -13,7 +13,7 @@ elements of the service ports that changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from svcproxy.sdk import ServicePortKey
@@ -125,16 +125,26 @@ def full_text(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules
     return "\n".join(lines) + "\n"
 
 
+def element_lines(ctx: FamilyContext, verb: str,
+                  elements: Iterable[tuple[ElementId, str]]) -> list[str]:
+    """``add``/``delete element`` commands, one per container (at most 500 a line)."""
+    return _element_lines(ctx, verb, elements)
+
+
 def plan_delta(
     table: FamilyTable,
     old: Mapping[ServicePortKey, ServiceRules],
     updates: Mapping[ServicePortKey, ServiceRules | None],
+    keep: Collection[str] = (),
+    existing: Collection[str] = (),
 ) -> Delta:
     """The text and resulting claims for replacing some service ports' rules; ``old`` is
     what every service port applied (``table``'s claims add it up).
 
     Shared ``lb-N`` objects are created with their first user and deleted
-    with their last, so the result equals what a full sync would write.
+    with their last, so the result equals what a full sync would write. Chains and
+    sets named in ``keep`` are not deleted (the kernel refuses: a foreign rule uses
+    them); new ones named in ``existing`` (kept so before) are flushed, not created.
     """
     ctx = table.ctx
     ref = f"{ctx.ipx} {ctx.table}"
@@ -200,7 +210,10 @@ def plan_delta(
     lines = [f"add set {ref} {n} {{ {d} }}" for n, d in new_sets.items()]
     lb_lines = [line for n in new_sizes for line in lb_declarations(ctx, n)]
     lines.append(_table_block(ctx, lb_lines))
+    removed_chains = [n for n in removed_chains if n not in keep]
+    removed_sets = [n for n in removed_sets if n not in keep]
     lines += [f"add chain {ref} {n}" for n in new_chains]
+    lines += [f"flush chain {ref} {n}" for n in new_chains if n in existing]
     lines += [f"flush chain {ref} {n}" for n in (*changed_chains, *removed_chains)]
     written = {**new_chains, **changed_chains}
     lines.append(_table_block(ctx, [chain_block(n, r) for n, r in written.items()]))

@@ -1,4 +1,5 @@
-"""Which service ports an nft error points at, so they are tried without first.
+"""Which service ports an nft error points at, so they are tried without first; and
+which foreign rule keeps the kernel from deleting one of our chains.
 
 nft names the input line and columns of what the kernel refused
 (``/dev/stdin:6:38-44: Error: Could not process rule: File exists``): an element of
@@ -9,10 +10,12 @@ chain or set are the suspects; bisection remains the fallback when nothing is na
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Collection, Iterable, Mapping
 
 from svcproxy.sdk import ServicePortKey
 
+from .kernel_view import TableView
 from .service_rules import ServiceRules
 
 _LOCATION = re.compile(r":(\d+):(\d+)-\d+: Error")
@@ -69,3 +72,19 @@ def _object_named(lines: list[str], index: int) -> str:
         if lines[i].startswith("table ") or (i < index and lines[i].strip() == "}"):
             break
     return ""
+
+
+def foreign_jumps(view: TableView, ours: Collection[str], target: str) -> list[str]:
+    """The rules of chains not ``ours`` that jump or go to ``target`` (the kernel refuses
+    to delete a chain in use: EBUSY), as ``chain NAME (rule handle H)``. Read from the
+    rules' expression bytes: a verdict naming ``target`` holds it NUL-terminated."""
+    needle = _verdict_chain(target)
+    return [f"chain {name} (rule handle {handle})"
+            for name, chain in view.chains.items() if name not in ours
+            for handle, exprs in chain.expressions if needle in exprs]
+
+
+def _verdict_chain(name: str) -> bytes:
+    """NFTA_VERDICT_CHAIN as the kernel dumps it (header, name, NUL)."""
+    raw = name.encode() + b"\0"
+    return struct.pack("=HH", 4 + len(raw), 2) + raw

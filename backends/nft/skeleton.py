@@ -114,6 +114,13 @@ def render_skeleton(ctx: FamilyContext) -> str:
     return "\n".join(lines)
 
 
+def skeleton_chains(ctx: FamilyContext) -> dict[str, tuple[str, ...]]:
+    """Every fixed chain and its rules (a base chain's: its jumps, not its head)."""
+    chains = dict(_helper_chains(ctx))
+    chains.update((name, _JUMPS[name]) for name, *_ in BASE_CHAINS)
+    return chains
+
+
 def chain_block(name: str, rules: tuple[str, ...] | list[str]) -> str:
     """``chain name { ... }`` with one statement per line."""
     body = "".join(f"\t\t{r}\n" for r in rules)
@@ -122,15 +129,23 @@ def chain_block(name: str, rules: tuple[str, ...] | list[str]) -> str:
 
 def lb_declarations(ctx: FamilyContext, size: int) -> list[str]:
     """The ``endpoints-N`` map and the ``lb-N`` chain DNATing through it (block lines)."""
-    ipx = ctx.ipx
-    key = f"{ipx} daddr . meta l4proto . th dport . numgen random mod {size}"
+    return [
+        f"\tmap {lb_map(size)} {{ typeof {_lb_key(ctx, size)} : {ctx.ipx} daddr . th dport; }}",
+        chain_block(lb_chain(size), lb_rules(ctx, size)),
+    ]
+
+
+def lb_rules(ctx: FamilyContext, size: int) -> tuple[str, ...]:
+    """The rules of ``lb-N``."""
     masq: tuple[str, ...] = ()
     if ctx.masquerade_all:
         masq = ("jump mark-for-masquerade",)
     elif ctx.nonlocal_match:
         masq = (f"{ctx.nonlocal_match} jump mark-for-masquerade",)
-    dnat = f"meta l4proto {{ tcp, udp, sctp }} dnat {ipx} to {key} map @{lb_map(size)}"
-    return [
-        f"\tmap {lb_map(size)} {{ typeof {key} : {ipx} daddr . th dport; }}",
-        chain_block(lb_chain(size), (*masq, dnat)),
-    ]
+    key = _lb_key(ctx, size)
+    return (*masq, f"meta l4proto {{ tcp, udp, sctp }} dnat {ctx.ipx} to {key} map "
+            f"@{lb_map(size)}")
+
+
+def _lb_key(ctx: FamilyContext, size: int) -> str:
+    return f"{ctx.ipx} daddr . meta l4proto . th dport . numgen random mod {size}"

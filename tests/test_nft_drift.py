@@ -1,0 +1,211 @@
+"""Drift repaired (issue 27): the nft backend under the node agent's sync runner puts back
+what someone else changed in its tables within one sync period, and a chain a foreign
+rule keeps from being deleted does not hold back the rest of a change.
+
+Real kernel, a namespace per test, the runner in a thread with a test-sized
+``sync_period``; every wait is for the runner's syncs (bounded), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import pytest
+
+from svcproxy.agent.health import ProxyHealth
+from svcproxy.agent.runner import SyncRunner
+from svcproxy.backends.nft import names
+from svcproxy.backends.nft.apply import NftRunner
+from svcproxy.backends.nft.backend import NftBackend
+from svcproxy.model import ServiceType, SessionAffinity
+from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.testing import FakeSource
+from tests.lab.netns import ns_exec
+from tests.netns.harness import netns_or_skip
+from tests.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
+from tests.test_nft_kernel import kernel_content
+
+pytestmark = pytest.mark.netns
+PERIOD = 0.3  # seconds: the test's sync period
+WAIT = 30.0  # at most this for the syncs waited for (a loaded machine)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    with netns_or_skip("spdrift") as name:
+        yield name
+
+
+def nft(ns: str, *args: str) -> str:
+    return ns_exec(ns, "nft", *args)
+
+
+class Watched(NftBackend):
+    """The nft backend, counting the syncs it finished by reason."""
+
+    def __init__(self, ns: str) -> None:
+        super().__init__(CONFIG, NftRunner(("ip", "netns", "exec", ns)), families=(4,))
+        self.done: dict[str, int] = {}
+        self.changed = threading.Condition()
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        try:
+            super().sync(state, changes)
+        finally:
+            with self.changed:
+                self.done[changes.reason] = self.done.get(changes.reason, 0) + 1
+                self.changed.notify_all()
+
+    def count(self, reason: str) -> int:
+        with self.changed:
+            return self.done.get(reason, 0)
+
+    def wait(self, reason: str, more: int, until: Callable[[], bool] = lambda: True) -> None:
+        """Until ``more`` syncs of ``reason`` finished from now and ``until()`` holds."""
+        target = self.count(reason) + more
+        with self.changed:
+            ok = self.changed.wait_for(lambda: self.done.get(reason, 0) >= target, WAIT)
+        assert ok, f"fewer than {more} {reason} syncs within {WAIT}s"
+        assert until()
+
+
+@dataclass
+class Agent:
+    source: FakeSource
+    backend: Watched
+    runner: SyncRunner
+
+    def push(self, state: NodeState, *changed: str) -> None:
+        self.source.push(state, {key(name) for name in changed})
+
+
+@pytest.fixture
+def agent(netns: str) -> Iterator[Callable[[NodeState], Agent]]:
+    started: list[tuple[SyncRunner, threading.Thread, Watched]] = []
+
+    def start(state: NodeState) -> Agent:
+        source, backend = FakeSource(), Watched(netns)
+        backend.refusals.retry_first, backend.refusals.retry_max = 0.05, 0.2
+        runner = SyncRunner(source, backend, health=ProxyHealth(timeout=10), poll=0.02,
+                            sync_period=PERIOD, min_sync_period=0.0)
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        started.append((runner, thread, backend))
+        source.push(state)
+        backend.wait("initial", 1)
+        return Agent(source, backend, runner)
+
+    yield start
+    for runner, thread, backend in started:
+        runner.stop()
+        thread.join(timeout=10)
+        backend.reader.close()
+
+
+def services() -> NodeState:
+    """A ClusterIP service, a NodePort one, and one with session affinity."""
+    web = state_of(service("web", "10.96.0.1"), endpoint("10.244.1.10"), endpoint("10.244.1.11"))
+    nodeport = state_of(service("np", "10.96.0.2", type=ServiceType.NODE_PORT, node_port=30080),
+                        endpoint("10.244.1.20"), endpoint("10.244.1.21"))
+    sticky = state_of(service("sticky", "10.96.0.3", session_affinity=SessionAffinity.CLIENT_IP),
+                      endpoint("10.244.1.30"), endpoint("10.244.1.31"))
+    return node_state(web, nodeport, sticky)
+
+
+def chain_of(ns: str, prefix: str, name: str) -> str:
+    """The name of our chain ``prefix-<hash>-ns/<name>/...`` in the kernel."""
+    listing = nft(ns, "list", "chains", "ip")
+    pattern = re.compile(rf"{prefix}-[A-Z2-7]{{8}}-ns/{name}/\S+")
+    found = [w for w in listing.split() if pattern.fullmatch(w)]
+    assert len(found) == 1, listing
+    return found[0]
+
+
+def first_handle(ns: str, chain: str) -> str:
+    listing = nft(ns, "-a", "list", "chain", "ip", names.TABLE, chain)
+    return next(line.rsplit("# handle ", 1)[1] for line in listing.splitlines()
+                if "# handle " in line and "chain " not in line)
+
+
+def restored(ns: str, expected: dict[object, object]) -> Callable[[], bool]:
+    return lambda: kernel_content(ns) == expected
+
+
+def test_a_deleted_dispatch_element_is_back_within_one_period(
+        netns: str, agent: Callable[[NodeState], Agent]) -> None:
+    a = agent(services())
+    full = kernel_content(netns)
+    nft(netns, "delete", "element", "ip", names.TABLE, "service-ips", "{ 10.96.0.1 . tcp . 80 }")
+    assert kernel_content(netns) != full
+    a.backend.wait("periodic", 2, restored(netns, full))
+    assert a.backend.last and a.backend.last.mode == "repair" and a.backend.last.services == 1
+
+
+def test_a_deleted_rule_and_a_deleted_chain_are_back_within_one_period(
+        netns: str, agent: Callable[[NodeState], Agent]) -> None:
+    a = agent(services())
+    full = kernel_content(netns)
+    external = chain_of(netns, "external", "np")
+    nft(netns, "delete", "rule", "ip", names.TABLE, external, "handle",
+        first_handle(netns, external))
+    # A chain: the sticky service's chain is emptied, so its endpoint chain can go.
+    sticky = chain_of(netns, "service", "sticky")
+    endpoint_chain = next(w for w in nft(netns, "list", "chains", "ip").split()
+                          if w.startswith("endpoint-") and "10.244.1.30" in w)
+    nft(netns, "flush", "chain", "ip", names.TABLE, sticky)
+    nft(netns, "delete", "chain", "ip", names.TABLE, endpoint_chain)
+    assert kernel_content(netns) != full
+    a.backend.wait("periodic", 2, restored(netns, full))
+
+
+def test_a_deleted_table_and_a_foreign_element_are_repaired(
+        netns: str, agent: Callable[[NodeState], Agent]) -> None:
+    """What every service port relies on (the table; a map holding an element nobody
+    applied) is the skeleton's drift: the tables are rewritten from the applied values."""
+    a = agent(services())
+    full = kernel_content(netns)
+    nft(netns, "add", "element", "ip", names.TABLE, "service-ips",
+        "{ 10.96.0.99 . tcp . 80 : drop }")
+    a.backend.wait("periodic", 2, restored(netns, full))
+    nft(netns, "delete", "table", "ip", names.TABLE)
+    a.backend.wait("periodic", 2, restored(netns, full))
+    assert a.backend.last and a.backend.last.mode == "replace"
+
+
+def test_an_endpoint_removal_lands_although_a_foreign_rule_jumps_to_its_chain(
+        netns: str, agent: Callable[[NodeState], Agent], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A foreign chain in our table jumping to the endpoint chain of a removed endpoint:
+    the kernel will not delete that chain (EBUSY). The removal still takes effect (the
+    service's chain no longer picks the endpoint), the chain is left with the culprit
+    logged, and once the foreign chain is gone it is deleted without any edit."""
+    state = services()
+    a = agent(state)
+    doomed = next(w for w in nft(netns, "list", "chains", "ip").split()
+                  if w.startswith("endpoint-") and "10.244.1.31" in w)
+    nft(netns, "add", "chain", "ip", names.TABLE, "foreign")
+    nft(netns, "add", "rule", "ip", names.TABLE, "foreign", "jump", doomed)
+    sticky = state.services[key("sticky")]
+    fewer = replace(state, revision=2, services={
+        **state.services, sticky.key: state_of(sticky.service, endpoint("10.244.1.30"))})
+    with caplog.at_level(logging.WARNING):
+        a.push(fewer, "sticky")
+        a.backend.wait("changes", 1)
+    service_chain = nft(netns, "list", "chain", "ip", names.TABLE,
+                        chain_of(netns, "service", "sticky"))
+    assert "10.244.1.31" not in service_chain and "10.244.1.30" in service_chain
+    assert doomed in nft(netns, "list", "chains", "ip")  # left in place
+    assert any("chain foreign (rule handle" in r.getMessage() and doomed in r.getMessage()
+               for r in caplog.records)
+    assert key("sticky") in a.backend.refusals
+    nft(netns, "delete", "chain", "ip", names.TABLE, "foreign")
+    a.backend.wait("refused", 1, lambda: doomed not in nft(netns, "list", "chains", "ip"))
+    assert key("sticky") not in a.backend.refusals
+    with netns_or_skip("spdriftb") as other:
+        fresh = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", other)), families=(4,))
+        fresh.sync(fewer, Changes(frozenset(fewer.services), full=True, reason="initial"))
+        assert kernel_content(netns) == kernel_content(other)
