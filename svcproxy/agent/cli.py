@@ -117,8 +117,10 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     sync = parser.add_argument_group("syncing")
     sync.add_argument(
         "--sync-period", type=duration, default=30.0, metavar="DURATION",
-        help="how often a full resync rewrites everything, even without changes; also sets "
-        "the health timeout (2 x this) (default 30s)",
+        help="how often a full resync compares what the kernel holds with what was applied "
+        "and writes again only what differs, so that a rule, chain, set or element changed "
+        "by someone else is back within this period; also sets the health timeout "
+        "(2 x this) (default 30s)",
     )
     sync.add_argument(
         "--min-sync-period", type=duration, default=1.0, metavar="DURATION",
