@@ -53,6 +53,13 @@ def test_three_nodes_report_what_they_applied(frontend_factory, tmp_path: Path) 
         assert [n.node_name for n in answer.nodes] == list(THREE)
 
 
+def cluster_latency() -> tuple[float, float]:
+    """(count, sum) of svcproxy_frontend_cluster_programming_latency_seconds."""
+    samples = {s.name: s.value for s in fleet_metrics.CLUSTER_LATENCY.collect()[0].samples}
+    return (samples["svcproxy_frontend_cluster_programming_latency_seconds_count"],
+            samples["svcproxy_frontend_cluster_programming_latency_seconds_sum"])
+
+
 def test_a_stopped_backend_lags_and_recovers_and_one_that_does_not_report_is_unknown(
         frontend_factory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="svcproxy.frontend.fleet.service")
@@ -68,11 +75,15 @@ def test_a_stopped_backend_lags_and_recovers_and_one_that_does_not_report_is_unk
             wait_state(api, "node-b", pb.NODE_APPLIED)
             wait_state(api, "node-c", pb.NODE_UNKNOWN, connected=True)
             started.pause("node-b")
+            count, total = cluster_latency()
             fe.submit([Upsert("EndpointSlice", web_slice(3))])
             lagging = wait_state(api, "node-b", pb.NODE_LAGGING)
             assert lagging.lag_revisions >= 1 and lagging.lag_seconds > 0.5
             assert lagging.applied_revision < lagging.served_revision
             assert fleet_metrics.LAGGING._value.get() == 1
+            wait_state(api, "node-a", pb.NODE_APPLIED, applied_revision=served_now(fe, "node-a"))
+            # Applied on node-a, not yet everywhere: the cluster's latency is not known yet.
+            assert cluster_latency() == (count, total)
             now = nodes(api)
             assert now["node-a"].state == pb.NODE_APPLIED
             # As long unapplied as node-b, and never failed: it does not report.
@@ -83,6 +94,9 @@ def test_a_stopped_backend_lags_and_recovers_and_one_that_does_not_report_is_unk
                        applied_revision=served_now(fe, "node-b"))
             assert any("node node-b recovered" in r.getMessage() for r in caplog.records)
             wait_for(lambda: fleet_metrics.LAGGING._value.get() == 0)
+            # Once node-b applied it: one observation, at least node-b's stop long.
+            after_count, after_total = cluster_latency()
+            assert after_count == count + 1 and after_total - total > 0.5
     finally:
         silent.stop()
 
