@@ -15,7 +15,10 @@ Files hold Service, EndpointSlice and Node documents, or ``List`` documents as
 
 Changes arrive through inotify: a file is read once its writer has closed it
 (IN_CLOSE_WRITE) or renamed it into place (IN_MOVED_TO), never half-written, within
-milliseconds of the edit. Where inotify is unavailable the directory is polled, and
+milliseconds of the edit. A reading is kept only if no write to the file began after the
+close it follows: an IN_MODIFY after that close (the next writer's truncation or first
+write, queued by the kernel before the reading ends) drops it, and that writer's own
+close reads the file again. Where inotify is unavailable the directory is polled, and
 a changed file is read once it has stopped changing for one poll interval.
 Hidden names (``.x``, and the ``..data`` links of a ConfigMap volume) are not read;
 an event on one rescans the directory, so a ConfigMap update is seen.
@@ -26,8 +29,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,11 @@ Key = tuple[str, str, str]
 
 class ManifestError(ValueError):
     """A manifest file that cannot be used as a whole."""
+
+
+class Rewritten(Exception):
+    """A write to the file began after the close its reading follows: the text read may
+    be the next writer's, half-written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +159,12 @@ def parse_documents(path: Path, limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS
     """The YAML documents of one file, each checked before it is built: a document that
     must not or cannot be built is a Problem in its place. Raises ManifestError when the
     file as a whole cannot be used (not text, too large, broken YAML syntax)."""
-    loader = _Loader(_read_text(path, limits))
+    return parse_text(path, _read_text(path, limits), limits)
+
+
+def parse_text(path: Path, text: str, limits: ManifestLimits) -> list[Any]:
+    """``parse_documents`` of the text read from ``path``."""
+    loader = _Loader(text)
     docs: list[Any] = []
     try:
         while loader.check_node():
@@ -215,12 +229,17 @@ def objects_of(path: Path, docs: list[Any]) -> list[Obj]:
 
 
 def load_file(path: Path, last_good: list[Obj] | None,
-              limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS) -> list[Obj]:
+              limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS,
+              rewritten: Callable[[], bool] | None = None) -> list[Obj]:
     """The objects of one file; a broken file keeps ``last_good`` (reported, never raised).
     Each object read carries the number of this reading (the intake's memo says each
-    refusal once per file version, named or not)."""
+    refusal once per file version, named or not). ``rewritten``, asked once the text is
+    read and before anything is parsed or reported, raises Rewritten when True."""
     try:
-        objs = objects_of(path, parse_documents(path, limits))
+        text = _read_text(path, limits)
+        if rewritten is not None and rewritten():
+            raise Rewritten(str(path))
+        objs = objects_of(path, parse_text(path, text, limits))
         reading = next(_READINGS)
         for obj in objs:
             obj["__read__"] = reading
@@ -279,6 +298,8 @@ class ManifestSource:
         self._settling: dict[Path, Fingerprint] = {}
         self._inotify: Any = None
         self._watches: dict[int, Path] = {}
+        # Events read while checking a reading (Rewritten), handled before the next read.
+        self._backlog: list[Any] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="manifests", daemon=True)
 
@@ -304,8 +325,11 @@ class ManifestSource:
             else:
                 self._owners.pop(key, None)
 
-    def apply(self, changed: Iterable[Path], removed: Iterable[Path]) -> bool:
-        """Re-read ``changed``, forget ``removed`` and send what that changed."""
+    def apply(self, changed: Iterable[Path], removed: Iterable[Path],
+              rewritten: Callable[[Path], bool] | None = None) -> bool:
+        """Re-read ``changed``, forget ``removed`` and send what that changed. A file
+        ``rewritten`` says a write began on since its close keeps its previous reading
+        (its writer's close brings it again)."""
         changed, removed = sorted(set(changed)), set(removed) - set(changed)
         if not changed and not removed:
             return False
@@ -317,11 +341,20 @@ class ManifestSource:
                 self._account(old, -1)
                 if path in changed:
                     self._files[path] = old
+        read = []
         for path in changed:
-            objs = load_file(path, self._files.get(path), self.limits)
+            check = None if rewritten is None else partial(rewritten, path)
+            try:
+                objs = load_file(path, self._files.get(path), self.limits, check)
+            except Rewritten:
+                self._account(self._files.get(path, ()), +1)
+                if self._seen is not None:
+                    self._seen.pop(path, None)  # a rescan reads it again too
+                continue
+            read.append(path)
             self._files[path] = objs
             self._account(objs, +1)
-        events: list[Event] = [Upsert(o["kind"], o) for p in changed for o in self._files[p]]
+        events: list[Event] = [Upsert(o["kind"], o) for p in read for o in self._files[p]]
         events += [Delete(kind, ns, name) for kind, ns, name in sorted(before)  # type: ignore
                    if (kind, ns, name) not in self._owners]
         if events:
@@ -336,7 +369,8 @@ class ManifestSource:
             self._account(self._files[path], +1)
         self.sink(replace_events(self._files))
 
-    def rescan(self, settle: bool = False) -> bool:
+    def rescan(self, settle: bool = False,
+               rewritten: Callable[[Path], bool] | None = None) -> bool:
         """Compare the directory with what was read; with ``settle`` a changed file is
         read only once its fingerprint held still for one call (polling)."""
         seen = self._fingerprints()
@@ -349,7 +383,7 @@ class ManifestSource:
             changed = ready
         kept = {p: fp for p, fp in old.items() if p not in removed}
         self._seen = kept | {p: seen[p] for p in changed}
-        return self.apply(changed, removed)
+        return self.apply(changed, removed, rewritten)
 
     def poll(self) -> bool:
         """One polling step (the fallback without inotify); True when events were sent."""
@@ -363,7 +397,7 @@ class ManifestSource:
         from inotify_simple import flags
 
         mask = (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
-                | flags.CREATE | flags.DELETE_SELF)
+                | flags.CREATE | flags.DELETE_SELF | flags.MODIFY)
         dirs = [self.directory] + [p for p in self.directory.rglob("*")
                                    if p.is_dir() and _visible(p, self.directory)]
         known = set(self._watches.values())
@@ -416,12 +450,14 @@ class ManifestSource:
             elif ev.mask & (flags.CLOSE_WRITE | flags.MOVED_TO):
                 changed.add(path)
                 removed.discard(path)
+            elif ev.mask & flags.MODIFY:  # written since its last close: wait for the next
+                changed.discard(path)
             elif ev.mask & (flags.DELETE | flags.MOVED_FROM):
                 removed.add(path)
                 changed.discard(path)
         if rescan:
             self._watch_tree()
-            self.rescan()
+            self.rescan(rewritten=self._written_since)
             return
         seen = self._seen if self._seen is not None else {}
         for path in changed:
@@ -432,16 +468,40 @@ class ManifestSource:
                 removed.add(path)
         for path in removed - changed:
             seen.pop(path, None)
-        self.apply(changed - removed, removed)
+        self.apply(changed - removed, removed, self._written_since)
+
+    def _written_since(self, path: Path) -> bool:
+        """Whether a write to ``path`` began after the events handled last: the kernel
+        queued an IN_MODIFY for it (read without waiting; kept for the next step)."""
+        from inotify_simple import flags
+
+        self._backlog += self._inotify.read(timeout=0)
+        return any(ev.mask & flags.MODIFY and ev.name == path.name
+                   and self._watches.get(ev.wd) == path.parent for ev in self._backlog)
+
+    def step(self, timeout: float = 0.2) -> None:
+        """One turn of the watch loop: wait up to ``timeout`` seconds for events (or one
+        poll interval without inotify) and send what they changed."""
+        if self._inotify is None:
+            self._stop.wait(self.poll_interval)
+            self.poll()
+            return
+        events, self._backlog = self._backlog, []
+        events += self._inotify.read(timeout=0 if events else int(timeout * 1000))
+        if events and not self._stop.is_set():
+            self._handle(events)
 
     # ---- lifecycle -------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, thread: bool = True) -> None:
+        """Watch and load the directory, then follow it on a thread of its own (without
+        ``thread``, whoever started it calls ``step``)."""
         if not self.directory.is_dir():
             raise FileNotFoundError(f"manifest directory {self.directory} does not exist")
         # Watch before the first read, so an edit made meanwhile is not missed.
         self.mode = "inotify" if self._start_inotify() else "poll"
         self.load_all()
-        self._thread.start()
+        if thread:
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -454,13 +514,7 @@ class ManifestSource:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if self._inotify is not None:
-                    events = self._inotify.read(timeout=200)
-                    if events and not self._stop.is_set():
-                        self._handle(events)
-                else:
-                    self._stop.wait(self.poll_interval)
-                    self.poll()
+                self.step()
             except Exception:
                 log.exception("reading %s failed; will retry", self.directory)
                 self._stop.wait(self.poll_interval)
