@@ -120,6 +120,18 @@ def test_it_runs_against_a_real_frontend(venv: tuple[Path, Path], tmp_path: Path
     assert backend.returncode == 0, backend.stderr.read() if backend.stderr else ""
 
 
+def test_a_bad_flag_value_is_refused_as_the_guide_shows(venv: tuple[Path, Path]) -> None:
+    """The guide's "Rejecting a bad flag value": usage, the flag's error, status 2."""
+    python, _ = venv
+    done = subprocess.run([python, SVCPROXY, "backend", "files", "--files-dir", "files"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    said = done.stderr.strip().splitlines()
+    assert said[0].startswith("usage: svcproxy backend files [-h]")
+    assert said[-1] in GUIDE.read_text()
+    assert said[-1].endswith("argument --files-dir: 'files' is not an absolute path")
+
+
 def text(path: Path) -> str | None:
     """A file's text; None while it is missing (a rebuild removes every file first)."""
     try:
