@@ -107,7 +107,8 @@ def _synced(monkeypatch: pytest.MonkeyPatch) -> tuple[IpvsBackend, StandInIpvs, 
                                                       object, NodeState]:
     backend = IpvsBackend(CONFIG, IpvsOptions(), families=(4,))
     ipvs, route, recorded = stand_in(backend, monkeypatch)
-    state = node_state([web(1, 1, 2), web(2, 3), web(3, 1)])
+    six = port_state("six", "fd00:96::1", [])  # an IPv4 node: no IPv6 sets to hold it
+    state = node_state([web(1, 1, 2), web(2, 3), web(3, 1), six])
     backend.sync(state, Changes(frozenset(state.services), full=True, reason="initial"))
     return backend, ipvs, route, recorded, state
 
@@ -133,7 +134,7 @@ def test_a_periodic_resync_writes_again_only_what_was_changed_behind_its_back(
         "add virtual server TCP/10.96.0.2:80",
         "add real server 10.244.3.2:8080 to TCP/10.96.0.2:80"]
     assert ipvs.dests_of[ServiceId("TCP", "10.96.0.2", 80)] == {DestId("10.244.3.2", 8080): 1}
-    assert route.bound() == {"10.96.0.1", "10.96.0.2", "10.96.0.3"}
+    assert route.bound() == {"10.96.0.1", "10.96.0.2", "10.96.0.3", "fd00:96::1"}
     assert recorded.ipset[ipset:] == [  # type: ignore[attr-defined]
         "add KUBE-CLUSTER-IP 10.96.0.3,tcp:80 -exist\n"], "only the lost entry"
 

@@ -297,3 +297,66 @@ def test_a_rebuild_with_nothing_changed_sends_nothing_to_ipvs(lab: IpvsLab, make
     assert lab.names("10.96.0.19", 80, 2) != []
     d.partial(port_state("web", "10.96.0.19", pods(1, 2, 3)))
     assert sent == ["add real server 10.244.3.2:8080 to TCP/10.96.0.19:80"]
+
+
+def _tamper(sid: genl.ServiceId, dest: genl.DestId, gone: genl.ServiceId) -> None:
+    """Someone else deletes one real server and one virtual server."""
+    sock = IpvsNetlink()
+    try:
+        assert not sock.apply([
+            Request("del dest", genl.genl_body(*genl.del_dest(sid, dest))),
+            Request("del service", genl.genl_body(*genl.del_service(gone)))])
+    finally:
+        sock.close()
+
+
+def test_drift_is_repaired_by_the_next_periodic_resync(
+        lab: IpvsLab, make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A periodic resync (what the agent runs every --sync-period) reads the kernel back:
+    on a clean kernel (ClusterIP, NodePort, externalTrafficPolicy Local with an external
+    IP, a load balancer with source ranges: every ipset kind's spelling) it writes
+    nothing; after a real server and a virtual server are deleted behind its back, it
+    sends exactly their requests again and connections reach every pod."""
+    from svcproxy.model import LoadBalancerIngress, TrafficPolicy
+
+    d = make()
+    web = port_state("drift", "10.96.0.20", pods(1, 2))
+    gone = port_state("gone", "10.96.0.21", pods(3))
+    local = port_state("local", "10.96.0.22", pods(1), node_port=30222, type=ServiceType.NODE_PORT,
+                       external_ips=("192.0.2.22",), health_check_node_port=30223,
+                       external_traffic_policy=TrafficPolicy.LOCAL)
+    lb = port_state("lb", "10.96.0.23", pods(2), type=ServiceType.LOAD_BALANCER,
+                    load_balancer_ingress=(LoadBalancerIngress("198.51.100.23"),),
+                    load_balancer_source_ranges=("203.0.113.0/24",))
+    d.sync(web, gone, local, lb)
+    sent: list[str] = []
+    for sock in (d.backend.ipvs, d.backend.route):
+        apply = sock.apply
+
+        def recording(requests, apply=apply):  # type: ignore[no-untyped-def]
+            sent.extend(r.what for r in requests)
+            return apply(requests)
+
+        sock.apply = recording
+    restores: list[str] = []
+    restore = system.ipset_restore
+    monkeypatch.setattr(system, "ipset_restore", lambda text: (text and restores.append(text),
+                                                               restore(text)))
+    d.sync(web, gone, local, lb, reason="periodic")
+    assert (sent, restores) == ([], []), "a clean kernel is no drift"
+
+    sid = genl.ServiceId("TCP", "10.96.0.20", 80)
+    lost = genl.DestId(pod_ip(2), 8080)
+    lab.on_node(_tamper, sid, lost, genl.ServiceId("TCP", "10.96.0.21", 80))
+    assert set(lab.names("10.96.0.20", 80, 4)) == {"pod1"}
+    with pytest.raises(ConnectionRefusedError):
+        lab.names("10.96.0.21", 80, 1)
+
+    d.sync(web, gone, local, lb, reason="periodic")
+    assert sorted(sent) == sorted([
+        f"add real server {lost} to TCP/10.96.0.20:80",
+        "add virtual server TCP/10.96.0.21:80",
+        f"add real server {genl.DestId(pod_ip(3), 8080)} to TCP/10.96.0.21:80"])
+    assert restores == []
+    assert sorted(set(lab.names("10.96.0.20", 80, 4))) == ["pod1", "pod2"]
+    assert lab.names("10.96.0.21", 80, 1) == ["pod3"]

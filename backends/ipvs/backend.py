@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
 from svcproxy.backends.ipvs import rules as R
@@ -460,11 +460,13 @@ class IpvsBackend(StagedBackend[PortPlan]):
         if skeleton:
             self._unsure = True  # the rebuild reads every real server back
             return Drift(skeleton=skeleton)
-        held, present = self._read_held()
-        wanted = {ipsets.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
+        wanted = self._set_names()
+        held, present = self._read_held(wanted)
         if wanted - present:
             return Drift(skeleton=f"ipsets gone: {', '.join(sorted(wanted - present))}")
-        drift = compare(self.kernel, held)
+        # Only the node's families have sets: entries of the others were never written.
+        mirror = replace(self.kernel, entries={e for e in self.kernel.entries if e[0] in wanted})
+        drift = compare(mirror, held)
         if drift.foreign:
             self._unsure = True
             shown = ", ".join(drift.foreign[:5])
@@ -490,18 +492,22 @@ class IpvsBackend(StagedBackend[PortPlan]):
                 return f"the IPv{family} {table} rules of kube-proxy's chains changed"
         return ""
 
-    def _read_held(self) -> tuple[Kernel, set[str]]:
-        """What the kernel holds of ours (every real server read), and our sets present."""
+    def _read_held(self, names: set[str]) -> tuple[Kernel, set[str]]:
+        """What the kernel holds of ours (every real server read, the entries of the sets
+        ``names``), and which of those sets are present."""
         assert self.ipvs is not None
         servers = {s.id: s for s in self.ipvs.services() if self._owned(s.id)}
         dests = {sid: {d.id: d.weight for d in self.ipvs.dests(sid)} for sid in servers}
         addresses = {a for index, a in self._addresses() if index == self.ifindex}
         routes = self._local_routes() - addresses
-        names = {ipsets.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
         present, entries = parse_ipset_save(system.ipset_save(), names)
         held = Kernel(servers, dests, addresses, routes,
                       in_our_spelling(entries, self.kernel.entries))
         return held, present
+
+    def _set_names(self) -> set[str]:
+        """Our ipsets: those of the node's families."""
+        return {ipsets.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
 
     def _adopt_held(self) -> None:
         """Take what ``find_drift`` read as what the kernel holds (the repair's start)."""
@@ -510,7 +516,9 @@ class IpvsBackend(StagedBackend[PortPlan]):
             return
         kernel = self.kernel
         kernel.servers, kernel.dests = held.servers, held.dests
-        kernel.addresses, kernel.routes, kernel.entries = held.addresses, held.routes, held.entries
+        kernel.addresses, kernel.routes = held.addresses, held.routes
+        names = self._set_names()  # the entries of other families were never written
+        kernel.entries = held.entries | {e for e in kernel.entries if e[0] not in names}
         kernel.draining = {k: v for k, v in kernel.draining.items()
                            if k[1] in held.dests.get(k[0], {})}
 
