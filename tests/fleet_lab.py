@@ -53,6 +53,12 @@ class Agents:
     def resume(self, node: str) -> None:
         os.kill(self.procs[node].pid, signal.SIGCONT)
 
+    def kill(self, node: str) -> None:
+        """SIGKILL: a stopped agent dies without running again (nothing more applied)."""
+        proc = self.procs.pop(node)
+        proc.kill()
+        proc.wait()
+
     def stop(self, node: str) -> None:
         proc = self.procs.pop(node)
         os.kill(proc.pid, signal.SIGCONT)

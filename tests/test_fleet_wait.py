@@ -19,6 +19,8 @@ from tests.test_stream import copy_examples
 
 GONE = "10.244.1.10"
 NEW = "10.244.1.99"
+# The timeout of a wait expected to time out (the command's start included).
+LATE = "4s"
 
 
 def wait_cmd(api: str, *args: str, timeout: str = "60s") -> list[str]:
@@ -27,6 +29,12 @@ def wait_cmd(api: str, *args: str, timeout: str = "60s") -> list[str]:
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def node_a_applied(fe) -> None:  # type: ignore[no-untyped-def]
+    """Wait until node-a applied every change so far (node-b is the one behind)."""
+    revision = fe._loop.run(lambda: fe.engine.changelog.view("node-a").revision, 10)
+    wait_state(fe.opts.listen, "node-a", pb.NODE_APPLIED, applied_revision=revision)
 
 
 def web_without_gone(*extra: str) -> dict:
@@ -72,7 +80,8 @@ def test_endpoint_gone_returns_only_once_the_last_node_applied_the_removal(fleet
     assert GONE in applied_ips(started, "node-a") and GONE in applied_ips(started, "node-b")
     started.pause("node-b")
     fe.submit([Upsert("EndpointSlice", web_without_gone())])
-    late = run(wait_cmd(api, "--endpoint-gone", GONE, timeout="2s"))
+    node_a_applied(fe)
+    late = run(wait_cmd(api, "--endpoint-gone", GONE, timeout=LATE))
     assert late.returncode == 1
     assert "1 of 2 nodes still behind: node-b" in late.stderr, late.stderr
     assert GONE not in applied_ips(started, "node-a")
@@ -94,10 +103,11 @@ def test_a_service_revision_and_a_ready_endpoint_are_waited_for(fleet) -> None: 
     api = fe.opts.listen
     started.pause("node-b")
     fe.submit([Upsert("EndpointSlice", web_without_gone(NEW))])
-    late = run(wait_cmd(api, "--service", "shop/web", timeout="2s"))
+    node_a_applied(fe)
+    late = run(wait_cmd(api, "--service", "shop/web", timeout=LATE))
     assert late.returncode == 1 and "still behind: node-b" in late.stderr, late.stderr
     assert run(wait_cmd(api, "--service", "kube-system/dns", timeout="20s")).returncode == 0
-    late = run(wait_cmd(api, "--endpoint-ready", NEW, timeout="2s"))
+    late = run(wait_cmd(api, "--endpoint-ready", NEW, timeout=LATE))
     assert late.returncode == 1 and "still behind: node-b" in late.stderr, late.stderr
     started.resume("node-b")
     ready = run(wait_cmd(api, "--endpoint-ready", NEW))
@@ -111,10 +121,10 @@ def test_a_node_that_disconnected_stops_counting_after_node_lost_after(fleet) ->
     api = fe.opts.listen
     started.pause("node-b")
     fe.submit([Upsert("EndpointSlice", web_without_gone())])
-    started.stop("node-b")  # gone before it applied the removal
+    started.kill("node-b")  # gone before it applied the removal
     wait_state(api, "node-b", pb.NODE_DISCONNECTED)
     counted = run(wait_cmd(api, "--endpoint-gone", GONE, "--node-lost-after", "1h",
-                           timeout="2s"))
+                           timeout=LATE))
     assert counted.returncode == 1 and "still behind: node-b" in counted.stderr, counted.stderr
     lost = run(wait_cmd(api, "--endpoint-gone", GONE, "--node-lost-after", "1s"))
     assert lost.returncode == 0, lost.stderr

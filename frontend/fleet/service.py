@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
 MAX_NAMED = 100
+# A wait looks at the fleet at most this often (reports and batches between are one look).
+WAIT_COALESCE = 0.02
 
 
 @dataclass(slots=True, eq=False)
@@ -327,11 +329,12 @@ class FleetService:
         sub = _Subscriber()
         self._subscribers.add(sub)
         last: Progress | None = None
+        changed: set[str] | None = None  # the first time: every node
         try:
             while True:
                 sub.event.clear()
                 progress = wait.progress(self.fleet, self.engine.changelog.views,
-                                         self.clock())
+                                         self.clock(), changed)
                 if progress != last:
                     yield _progress_msg(progress)
                     last = progress
@@ -342,6 +345,8 @@ class FleetService:
                     await asyncio.wait_for(sub.event.wait(), self.tick)
                 except TimeoutError:
                     pass
+                await asyncio.sleep(WAIT_COALESCE)  # a burst of reports: one look
+                changed, sub.dirty = sub.dirty, set()
         finally:
             self._subscribers.discard(sub)
 

@@ -48,6 +48,7 @@ class Wait:
     lost_after: float = DEFAULT_LOST_AFTER
     _targets: dict[str, int | None] = field(default_factory=dict)
     _seen: dict[str, int] = field(default_factory=dict)
+    _done: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
     def endpoint_gone(cls, address: Address, lost_after: float) -> Wait:
@@ -87,14 +88,21 @@ class Wait:
                 self._targets[name] = view.revision
         return self._targets.get(name)
 
-    def progress(self, fleet: Fleet, views: Mapping[str, ViewLike], now: float) -> Progress:
+    def progress(self, fleet: Fleet, views: Mapping[str, ViewLike], now: float,
+                 changed: set[str] | None = None) -> Progress:
+        """Where the wait is; only the nodes in ``changed`` (None: every node) are
+        decided again, the others' answers are remembered."""
         counted, behind, unknown = [], [], []
+        done = self._done
         for record in fleet:
+            name = record.name
             if not self.counts(record, now):
                 if record.connected and record.report is None:
-                    unknown.append(record.name)
+                    unknown.append(name)
                 continue
-            counted.append(record.name)
-            if not self.node_done(record, views.get(record.name)):
-                behind.append(record.name)
+            counted.append(name)
+            if changed is None or name in changed or name not in done:
+                done[name] = self.node_done(record, views.get(name))
+            if not done[name]:
+                behind.append(name)
         return Progress(tuple(sorted(counted)), tuple(sorted(behind)), tuple(sorted(unknown)))
