@@ -12,6 +12,7 @@ from svcproxy.sdk.plugins import BackendPlugin, installed_backends
 from .backend import EbpfBackend
 from .compose import Composed
 from .loader import OBJECT, Layout, LoadError
+from .packet_cli import add_packet_arguments, packet_backend
 
 HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
 
@@ -40,7 +41,7 @@ def _positive(text: str) -> int:
     return value
 
 
-PACKET_PATHS = ("nft", "none")
+PACKET_PATHS = ("nft", "bpf", "none")
 
 
 def _packet_backend(name: str) -> BackendPlugin | None:
@@ -55,7 +56,9 @@ def add_arguments(parser: argparse._ArgumentGroup) -> None:
         help="backend run in the same agent for what no socket hook sees: connections from "
         "other nodes and outside (NodePort, externalIPs, load balancers), SCTP, processes "
         "outside --ebpf-cgroup. 'nft' makes one DaemonSet serve every path (its --nft-* "
-        "flags apply); 'none' programs the socket hooks only (default %(default)s)")
+        "flags apply); 'bpf' serves NodePorts from outside with tc programs on the node's "
+        "devices and no nftables/iptables rule (rows served: docs/ebpf-packet-path.md); "
+        "'none' programs the socket hooks only (default %(default)s)")
     parser.add_argument(
         "--ebpf-cgroup", type=Path, default=None, metavar="DIR",
         help="cgroup v2 directory whose processes (and their children's) get socket-level "
@@ -79,6 +82,7 @@ def add_arguments(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument(
         "--dump", action="store_true",
         help="print the pinned maps as services and their endpoints, then exit")
+    add_packet_arguments(parser)
     nft = _packet_backend("nft")
     if nft is not None:
         nft.add_arguments(parser)
@@ -105,11 +109,15 @@ def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
         except LoadError as err:
             print(f"svcproxy: error: {err}", file=sys.stderr)
             raise SystemExit(1) from None
-    if args.ebpf_packet_path == "none":
-        return backend
+    others: list[Backend] = []
+    if args.ebpf_packet_path == "bpf" or args.cleanup:
+        # --cleanup removes the tc programs whichever path this run names.
+        others.append(packet_backend(args, config))
+    if args.ebpf_packet_path in ("bpf", "none"):
+        return Composed(backend, *others) if others else backend
     plugin = _packet_backend(args.ebpf_packet_path)
     if plugin is None:
         print(f"svcproxy: error: --ebpf-packet-path {args.ebpf_packet_path}: no such backend "
               "is installed; use --ebpf-packet-path none", file=sys.stderr)
         raise SystemExit(2)
-    return Composed(backend, plugin.create(args, config))
+    return Composed(backend, *others, plugin.create(args, config))

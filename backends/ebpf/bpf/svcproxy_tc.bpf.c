@@ -1,0 +1,501 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * svcproxy packet path (--ebpf-packet-path bpf): tc programs on the node's devices
+ * for traffic that arrives from outside. Ingress: a packet to a NodePort is looked
+ * up in spp_services, an endpoint is picked (random or Maglev) and remembered in the
+ * connection tracking map spp_ct; an endpoint on this node gets the packet DNATed and
+ * handed to the stack, an endpoint on another node gets it DNATed and SNATed to this
+ * node's address (a port from spp_ct's reply entries) and redirected out after a FIB
+ * lookup. Replies are reversed: SNATed ones on ingress (then redirected to the
+ * client), local ones on egress.
+ *
+ * The maps are written by the Python backend; the layouts are mirrored in
+ * backends/ebpf/packet_layout.py and must change together.
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+
+#define F_AFFINITY 1
+#define F_REFUSE 2
+#define F_MAGLEV 4
+
+#define EP_LOCAL 1 /* the endpoint runs on this node: DNAT only */
+
+#define CT_FORWARD 0
+#define CT_REPLY 1
+#define CT_SNAT 1 /* the flow is SNATed to this node's address */
+
+#define NAT_PORT_MIN 32768
+#define NAT_PORT_SPAN 32768
+#define NAT_TRIES 16
+
+#define MAGLEV_MAX 65521
+
+/* Set by the loader before the object is loaded (the verifier sees constants). */
+volatile const __u32 maglev_size = 16381;
+
+struct svc_key {
+	__u32 addr[4];
+	__u16 port; /* network byte order */
+	__u8 proto;
+	__u8 family;
+};
+
+struct svc_val {
+	__u32 set_id;
+	__u16 count;
+	__u16 flags;
+	__u32 affinity_timeout;
+	__u32 reserved;
+};
+
+struct ep_key {
+	__u32 set_id;
+	__u32 slot;
+};
+
+struct ep_val {
+	__u32 addr[4];
+	__u16 port; /* network byte order */
+	__u8 family;
+	__u8 flags; /* EP_* */
+};
+
+struct ct_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 family;
+	__u8 dir; /* CT_FORWARD: as it arrived from the client; CT_REPLY: as the endpoint sent it */
+	__u8 pad;
+};
+
+/* What to rewrite a packet of the flow to, in this direction. */
+struct ct_val {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 flags; /* CT_* */
+	__u8 pad[3];
+	__u64 last_ns;
+};
+
+struct dev_val {
+	__u32 addr4; /* the device's IPv4 address, what remote endpoints are SNATed to */
+	__u32 addr6[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+} spp_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct ep_key);
+	__type(value, struct ep_val);
+} spp_endpoints SEC(".maps");
+
+/* set id -> Maglev table: maglev_size u16 slot indexes (the value size is set at load). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 2 * 16381);
+} spp_maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+} spp_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct dev_val);
+} spp_devices SEC(".maps");
+
+struct pkt {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u32 l4;      /* offset of the L4 header */
+	__u32 csum;    /* offset of the L4 checksum */
+	__u64 l4flags; /* extra flags for bpf_l4_csum_replace */
+};
+
+static __always_inline int parse4(struct __sk_buff *skb, struct pkt *p)
+{
+	struct iphdr ip;
+	__u16 ports[2];
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return -1;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+		return -1;
+	if (ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
+		return -1; /* fragments are left to the stack */
+	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+		return -1;
+	p->l4 = ETH_HLEN + ip.ihl * 4;
+	if (bpf_skb_load_bytes(skb, p->l4, ports, sizeof(ports)))
+		return -1;
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->proto = ip.protocol;
+	p->csum = p->l4 + (ip.protocol == IPPROTO_TCP ? 16 : 6);
+	p->l4flags = ip.protocol == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	return 0;
+}
+
+static __always_inline void set_addr(struct __sk_buff *skb, struct pkt *p, int daddr, __u32 new)
+{
+	__u32 old = daddr ? p->daddr : p->saddr;
+	int off = ETH_HLEN + (daddr ? 16 : 12);
+
+	if (old == new)
+		return;
+	bpf_l4_csum_replace(skb, p->csum, old, new, BPF_F_PSEUDO_HDR | 4 | p->l4flags);
+	bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, 4);
+	bpf_skb_store_bytes(skb, off, &new, 4, 0);
+	if (daddr)
+		p->daddr = new;
+	else
+		p->saddr = new;
+}
+
+static __always_inline void set_port(struct __sk_buff *skb, struct pkt *p, int dport, __u16 new)
+{
+	__u16 old = dport ? p->dport : p->sport;
+
+	if (old == new)
+		return;
+	bpf_l4_csum_replace(skb, p->csum, old, new, 2 | p->l4flags);
+	bpf_skb_store_bytes(skb, p->l4 + (dport ? 2 : 0), &new, 2, 0);
+	if (dport)
+		p->dport = new;
+	else
+		p->sport = new;
+}
+
+static __always_inline void rewrite(struct __sk_buff *skb, struct pkt *p, const struct ct_val *v)
+{
+	set_addr(skb, p, 0, v->saddr[0]);
+	set_addr(skb, p, 1, v->daddr[0]);
+	set_port(skb, p, 0, v->sport);
+	set_port(skb, p, 1, v->dport);
+}
+
+/* Send the (rewritten) packet out of the device the route to its destination uses. */
+static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+	long rc;
+
+	fib.family = AF_INET;
+	fib.l4_protocol = p->proto;
+	fib.sport = p->sport;
+	fib.dport = p->dport;
+	fib.ipv4_src = p->saddr;
+	fib.ipv4_dst = p->daddr;
+	fib.ifindex = skb->ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0);
+		bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0);
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = fib.ipv4_dst };
+
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	return TC_ACT_SHOT;
+}
+
+/* The egress device for ``daddr`` (0: no route). */
+static __always_inline __u32 route_oif(struct __sk_buff *skb, const struct pkt *p, __u32 daddr)
+{
+	struct bpf_fib_lookup fib = {};
+	long rc;
+
+	fib.family = AF_INET;
+	fib.l4_protocol = p->proto;
+	fib.ipv4_src = p->saddr;
+	fib.ipv4_dst = daddr;
+	fib.ifindex = skb->ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? fib.ifindex : 0;
+}
+
+static __always_inline __u32 mix(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* maglev.flow_hash in Python: the same on every node (no per-boot seed). */
+static __always_inline __u32 flow_hash(const struct pkt *p)
+{
+	__u32 h = 0x5eed5eed;
+
+	h = mix(h ^ p->saddr);
+	h = mix(h ^ 0);
+	h = mix(h ^ 0);
+	h = mix(h ^ 0);
+	h = mix(h ^ p->daddr);
+	h = mix(h ^ 0);
+	h = mix(h ^ 0);
+	h = mix(h ^ 0);
+	h = mix(h ^ ((__u32)bpf_ntohs(p->sport) << 16 | bpf_ntohs(p->dport)));
+	h = mix(h ^ p->proto);
+	return h;
+}
+
+static __always_inline __u32 slot_of(const struct svc_val *sv, __u32 hash)
+{
+	if (sv->flags & F_MAGLEV) {
+		__u32 set_id = sv->set_id;
+		__u16 *table = bpf_map_lookup_elem(&spp_maglev, &set_id);
+		__u32 size = maglev_size;
+
+		if (table && size && size <= MAGLEV_MAX) {
+			__u32 idx = hash % size;
+
+			/* The verifier does not bound a modulo: compare after a barrier. */
+			asm volatile("" : "+r"(idx));
+			if (idx < size) {
+				__u32 slot = table[idx];
+
+				if (slot < sv->count)
+					return slot;
+			}
+		}
+		return hash % sv->count;
+	}
+	return bpf_get_prandom_u32() % sv->count;
+}
+
+/* An endpoint of the service's current set (see pick() in svcproxy_sock.bpf.c for why
+ * a miss reads the service entry again). */
+static __always_inline int pick(const struct svc_key *sk, struct svc_val *sv, __u32 hash,
+				struct ep_val *out)
+{
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct ep_key k;
+		struct ep_val *ep;
+
+		if (attempt) {
+			struct svc_val *again = bpf_map_lookup_elem(&spp_services, sk);
+
+			if (!again)
+				return -1;
+			*sv = *again;
+		}
+		if (!sv->count)
+			return -1;
+		k.set_id = sv->set_id;
+		k.slot = slot_of(sv, hash);
+		ep = bpf_map_lookup_elem(&spp_endpoints, &k);
+		if (ep) {
+			*out = *ep;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static __always_inline void ct_tuple(struct ct_key *k, __u32 saddr, __u32 daddr, __u16 sport,
+				     __u16 dport, __u8 proto, __u8 dir)
+{
+	k->saddr[0] = saddr;
+	k->daddr[0] = daddr;
+	k->sport = sport;
+	k->dport = dport;
+	k->proto = proto;
+	k->family = 4;
+	k->dir = dir;
+}
+
+/* Reply entry of a flow to a remote endpoint: a NAT port free for (endpoint, node address). */
+static __always_inline int nat_port(struct pkt *p, const struct ep_val *ep, __u32 snat,
+				    __u64 now, __u16 *port)
+{
+	struct ct_val rv = {};
+
+	rv.saddr[0] = p->daddr;
+	rv.daddr[0] = p->saddr;
+	rv.sport = p->dport;
+	rv.dport = p->sport;
+	rv.flags = CT_SNAT;
+	rv.last_ns = now;
+	for (int i = 0; i < NAT_TRIES; i++) {
+		struct ct_key rk = {};
+		__u16 candidate = bpf_ntohs(p->sport);
+
+		if (i || candidate < NAT_PORT_MIN)
+			candidate = NAT_PORT_MIN + bpf_get_prandom_u32() % NAT_PORT_SPAN;
+		ct_tuple(&rk, ep->addr[0], snat, ep->port, bpf_htons(candidate), p->proto, CT_REPLY);
+		if (!bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_NOEXIST)) {
+			*port = bpf_htons(candidate);
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* A new flow to a service: pick, remember both directions. 0 or TC_ACT_SHOT. */
+static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const struct svc_key *sk,
+				    struct svc_val *sv, struct ct_key *fk, struct ct_val *fv)
+{
+	struct ep_val ep;
+	struct ct_key rk = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (sv->flags & F_REFUSE || !sv->count)
+		return TC_ACT_SHOT;
+	if (pick(sk, sv, flow_hash(p), &ep))
+		return TC_ACT_SHOT;
+	fv->daddr[0] = ep.addr[0];
+	fv->dport = ep.port;
+	fv->saddr[0] = p->saddr;
+	fv->sport = p->sport;
+	fv->last_ns = now;
+	if (ep.flags & EP_LOCAL) {
+		struct ct_val rv = {};
+
+		rv.saddr[0] = p->daddr;
+		rv.sport = p->dport;
+		rv.daddr[0] = p->saddr;
+		rv.dport = p->sport;
+		rv.last_ns = now;
+		ct_tuple(&rk, ep.addr[0], p->saddr, ep.port, p->sport, p->proto, CT_REPLY);
+		bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
+	} else {
+		__u32 oif = route_oif(skb, p, ep.addr[0]);
+		struct dev_val *dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
+		__u32 snat = dev && dev->addr4 ? dev->addr4 : p->daddr;
+		__u16 port;
+
+		if (nat_port(p, &ep, snat, now, &port))
+			return TC_ACT_SHOT;
+		fv->saddr[0] = snat;
+		fv->sport = port;
+		fv->flags = CT_SNAT;
+	}
+	bpf_map_update_elem(&spp_ct, fk, fv, BPF_ANY);
+	return 0;
+}
+
+/* The reply entry of a SNATed flow, put back if the LRU dropped it. */
+static __always_inline void keep_reply(const struct pkt *p, const struct ct_val *fv, __u64 now)
+{
+	struct ct_key rk = {};
+	struct ct_val rv = {};
+
+	ct_tuple(&rk, fv->daddr[0], fv->saddr[0], fv->dport, fv->sport, p->proto, CT_REPLY);
+	if (bpf_map_lookup_elem(&spp_ct, &rk))
+		return;
+	rv.saddr[0] = p->daddr;
+	rv.daddr[0] = p->saddr;
+	rv.sport = p->dport;
+	rv.dport = p->sport;
+	rv.flags = CT_SNAT;
+	rv.last_ns = now;
+	bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
+}
+
+SEC("tc")
+int spp_ingress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	struct ct_key k = {};
+	struct ct_val *found, fv = {};
+	struct svc_key sk = {};
+	struct svc_val *svp, sv;
+
+	if (parse4(skb, &p))
+		return TC_ACT_OK;
+	/* A reply of a flow SNATed to this node: back to the client, from the service. */
+	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_REPLY);
+	found = bpf_map_lookup_elem(&spp_ct, &k);
+	if (found && (found->flags & CT_SNAT)) {
+		struct ct_val v = *found;
+
+		found->last_ns = bpf_ktime_get_ns();
+		rewrite(skb, &p, &v);
+		return fib_redirect(skb, &p);
+	}
+	sk.addr[0] = p.daddr;
+	sk.port = p.dport;
+	sk.proto = p.proto;
+	sk.family = 4;
+	svp = bpf_map_lookup_elem(&spp_services, &sk);
+	if (!svp)
+		return TC_ACT_OK;
+	sv = *svp;
+	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_FORWARD);
+	found = bpf_map_lookup_elem(&spp_ct, &k);
+	if (found) {
+		fv = *found;
+		found->last_ns = bpf_ktime_get_ns();
+		if (fv.flags & CT_SNAT)
+			keep_reply(&p, &fv, found->last_ns);
+	} else if (new_flow(skb, &p, &sk, &sv, &k, &fv)) {
+		return TC_ACT_SHOT;
+	}
+	rewrite(skb, &p, &fv);
+	if (fv.flags & CT_SNAT)
+		return fib_redirect(skb, &p);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int spp_egress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	struct ct_key k = {};
+	struct ct_val *found;
+
+	if (parse4(skb, &p))
+		return TC_ACT_OK;
+	/* A reply of a local endpoint on its way to the client: from the service again. */
+	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_REPLY);
+	found = bpf_map_lookup_elem(&spp_ct, &k);
+	if (found && !(found->flags & CT_SNAT)) {
+		struct ct_val v = *found;
+
+		found->last_ns = bpf_ktime_get_ns();
+		rewrite(skb, &p, &v);
+	}
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,208 @@
+"""The packet path in BPF (``--ebpf-packet-path bpf``): tc programs on the node's devices
+serve what arrives from outside, with connection tracking and NAT in BPF maps and no
+nftables or iptables rule.
+
+The services and endpoint sets are written with the socket path's ``Tables`` (new set
+first, then the switch, then the old set deleted); a set of a Maglev service gets its
+lookup table written with its slots, before the switch, and deleted with them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import socket
+from collections.abc import Callable, Iterable
+
+from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
+from svcproxy.sdk.rtnetlink import addresses
+
+from . import libbpf, maglev
+from .libbpf import Map
+from .packet_layout import (
+    F_MAGLEV,
+    MAP_DEVICES,
+    MAP_ENDPOINTS,
+    MAP_MAGLEV,
+    MAP_SERVICES,
+    endpoint_name,
+    pack_device,
+)
+from .packet_loader import PacketLayout, PacketPrograms, remove_packet_pins
+from .packet_plan import PacketPlan
+from .plan import Entry
+from .tables import Tables
+
+log = logging.getLogger(__name__)
+
+
+class EndpointSets(Map):
+    """The endpoints map as ``Tables`` sees it, with each Maglev set's table beside it:
+    written right after the set's slots (so before any service points at it), deleted
+    with them."""
+
+    def __init__(self, slots: Map, tables: Map, size: int) -> None:
+        super().__init__(slots.name, slots.fd, slots.key_size, slots.value_size)
+        self.slots = slots
+        self.tables = tables
+        self.size = size
+        self.maglev_sets: set[tuple[bytes, ...]] = set()  # the slot tuples needing a table
+        self.have: set[int] = {int.from_bytes(k, "little") for k in _keys(tables)}
+
+    def write_table(self, set_id: int, slots: Iterable[bytes]) -> None:
+        table = maglev.build([endpoint_name(s) for s in slots], self.size)
+        self.tables.update(set_id.to_bytes(4, "little"), maglev.pack(table))
+        self.have.add(set_id)
+
+    def update_many(self, keys: list[bytes], values: list[bytes]) -> None:
+        self.slots.update_many(keys, values)
+        sets: dict[int, list[bytes]] = {}
+        for key, value in zip(keys, values, strict=True):
+            sets.setdefault(int.from_bytes(key[:4], "little"), []).append(value)
+        for set_id, slots in sets.items():
+            if tuple(slots) in self.maglev_sets:
+                self.write_table(set_id, slots)
+
+    def delete_many(self, keys: list[bytes]) -> None:
+        self.slots.delete_many(keys)
+        for set_id in {int.from_bytes(k[:4], "little") for k in keys} & self.have:
+            self.tables.delete(set_id.to_bytes(4, "little"))
+            self.have.discard(set_id)
+
+
+def _keys(m: Map) -> list[bytes]:
+    """Every key of ``m``, one at a time (a batched read would buffer 8,192 tables)."""
+    lib = libbpf.lib()
+    keys: list[bytes] = []
+    key = ctypes.create_string_buffer(m.key_size)
+    prev = None
+    while lib.bpf_map_get_next_key(m.fd, prev, key) == 0:
+        keys.append(key.raw)
+        prev = ctypes.create_string_buffer(key.raw, m.key_size)
+    return keys
+
+
+def devices_of(ips: Iterable[str]) -> tuple[str, ...]:
+    """The devices (in this network namespace) holding any of ``ips``."""
+    wanted = set(ips)
+    indexes = sorted({a.index for a in addresses() if a.address in wanted})
+    return tuple(socket.if_indextoname(i) for i in indexes)
+
+
+class PacketBackend(Backend):
+    """Loads and attaches the tc programs at ``start`` (or the first sync), then keeps
+    the packet path's maps in step with the node's state."""
+
+    name = "ebpf-tc"
+
+    def __init__(self, config: NodeConfig, layout: PacketLayout, algorithm: str = "random",
+                 on_reject: Callable[[object], None] = lambda _key: None) -> None:
+        self.config = config
+        self.layout = layout
+        self.algorithm = algorithm
+        self.on_reject = on_reject
+        self.programs: PacketPrograms | None = None
+        self.tables: Tables | None = None
+        self.sets: EndpointSets | None = None
+        self.plan = PacketPlan(algorithm, on_reject)
+        self.node_ips: tuple[str, ...] | None = None
+        self.last_sync_full: bool | None = None
+
+    def start(self, node_ips: Iterable[str] = ()) -> PacketBackend:
+        """Load the programs (adopting pinned maps and links) and attach them to the
+        devices named, else to those holding the node IPs."""
+        if self.programs is not None:
+            return self
+        layout = self.layout
+        if not layout.devices:
+            found = devices_of((*self.config.node_ips, *node_ips))
+            if not found:
+                raise RuntimeError("no device holds the node's IPs here; name them with "
+                                   "--ebpf-devices")
+            layout = PacketLayout(layout.pin_dir, found, layout.object_path,
+                                  layout.maglev_size, layout.max_services,
+                                  layout.max_endpoints, layout.max_flows)
+            self.layout = layout
+        programs = PacketPrograms(layout).load()
+        self.programs = programs
+        self.sets = EndpointSets(programs.maps[MAP_ENDPOINTS], programs.maps[MAP_MAGLEV],
+                                 layout.maglev_size)
+        self.tables = Tables(programs.maps[MAP_SERVICES], self.sets)
+        self._write_devices(programs.maps[MAP_DEVICES])
+        log.info("tc programs attached to %s, maps pinned in %s", ", ".join(layout.devices),
+                 layout.dir)
+        return self
+
+    def _write_devices(self, devices: Map) -> None:
+        """Each attached device's first IPv4 address: what remote endpoints see as source."""
+        found: dict[int, list[str]] = {}
+        for a in addresses():
+            if a.family == socket.AF_INET and a.scope == 0:
+                found.setdefault(a.index, []).append(a.address)
+        for name in self.layout.devices:
+            index = socket.if_nametoindex(name)
+            if index in found:
+                devices.update(index.to_bytes(4, "little"), pack_device(found[index][0], ""))
+
+    def _node_ips(self, state: NodeState) -> tuple[str, ...]:
+        node = state.context or resolve_context(self.config, state.node)
+        return tuple(ip for fam in node.families for ip in fam.node_port_ips_listed)
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        node_ips = self._node_ips(state)
+        self.start(node_ips)
+        tables, sets = self.tables, self.sets
+        assert tables is not None and sets is not None
+        full = changes.full or tables.applied is None or node_ips != self.node_ips
+        if full:
+            if node_ips != self.node_ips:
+                self.plan = PacketPlan(self.algorithm, self.on_reject)
+            self.plan.update(state.services, set(state.services) | set(self.plan.records),
+                             node_ips)
+            desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}
+            sets.maglev_sets = _maglev_sets(desired.values())
+            # As the socket path: a periodic resync compares the maps with what this
+            # process wrote (and writes back what differs); anything else reads them.
+            periodic = changes.reason == "periodic" and tables.applied is not None
+            if periodic and (drift := tables.verify()):
+                log.warning("tc maps changed behind the backend's back (%s): writing them "
+                            "again", drift)
+            tables.full(desired, reread=not periodic)
+            touched = desired
+        else:
+            keys = self.plan.update(state.services, changes.services, node_ips)
+            diff = {fe.pack(): self.plan.entries.get(fe) for fe in keys}
+            sets.maglev_sets = _maglev_sets(diff.values())
+            tables.apply(diff)
+            touched = diff
+        self._complete_tables(touched)
+        self.node_ips = node_ips
+        self.last_sync_full = full
+
+    def _complete_tables(self, touched: dict[bytes, Entry | None]) -> None:
+        """A service that became Maglev on a set it already had gets that set's table
+        (its slots were not rewritten)."""
+        tables, sets = self.tables, self.sets
+        assert tables is not None and tables.applied is not None and sets is not None
+        for key, entry in touched.items():
+            applied = tables.applied.get(key)
+            if (entry is not None and entry.flags & F_MAGLEV and applied is not None
+                    and applied.value.count and applied.value.set_id not in sets.have):
+                sets.write_table(applied.value.set_id, entry.slots)
+
+    def cleanup(self) -> None:
+        """Detach the tc programs and remove the packet path's pins."""
+        self.close()
+        removed = remove_packet_pins(self.layout.pin_dir)
+        log.info("Removed %d tc pins from %s", len(removed), self.layout.dir)
+
+    def close(self) -> None:
+        if self.programs is not None:
+            self.programs.close()
+        self.programs = None
+        self.tables = None
+        self.sets = None
+
+
+def _maglev_sets(entries: Iterable[Entry | None]) -> set[tuple[bytes, ...]]:
+    return {e.slots for e in entries if e is not None and e.flags & F_MAGLEV and e.slots}

@@ -1,0 +1,81 @@
+"""The packet path's maps, mirrored from bpf/svcproxy_tc.bpf.c (pure).
+
+The services and endpoints maps have the socket programs' layouts (``layout.py``),
+except that an endpoint's last byte says whether it runs on this node.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .layout import EP_KEY, EP_VAL, SVC_KEY, SVC_VAL, _addr, _ip
+
+F_MAGLEV = 4  # next to layout.F_AFFINITY and F_REFUSE: pick by the set's Maglev table
+EP_LOCAL = 1
+CT_FORWARD, CT_REPLY = 0, 1
+CT_SNAT = 1
+
+MAP_SERVICES = "spp_services"
+MAP_ENDPOINTS = "spp_endpoints"
+MAP_MAGLEV = "spp_maglev"
+MAP_CT = "spp_ct"
+MAP_DEVICES = "spp_devices"
+MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES)
+
+# struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
+CT_KEY = struct.Struct("=16s16s2s2sBBBB")
+# struct ct_val {u32 saddr[4], daddr[4]; u16 sport, dport; u8 flags, pad[3]; u64 last_ns}
+CT_VAL = struct.Struct("=16s16s2s2sB3xQ")
+# struct dev_val {u32 addr4; u32 addr6[4]}
+DEV_VAL = struct.Struct("=4s16s")
+SIZES = {
+    MAP_SERVICES: (SVC_KEY.size, SVC_VAL.size),
+    MAP_ENDPOINTS: (EP_KEY.size, EP_VAL.size),
+    MAP_CT: (CT_KEY.size, CT_VAL.size),
+    MAP_DEVICES: (4, DEV_VAL.size),
+}
+
+
+@lru_cache(maxsize=1 << 18)
+def pack_endpoint(ip: str, port: int, local: bool) -> bytes:
+    """An endpoints-map value: address, port, family and whether it is on this node."""
+    raw, family = _addr(ip)
+    return EP_VAL.pack(raw, port.to_bytes(2, "big"), family, EP_LOCAL if local else 0)
+
+
+def endpoint_name(slot: bytes) -> bytes:
+    """What Maglev hashes for an endpoint: its address and port (not the node-dependent
+    flag, so every node builds the same table)."""
+    return slot[:18]
+
+
+def pack_device(addr4: str, addr6: str) -> bytes:
+    return DEV_VAL.pack(socket.inet_aton(addr4) if addr4 else bytes(4),
+                        socket.inet_pton(socket.AF_INET6, addr6) if addr6 else bytes(16))
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One connection-tracking entry: the tuple as seen, and what it is rewritten to."""
+
+    direction: int
+    proto: int
+    source: tuple[str, int]
+    destination: tuple[str, int]
+    new_source: tuple[str, int]
+    new_destination: tuple[str, int]
+    snat: bool
+
+    @classmethod
+    def unpack(cls, key: bytes, value: bytes) -> Flow:
+        saddr, daddr, sport, dport, proto, family, direction, _ = CT_KEY.unpack(key)
+        nsaddr, ndaddr, nsport, ndport, flags, _last = CT_VAL.unpack(value)
+
+        def at(raw: bytes, port: bytes) -> tuple[str, int]:
+            return _ip(raw, family), int.from_bytes(port, "big")
+
+        return cls(direction, proto, at(saddr, sport), at(daddr, dport), at(nsaddr, nsport),
+                   at(ndaddr, ndport), bool(flags & CT_SNAT))

@@ -1,0 +1,238 @@
+"""Load the tc programs, pin their maps and links, attach them to the node's devices.
+
+Each device gets two tcx links (BPF_TCX_INGRESS, BPF_TCX_EGRESS; Linux 6.6), pinned as
+``link_<device>_ingress`` / ``_egress`` under the packet path's pin directory. As with
+the socket programs, a restarted backend reuses the pinned maps (connection tracking
+included) and switches each pinned link to the new program in place
+(BPF_LINK_UPDATE), so no packet ever passes a device without a program.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import libbpf
+from .libbpf import BpfError, Map
+from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
+from .packet_layout import (
+    MAP_CT,
+    MAP_ENDPOINTS,
+    MAP_MAGLEV,
+    MAP_SERVICES,
+    MAPS,
+    SIZES,
+)
+
+log = logging.getLogger(__name__)
+
+OBJECT = Path(__file__).parent / "bpf" / "svcproxy_tc.bpf.o"
+TCX_INGRESS, TCX_EGRESS = 46, 47  # enum bpf_attach_type (Linux 6.6)
+LINK_TYPE_TCX = 11
+HOOKS = {"ingress": ("spp_ingress", TCX_INGRESS), "egress": ("spp_egress", TCX_EGRESS)}
+SUBDIR = "tc"
+
+
+@dataclass(frozen=True, slots=True)
+class PacketLayout:
+    """Where the packet path pins (``pin_dir``/tc), what it attaches to, its sizes."""
+
+    pin_dir: Path
+    devices: tuple[str, ...]
+    object_path: Path = OBJECT
+    maglev_size: int = 16381
+    max_services: int = 65536
+    max_endpoints: int = 262144
+    max_flows: int = 262144
+
+    @property
+    def dir(self) -> Path:
+        return self.pin_dir / SUBDIR
+
+    def link_pin(self, device: str, hook: str) -> Path:
+        return self.dir / f"link_{device}_{hook}"
+
+
+class TcxInfo(ctypes.Structure):
+    """struct bpf_link_info, as far as tcx links go."""
+
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
+                ("prog_id", ctypes.c_uint32), ("_pad", ctypes.c_uint32),
+                ("ifindex", ctypes.c_uint32), ("attach_type", ctypes.c_uint32),
+                ("_rest", ctypes.c_uint8 * 40)]
+
+
+def _tcx_info(fd: int) -> TcxInfo:
+    info = TcxInfo()
+    size = ctypes.c_uint32(ctypes.sizeof(info))
+    libbpf.check(libbpf.lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)),
+                 "link info")
+    return info
+
+
+def _lib() -> ctypes.CDLL:
+    """libbpf, with the two calls the packet path needs beyond the socket path's."""
+    lib = libbpf.lib()
+    lib.bpf_map__initial_value.restype = ctypes.c_void_p
+    lib.bpf_map__initial_value.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+    lib.bpf_map__set_value_size.restype = ctypes.c_int
+    lib.bpf_map__set_value_size.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+    return lib
+
+
+class PacketPrograms:
+    """The loaded tc object: its maps by name; the links stay pinned after ``close``."""
+
+    def __init__(self, layout: PacketLayout) -> None:
+        self.layout = layout
+        self._obj: int | None = None
+        self.maps: dict[str, Map] = {}
+        self.maglev_fd = -1
+
+    def load(self) -> PacketPrograms:
+        layout = self.layout
+        if not layout.object_path.exists():
+            raise LoadError(f"{layout.object_path} is missing: build it with "
+                            "`python -m svcproxy.backends.ebpf.build` (needs clang)")
+        parent = layout.pin_dir if layout.pin_dir.exists() else layout.pin_dir.parent
+        try:
+            on_bpffs = fs_type(str(parent)) == BPF_FS_MAGIC
+        except OSError:
+            on_bpffs = False
+        if not on_bpffs:
+            raise LoadError(f"--ebpf-pin-dir {layout.pin_dir} is not on a bpf filesystem; "
+                            "mount one (mount -t bpf bpf /sys/fs/bpf)")
+        layout.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lib = _lib()
+        obj = libbpf.check_ptr(lib.bpf_object__open_file(str(layout.object_path).encode(), None),
+                               f"open {layout.object_path}")
+        self._obj = obj
+        try:
+            self._prepare(obj)
+            result = lib.bpf_object__load(obj)
+            if result < 0:
+                raise LoadError(
+                    f"loading {layout.object_path} failed: {os.strerror(-result)} (libbpf's "
+                    "message above says more). If the maps pinned in "
+                    f"{layout.dir} were made with other sizes (--ebpf-maglev-table-size, "
+                    "--ebpf-max-flows), run --cleanup first")
+            for name in MAPS:
+                m = lib.bpf_object__find_map_by_name(obj, name.encode())
+                key, value = SIZES.get(name, (4, 2 * layout.maglev_size))
+                self.maps[name] = Map(name, lib.bpf_map__fd(m), key, value)
+            for device in layout.devices:
+                self._attach_device(obj, device)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _prepare(self, obj: int) -> None:
+        lib = _lib()
+        rodata = libbpf.check_ptr(lib.bpf_object__find_map_by_name(obj, b".rodata"), ".rodata")
+        size = ctypes.c_size_t(0)
+        data = libbpf.check_ptr(lib.bpf_map__initial_value(rodata, ctypes.byref(size)),
+                                ".rodata value")
+        ctypes.memmove(data, self.layout.maglev_size.to_bytes(4, "little"), 4)
+        sizes = {MAP_SERVICES: self.layout.max_services, MAP_MAGLEV: self.layout.max_services,
+                 MAP_ENDPOINTS: self.layout.max_endpoints, MAP_CT: self.layout.max_flows}
+        for name in MAPS:
+            m = libbpf.check_ptr(lib.bpf_object__find_map_by_name(obj, name.encode()),
+                                 f"map {name}")
+            if name in sizes:
+                libbpf.check(lib.bpf_map__set_max_entries(m, sizes[name]), f"size {name}")
+            if name == MAP_MAGLEV:
+                libbpf.check(lib.bpf_map__set_value_size(m, 2 * self.layout.maglev_size),
+                             f"value size {name}")
+            libbpf.check(lib.bpf_map__set_pin_path(m, str(self.layout.dir / name).encode()),
+                         f"pin path {name}")
+
+    def _attach_device(self, obj: int, device: str) -> None:
+        try:
+            ifindex = socket.if_nametoindex(device)
+        except OSError:
+            raise LoadError(f"--ebpf-devices: no device {device!r} in this network "
+                            "namespace") from None
+        lib = libbpf.lib()
+        for hook, (program, attach_type) in HOOKS.items():
+            prog = libbpf.check_ptr(lib.bpf_object__find_program_by_name(obj, program.encode()),
+                                    f"program {program}")
+            try:
+                self._attach(device, hook, lib.bpf_program__fd(prog), ifindex, attach_type)
+            except BpfError as err:
+                if err.errno in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
+                    raise LoadError(f"attaching tc {hook} to {device}: this kernel lacks tcx "
+                                    "links (Linux 6.6); use --ebpf-packet-path nft on this "
+                                    "node") from None
+                raise LoadError(f"attaching tc {hook} to {device}: {err.strerror}") from None
+
+    def _attach(self, device: str, hook: str, prog_fd: int, ifindex: int,
+                attach_type: int) -> None:
+        """Switch the pinned link to ``prog_fd``, or create and pin a new one."""
+        lib = libbpf.lib()
+        pin = self.layout.link_pin(device, hook)
+        if pin.exists():
+            fd = libbpf.obj_get(str(pin))
+            try:
+                info = _tcx_info(fd)
+                if (info.type == LINK_TYPE_TCX and info.ifindex == ifindex
+                        and info.attach_type == attach_type):
+                    libbpf.check(lib.bpf_link_update(fd, prog_fd, None),
+                                 f"update link {pin.name}")
+                    log.debug("Adopted link %s (program replaced in place)", pin)
+                    return
+                log.info("Link %s is attached elsewhere (device gone?); replacing it", pin)
+                lib.bpf_link_detach(fd)
+            finally:
+                os.close(fd)
+            pin.unlink()
+        fd = libbpf.check(lib.bpf_link_create(prog_fd, ifindex, attach_type, None),
+                          f"attach {device} {hook}")
+        try:
+            libbpf.obj_pin(fd, str(pin))
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Release this process's handles; pinned maps and links stay in the kernel."""
+        if self._obj is not None:
+            libbpf.lib().bpf_object__close(self._obj)
+            self._obj = None
+            self.maps.clear()
+
+
+def remove_packet_pins(pin_dir: Path) -> list[str]:
+    """Detach every pinned tc link and remove the packet path's pins and directory (then
+    ``pin_dir`` itself if nothing else is left in it). Returns what was removed."""
+    removed: list[str] = []
+    tc_dir = pin_dir / SUBDIR
+    if not tc_dir.is_dir():
+        return removed
+    lib = libbpf.lib()
+    for pin in sorted(tc_dir.glob("link_*")):
+        try:
+            fd = libbpf.obj_get(str(pin))
+            try:
+                lib.bpf_link_detach(fd)
+            finally:
+                os.close(fd)
+        except BpfError as err:
+            log.warning("Detaching %s: %s", pin, err.strerror)
+        pin.unlink()
+        removed.append(pin.name)
+    for name in MAPS:
+        pin = tc_dir / name
+        if pin.exists():
+            pin.unlink()
+            removed.append(pin.name)
+    for path in (tc_dir, pin_dir):
+        try:
+            path.rmdir()
+        except OSError:
+            break
+    return removed

@@ -1,0 +1,71 @@
+"""What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
+
+Rows served so far: NodePorts on the node's NodePort addresses, TCP and UDP, IPv4,
+with the endpoints the frontend marked ``external`` (so externalTrafficPolicy Local
+already means the local ones). Each endpoint says whether it runs on this node (DNAT
+only) or elsewhere (DNAT and SNAT). No endpoint at all: the entry refuses (dropped for
+now); endpoints but none for external traffic: dropped, as kube-proxy does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from svcproxy.sdk import ServicePortKey, ServicePortState
+
+from .layout import F_REFUSE, PROTOCOLS, Frontend
+from .packet_layout import F_MAGLEV, pack_endpoint
+from .plan import MAX_ENDPOINTS, Entry, Plan
+
+log = logging.getLogger(__name__)
+
+LB_ALGORITHMS = ("random", "maglev")
+LB_ANNOTATION = "svcproxy.io/lb-algorithm"
+
+
+def algorithm(state: ServicePortState, default: str) -> str:
+    """The service's ``svcproxy.io/lb-algorithm`` when it names one, else ``default``."""
+    chosen = state.service.option(LB_ANNOTATION, default)
+    return chosen if chosen in LB_ALGORITHMS else default
+
+
+def packet_entries(state: ServicePortState, node_ips: Iterable[str],
+                   default_algorithm: str = "random") -> dict[Frontend, Entry]:
+    """The tc entries of one service port."""
+    svc = state.service
+    proto = svc.key.protocol.value
+    if proto not in PROTOCOLS or not svc.node_port:
+        return {}
+    if not 0 < svc.node_port <= 0xFFFF:
+        raise ValueError(f"node port {svc.node_port} out of range")
+    eps = [e for e in state.endpoints.values() if ":" not in e.ip]
+    slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps if e.external))
+    if len(slots) > MAX_ENDPOINTS:
+        raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
+    if not slots:
+        entry = Entry(flags=0 if svc.has_endpoints and eps else F_REFUSE)
+    else:
+        entry = Entry(slots, F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0)
+    return {Frontend(ip, svc.node_port, proto): entry for ip in node_ips if ":" not in ip}
+
+
+class PacketPlan(Plan):
+    """The socket path's Plan (claims, per-record recomputation) over ``packet_entries``."""
+
+    def __init__(self, default_algorithm: str,
+                 on_reject: Callable[[ServicePortKey], None] = lambda _key: None) -> None:
+        super().__init__(on_reject)
+        self.default_algorithm = default_algorithm
+
+    def _entries(self, record: ServicePortState, node_ips: tuple[str, ...]) -> dict[
+            Frontend, Entry]:
+        try:
+            entries = packet_entries(record, node_ips, self.default_algorithm)
+            for fe in entries:
+                fe.pack()
+            return entries
+        except (ValueError, OverflowError, KeyError, OSError) as err:
+            log.warning("Service port %s not programmed on the packet path: %s", record.key, err)
+            self.on_reject(record.key)
+            return {}

@@ -1,0 +1,270 @@
+"""``--ebpf-packet-path bpf`` with real packets: the tc programs on node1's eth0 in the
+test lab (two nodes, pods on both, an external client on their LAN) serve NodePorts to
+an endpoint on node1 (DNAT) and on node2 (DNAT + SNAT, redirected out), with no
+nftables or iptables rule in the node's namespace.
+
+The lab's namespaces, the bpffs mount, the pins and the tcx links (on node1's eth0, a
+device of a namespace made here) are removed at the end, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from svcproxy.backends.ebpf import libbpf, maglev
+from svcproxy.backends.ebpf.packet_backend import PacketBackend
+from svcproxy.backends.ebpf.packet_layout import MAP_CT, endpoint_name, pack_endpoint
+from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+)
+from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.lab.client import probe, summarize
+from tests.lab.echo import EchoServer
+from tests.lab.netns import call_in, ns_exec
+from tests.lab.plan import standard_spec
+from tests.lab.topology import Lab
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("ip") is None or shutil.which("nft") is None:
+        return "needs iproute2 and nft"
+    if not OBJECT.exists():
+        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
+    return ""
+
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+
+SPEC = standard_spec()
+NODE1, NODE2 = SPEC.node("node1"), SPEC.node("node2")
+CLIENT = SPEC.clients[0]
+PODS = {p.name: p for p in SPEC.pods}
+TABLE = 16381
+
+
+class World:
+    """The lab, echo servers in the pods, a bpffs, and the packet backend on node1."""
+
+    def __init__(self) -> None:
+        self.lab = Lab(spec=SPEC)
+        self.bpffs = Path(tempfile.mkdtemp(prefix="sptc-"))
+        self.mounted = False
+        self.servers: list[EchoServer] = []
+        self.backend: PacketBackend | None = None
+        self.services: dict[ServicePortKey, ServicePortState] = {}
+        self.revision = 0
+
+    def start(self) -> World:
+        self.lab.build()
+        for name in ("pod-a", "pod-b", "pod-c", "pod-d"):
+            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
+        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
+        self.mounted = True
+        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4,))
+        # No --ebpf-devices: the device holding the node IP (eth0) is found.
+        self.backend = PacketBackend(config, PacketLayout(self.bpffs / "pins", (),
+                                                          maglev_size=TABLE))
+        return self
+
+    def stop(self) -> None:
+        try:
+            if self.backend is not None:
+                self.in_node(self.backend.cleanup)
+        finally:
+            for server in self.servers:
+                server.stop()
+            if self.mounted:
+                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+            self.lab.destroy()
+
+    def in_node(self, fn: Any, *args: Any) -> Any:
+        return call_in(self.lab.ns("node1"), fn, *args)
+
+    def set(self, record: ServicePortState) -> None:
+        self.services[record.key] = record
+        self.sync(Changes(frozenset({record.key})))
+
+    def delete(self, key: ServicePortKey) -> None:
+        self.services.pop(key, None)
+        self.sync(Changes(frozenset({key})))
+
+    def sync(self, changes: Changes) -> None:
+        self.revision += 1
+        assert self.backend is not None
+        state = NodeState("node1", self.revision, None, dict(self.services))
+        self.in_node(self.backend.sync, state, changes)
+
+    def tcp(self, port: int, count: int = 12) -> Any:
+        return summarize(probe(self.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, port, count))
+
+    def udp(self, port: int, count: int = 12) -> Any:
+        return summarize(probe(self.lab.ns(CLIENT.name), "udp", NODE1.ipv4, port, count))
+
+
+def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
+              **extra: Any) -> ServicePortState:
+    """A NodePort service ``port`` -> 8080 on ``pods`` (node1's are local)."""
+    key = ServicePortKey("default", name, "p", Protocol(proto))
+    svc = ServicePort(key, type=ServiceType.NODE_PORT, cluster_ips=(f"10.96.1.{port % 200}",),
+                      port=80, node_port=port, has_endpoints=bool(pods), **extra)
+    eps = {}
+    for pod in pods:
+        spec = PODS[pod]
+        local = spec.node.name == "node1"
+        eps[spec.ipv4] = Endpoint(spec.ipv4, 8080, is_local=local, node_name=spec.node.name,
+                                  internal=True, external=True, cluster=True, local=local)
+    return ServicePortState(svc, eps)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World()
+    try:
+        w.start()
+        yield w
+    finally:
+        w.stop()
+
+
+def test_node_port_to_an_endpoint_on_this_node(world: World) -> None:
+    world.set(node_port("local", 30080, ["pod-a"]))
+    world.set(node_port("local-udp", 30080, ["pod-a"], proto="UDP"))
+    for got in (world.tcp(30080), world.udp(30080)):
+        assert got.names == Counter({"pod-a": 12}), got
+        # DNAT only: the pod sees the client; the reply reached a socket connected to
+        # the NodePort, so it came back from the service address.
+        assert got.sources == {CLIENT.ipv4}
+
+
+def test_node_port_to_an_endpoint_on_another_node(world: World) -> None:
+    world.set(node_port("remote", 30081, ["pod-c"]))
+    world.set(node_port("remote-udp", 30081, ["pod-c"], proto="UDP"))
+    for got in (world.tcp(30081), world.udp(30081)):
+        assert got.names == Counter({"pod-c": 12}), got
+        # SNATed to node1's address on the device the route to node2 leaves by.
+        assert got.sources == {NODE1.ipv4}
+
+
+def test_endpoints_on_both_nodes_and_a_change(world: World) -> None:
+    world.set(node_port("both", 30082, ["pod-a", "pod-b", "pod-c", "pod-d"]))
+    got = world.tcp(30082, count=60)
+    assert got.answered == {"pod-a", "pod-b", "pod-c", "pod-d"}, got
+    assert not got.errors
+    world.set(node_port("both", 30082, ["pod-d"]))
+    assert world.tcp(30082).names == Counter({"pod-d": 12})
+    world.delete(ServicePortKey("default", "both", "p", Protocol.TCP))
+    assert world.tcp(30082, count=2).errors == Counter({"refused": 2}), \
+        "without the service, the node's own stack answers (no listener)"
+
+
+def test_no_nftables_or_iptables_rule_in_the_node(world: World) -> None:
+    world.set(node_port("rules", 30083, ["pod-a", "pod-c"]))
+    node = world.lab.ns("node1")
+    assert ns_exec(node, "nft", "list", "ruleset").strip() == ""
+    if shutil.which("iptables-save"):
+        rules = [line for line in ns_exec(node, "iptables-save").splitlines()
+                 if line.startswith("-A")]
+        assert rules == []
+
+
+def _udp_flows(ns: str, host: str, port: int, sports: range) -> dict[int, str]:
+    def run() -> dict[int, str]:
+        seen = {}
+        for sport in sports:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.settimeout(2)
+                s.bind((CLIENT.ipv4, sport))
+                s.connect((host, port))
+                s.send(b"ping\n")
+                try:
+                    seen[sport] = s.recv(256).decode().split()[0]
+                except OSError as err:
+                    seen[sport] = f"error {err}"
+        return seen
+
+    return call_in(ns, run)
+
+
+def _predicted(pods: list[str], sports: range, port: int) -> dict[int, str]:
+    """What the program must pick per source port: the Maglev table of the endpoints
+    (built here, in the test's process) at the flow's hash."""
+    by_slot = sorted((pack_endpoint(PODS[p].ipv4, 8080, PODS[p].node.name == "node1"), p)
+                     for p in pods)
+    table = maglev.build([endpoint_name(s) for s, _ in by_slot], TABLE)
+    client = socket.inet_aton(CLIENT.ipv4) + bytes(12)
+    node = socket.inet_aton(NODE1.ipv4) + bytes(12)
+    return {sp: by_slot[table[maglev.flow_hash(client, node, sp, port, 17) % TABLE]][1]
+            for sp in sports}
+
+
+def _forget_flows(world: World) -> None:
+    """Empty the connection tracking map, as a node that never saw these flows."""
+    assert world.backend is not None and world.backend.programs is not None
+    ct = world.backend.programs.maps[MAP_CT]
+    ct.delete_many([k for k, _ in ct.items()])
+    assert len(ct) == 0
+
+
+def test_maglev_picks_the_tables_endpoint_and_a_removal_moves_only_its_flows(
+        world: World) -> None:
+    pods = ["pod-a", "pod-b", "pod-c", "pod-d"]
+    sports = range(21000, 22000)
+    world.set(node_port("mag", 30084, pods, proto="UDP",
+                        options=(("svcproxy.io/lb-algorithm", "maglev"),)))
+    before = _udp_flows(world.lab.ns(CLIENT.name), NODE1.ipv4, 30084, sports)
+    # Every node builds this table and hashes the flow the same way: the endpoint the
+    # program chose is the one computed here, for each of 1,000 flows.
+    assert before == _predicted(pods, sports, 30084)
+    world.set(node_port("mag", 30084, pods[:3], proto="UDP",
+                        options=(("svcproxy.io/lb-algorithm", "maglev"),)))
+    _forget_flows(world)
+    after = _udp_flows(world.lab.ns(CLIENT.name), NODE1.ipv4, 30084, sports)
+    assert after == _predicted(pods[:3], sports, 30084)
+    kept = [sp for sp in sports if before[sp] != "pod-d"]
+    moved = sum(after[sp] != before[sp] for sp in kept)
+    assert len(kept) > 600 and moved <= len(kept) * 0.03, (moved, len(kept))
+
+
+def test_cleanup_removes_the_programs_and_pins(world: World) -> None:
+    world.set(node_port("last", 30085, ["pod-a"]))
+    assert world.tcp(30085, count=2).names == Counter({"pod-a": 2})
+    backend = world.backend
+    assert backend is not None
+    pins = backend.layout.dir
+    links = []
+    for pin in pins.glob("link_*"):
+        fd = libbpf.obj_get(str(pin))
+        try:
+            from svcproxy.backends.ebpf.packet_loader import _tcx_info
+
+            links.append(_tcx_info(fd).id)
+        finally:
+            os.close(fd)
+    assert len(links) == 2
+    world.in_node(backend.cleanup)
+    assert not backend.layout.pin_dir.exists()
+    for link in links:
+        shown = subprocess.run(["bpftool", "link", "show", "id", str(link)],
+                               capture_output=True, text=True)
+        assert shown.returncode != 0, shown.stdout
+    assert world.tcp(30085, count=2).errors == Counter({"refused": 2})
