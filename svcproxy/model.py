@@ -167,7 +167,11 @@ class ServicePortState:
         return [e for _, e in sorted(self.endpoints.items()) if e.internal]
 
     def external_endpoints(self) -> list[Endpoint]:
-        """Endpoints for external traffic (NodePort, ExternalIP, LB), sorted by IP."""
+        """Endpoints for external traffic (NodePort, ExternalIP, LB), sorted by IP:
+        externalTrafficPolicy applied. A service port without any external address (a
+        ClusterIP service with no externalIPs: no node port, no ingress) receives no
+        external traffic; its external set is then the cluster-wide set (the policy has
+        nothing to apply to), and a backend has nothing to program with it."""
         return [e for _, e in sorted(self.endpoints.items()) if e.external]
 
     def cluster_endpoints(self) -> list[Endpoint]:

@@ -39,3 +39,16 @@ def test_every_relative_link_of_the_top_level_pages_exists() -> None:
                for page in pages for target in LINK.findall(page.read_text())
                if "://" not in target and not (page.parent / target).exists()]
     assert missing == []
+
+
+def test_every_hook_the_agent_reads_from_a_backend_is_in_its_docstring() -> None:
+    """A backend author reads ``help(Backend)``: each optional attribute the node agent or
+    the SDK looks up on a backend (``getattr(backend, "...")``) is explained there."""
+    from svcproxy.sdk import Backend
+
+    hook = re.compile(r'getattr\((?:self\._)?backend, "(\w+)"')
+    read = {name for path in (ROOT / "svcproxy").rglob("*.py")
+            for name in hook.findall(path.read_text())} - {"name"}
+    assert read, "no hook found: the pattern no longer matches the code"
+    missing = sorted(name for name in read if f"``{name}" not in (Backend.__doc__ or ""))
+    assert missing == [], f"document these in svcproxy.sdk.Backend's docstring: {missing}"

@@ -102,7 +102,13 @@ def _without_none(items: Mapping[K, V | None]) -> dict[K, V]:
 
 class Applied(Mapping[K, V]):
     """What the last successful apply left in the dataplane, item by item (read only
-    as a mapping; changed only by ``commit`` and ``invalidate``)."""
+    as a mapping; changed only by ``commit`` and ``invalidate``).
+
+    During ``StagedBackend.apply`` it still holds the old values: the delta being applied
+    is committed only after ``apply`` returns (and then only the part it took), so
+    ``apply`` can compare each new value with ``self.applied[key]`` to write only what
+    differs. An ``apply`` that raises makes it forget everything (``invalidate``): the
+    next sync rebuilds."""
 
     def __init__(self) -> None:
         self._items: dict[K, V] = {}
