@@ -345,9 +345,11 @@ def test_flushed_rules_come_back_at_the_next_periodic_sync(lab: Lab) -> None:
     assert "-j KUBE-SERVICES" in lab.iptables_save()
 
 
-def test_an_hourly_resync_rewrites_a_service_chain_flushed_behind_its_back(lab: Lab) -> None:
-    """The canary stays, so only the SDK's full_sync_interval notices: nothing is written
-    before it has passed, everything applied (not rendered again) after."""
+def test_a_resync_rewrites_a_chain_flushed_behind_its_back_and_the_hourly_one_all(
+        lab: Lab) -> None:
+    """The canary stays, so only the drift check notices (issue 27: before, the chain
+    stayed flushed until full_sync_interval had passed): the first periodic resync
+    writes the applied rules again, not rendered; the hourly one rewrites them too."""
     web = service("web", "172.30.0.10", ("pod-a",))
     be = backend(lab)
     now = [0.0]
@@ -359,8 +361,11 @@ def test_an_hourly_resync_rewrites_a_service_chain_flushed_behind_its_back(lab: 
     periodic = Changes(services=frozenset(state.services), full=True, reason="periodic")
     now[0] = be.full_sync_interval - 1
     be.sync(state, periodic)
+    assert [(r.full, r.rendered) for r in be.reports if r.family == 4] == [(True, 0)]
+    assert lab.connect(lab.client, "172.30.0.10", 80) == ["pod-a 10.244.1.1"]
+    be.sync(state, periodic)
     assert [r.chains_written for r in be.reports if r.family == 4] == [0]
-    now[0] = be.full_sync_interval
+    now[0] += be.full_sync_interval  # counted from that rewrite
     be.sync(state, periodic)
     assert [(r.full, r.rendered) for r in be.reports if r.family == 4] == [(True, 0)]
     assert lab.connect(lab.client, "172.30.0.10", 80) == ["pod-a 10.244.1.1"]

@@ -3,7 +3,8 @@ what someone else changed in its tables within one sync period, and a chain a fo
 rule keeps from being deleted does not hold back the rest of a change.
 
 Real kernel, a namespace per test, the runner in a thread with a test-sized
-``sync_period``; every wait is for the runner's syncs (bounded), never a fixed sleep.
+``sync_period``; every wait is for the runner's syncs (bounded), never a fixed sleep; a
+test holds ``paused`` (no sync runs) while it breaks something and sees it broken.
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ class Watched(NftBackend):
         super().__init__(CONFIG, NftRunner(("ip", "netns", "exec", ns)), families=(4,))
         self.done: dict[str, int] = {}
         self.changed = threading.Condition()
+        self.paused = threading.Lock()  # held by a test: no sync runs meanwhile
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         try:
-            super().sync(state, changes)
+            with self.paused:
+                super().sync(state, changes)
         finally:
             with self.changed:
                 self.done[changes.reason] = self.done.get(changes.reason, 0) + 1
@@ -139,8 +142,10 @@ def test_a_deleted_dispatch_element_is_back_within_one_period(
         netns: str, agent: Callable[[NodeState], Agent]) -> None:
     a = agent(services())
     full = kernel_content(netns)
-    nft(netns, "delete", "element", "ip", names.TABLE, "service-ips", "{ 10.96.0.1 . tcp . 80 }")
-    assert kernel_content(netns) != full
+    with a.backend.paused:
+        nft(netns, "delete", "element", "ip", names.TABLE, "service-ips",
+            "{ 10.96.0.1 . tcp . 80 }")
+        assert kernel_content(netns) != full
     a.backend.wait("periodic", 2, restored(netns, full))
     assert a.backend.last and a.backend.last.mode == "repair" and a.backend.last.services == 1
 
@@ -150,15 +155,16 @@ def test_a_deleted_rule_and_a_deleted_chain_are_back_within_one_period(
     a = agent(services())
     full = kernel_content(netns)
     external = chain_of(netns, "external", "np")
-    nft(netns, "delete", "rule", "ip", names.TABLE, external, "handle",
-        first_handle(netns, external))
-    # A chain: the sticky service's chain is emptied, so its endpoint chain can go.
     sticky = chain_of(netns, "service", "sticky")
     endpoint_chain = next(w for w in nft(netns, "list", "chains", "ip").split()
                           if w.startswith("endpoint-") and "10.244.1.30" in w)
-    nft(netns, "flush", "chain", "ip", names.TABLE, sticky)
-    nft(netns, "delete", "chain", "ip", names.TABLE, endpoint_chain)
-    assert kernel_content(netns) != full
+    with a.backend.paused:
+        nft(netns, "delete", "rule", "ip", names.TABLE, external, "handle",
+            first_handle(netns, external))
+        # A chain: the sticky service's chain is emptied, so its endpoint chain can go.
+        nft(netns, "flush", "chain", "ip", names.TABLE, sticky)
+        nft(netns, "delete", "chain", "ip", names.TABLE, endpoint_chain)
+        assert kernel_content(netns) != full
     a.backend.wait("periodic", 2, restored(netns, full))
 
 
@@ -168,10 +174,14 @@ def test_a_deleted_table_and_a_foreign_element_are_repaired(
     applied) is the skeleton's drift: the tables are rewritten from the applied values."""
     a = agent(services())
     full = kernel_content(netns)
-    nft(netns, "add", "element", "ip", names.TABLE, "service-ips",
-        "{ 10.96.0.99 . tcp . 80 : drop }")
+    with a.backend.paused:
+        nft(netns, "add", "element", "ip", names.TABLE, "service-ips",
+            "{ 10.96.0.99 . tcp . 80 : drop }")
+        assert kernel_content(netns) != full
     a.backend.wait("periodic", 2, restored(netns, full))
-    nft(netns, "delete", "table", "ip", names.TABLE)
+    with a.backend.paused:
+        nft(netns, "delete", "table", "ip", names.TABLE)
+        assert kernel_content(netns) != full
     a.backend.wait("periodic", 2, restored(netns, full))
     assert a.backend.last and a.backend.last.mode == "replace"
 
@@ -187,8 +197,9 @@ def test_an_endpoint_removal_lands_although_a_foreign_rule_jumps_to_its_chain(
     a = agent(state)
     doomed = next(w for w in nft(netns, "list", "chains", "ip").split()
                   if w.startswith("endpoint-") and "10.244.1.31" in w)
-    nft(netns, "add", "chain", "ip", names.TABLE, "foreign")
-    nft(netns, "add", "rule", "ip", names.TABLE, "foreign", "jump", doomed)
+    with a.backend.paused:  # a resync would see the foreign chain before its rule
+        nft(netns, "add", "chain", "ip", names.TABLE, "foreign")
+        nft(netns, "add", "rule", "ip", names.TABLE, "foreign", "jump", doomed)
     sticky = state.services[key("sticky")]
     fewer = replace(state, revision=2, services={
         **state.services, sticky.key: state_of(sticky.service, endpoint("10.244.1.30"))})

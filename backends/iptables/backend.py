@@ -5,7 +5,10 @@ service port into its rules in every family (``planner.Rendered``), the SDK's ``
 stage compares them with what is applied, and the ``apply`` stage writes the delta
 with one ``iptables-restore --noflush`` per family. What the kernel holds is the SDK's
 ``self.applied``; the backend keeps only what derives from it (each family's top-level
-chains and rule counts, in its ``Planner``).
+chains and rule counts, in its ``Planner``). Every periodic resync reads the rules back
+(one ``iptables-save`` per family, ``drift``): a service port's chains that someone
+changed are written again from the applied values, a changed top-level chain or a
+missing jump rewrites everything.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
+from svcproxy.backends.iptables.drift import Learnt, compare, read_saved
 from svcproxy.backends.iptables.familyconfig import family_config
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
@@ -47,6 +51,7 @@ from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysc
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
 from svcproxy.sdk import (
     Delta,
+    Drift,
     NodeConfig,
     NodeContext,
     ProxyMode,
@@ -125,6 +130,9 @@ class IptablesBackend(StagedBackend[Rendered]):
         # The last full restore tried (values, family index, text): what the line numbers
         # of its error refer to.
         self._last_try: tuple[Values, int, str] | None = None
+        # The drift check's: per family what it learnt; the service ports it found.
+        self._learnt: dict[int, Learnt] = {}
+        self._drifted: frozenset[ServicePortKey] = frozenset()
 
     @property
     def proxy_mode(self) -> ProxyMode:
@@ -200,6 +208,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         try:
             super().sync(state, changes)
         finally:
+            self._drifted = frozenset()
             self._finish()
         self._settle(state)
 
@@ -244,6 +253,35 @@ class IptablesBackend(StagedBackend[Rendered]):
                 return "canary gone"
         return ""
 
+    def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
+        """Read each family's rules (one iptables-save) and compare them with what was
+        applied: our chains by rule count and saved digest, our jumps by presence."""
+        drifted: set[ServicePortKey] = set()
+        for family, fam in self._families.items():
+            planner = fam.planner
+            if not planner.synced:
+                return Drift()
+            index = planner.index
+            services = {k: r for k, v in self.applied.items()
+                        if (r := v.rules[index]) is not None}
+            wanted = {table: list(chains) for table, chains in planner.top.items()}
+            wanted.setdefault(NAT, []).extend(c for r in services.values() for c in r.chains)
+            try:
+                saved = fam.tool.save_stream(lambda lines, w=wanted: read_saved(lines, w))
+            except (IptablesError, OSError) as err:
+                log.warning("Cannot read the IPv%d rules to check them (%s): not checked "
+                            "this period", family, err)
+                return Drift()
+            jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(planner.cfg) else ())
+            keys, why = compare(planner.top, services, jumps, saved,
+                                self._learnt.setdefault(family, Learnt()))
+            if why:
+                self._why = self._why or "changed behind our back"
+                return Drift(skeleton=f"IPv{family}: {why}")
+            drifted |= keys
+        self._drifted = frozenset(drifted)
+        return Drift(self._drifted)
+
     def render(self, state: NodeState, record: ServicePortState) -> Rendered | None:
         """One service port's rules in every family; a version refused before (or with
         values no rule may hold) renders as what is applied."""
@@ -264,10 +302,34 @@ class IptablesBackend(StagedBackend[Rendered]):
         families = list(self._families.values())
         if delta.rebuild:
             return self._apply_full(delta.set, families)
+        repair = dict(delta.repair)
+        for key in self._drifted:  # changed now and drifted: put back what was applied first
+            if key in self.applied and (key in delta.set or key in delta.removed):
+                repair[key] = self.applied[key]
+        if repair:
+            self._repair(repair, families)
+        if not delta.set and not delta.removed:
+            return None
         failed = [fam for fam in families if not self._apply_partial(fam, delta)]
         if not failed:
             return None
         return self._apply_full(after(self.applied, delta), failed)
+
+    def _repair(self, values: Values, families: list[_Family]) -> None:
+        """Write the chains of ``values`` again whole (changed behind our back)."""
+        for fam in families:
+            index = fam.planner.index
+            chains = {c: t for v in values.values() if (r := v.rules[index]) is not None
+                      for c, t in r.chains.items()}
+            text = restore_text({NAT: TableChanges(write=chains)})
+            start = self.clock()
+            if text:
+                fam.tool.restore(text)
+            written = {NAT: sum(t.count("\n") for t in chains.values())}
+            self._reports[fam.family] = SyncReport(
+                fam.family, False, len(chains), 0, self._rendered, len(text),
+                self.clock() - start, written)
+        self._why = self._why or "changed behind our back"
 
     def _apply_partial(self, fam: _Family, delta: Delta[ServicePortKey, Rendered]) -> bool:
         """One family's partial restore; False when a full one must follow."""

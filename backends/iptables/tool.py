@@ -11,12 +11,14 @@ import logging
 import re
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from svcproxy.backends.iptables.restore import SavedTable, parse_save
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MODES = ("nft", "legacy")
 WAIT_SECONDS = "5"
@@ -69,17 +71,23 @@ class Iptables:
     def save_tables(self) -> dict[str, SavedTable]:
         """iptables-save of every table, parsed as it streams (at 10,000 services the
         output is 32 MB: read whole, it would be ~100 MB at the peak of a full resync)."""
+        return self.save_stream(parse_save)
+
+    def save_stream(self, consume: Callable[[Iterable[str]], T], *tables: str) -> T:
+        """``consume`` the lines of iptables-save (of ``tables``, or all) as they stream."""
         args = [*self.prefix, _program(self.family, self.mode, "-save")]
+        for table in tables:
+            args += ["-t", table]
         with tempfile.TemporaryFile() as err, subprocess.Popen(
                 args, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
             assert proc.stdout is not None
-            tables = parse_save(proc.stdout)
+            result = consume(proc.stdout)
             proc.wait()
             if proc.returncode != 0:
                 err.seek(0)
                 raise IptablesError(f"{args[len(self.prefix)]} exited {proc.returncode}: "
                                     f"{err.read().decode(errors='replace').strip()}")
-        return tables
+        return result
 
     def chain_exists(self, table: str, chain: str) -> bool:
         proc = self._run([_program(self.family, self.mode), "--wait", WAIT_SECONDS,

@@ -1,0 +1,130 @@
+"""What of our iptables rules the kernel no longer holds as applied (pure).
+
+Read from one ``iptables-save`` per family, as it streams: for each of our chains its
+rule count and the digest of its saved lines (``iptables-save`` normalizes rules, so the
+text the renderer wrote cannot be compared with it: the digest read the first time a
+chain is checked after it was written is the reference until it is written again), and
+the rules of the built-in chains (our jumps). A top-level chain (KUBE-SERVICES, ...)
+or a jump that differs is the skeleton's drift (everything is rewritten); a service
+port's own chain (KUBE-SVC/SEP/EXT/FW/SVL-*) that differs is that service port's drift
+(its chains are written again). Chains that are not ours are not looked at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from svcproxy.backends.iptables.jumps import Jump, insert_lines
+from svcproxy.backends.iptables.render import ServiceRules
+from svcproxy.backends.iptables.restore import BUILTIN_CHAINS, SavedTable
+from svcproxy.backends.iptables.toplevel import NAT
+from svcproxy.sdk import ServicePortKey
+
+
+@dataclass(frozen=True, slots=True)
+class SavedChain:
+    rules: int
+    digest: bytes
+
+
+@dataclass(slots=True)
+class Saved:
+    """One family's tables as saved: our chains, and the built-in chains' rules."""
+
+    chains: dict[str, dict[str, SavedChain]] = field(default_factory=dict)
+    builtin: dict[str, SavedTable] = field(default_factory=dict)
+
+
+def read_saved(lines: Iterable[str], wanted: Mapping[str, Iterable[str]]) -> Saved:
+    """``iptables-save`` output (lines as they stream) reduced to the chains of
+    ``wanted`` (table -> chains) and the built-in chains' rules."""
+    saved = Saved()
+    table = ""
+    ours: set[str] = set()
+    declared: set[str] = set()
+    rules: dict[str, list[str]] = {}
+    builtin: list[str] = []
+    wanted_sets = {t: set(chains) for t, chains in wanted.items()}
+    for line in lines:
+        if line.startswith("-A "):
+            chain = line[3:line.find(" ", 3)]
+            if chain in ours:
+                rules[chain].append(line)
+            elif chain in BUILTIN_CHAINS:
+                builtin.append(line.rstrip("\n"))
+        elif line.startswith(":"):
+            name = line[1:].split(" ", 1)[0]
+            declared.add(name)
+            if name in ours:
+                rules[name] = []
+        elif line.startswith("*"):
+            table = line[1:].strip()
+            ours = wanted_sets.get(table, set())
+            declared, rules, builtin = set(), {}, []
+        elif line.startswith("COMMIT") and table:
+            saved.chains[table] = {
+                name: SavedChain(len(lines_), _digest(lines_)) for name, lines_ in rules.items()}
+            saved.builtin[table] = SavedTable(frozenset(declared), tuple(builtin))
+            table = ""
+    return saved
+
+
+def _digest(lines: list[str]) -> bytes:
+    return hashlib.blake2b("".join(lines).encode(), digest_size=16).digest()
+
+
+@dataclass(slots=True)
+class Learnt:
+    """Per (table, chain): the text written and the digest saved for it."""
+
+    chains: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
+
+    def same(self, table: str, chain: str, text: str, digest: bytes) -> bool:
+        seen = self.chains.get((table, chain))
+        if seen is None or (seen[0] is not text and seen[0] != text):
+            self.chains[(table, chain)] = (text, digest)
+            return True
+        return seen[1] == digest
+
+    def forget(self, chains: Iterable[tuple[str, str]] | None = None) -> None:
+        if chains is None:
+            self.chains.clear()
+        for chain in chains or ():
+            self.chains.pop(chain, None)
+
+
+def compare(top: Mapping[str, Mapping[str, str]],
+            services: Mapping[ServicePortKey, ServiceRules], jumps: tuple[Jump, ...],
+            saved: Saved, learnt: Learnt) -> tuple[set[ServicePortKey], str]:
+    """(the service ports whose chains differ, why the skeleton differs or "")."""
+    for table, chains in top.items():
+        held = saved.chains.get(table, {})
+        for chain, text in chains.items():
+            why = _differs(table, chain, text, held.get(chain), learnt)
+            if why:
+                return set(), why
+        missing = insert_lines(jumps, table, saved.builtin.get(table))
+        if missing:
+            return set(), f"{table} lacks our jump {missing[0][3:]}"
+    nat = saved.chains.get(NAT, {})
+    drifted: set[ServicePortKey] = set()
+    for key, rules in services.items():
+        for chain, text in rules.chains.items():
+            if _differs(NAT, chain, text, nat.get(chain), learnt):
+                drifted.add(key)
+                break
+    return drifted, ""
+
+
+def _differs(table: str, chain: str, text: str, held: SavedChain | None,
+             learnt: Learnt) -> str:
+    if held is None:
+        return f"chain {chain} of {table} is gone"
+    count = text.count("\n")
+    if held.rules != count:
+        return f"chain {chain} of {table} holds {held.rules} rules, not {count}"
+    if not learnt.same(table, chain, text, held.digest):
+        return f"a rule of chain {chain} of {table} was changed"
+    return ""

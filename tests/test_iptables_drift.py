@@ -1,0 +1,149 @@
+"""Drift repaired (issue 27): the iptables backend under the node agent's sync runner puts
+back, within one sync period, a rule or a chain someone else changed, and real
+connections to the service work again.
+
+The lab of test_iptables_netns (a node, a client, two pods; real packets); the runner in
+a thread with a test-sized ``sync_period``; every wait is for the runner's syncs
+(bounded), never a fixed sleep; a test holds ``paused`` (no sync runs) while it breaks
+something and sees it broken. (The iptables backend uses no ipset, as kube-proxy's
+iptables mode: there is no ipset member to delete.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from svcproxy.agent.health import ProxyHealth
+from svcproxy.agent.runner import SyncRunner
+from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
+from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.testing import FakeSource
+from tests.lab.netns import ns_exec
+from tests.test_iptables_netns import Lab, _needs_root, config, node_state, service
+
+pytestmark = pytest.mark.netns
+PERIOD = 0.5  # seconds: the test's sync period
+WAIT = 60.0  # at most this for the syncs waited for (iptables-nft on a loaded machine)
+VIP = "172.30.0.10"
+
+
+class Watched(IptablesBackend):
+    """The iptables backend (IPv4), counting the syncs it finished by reason."""
+
+    def __init__(self, lab: Lab) -> None:
+        super().__init__(config(), IptablesOptions(prefix=lab.prefix(), families=(4,)))
+        self.done: dict[str, int] = {}
+        self.changed = threading.Condition()
+        self.paused = threading.Lock()  # held by a test: no sync runs meanwhile
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        try:
+            with self.paused:
+                super().sync(state, changes)
+        finally:
+            with self.changed:
+                self.done[changes.reason] = self.done.get(changes.reason, 0) + 1
+                self.changed.notify_all()
+
+    def wait(self, reason: str, more: int) -> None:
+        """Until ``more`` syncs of ``reason`` finished from now."""
+        with self.changed:
+            target = self.done.get(reason, 0) + more
+            ok = self.changed.wait_for(lambda: self.done.get(reason, 0) >= target, WAIT)
+        assert ok, f"fewer than {more} {reason} syncs within {WAIT}s"
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    _needs_root()
+    built = Lab().build()
+    try:
+        yield built
+    finally:
+        built.destroy()
+
+
+@pytest.fixture
+def agent(lab: Lab) -> Iterator[Callable[[NodeState], Watched]]:
+    started: list[tuple[SyncRunner, threading.Thread]] = []
+
+    def start(state: NodeState) -> Watched:
+        source, backend = FakeSource(), Watched(lab)
+        runner = SyncRunner(source, backend, health=ProxyHealth(timeout=10), poll=0.02,
+                            sync_period=PERIOD, min_sync_period=0.0)
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        started.append((runner, thread))
+        source.push(state)
+        backend.wait("initial", 1)
+        return backend
+
+    yield start
+    for runner, thread in started:
+        runner.stop()
+        thread.join(timeout=30)
+
+
+def iptables(lab: Lab, *args: str) -> str:
+    return ns_exec(lab.node, "iptables-nft", *args)
+
+
+def nat_chain(lab: Lab, prefix: str) -> str:
+    """The one chain of ours named ``prefix``-*."""
+    found = [line.split()[0][1:] for line in lab.iptables_save().splitlines()
+             if line.startswith(f":{prefix}-")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def ours(lab: Lab) -> list[str]:
+    """Our rules (KUBE-*), as saved."""
+    return sorted(line for line in lab.iptables_save().splitlines()
+                  if "KUBE-" in line and not line.startswith("#"))
+
+
+def answers(lab: Lab) -> list[str]:
+    return lab.connect(lab.client, VIP, 80)
+
+
+def test_a_deleted_rule_and_a_flushed_chain_are_back_within_one_period(
+        lab: Lab, agent: Callable[[NodeState], Watched]) -> None:
+    state = node_state(service("web", VIP, ("pod-a",), node_port=30080))
+    backend = agent(state)
+    before = ours(lab)
+    assert answers(lab) == ["pod-a 10.244.1.1"]
+    sep = nat_chain(lab, "KUBE-SEP")
+    rules = [line for line in lab.iptables_save().splitlines() if line.startswith(f"-A {sep} ")]
+    dnat = next(i for i, line in enumerate(rules, 1) if "DNAT" in line)
+    with backend.paused:
+        iptables(lab, "-t", "nat", "-D", sep, str(dnat))
+        iptables(lab, "-t", "nat", "-F", nat_chain(lab, "KUBE-SVC"))
+        assert ours(lab) != before and answers(lab) == ["timeout"]
+    backend.wait("periodic", 2)
+    assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
+    report = next(r for r in backend.reports if r.family == 4)
+    assert not report.full  # only that service port's chains were written
+
+
+def test_a_flushed_top_level_chain_and_a_deleted_jump_are_back_within_one_period(
+        lab: Lab, agent: Callable[[NodeState], Watched]) -> None:
+    """The canary chains stay, so only the drift check notices."""
+    state = node_state(service("web", VIP, ("pod-a",)))
+    backend = agent(state)
+    before = ours(lab)
+    with backend.paused:
+        iptables(lab, "-t", "nat", "-F", "KUBE-SERVICES")
+        assert answers(lab) == ["timeout"]
+    backend.wait("periodic", 2)
+    assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
+    rules = [line for line in lab.iptables_save().splitlines()
+             if line.startswith("-A PREROUTING ")]
+    jump = next(i for i, line in enumerate(rules, 1) if "KUBE-SERVICES" in line)
+    with backend.paused:
+        iptables(lab, "-t", "nat", "-D", "PREROUTING", str(jump))
+        assert answers(lab) != ["pod-a 10.244.1.1"]
+    backend.wait("periodic", 2)
+    assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
