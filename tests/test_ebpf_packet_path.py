@@ -32,6 +32,7 @@ from svcproxy.model import (
     ServicePortKey,
     ServicePortState,
     ServiceType,
+    TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
 from tests.lab.client import probe, summarize
@@ -121,17 +122,20 @@ class World:
 
 
 def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
-              **extra: Any) -> ServicePortState:
-    """A NodePort service ``port`` -> 8080 on ``pods`` (node1's are local)."""
+              external: list[str] | None = None, **extra: Any) -> ServicePortState:
+    """A NodePort service ``port`` -> 8080 on ``pods`` (node1's are local); ``external``
+    narrows the frontend's flag for external traffic (default: every endpoint)."""
     key = ServicePortKey("default", name, "p", Protocol(proto))
-    svc = ServicePort(key, type=ServiceType.NODE_PORT, cluster_ips=(f"10.96.1.{port % 200}",),
-                      port=80, node_port=port, has_endpoints=bool(pods), **extra)
+    extra.setdefault("type", ServiceType.NODE_PORT)
+    svc = ServicePort(key, cluster_ips=(f"10.96.1.{port % 200}",), port=80,
+                      node_port=port, has_endpoints=bool(pods), **extra)
     eps = {}
     for pod in pods:
         spec = PODS[pod]
         local = spec.node.name == "node1"
+        outside = external is None or pod in external
         eps[spec.ipv4] = Endpoint(spec.ipv4, 8080, is_local=local, node_name=spec.node.name,
-                                  internal=True, external=True, cluster=True, local=local)
+                                  internal=True, external=outside, cluster=True, local=local)
     return ServicePortState(svc, eps)
 
 
@@ -184,6 +188,39 @@ def test_no_nftables_or_iptables_rule_in_the_node(world: World) -> None:
         rules = [line for line in ns_exec(node, "iptables-save").splitlines()
                  if line.startswith("-A")]
         assert rules == []
+
+
+def test_external_traffic_policy_local(world: World) -> None:
+    # The frontend marks only the local endpoints external: those serve, unSNATed.
+    world.set(node_port("etp", 30086, ["pod-a", "pod-c"], external=["pod-a"],
+                        external_traffic_policy=TrafficPolicy.LOCAL))
+    got = world.tcp(30086, count=20)
+    assert got.names == Counter({"pod-a": 20}) and got.sources == {CLIENT.ipv4}, got
+    # Endpoints exist, none on this node: dropped (kube-proxy's rule), not refused.
+    world.set(node_port("etp-none", 30087, ["pod-c"], external=[],
+                        external_traffic_policy=TrafficPolicy.LOCAL))
+    assert world.tcp(30087, count=2).errors == Counter({"timeout": 2})
+
+
+def test_external_ips_and_load_balancer_vips(world: World) -> None:
+    from svcproxy.model import LoadBalancerIngress
+
+    world.set(node_port("ext", 0, ["pod-c"], type=ServiceType.CLUSTER_IP,
+                        external_ips=("192.168.60.10",)))
+    world.set(node_port("lb", 30088, ["pod-a"], type=ServiceType.LOAD_BALANCER,
+                        load_balancer_ingress=(LoadBalancerIngress("192.168.60.11"),)))
+    client = world.lab.ns(CLIENT.name)
+    remote = summarize(probe(client, "tcp", "192.168.60.10", 80, 10))
+    assert remote.names == Counter({"pod-c": 10}) and remote.sources == {NODE1.ipv4}, remote
+    local = summarize(probe(client, "udp", "192.168.60.11", 80, 10))
+    assert local.names == Counter(), "a TCP service leaves UDP alone"
+    local = summarize(probe(client, "tcp", "192.168.60.11", 80, 10))
+    assert local.names == Counter({"pod-a": 10}) and local.sources == {CLIENT.ipv4}, local
+    # ipMode Proxy: the load balancer proxies, the node must not take the VIP.
+    world.set(node_port("lb", 30088, ["pod-a"], type=ServiceType.LOAD_BALANCER,
+                        load_balancer_ingress=(LoadBalancerIngress("192.168.60.11",
+                                                                   "Proxy"),)))
+    assert not summarize(probe(client, "tcp", "192.168.60.11", 80, 2)).names
 
 
 def _udp_flows(ns: str, host: str, port: int, sports: range) -> dict[int, str]:

@@ -1,10 +1,11 @@
 """What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
 
-Rows served so far: NodePorts on the node's NodePort addresses, TCP and UDP, IPv4,
-with the endpoints the frontend marked ``external`` (so externalTrafficPolicy Local
-already means the local ones). Each endpoint says whether it runs on this node (DNAT
-only) or elsewhere (DNAT and SNAT). No endpoint at all: the entry refuses (dropped for
-now); endpoints but none for external traffic: dropped, as kube-proxy does.
+Rows served so far, TCP and UDP, IPv4: NodePorts on the node's NodePort addresses,
+externalIPs and load-balancer VIPs (ipMode VIP, without loadBalancerSourceRanges), with
+the endpoints the frontend marked ``external`` (so externalTrafficPolicy Local already
+means the local ones). Each endpoint says whether it runs on this node (DNAT only) or
+elsewhere (DNAT and SNAT). No endpoint at all: the entry refuses (dropped for now);
+endpoints but none for external traffic: dropped, as kube-proxy does.
 """
 
 from __future__ import annotations
@@ -35,10 +36,18 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
     """The tc entries of one service port."""
     svc = state.service
     proto = svc.key.protocol.value
-    if proto not in PROTOCOLS or not svc.node_port:
+    if proto not in PROTOCOLS:
         return {}
-    if not 0 < svc.node_port <= 0xFFFF:
-        raise ValueError(f"node port {svc.node_port} out of range")
+    if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
+        raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
+    vips = list(svc.external_ips)
+    if not svc.load_balancer_source_ranges:
+        vips += svc.vip_ingress_ips()
+    fronts = [Frontend(ip, svc.node_port, proto) for ip in node_ips if svc.node_port]
+    fronts += [Frontend(ip, svc.port, proto) for ip in vips]
+    fronts = [fe for fe in fronts if ":" not in fe.ip]
+    if not fronts:
+        return {}
     eps = [e for e in state.endpoints.values() if ":" not in e.ip]
     slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps if e.external))
     if len(slots) > MAX_ENDPOINTS:
@@ -47,7 +56,7 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         entry = Entry(flags=0 if svc.has_endpoints and eps else F_REFUSE)
     else:
         entry = Entry(slots, F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0)
-    return {Frontend(ip, svc.node_port, proto): entry for ip in node_ips if ":" not in ip}
+    return dict.fromkeys(fronts, entry)
 
 
 class PacketPlan(Plan):
