@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import Counter
 
@@ -64,10 +64,12 @@ class HealthzServer(RoutedServer):
     """Serves /healthz (sync loop healthy and node eligible) and /livez (sync loop healthy)."""
 
     def __init__(
-        self, host: str, port: int, health: ProxyHealth, metrics: AgentMetrics | None = None
+        self, host: str, port: int, health: ProxyHealth, metrics: AgentMetrics | None = None,
+        details: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:
         self._health = health
         self._metrics = metrics
+        self._details = details  # the agent's own /healthz keys (e.g. unknownNode)
         super().__init__(host, port, "healthz")
 
     def _route(self, path: str) -> Response:
@@ -76,7 +78,9 @@ class HealthzServer(RoutedServer):
             healthy = status.healthy and status.node_eligible
             self._count(self._metrics.healthz_total if self._metrics else None, healthy)
             refused = self._metrics.refused() if self._metrics else None
-            details = self._metrics.backend_details() if self._metrics else None
+            details = self._metrics.backend_details() if self._metrics else {}
+            if self._details is not None:
+                details = {**self._details(), **details}
             body = healthz_body(status, healthy, refused, details)
             return Response(200 if healthy else 503, body, _HEADERS)
         if path == "/livez":

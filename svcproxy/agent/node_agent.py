@@ -21,6 +21,7 @@ from svcproxy.agent.node_context import ContextResolver
 from svcproxy.agent.runner import AfterSync, SyncRunner
 from svcproxy.agent.service_health import ServiceHealthServer
 from svcproxy.agent.source import StateSource
+from svcproxy.agent.unknown_node import UnknownNode
 from svcproxy.model import ServicePortKey
 from svcproxy.sdk.backend import Backend, NodeState
 
@@ -92,7 +93,9 @@ class NodeAgent:
         self.service_health = ServiceHealthServer(
             self.health, self.context.resolve(None).health_check_ips
         )
-        hooks: list[AfterSync] = [lambda _old, _new, _changed: resume_collector_after_start()]
+        self.unknown_node = UnknownNode(config.node_name, self.metrics.registry)
+        hooks: list[AfterSync] = [lambda _old, _new, _changed: resume_collector_after_start(),
+                                  self.unknown_node.after_sync]
         self.conntrack = conntrack
         if conntrack is not None:
             if isinstance(conntrack, ConntrackReconciler):
@@ -117,7 +120,8 @@ class NodeAgent:
         try:
             if healthz_address is not None:
                 self._healthz = self._listen(
-                    lambda: HealthzServer(*healthz_address, self.health, self.metrics),
+                    lambda: HealthzServer(*healthz_address, self.health, self.metrics,
+                                          self.unknown_node.details),
                     "healthz", healthz_address)
             if metrics_address is not None:
                 self._metrics_server = self._listen(
