@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from svcproxy.backends.ipvs.desired import Desired
 from svcproxy.backends.ipvs.diff import Kernel
-from svcproxy.backends.ipvs.genl import DestId, ServiceId
+from svcproxy.backends.ipvs.genl import ServiceId
 from svcproxy.backends.ipvs.render import PortPlan
 from svcproxy.sdk import ServicePortKey
 
@@ -86,16 +86,24 @@ def parse_ipset_save(text: str, names: Iterable[str]) -> tuple[set[str], set[Ent
 
 def in_our_spelling(held: Iterable[Entry], ours: Iterable[Entry]) -> set[Entry]:
     """Entries read from the kernel, each written as the backend writes it when it is one
-    of ``ours`` (so that kernel and mirror compare as sets)."""
-    spelling = {(name, normalize_entry(value)): (name, value) for name, value in ours}
-    return {spelling.get((name, normalize_entry(value)), (name, value))
-            for name, value in held}
+    of ``ours`` (so that kernel and mirror compare as sets); only those not spelled the
+    same on both sides are normalized."""
+    held, ours = set(held), set(ours)
+    same = held & ours
+    spelling = {(name, normalize_entry(value)): (name, value) for name, value in ours - same}
+    return same | {spelling.get((name, normalize_entry(value)), (name, value))
+                   for name, value in held - same}
 
 
-def _real_servers(kernel: Kernel, sid: ServiceId) -> dict[DestId, int]:
-    """The real servers of ``sid`` with their weights, draining ones left out."""
-    return {d: w for d, w in kernel.dests.get(sid, {}).items()
-            if (sid, d) not in kernel.draining}
+def _dests_differ(applied: Kernel, held: Kernel, sid: ServiceId, draining: set[ServiceId],
+                  ) -> bool:
+    """Whether the real servers of ``sid`` differ (weights included), draining ones aside."""
+    have, want = held.dests.get(sid, {}), applied.dests.get(sid, {})
+    if sid not in draining:
+        return have != want
+    skip = applied.draining
+    return ({d: w for d, w in want.items() if (sid, d) not in skip}
+            != {d: w for d, w in have.items() if (sid, d) not in skip})
 
 
 def compare(applied: Kernel, held: Kernel) -> ObjectDrift:
@@ -103,9 +111,9 @@ def compare(applied: Kernel, held: Kernel) -> ObjectDrift:
     and what it holds that ``applied`` does not."""
     servers = {sid for sid, spec in applied.servers.items()
                if held.servers.get(sid) != spec}
-    held_view = Kernel(dests=held.dests, draining=applied.draining)
+    draining = {sid for sid, _ in applied.draining}
     servers.update(sid for sid in applied.servers if sid not in servers
-                   and _real_servers(applied, sid) != _real_servers(held_view, sid))
+                   and _dests_differ(applied, held, sid, draining))
     foreign = [f"virtual server {sid}" for sid in sorted(held.servers.keys()
                                                            - applied.servers.keys())]
     foreign += [f"address {a}" for a in sorted(held.addresses - applied.addresses)]
