@@ -150,3 +150,22 @@ def test_objects_nobody_applied_and_a_lost_ipset_are_removed_by_a_rebuild(
     del recorded.sets.sets["KUBE-LOOP-BACK"]  # type: ignore[attr-defined]
     backend.sync(state, periodic(state))
     assert "KUBE-LOOP-BACK" in recorded.sets.sets  # type: ignore[attr-defined]
+
+
+def test_our_chains_changed_behind_the_backend_rewrite_the_rules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from svcproxy.backends.ipvs import system
+
+    saved = {"nat": ":KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m set --match-set "
+                    "KUBE-CLUSTER-IP dst,dst -j ACCEPT\n-A OTHER -j ACCEPT\n"}
+    backend, _ipvs, _route, recorded, state = _synced(monkeypatch)
+    monkeypatch.setattr(system, "iptables_save", lambda family, table, mode="": saved.get(
+        table, ""))
+    backend.sync(state, Changes(frozenset(state.services), full=True, reason="initial"))  # seen
+    rules = len(recorded.iptables)  # type: ignore[attr-defined]
+    saved["nat"] += "-A OTHER -j DROP\n"  # not ours: no drift
+    backend.sync(state, periodic(state))
+    assert len(recorded.iptables) == rules  # type: ignore[attr-defined]
+    saved["nat"] = saved["nat"].replace("-A KUBE-SERVICES -m set", "-A KUBE-SERVICES -m nope")
+    backend.sync(state, periodic(state))
+    assert len(recorded.iptables) > rules, "the rules rewritten"  # type: ignore[attr-defined]
