@@ -79,7 +79,7 @@ class World:
             self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
         subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
         self.mounted = True
-        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4,))
+        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
         # No --ebpf-devices: the device holding the node IP (eth0) is found.
         self.backend = PacketBackend(config, PacketLayout(self.bpffs / "pins", (),
                                                           maglev_size=TABLE))
@@ -122,20 +122,23 @@ class World:
 
 
 def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
-              external: list[str] | None = None, **extra: Any) -> ServicePortState:
+              external: list[str] | None = None, family: int = 4,
+              **extra: Any) -> ServicePortState:
     """A NodePort service ``port`` -> 8080 on ``pods`` (node1's are local); ``external``
     narrows the frontend's flag for external traffic (default: every endpoint)."""
     key = ServicePortKey("default", name, "p", Protocol(proto))
     extra.setdefault("type", ServiceType.NODE_PORT)
-    svc = ServicePort(key, cluster_ips=(f"10.96.1.{port % 200}",), port=80,
+    cip = f"10.96.1.{port % 200}" if family == 4 else f"fd00:96::1:{port % 200:x}"
+    svc = ServicePort(key, cluster_ips=(cip,), port=80,
                       node_port=port, has_endpoints=bool(pods), **extra)
     eps = {}
     for pod in pods:
         spec = PODS[pod]
+        ip = spec.ipv4 if family == 4 else spec.ipv6
         local = spec.node.name == "node1"
         outside = external is None or pod in external
-        eps[spec.ipv4] = Endpoint(spec.ipv4, 8080, is_local=local, node_name=spec.node.name,
-                                  internal=True, external=outside, cluster=True, local=local)
+        eps[ip] = Endpoint(ip, 8080, is_local=local, node_name=spec.node.name,
+                           internal=True, external=outside, cluster=True, local=local)
     return ServicePortState(svc, eps)
 
 
@@ -166,6 +169,18 @@ def test_node_port_to_an_endpoint_on_another_node(world: World) -> None:
         assert got.names == Counter({"pod-c": 12}), got
         # SNATed to node1's address on the device the route to node2 leaves by.
         assert got.sources == {NODE1.ipv4}
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_ipv6_node_port_to_endpoints_on_both_nodes(world: World, proto: str) -> None:
+    world.set(node_port(f"v6-local-{proto}", 30090, ["pod-a"], proto=proto.upper(), family=6))
+    world.set(node_port(f"v6-remote-{proto}", 30091, ["pod-c"], proto=proto.upper(),
+                        family=6))
+    client = world.lab.ns(CLIENT.name)
+    local = summarize(probe(client, proto, NODE1.ipv6, 30090, 12))
+    assert local.names == Counter({"pod-a": 12}) and local.sources == {CLIENT.ipv6}, local
+    remote = summarize(probe(client, proto, NODE1.ipv6, 30091, 12))
+    assert remote.names == Counter({"pod-c": 12}) and remote.sources == {NODE1.ipv6}, remote
 
 
 def test_endpoints_on_both_nodes_and_a_change(world: World) -> None:

@@ -134,15 +134,17 @@ class PacketBackend(Backend):
         return self
 
     def _write_devices(self, devices: Map) -> None:
-        """Each attached device's first IPv4 address: what remote endpoints see as source."""
-        found: dict[int, list[str]] = {}
+        """Each attached device's first global address of each family: what endpoints on
+        other nodes see as the source of what this node forwards to them."""
+        found: dict[tuple[int, int], str] = {}
         for a in addresses():
-            if a.family == socket.AF_INET and a.scope == 0:
-                found.setdefault(a.index, []).append(a.address)
+            if a.scope == 0:
+                found.setdefault((a.index, a.family), a.address)
         for name in self.layout.devices:
             index = socket.if_nametoindex(name)
-            if index in found:
-                devices.update(index.to_bytes(4, "little"), pack_device(found[index][0], ""))
+            v4, v6 = found.get((index, socket.AF_INET), ""), found.get((index, socket.AF_INET6), "")
+            if v4 or v6:
+                devices.update(index.to_bytes(4, "little"), pack_device(v4, v6))
 
     def _node_ips(self, state: NodeState) -> tuple[str, ...]:
         node = state.context or resolve_context(self.config, state.node)

@@ -1,6 +1,6 @@
 """What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
 
-Rows served so far, TCP and UDP, IPv4: NodePorts on the node's NodePort addresses,
+Rows served so far, TCP and UDP, IPv4 and IPv6: NodePorts on the node's NodePort addresses,
 externalIPs and load-balancer VIPs (ipMode VIP, without loadBalancerSourceRanges), with
 the endpoints the frontend marked ``external`` (so externalTrafficPolicy Local already
 means the local ones). Each endpoint says whether it runs on this node (DNAT only) or
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from svcproxy.sdk import ServicePortKey, ServicePortState
+from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
 from .layout import F_REFUSE, PROTOCOLS, Frontend
 from .packet_layout import F_MAGLEV, pack_endpoint
@@ -45,18 +45,24 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         vips += svc.vip_ingress_ips()
     fronts = [Frontend(ip, svc.node_port, proto) for ip in node_ips if svc.node_port]
     fronts += [Frontend(ip, svc.port, proto) for ip in vips]
-    fronts = [fe for fe in fronts if ":" not in fe.ip]
-    if not fronts:
-        return {}
-    eps = [e for e in state.endpoints.values() if ":" not in e.ip]
+    flags = F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0
+    result: dict[Frontend, Entry] = {}
+    for family in (4, 6):
+        mine = [fe for fe in fronts if (":" in fe.ip) == (family == 6)]
+        if mine:
+            eps = [e for e in state.endpoints.values() if (":" in e.ip) == (family == 6)]
+            result.update(dict.fromkeys(mine, _entry(eps, svc.has_endpoints, flags)))
+    return result
+
+
+def _entry(eps: list[Endpoint], has_endpoints: bool, flags: int) -> Entry:
+    """The entry of one family: the external endpoints, or refuse / drop."""
     slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps if e.external))
     if len(slots) > MAX_ENDPOINTS:
         raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     if not slots:
-        entry = Entry(flags=0 if svc.has_endpoints and eps else F_REFUSE)
-    else:
-        entry = Entry(slots, F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0)
-    return dict.fromkeys(fronts, entry)
+        return Entry(flags=0 if has_endpoints and eps else F_REFUSE)
+    return Entry(slots, flags)
 
 
 class PacketPlan(Plan):

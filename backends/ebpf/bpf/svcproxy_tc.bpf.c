@@ -7,7 +7,7 @@
  * handed to the stack, an endpoint on another node gets it DNATed and SNATed to this
  * node's address (a port from spp_ct's reply entries) and redirected out after a FIB
  * lookup. Replies are reversed: SNATed ones on ingress (then redirected to the
- * client), local ones on egress.
+ * client), local ones on egress. IPv4 and IPv6 (without extension headers), TCP and UDP.
  *
  * The maps are written by the Python backend; the layouts are mirrored in
  * backends/ebpf/packet_layout.py and must change together.
@@ -16,11 +16,13 @@
 #include <linux/pkt_cls.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
 #define AF_INET 2
+#define AF_INET6 10
 
 #define F_AFFINITY 1
 #define F_REFUSE 2
@@ -135,56 +137,94 @@ struct {
 } spp_devices SEC(".maps");
 
 struct pkt {
-	__u32 saddr;
-	__u32 daddr;
+	__u32 saddr[4];
+	__u32 daddr[4];
 	__u16 sport;
 	__u16 dport;
 	__u8 proto;
+	__u8 family;   /* 4 or 6 */
 	__u32 l4;      /* offset of the L4 header */
 	__u32 csum;    /* offset of the L4 checksum */
 	__u64 l4flags; /* extra flags for bpf_l4_csum_replace */
 };
 
-static __always_inline int parse4(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
-	struct iphdr ip;
 	__u16 ports[2];
+	__u8 proto;
 
-	if (skb->protocol != bpf_htons(ETH_P_IP))
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+			return -1;
+		if (ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
+			return -1; /* fragments are left to the stack */
+		p->saddr[0] = ip.saddr;
+		p->daddr[0] = ip.daddr;
+		p->family = 4;
+		p->l4 = ETH_HLEN + ip.ihl * 4;
+		proto = ip.protocol;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)))
+			return -1;
+		/* Extension headers (fragments included) are left to the stack. */
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		p->family = 6;
+		p->l4 = ETH_HLEN + sizeof(ip6);
+		proto = ip6.nexthdr;
+	} else {
 		return -1;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+	}
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return -1;
-	if (ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
-		return -1; /* fragments are left to the stack */
-	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
-		return -1;
-	p->l4 = ETH_HLEN + ip.ihl * 4;
 	if (bpf_skb_load_bytes(skb, p->l4, ports, sizeof(ports)))
 		return -1;
-	p->saddr = ip.saddr;
-	p->daddr = ip.daddr;
 	p->sport = ports[0];
 	p->dport = ports[1];
-	p->proto = ip.protocol;
-	p->csum = p->l4 + (ip.protocol == IPPROTO_TCP ? 16 : 6);
-	p->l4flags = ip.protocol == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	p->proto = proto;
+	p->csum = p->l4 + (proto == IPPROTO_TCP ? 16 : 6);
+	p->l4flags = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	return 0;
 }
 
-static __always_inline void set_addr(struct __sk_buff *skb, struct pkt *p, int daddr, __u32 new)
+static __always_inline int same_addr(const __u32 *a, const __u32 *b)
 {
-	__u32 old = daddr ? p->daddr : p->saddr;
-	int off = ETH_HLEN + (daddr ? 16 : 12);
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
 
-	if (old == new)
+static __always_inline void copy_addr(__u32 *to, const __u32 *from)
+{
+	to[0] = from[0];
+	to[1] = from[1];
+	to[2] = from[2];
+	to[3] = from[3];
+}
+
+/* Rewrite the source (daddr 0) or destination address, checksums included. */
+static __always_inline void set_addr(struct __sk_buff *skb, struct pkt *p, int daddr,
+				     const __u32 *new)
+{
+	__u32 *old = daddr ? p->daddr : p->saddr;
+	__u32 want[4];
+
+	copy_addr(want, new);
+	if (same_addr(old, want))
 		return;
-	bpf_l4_csum_replace(skb, p->csum, old, new, BPF_F_PSEUDO_HDR | 4 | p->l4flags);
-	bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, 4);
-	bpf_skb_store_bytes(skb, off, &new, 4, 0);
-	if (daddr)
-		p->daddr = new;
-	else
-		p->saddr = new;
+	if (p->family == 4) {
+		bpf_l4_csum_replace(skb, p->csum, old[0], want[0], BPF_F_PSEUDO_HDR | 4 | p->l4flags);
+		bpf_l3_csum_replace(skb, ETH_HLEN + 10, old[0], want[0], 4);
+		bpf_skb_store_bytes(skb, ETH_HLEN + (daddr ? 16 : 12), want, 4, 0);
+	} else {
+		__s64 diff = bpf_csum_diff(old, 16, want, 16, 0);
+
+		bpf_l4_csum_replace(skb, p->csum, 0, diff, BPF_F_PSEUDO_HDR | p->l4flags);
+		bpf_skb_store_bytes(skb, ETH_HLEN + (daddr ? 24 : 8), want, 16, 0);
+	}
+	copy_addr(old, want);
 }
 
 static __always_inline void set_port(struct __sk_buff *skb, struct pkt *p, int dport, __u16 new)
@@ -203,10 +243,28 @@ static __always_inline void set_port(struct __sk_buff *skb, struct pkt *p, int d
 
 static __always_inline void rewrite(struct __sk_buff *skb, struct pkt *p, const struct ct_val *v)
 {
-	set_addr(skb, p, 0, v->saddr[0]);
-	set_addr(skb, p, 1, v->daddr[0]);
+	set_addr(skb, p, 0, v->saddr);
+	set_addr(skb, p, 1, v->daddr);
 	set_port(skb, p, 0, v->sport);
 	set_port(skb, p, 1, v->dport);
+}
+
+static __always_inline void fib_params(struct bpf_fib_lookup *fib, struct __sk_buff *skb,
+				       const struct pkt *p, const __u32 *daddr)
+{
+	fib->l4_protocol = p->proto;
+	fib->sport = p->sport;
+	fib->dport = p->dport;
+	fib->ifindex = skb->ifindex;
+	if (p->family == 4) {
+		fib->family = AF_INET;
+		fib->ipv4_src = p->saddr[0];
+		fib->ipv4_dst = daddr[0];
+	} else {
+		fib->family = AF_INET6;
+		copy_addr(fib->ipv6_src, p->saddr);
+		copy_addr(fib->ipv6_dst, daddr);
+	}
 }
 
 /* Send the (rewritten) packet out of the device the route to its destination uses. */
@@ -215,13 +273,7 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt 
 	struct bpf_fib_lookup fib = {};
 	long rc;
 
-	fib.family = AF_INET;
-	fib.l4_protocol = p->proto;
-	fib.sport = p->sport;
-	fib.dport = p->dport;
-	fib.ipv4_src = p->saddr;
-	fib.ipv4_dst = p->daddr;
-	fib.ifindex = skb->ifindex;
+	fib_params(&fib, skb, p, p->daddr);
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0);
@@ -229,24 +281,25 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt 
 		return bpf_redirect(fib.ifindex, 0);
 	}
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = fib.ipv4_dst };
+		struct bpf_redir_neigh nh = { .nh_family = fib.family };
 
+		if (p->family == 4)
+			nh.ipv4_nh = fib.ipv4_dst;
+		else
+			copy_addr(nh.ipv6_nh, fib.ipv6_dst);
 		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 	}
 	return TC_ACT_SHOT;
 }
 
 /* The egress device for ``daddr`` (0: no route). */
-static __always_inline __u32 route_oif(struct __sk_buff *skb, const struct pkt *p, __u32 daddr)
+static __always_inline __u32 route_oif(struct __sk_buff *skb, const struct pkt *p,
+				       const __u32 *daddr)
 {
 	struct bpf_fib_lookup fib = {};
 	long rc;
 
-	fib.family = AF_INET;
-	fib.l4_protocol = p->proto;
-	fib.ipv4_src = p->saddr;
-	fib.ipv4_dst = daddr;
-	fib.ifindex = skb->ifindex;
+	fib_params(&fib, skb, p, daddr);
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? fib.ifindex : 0;
 }
@@ -266,14 +319,14 @@ static __always_inline __u32 flow_hash(const struct pkt *p)
 {
 	__u32 h = 0x5eed5eed;
 
-	h = mix(h ^ p->saddr);
-	h = mix(h ^ 0);
-	h = mix(h ^ 0);
-	h = mix(h ^ 0);
-	h = mix(h ^ p->daddr);
-	h = mix(h ^ 0);
-	h = mix(h ^ 0);
-	h = mix(h ^ 0);
+	h = mix(h ^ p->saddr[0]);
+	h = mix(h ^ p->saddr[1]);
+	h = mix(h ^ p->saddr[2]);
+	h = mix(h ^ p->saddr[3]);
+	h = mix(h ^ p->daddr[0]);
+	h = mix(h ^ p->daddr[1]);
+	h = mix(h ^ p->daddr[2]);
+	h = mix(h ^ p->daddr[3]);
 	h = mix(h ^ ((__u32)bpf_ntohs(p->sport) << 16 | bpf_ntohs(p->dport)));
 	h = mix(h ^ p->proto);
 	return h;
@@ -332,37 +385,43 @@ static __always_inline int pick(const struct svc_key *sk, struct svc_val *sv, __
 	return -1;
 }
 
-static __always_inline void ct_tuple(struct ct_key *k, __u32 saddr, __u32 daddr, __u16 sport,
-				     __u16 dport, __u8 proto, __u8 dir)
+static __always_inline void ct_tuple(struct ct_key *k, const __u32 *saddr, const __u32 *daddr,
+				     __u16 sport, __u16 dport, const struct pkt *p, __u8 dir)
 {
-	k->saddr[0] = saddr;
-	k->daddr[0] = daddr;
+	copy_addr(k->saddr, saddr);
+	copy_addr(k->daddr, daddr);
 	k->sport = sport;
 	k->dport = dport;
-	k->proto = proto;
-	k->family = 4;
+	k->proto = p->proto;
+	k->family = p->family;
 	k->dir = dir;
 }
 
+/* The reply entry of a flow SNATed to ``snat``: back to the client, from the service. */
+static __always_inline void snat_reply(struct ct_val *rv, const struct pkt *p, __u64 now)
+{
+	copy_addr(rv->saddr, p->daddr);
+	copy_addr(rv->daddr, p->saddr);
+	rv->sport = p->dport;
+	rv->dport = p->sport;
+	rv->flags = CT_SNAT;
+	rv->last_ns = now;
+}
+
 /* Reply entry of a flow to a remote endpoint: a NAT port free for (endpoint, node address). */
-static __always_inline int nat_port(struct pkt *p, const struct ep_val *ep, __u32 snat,
+static __always_inline int nat_port(struct pkt *p, const struct ep_val *ep, const __u32 *snat,
 				    __u64 now, __u16 *port)
 {
 	struct ct_val rv = {};
 
-	rv.saddr[0] = p->daddr;
-	rv.daddr[0] = p->saddr;
-	rv.sport = p->dport;
-	rv.dport = p->sport;
-	rv.flags = CT_SNAT;
-	rv.last_ns = now;
+	snat_reply(&rv, p, now);
 	for (int i = 0; i < NAT_TRIES; i++) {
 		struct ct_key rk = {};
 		__u16 candidate = bpf_ntohs(p->sport);
 
 		if (i || candidate < NAT_PORT_MIN)
 			candidate = NAT_PORT_MIN + bpf_get_prandom_u32() % NAT_PORT_SPAN;
-		ct_tuple(&rk, ep->addr[0], snat, ep->port, bpf_htons(candidate), p->proto, CT_REPLY);
+		ct_tuple(&rk, ep->addr, snat, ep->port, bpf_htons(candidate), p, CT_REPLY);
 		if (!bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_NOEXIST)) {
 			*port = bpf_htons(candidate);
 			return 0;
@@ -381,32 +440,38 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 
 	if (sv->flags & F_REFUSE || !sv->count)
 		return TC_ACT_SHOT;
-	if (pick(sk, sv, flow_hash(p), &ep))
+	if (pick(sk, sv, flow_hash(p), &ep) || ep.family != p->family)
 		return TC_ACT_SHOT;
-	fv->daddr[0] = ep.addr[0];
+	copy_addr(fv->daddr, ep.addr);
 	fv->dport = ep.port;
-	fv->saddr[0] = p->saddr;
+	copy_addr(fv->saddr, p->saddr);
 	fv->sport = p->sport;
 	fv->last_ns = now;
 	if (ep.flags & EP_LOCAL) {
 		struct ct_val rv = {};
 
-		rv.saddr[0] = p->daddr;
+		copy_addr(rv.saddr, p->daddr);
 		rv.sport = p->dport;
-		rv.daddr[0] = p->saddr;
+		copy_addr(rv.daddr, p->saddr);
 		rv.dport = p->sport;
 		rv.last_ns = now;
-		ct_tuple(&rk, ep.addr[0], p->saddr, ep.port, p->sport, p->proto, CT_REPLY);
+		ct_tuple(&rk, ep.addr, p->saddr, ep.port, p->sport, p, CT_REPLY);
 		bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
 	} else {
-		__u32 oif = route_oif(skb, p, ep.addr[0]);
+		__u32 oif = route_oif(skb, p, ep.addr);
 		struct dev_val *dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
-		__u32 snat = dev && dev->addr4 ? dev->addr4 : p->daddr;
+		__u32 snat[4];
 		__u16 port;
 
+		copy_addr(snat, p->daddr);
+		if (dev && p->family == 4 && dev->addr4)
+			snat[0] = dev->addr4;
+		else if (dev && p->family == 6 && (dev->addr6[0] || dev->addr6[1] ||
+						   dev->addr6[2] || dev->addr6[3]))
+			copy_addr(snat, dev->addr6);
 		if (nat_port(p, &ep, snat, now, &port))
 			return TC_ACT_SHOT;
-		fv->saddr[0] = snat;
+		copy_addr(fv->saddr, snat);
 		fv->sport = port;
 		fv->flags = CT_SNAT;
 	}
@@ -420,15 +485,10 @@ static __always_inline void keep_reply(const struct pkt *p, const struct ct_val 
 	struct ct_key rk = {};
 	struct ct_val rv = {};
 
-	ct_tuple(&rk, fv->daddr[0], fv->saddr[0], fv->dport, fv->sport, p->proto, CT_REPLY);
+	ct_tuple(&rk, fv->daddr, fv->saddr, fv->dport, fv->sport, p, CT_REPLY);
 	if (bpf_map_lookup_elem(&spp_ct, &rk))
 		return;
-	rv.saddr[0] = p->daddr;
-	rv.daddr[0] = p->saddr;
-	rv.sport = p->dport;
-	rv.dport = p->sport;
-	rv.flags = CT_SNAT;
-	rv.last_ns = now;
+	snat_reply(&rv, p, now);
 	bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
 }
 
@@ -441,10 +501,10 @@ int spp_ingress(struct __sk_buff *skb)
 	struct svc_key sk = {};
 	struct svc_val *svp, sv;
 
-	if (parse4(skb, &p))
+	if (parse(skb, &p))
 		return TC_ACT_OK;
 	/* A reply of a flow SNATed to this node: back to the client, from the service. */
-	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_REPLY);
+	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_REPLY);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found && (found->flags & CT_SNAT)) {
 		struct ct_val v = *found;
@@ -453,15 +513,15 @@ int spp_ingress(struct __sk_buff *skb)
 		rewrite(skb, &p, &v);
 		return fib_redirect(skb, &p);
 	}
-	sk.addr[0] = p.daddr;
+	copy_addr(sk.addr, p.daddr);
 	sk.port = p.dport;
 	sk.proto = p.proto;
-	sk.family = 4;
+	sk.family = p.family;
 	svp = bpf_map_lookup_elem(&spp_services, &sk);
 	if (!svp)
 		return TC_ACT_OK;
 	sv = *svp;
-	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_FORWARD);
+	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_FORWARD);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found) {
 		fv = *found;
@@ -484,10 +544,10 @@ int spp_egress(struct __sk_buff *skb)
 	struct ct_key k = {};
 	struct ct_val *found;
 
-	if (parse4(skb, &p))
+	if (parse(skb, &p))
 		return TC_ACT_OK;
 	/* A reply of a local endpoint on its way to the client: from the service again. */
-	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_REPLY);
+	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_REPLY);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found && !(found->flags & CT_SNAT)) {
 		struct ct_val v = *found;
