@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from svcproxy.frontend.computation.records import ServiceRecords
 from svcproxy.frontend.gctuning import collector_paused, settle_long_lived_state
-from svcproxy.frontend.publication.changelog import Changelog
+from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, Changelog, ViewBounds
 from svcproxy.frontend.publication.snapshots import Snapshots
 from svcproxy.frontend.sources.events import Event
 from svcproxy.frontend.store.store import Store
@@ -30,10 +30,11 @@ class Engine:
     callers use the piece that owns what they need (``engine.changelog.view(name)``,
     ``engine.snapshots.catch_up``, ``engine.store.services``)."""
 
-    def __init__(self, proxy_name: str = "", history_limit: int = 20000) -> None:
+    def __init__(self, proxy_name: str = "", history_limit: int = 20000,
+                 bounds: ViewBounds = DEFAULT_BOUNDS) -> None:
         self.store = Store()
         self.computed = ServiceRecords(self.store, proxy_name)
-        self.changelog = Changelog(self.store, self.computed, history_limit)
+        self.changelog = Changelog(self.store, self.computed, history_limit, bounds)
         self.snapshots = Snapshots(self.changelog)
         self.synced = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None

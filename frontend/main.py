@@ -15,6 +15,7 @@ from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.gctuning import paused_until
+from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds
 from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import StreamLimits
@@ -43,6 +44,8 @@ class FrontendOptions:
     metrics_bind_address: str = "127.0.0.1:12091"
     tls: TLSFiles | None = None
     history: int = 20000
+    # --history-max-bytes, --max-views (and how long a view nobody needs is kept).
+    view_bounds: ViewBounds = DEFAULT_BOUNDS
     stream_workers: int = 1
     upstream: str | None = None
     upstream_credentials: grpc.ChannelCredentials | ClientTLS | None = None
@@ -113,7 +116,8 @@ class Frontend:
         (``start_listing``), for the options' apiserver."""
         self.opts = opts
         self._listing = listing
-        self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history)
+        self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history,
+                             bounds=opts.view_bounds)
         self.engine.store.intake = Intake(source_name(opts), opts.object_limits)
         self.port = 0
         self._server: object = None

@@ -14,6 +14,7 @@ from svcproxy.agent.collector import pause_collector_for_start
 
 if TYPE_CHECKING:
     from svcproxy.frontend.main import FrontendOptions
+    from svcproxy.frontend.publication.changelog import ViewBounds
     from svcproxy.frontend.serving.access.auth import AuthConfig
     from svcproxy.frontend.sources.apiserver_early import Listing
     from svcproxy.frontend.sources.kube_limits import ObjectLimits
@@ -47,6 +48,16 @@ def _frontend_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--history", type=int, default=20000, metavar="OPS",
                    help="changes kept per node for clients resuming a stream "
                    "(default %(default)s)")
+    p.add_argument("--history-max-bytes", type=int, default=256 << 20, metavar="BYTES",
+                   help="bytes the changes kept for resuming streams take at most, every "
+                   "node's together (one node's at most an eighth), oldest first; a "
+                   "client resuming from before them gets a full snapshot "
+                   "(default %(default)s: 256 MiB)")
+    p.add_argument("--max-views", type=int, default=10000, metavar="N",
+                   help="node names served at once (each Node, each name watched, the "
+                   "cluster): a Watch for one more name is refused with "
+                   "RESOURCE_EXHAUSTED; a name that is no Node and nobody watches is "
+                   "forgotten after 2 minutes (default %(default)s)")
     p.add_argument("--stream-workers", type=int, default=1, metavar="N",
                    help="serve Watch streams from N processes sharing the --listen port "
                    "(SO_REUSEPORT; TCP only): this one, which also runs the sources and the "
@@ -307,6 +318,8 @@ def _run_frontend(args: argparse.Namespace) -> int:
     if not 0 < args.lag_warning < math.inf:
         raise SystemExit("svcproxy: --lag-warning must be a finite number of seconds, more "
                          "than 0")
+    if args.history_max_bytes < 1 or args.max_views < 1:
+        raise SystemExit("svcproxy: --history-max-bytes and --max-views must be 1 or more")
     limits = StreamLimits(args.max_streams, args.max_streams_per_peer,
                           args.stream_write_timeout,
                           unary_qps_per_peer=args.unary_qps_per_peer,
@@ -315,6 +328,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            kubeconfig=args.kubeconfig, service_proxy_name=args.service_proxy_name,
                            metrics_bind_address=args.metrics_bind_address, tls=tls,
                            history=args.history, stream_workers=args.stream_workers,
+                           view_bounds=_view_bounds(args),
                            upstream=args.upstream, upstream_credentials=upstream_credentials,
                            upstream_token=upstream_token,
                            auth=auth, healthz_bind_address=args.healthz_bind_address,
@@ -322,6 +336,12 @@ def _run_frontend(args: argparse.Namespace) -> int:
                            stream_limits=limits, lag_warning=args.lag_warning)
     opts = _with_object_limits(opts, args)
     return asyncio.run(run_frontend(opts, listing))
+
+
+def _view_bounds(args: argparse.Namespace) -> ViewBounds:
+    from svcproxy.frontend.publication.changelog import ViewBounds
+
+    return ViewBounds(history_bytes=args.history_max_bytes, max_views=args.max_views)
 
 
 def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:

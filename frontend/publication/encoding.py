@@ -16,16 +16,18 @@ was most of its cost (tested equal to the deterministic serialisation of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from hashlib import blake2b
 
 from svcproxy.convert import _AFFINITY, _POLICY, _PROTO, _TYPE, DIGEST_MASK, term_of
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
 
-# Cached parts past which the caches start again (records and endpoints no longer in
-# use would otherwise be kept for good).
-MAX_RECORDS = 500_000
-MAX_PARTS = 2_000_000
+# New cache entries allowed between two sweeps, at least (see ``RecordEncoder.sweep``):
+# a small world is not swept on every change.
+SWEEP_FLOOR = 4096
+# What the by-value caches of strings and ports hold at most before they start again
+# (their values are a cluster's node names, zones and ports: few).
+MAX_VALUES = 10_000
 # Op's fields: set_service 1, delete_service 2, set_endpoint 3, delete_endpoint 4,
 # replace_service 7.
 _SET_SERVICE, _DELETE_SERVICE, _SET_ENDPOINT, _DELETE_ENDPOINT, _REPLACE_SERVICE = (
@@ -77,7 +79,7 @@ class _Strings(dict[str, bytes]):
 
     def __missing__(self, value: str) -> bytes:
         data = value.encode()
-        if len(self) > 100_000:
+        if len(self) > MAX_VALUES:
             self.clear()
         self[value] = out = self.tag + SIZES[len(data)] + data
         return out
@@ -91,7 +93,7 @@ class _Ports(dict[int, bytes]):
     """An endpoint's port field by value."""
 
     def __missing__(self, port: int) -> bytes:
-        if len(self) > 100_000:
+        if len(self) > MAX_VALUES:
             self.clear()
         self[port] = out = b"\x10" + _varint(port & _UINT64) if port else b""
         return out
@@ -195,11 +197,35 @@ def delete_service_op(port_key: bytes) -> bytes:
     return _DELETE_SERVICE + port_key[1:]
 
 
+# The records a sweep keeps: every collection of records something live holds now.
+LiveRecords = Callable[[], Iterable[Iterable[ServicePortState]]]
+
+
+def _nothing_live() -> Iterable[Iterable[ServicePortState]]:
+    return ()
+
+
 class RecordEncoder:
     """Records' serialised ``replace_service`` ops and digest terms, and the parts they are
-    made of (a service port's ``set_service`` op, an endpoint's field), each cached."""
+    made of (a service port's ``set_service`` op, an endpoint's field), each cached.
 
-    def __init__(self) -> None:
+    The caches are bounded by what is live, by sweeps: once as many entries were added
+    since the last sweep as it kept (``SWEEP_FLOOR`` at least), ``sweep`` keeps only the
+    entries of the records ``live`` names (the views' records) and of their service
+    ports and endpoints, so a superseded version goes at the next sweep and the caches
+    hold at most twice the live set of the last sweep plus ``SWEEP_FLOOR``. A sweep costs
+    one pass over the live records, once per as many new entries: O(1) per change
+    amortised. Not weak references: the model's frozen slotted classes have no weakref
+    slot and a callback per dead object costs more than a pass; not an LRU: what is live
+    is known exactly, so nothing live is evicted and nothing dead is kept for its
+    recency. Without ``live`` a sweep keeps nothing (the caches start again)."""
+
+    def __init__(self, live: LiveRecords = _nothing_live, floor: int = SWEEP_FLOOR) -> None:
+        self.live = live
+        self.floor = floor
+        self.sweeps = 0
+        self._allowance = floor
+        self._added = 0
         self._records: dict[int, tuple[ServicePortState, bytes, int]] = {}
         # By the hash of the value (hashing a service port's 18 fields is what costs: a
         # miss then hashes it once, not twice), the value and its serialised set_service
@@ -236,7 +262,9 @@ class RecordEncoder:
         known = self._service_ids.get(id(svc))
         if known is not None and known[0] is svc:
             return known[1]
-        self._bound()
+        if self._added > self._allowance:
+            self.sweep()
+        self._added += 1
         value = hash(svc)
         same = self._services.get(value)
         if same is not None and (same[0] is svc or same[0] == svc):
@@ -255,20 +283,45 @@ class RecordEncoder:
         known = self._endpoints.get(id(ep))
         if known is None or known[0] is not ep or (known[1] is not port_key
                                                    and known[1] != port_key):
+            if self._added > self._allowance:
+                self.sweep()
+            self._added += 1
             data = endpoint_field(ep)
             known = self._endpoints[id(ep)] = (ep, port_key, data, int.from_bytes(
                 blake2b(b"e" + port_key + data, digest_size=8).digest(), "little"))
         return known
 
-    def _bound(self) -> None:
-        """Start the caches again once they are past their bounds."""
-        if len(self._records) > MAX_RECORDS or len(self._endpoints) + len(self._services) \
-                + len(self._service_ids) > MAX_PARTS:
-            self.__init__()  # type: ignore[misc]
+    def sizes(self) -> dict[str, int]:
+        """How many entries each cache holds."""
+        return {"records": len(self._records), "services": len(self._services),
+                "service_objects": len(self._service_ids), "endpoints": len(self._endpoints)}
+
+    def sweep(self) -> None:
+        """Keep only the entries of live records, their service ports and endpoints; the
+        next sweep comes after as many new entries as this one kept (``floor`` at least)."""
+        live: dict[int, ServicePortState] = {}
+        for records in self.live():
+            live.update(zip(map(id, records), records, strict=True))
+        old_services, old_endpoints = self._service_ids, self._endpoints
+        self._records = {k: v for k, v in self._records.items() if k in live}
+        services = {id(rec.service) for rec in live.values()}
+        self._service_ids = {k: v for k, v in old_services.items() if k in services}
+        hits = {id(v[1]) for v in self._service_ids.values()}
+        self._services = {k: v for k, v in self._services.items() if id(v[1]) in hits}
+        endpoints: set[int] = set()
+        for rec in live.values():
+            endpoints.update(map(id, rec.endpoints.values()))
+        self._endpoints = {k: v for k, v in old_endpoints.items() if k in endpoints}
+        kept = sum(self.sizes().values())
+        self._allowance = max(self.floor, kept)
+        self._added = 0
+        self.sweeps += 1
 
     def _encoded(self, rec: ServicePortState) -> tuple[ServicePortState, bytes, int]:
         """Encode ``rec`` (not in the cache) and cache it."""
-        self._bound()
+        if self._added > self._allowance:
+            self.sweep()
+        self._added += 1
         service, total, port_key = self.service(rec.service)
         parts = [service]
         endpoint = self.endpoint

@@ -110,14 +110,9 @@ class NodeStatePages:
         check_filters(method, request.namespace, request.service)
         check = listing_check(request.node_name, request.namespace, request.service)
         token = _token(method, request.page_size, request.page_token, check)
-        # Made first: making a node's view (on its first request) moves the revision.
-        view = self.engine.changelog.view(request.node_name)
-        try:
-            revision, offset = self._position(method, token)
-            key = (request.node_name, revision, request.namespace, request.service)
-            listing = self._listing(key, lambda: self._list(*key))
-        finally:
-            self.engine.changelog.release(view)
+        revision, offset = self._position(method, token)
+        key = (request.node_name, revision, request.namespace, request.service)
+        listing = self._listing(key, lambda: self._list(*key))
         end = _page_end(method, listing.items, offset, request.page_size)
         parts = [b"\x08", _varint(listing.revision)]
         if listing.node:
@@ -198,18 +193,16 @@ class NodeStatePages:
             self._listings.popitem(last=False)
 
     def _list(self, name: str, revision: int, namespace: str, service: str) -> Listing:
+        """The listing of node ``name`` now: its view's, or computed without making one
+        (a one-off question about a name keeps nothing but the listing)."""
         engine = self.engine
-        view = engine.changelog.view(name)
-        try:
-            keys = sorted((k for k in view.records
-                           if (not namespace or k.namespace == namespace)
-                           and (not service or k.name == service)), key=_order)
-            services = [engine.snapshots.service_op(view.records[k]) for k in keys]
-            node = node_to_pb(view.node).SerializeToString() if view.node else b""
-            return Listing(revision, node, services)
-        finally:
-            engine.changelog.release(view)
-
+        info, records = engine.changelog.state(name)
+        keys = sorted((k for k in records
+                       if (not namespace or k.namespace == namespace)
+                       and (not service or k.name == service)), key=_order)
+        services = [engine.snapshots.service_op(records[k]) for k in keys]
+        node = node_to_pb(info).SerializeToString() if info else b""
+        return Listing(revision, node, services)
 
 
 def _token(method: str, page_size: int, token: str, check: str) -> tuple[int, int] | None:

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet.service import FleetService
+from svcproxy.frontend.publication.changelog import TooManyViews
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
@@ -74,12 +75,16 @@ class NodeStateServicer(WatchServicer):
 
     def start_stream(self, name: str, since: int, peer: str) -> tuple[NodeView, int, Messages]:
         """Admit one stream of ``peer`` (its address; its slot is the caller's to release):
-        the view it watches, its cursor and first messages; Refused when over a cap or
-        ``since`` is ahead of this frontend."""
+        the view it watches, its cursor and first messages; Refused when over a cap
+        (streams, views) or ``since`` is ahead of this frontend."""
         check_since("WatchCluster" if name == CLUSTER_VIEW else "Watch", since,
                     self.engine.changelog.revision)
         self.slots.acquire(peer)
-        view = self.engine.changelog.watch(name)
+        try:
+            view = self.engine.changelog.watch(name)
+        except TooManyViews as err:
+            self.slots.release(peer)
+            raise Refused("RESOURCE_EXHAUSTED", str(err)) from None
         cursor, first = self.engine.snapshots.catch_up(view, since)
         return view, cursor, first
 

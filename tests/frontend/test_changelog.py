@@ -74,7 +74,7 @@ def test_a_change_is_one_revision_of_the_views_it_changed_told_to_listeners() ->
                               slice_("web-1", "web", [endpoint("10.0.0.2", "n1")])))
     assert log.revision == before + 1 and heard == [(log.revision, {"n1", CLUSTER_VIEW})]
     view = log.views["n1"]
-    rev, ops = view.history[-1]
+    rev, ops, _ = view.history[-1]
     assert rev == log.revision and ops
     assert {pb.Op.FromString(op.data).WhichOneof("op") for op in ops} <= {
         "set_endpoint", "delete_endpoint", "replace_service", "set_service"}
@@ -86,9 +86,13 @@ def test_a_change_is_one_revision_of_the_views_it_changed_told_to_listeners() ->
 
 def test_a_view_made_again_after_release_cannot_be_resumed_from_its_old_revisions() -> None:
     _, log = _started()
+    now = [0.0]
+    log.clock = lambda: now[0]
     view = log.watch("n9")
     old = view.revision
     log.unwatch(view)
+    now[0] = log.bounds.idle_seconds
+    log.expire()
     assert "n9" not in log.views
     again = log.view("n9")
     assert again is not view and not again.can_resume(old)

@@ -1,0 +1,189 @@
+"""What the frontend keeps is bounded by what is live, not by history (issue 28).
+
+Each test churns a fixed world (tests/soak.py: rollouts, readiness flips, new IPs) and
+checks one bound: the encoder's caches, the histories' bytes, the views.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+
+from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, TooManyViews, ViewBounds
+from svcproxy.frontend.publication.views import charge
+from svcproxy.frontend.serving.limits import Refused
+from svcproxy.frontend.serving.pages import NodeStatePages
+from svcproxy.frontend.serving.server import NodeStateServicer
+from svcproxy.frontend.sources.events import Replace, Upsert
+from svcproxy.v1 import nodestate_pb2 as pb
+from tests.soak import Rollouts
+
+
+def _engine(world: Rollouts, bounds: ViewBounds = DEFAULT_BOUNDS) -> Engine:
+    engine = Engine(bounds=bounds)
+    engine.submit([Replace(kind, objs) for kind, objs in world.objects().items()])  # type: ignore[arg-type]
+    assert engine.synced.is_set()
+    return engine
+
+
+def _churn(engine: Engine, world: Rollouts, changes: int) -> None:
+    for _ in range(changes):
+        engine.submit([Upsert("EndpointSlice", world.step())])
+
+
+def _live(engine: Engine) -> dict[str, int]:
+    """The distinct records the views hold, their service ports and endpoints."""
+    records = {id(r): r for v in engine.changelog.views.values() for r in v.records.values()}
+    return {"records": len(records),
+            "service_objects": len({id(r.service) for r in records.values()}),
+            "endpoints": len({id(e) for r in records.values() for e in r.endpoints.values()})}
+
+
+def _snapshot_all(engine: Engine) -> None:
+    """Every view's snapshot encoded, as new streams make them (every record cached)."""
+    for view in engine.changelog.views.values():
+        for _ in engine.snapshots.snapshot(view):
+            pass
+
+
+def test_encoder_caches_after_generations_of_churn_hold_no_more_than_the_live_set() -> None:
+    world = Rollouts(services=30, endpoints=5, nodes=6)
+    floor = 200
+    engine = _engine(world, ViewBounds(cache_floor=floor))
+    for name in ("node-0", "node-1", "node-2", ""):
+        engine.changelog.watch(name)
+    encoder = engine.changelog.digests.encoder
+    for _ in range(20):  # a generation: about every other pod replaced or flipped
+        _churn(engine, world, 100)
+        _snapshot_all(engine)
+        live, sizes = _live(engine), encoder.sizes()
+        held = sizes["records"] + sizes["service_objects"] + sizes["endpoints"]
+        assert held <= 2 * sum(live.values()) + 2 * floor, (sizes, live)
+    assert encoder.sweeps > 3
+    encoder.sweep()
+    sizes, live = encoder.sizes(), _live(engine)
+    assert {k: sizes[k] for k in live} == live
+    assert sizes["services"] <= sizes["service_objects"]
+    # What stays cached is still right: every view's snapshot equals its records' ops.
+    for view in engine.changelog.views.values():
+        assert view.digest == engine.changelog.digests.of(view)
+
+
+# Two views: each one's eighth of the budget bites; ten: the total bites too.
+@pytest.mark.parametrize("nodes", [1, 9])
+def test_history_never_exceeds_its_byte_budget_oldest_first_and_a_resume_before_is_a_reset(
+        nodes: int) -> None:
+    world = Rollouts(services=30, endpoints=5, nodes=10)
+    budget = 60_000
+    engine = _engine(world, ViewBounds(history_bytes=budget))
+    log = engine.changelog
+    views = [log.watch(name) for name in [f"node-{i}" for i in range(nodes)] + [""]]
+    first = log.revision
+    for _ in range(600):
+        _churn(engine, world, 1)
+        charged = {v.name: sum(charge(ops) for _, ops, _ in v.history) for v in views}
+        assert all(charged[v.name] == v.history_bytes <= budget // 8 for v in views)
+        assert log.history_bytes == sum(charged.values()) <= budget
+    # Every view kept its newest batches, oldest gone first (no gap in what is kept).
+    for view in views:
+        revisions = [rev for rev, _, _ in view.history]
+        assert revisions and revisions == sorted(revisions)
+        assert view.history_start > first
+    cluster = log.views[""]
+    kept = cluster.history[0][0]
+    cursor, msgs = engine.snapshots.catch_up(cluster, kept)
+    assert not pb.WatchEvent.FromString(next(iter(msgs))).reset
+    cursor, msgs = engine.snapshots.catch_up(cluster, first)
+    assert pb.WatchEvent.FromString(next(iter(msgs))).reset
+
+
+def test_get_node_state_makes_no_view_and_a_burst_of_unknown_names_leaves_memory_level(
+        ) -> None:
+    world = Rollouts(services=10, endpoints=5, nodes=200)
+    engine = _engine(world)
+    pages = NodeStatePages(engine)
+
+    def ask(name: str) -> None:
+        pb.NodeState.FromString(pages.answer(pb.GetNodeStateRequest(node_name=name)))
+
+    for i in range(200):  # every Node asked about once: no view is kept for any
+        ask(f"node-{i}")
+    assert engine.changelog.views == {}
+    for i in range(200):
+        ask(f"typo-{i}")
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for i in range(10_000):
+        ask(f"no-such-node-{i}")
+    gc.collect()
+    # Nothing kept per name: the pages' last listings (KEPT_LISTINGS) at most.
+    assert sys.getallocatedblocks() - before < 2_000
+    assert engine.changelog.views == {}
+    # The answer for a Node is its view's, made or not.
+    view = engine.changelog.watch("node-7")
+    got = pb.NodeState.FromString(pages.answer(pb.GetNodeStateRequest(node_name="node-7")))
+    assert len(got.services) == len(view.records) and got.node.name == "node-7"
+
+
+def test_get_node_state_without_a_view_answers_each_change() -> None:
+    """No view: the revision still moves with every change, so no listing of an older
+    state is answered as the current one."""
+    world = Rollouts(services=3, endpoints=2, nodes=2)
+    engine = _engine(world)
+    pages = NodeStatePages(engine)
+
+    def endpoints() -> dict[str, bool]:
+        state = pb.NodeState.FromString(pages.answer(pb.GetNodeStateRequest(
+            node_name="node-0", service="svc-0")))
+        return {e.ip: e.ready for s in state.services for e in s.endpoints}
+
+    before = endpoints()
+    while True:
+        obj = world.step()
+        engine.submit([Upsert("EndpointSlice", obj)])
+        if obj["metadata"]["name"] == "svc-0-abcde":
+            break
+    assert endpoints() != before
+    assert engine.changelog.views == {}
+
+
+def test_watches_for_names_that_are_no_node_leave_views_bounded_and_expire() -> None:
+    world = Rollouts(services=10, endpoints=3, nodes=4)
+    bounds = ViewBounds(idle_views=16, idle_seconds=60)
+    engine = _engine(world, bounds)
+    log = engine.changelog
+    now = [0.0]
+    log.clock = lambda: now[0]
+    node_views = [log.watch(f"node-{i}") for i in range(4)]
+    for i in range(10_000):
+        log.unwatch(log.watch(f"no-such-node-{i}"))
+        assert len(log.views) <= 4 + bounds.idle_views
+    for view in node_views:
+        log.unwatch(view)
+    assert {f"node-{i}" for i in range(4)} <= log.views.keys()  # a Node's view stays
+    now[0] = 61.0
+    _churn(engine, world, 1)
+    assert log.views.keys() == {f"node-{i}" for i in range(4)}
+
+
+def test_a_watch_for_a_new_name_past_max_views_is_resource_exhausted_saying_what_to_do(
+        ) -> None:
+    world = Rollouts(services=5, endpoints=2, nodes=3)
+    engine = _engine(world, ViewBounds(max_views=3))
+    servicer = NodeStateServicer(engine)
+    held = [servicer.start_stream(name, 0, "10.0.0.1")[0]
+            for name in ("node-0", "node-1", "ghost")]
+    with pytest.raises(Refused) as refused:
+        servicer.start_stream("node-2", 0, "10.0.0.1")
+    assert refused.value.code_name == "RESOURCE_EXHAUSTED"
+    assert "--max-views" in refused.value.message
+    assert servicer.slots.total == 3  # the refused stream holds no slot
+    # A view nobody needs makes room for a new name; a needed one never goes.
+    engine.changelog.unwatch(held[2])
+    assert servicer.start_stream("node-2", 0, "10.0.0.1")[0].name == "node-2"
+    with pytest.raises(TooManyViews):
+        engine.changelog.view("node-y")
+    assert engine.changelog.views.keys() == {"node-0", "node-1", "node-2"}
