@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -67,13 +68,21 @@ class Watched(NftBackend):
         with self.changed:
             return self.done.get(reason, 0)
 
-    def wait(self, reason: str, more: int, until: Callable[[], bool] = lambda: True) -> None:
-        """Until ``more`` syncs of ``reason`` finished from now and ``until()`` holds."""
-        target = self.count(reason) + more
-        with self.changed:
-            ok = self.changed.wait_for(lambda: self.done.get(reason, 0) >= target, WAIT)
-        assert ok, f"fewer than {more} {reason} syncs within {WAIT}s"
-        assert until()
+    def wait(self, reason: str, more: int, until: Callable[[], bool] = lambda: True,
+             since: int | None = None) -> None:
+        """Until ``more`` syncs of ``reason`` finished since there were ``since`` (default:
+        now) and ``until()`` holds after one of them (checked after each; at most
+        ``WAIT`` seconds)."""
+        deadline = time.monotonic() + WAIT
+        target = (self.count(reason) if since is None else since) + more
+        while True:
+            with self.changed:
+                ok = self.changed.wait_for(lambda n=target: self.done.get(reason, 0) >= n,
+                                           max(0.0, deadline - time.monotonic()))
+            assert ok, f"no {reason} sync made it true within {WAIT}s"
+            if until():
+                return
+            target += 1
 
 
 @dataclass
@@ -99,7 +108,7 @@ def agent(netns: str) -> Iterator[Callable[[NodeState], Agent]]:
         thread.start()
         started.append((runner, thread, backend))
         source.push(state)
-        backend.wait("initial", 1)
+        backend.wait("initial", 1, since=0)
         return Agent(source, backend, runner)
 
     yield start
@@ -146,7 +155,8 @@ def test_a_deleted_dispatch_element_is_back_within_one_period(
         nft(netns, "delete", "element", "ip", names.TABLE, "service-ips",
             "{ 10.96.0.1 . tcp . 80 }")
         assert kernel_content(netns) != full
-    a.backend.wait("periodic", 2, restored(netns, full))
+    a.backend.wait("periodic", 1)  # the first resync that began after the change
+    assert restored(netns, full)()
     assert a.backend.last and a.backend.last.mode == "repair" and a.backend.last.services == 1
 
 
@@ -165,7 +175,8 @@ def test_a_deleted_rule_and_a_deleted_chain_are_back_within_one_period(
         nft(netns, "flush", "chain", "ip", names.TABLE, sticky)
         nft(netns, "delete", "chain", "ip", names.TABLE, endpoint_chain)
         assert kernel_content(netns) != full
-    a.backend.wait("periodic", 2, restored(netns, full))
+    a.backend.wait("periodic", 1)  # the first resync that began after the change
+    assert restored(netns, full)()
 
 
 def test_a_deleted_table_and_a_foreign_element_are_repaired(
@@ -178,11 +189,13 @@ def test_a_deleted_table_and_a_foreign_element_are_repaired(
         nft(netns, "add", "element", "ip", names.TABLE, "service-ips",
             "{ 10.96.0.99 . tcp . 80 : drop }")
         assert kernel_content(netns) != full
-    a.backend.wait("periodic", 2, restored(netns, full))
+    a.backend.wait("periodic", 1)  # the first resync that began after the change
+    assert restored(netns, full)()
     with a.backend.paused:
         nft(netns, "delete", "table", "ip", names.TABLE)
         assert kernel_content(netns) != full
-    a.backend.wait("periodic", 2, restored(netns, full))
+    a.backend.wait("periodic", 1)  # the first resync that began after the change
+    assert restored(netns, full)()
     assert a.backend.last and a.backend.last.mode == "replace"
 
 
@@ -204,8 +217,9 @@ def test_an_endpoint_removal_lands_although_a_foreign_rule_jumps_to_its_chain(
     fewer = replace(state, revision=2, services={
         **state.services, sticky.key: state_of(sticky.service, endpoint("10.244.1.30"))})
     with caplog.at_level(logging.WARNING):
+        synced = a.backend.count("changes")
         a.push(fewer, "sticky")
-        a.backend.wait("changes", 1)
+        a.backend.wait("changes", 1, since=synced)
     service_chain = nft(netns, "list", "chain", "ip", names.TABLE,
                         chain_of(netns, "service", "sticky"))
     assert "10.244.1.31" not in service_chain and "10.244.1.30" in service_chain
