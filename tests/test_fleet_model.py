@@ -12,7 +12,15 @@ from svcproxy.frontend.fleet.latency import MAX_FOLLOWED, ClusterLatency
 from svcproxy.frontend.fleet.model import Fleet, Report, Served, State
 from svcproxy.frontend.fleet.waits import Wait
 from svcproxy.frontend.publication.wire import WireOp
-from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
+from svcproxy.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+    TrafficPolicy,
+)
 
 KEY = ServicePortKey("shop", "web", "http", Protocol.TCP)
 
@@ -106,21 +114,31 @@ def test_not_addresses(text: str) -> None:
         parse_address(text)
 
 
-def record(**endpoint: object) -> dict[ServicePortKey, ServicePortState]:
+def record(etp_local: bool = False, **endpoint: object
+           ) -> dict[ServicePortKey, ServicePortState]:
     ep = Endpoint(ip="10.0.0.1", port=8080, **endpoint)  # type: ignore[arg-type]
-    return {KEY: ServicePortState(ServicePort(KEY), {"10.0.0.1": ep})}
+    service = ServicePort(KEY, type=ServiceType.NODE_PORT, external_traffic_policy=(
+        TrafficPolicy.LOCAL if etp_local else TrafficPolicy.CLUSTER))
+    return {KEY: ServicePortState(service, {"10.0.0.1": ep})}
 
 
-@pytest.mark.parametrize("sets", ["internal", "external", "cluster", "local"])
-def test_an_address_in_any_set_is_routed_to(sets: str) -> None:
+@pytest.mark.parametrize("sets", ["internal", "external"])
+def test_an_address_in_the_internal_or_external_set_is_routed_to(sets: str) -> None:
     assert routes_to(record(**{sets: True}), Address("10.0.0.1"))
     assert routes_to(record(**{sets: True}), Address("10.0.0.1", 8080))
     assert not routes_to(record(**{sets: True}), Address("10.0.0.1", 9090))
 
 
-def test_an_address_in_no_set_is_not_routed_to() -> None:
-    # Terminating and not selected (the frontend's fallback did not pick it).
-    assert not routes_to(record(ready=False, terminating=True), Address("10.0.0.1"))
+def test_the_cluster_set_routes_only_where_external_traffic_is_short_circuited() -> None:
+    assert routes_to(record(etp_local=True, cluster=True), Address("10.0.0.1"))
+    assert not routes_to(record(cluster=True), Address("10.0.0.1"))
+
+
+def test_an_address_in_no_routed_set_is_not_routed_to() -> None:
+    # A node's serving, terminating pod with ready ones elsewhere: in its local set (no
+    # local endpoint is ready), in no set traffic uses.
+    assert not routes_to(record(ready=False, terminating=True, local=True),
+                         Address("10.0.0.1"))
 
 
 @dataclass

@@ -91,13 +91,17 @@ def parse_address(text: str) -> Address:
 
 def routes_to(records: Mapping[ServicePortKey, ServicePortState], address: Address) -> bool:
     """Whether a node holding ``records`` sends new connections to ``address``: an
-    endpoint with its IP (and target port) is in an internal, external, cluster or local
-    set of some service port (the frontend's sets include the terminating fallback)."""
+    endpoint with its IP (and target port) is in the internal or external set of some
+    service port, or in its cluster set where an externalTrafficPolicy Local service
+    short-circuits pods' and the node's traffic to it (the frontend's sets include the
+    terminating fallback). The local set alone routes nothing: with a Local policy it is
+    the external (or internal) set."""
     for record in records.values():
         ep = record.endpoints.get(address.ip)
         if ep is None or (address.port and ep.port != address.port):
             continue
-        if ep.internal or ep.external or ep.cluster or ep.local:
+        if ep.internal or ep.external or (
+                ep.cluster and record.service.external_policy_local):
             return True
     return False
 

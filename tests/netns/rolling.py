@@ -1,0 +1,160 @@
+"""A rolling update with real packets: two nodes with the nft backend, clients making new
+connections all along, an endpoint made terminating and its server then stopped.
+
+The standard lab (tests/netns/harness.py) runs the frontend and node1's backend; node2
+gets a backend of its own. Service ``roll`` has pod-a (node1) and pod-c (node2). Two
+probers make new connections all along: the client pod through the ClusterIP (node1's
+rules) and an external client through node2's NodePort (node2's rules). ``roll_out``
+makes pod-c's endpoint terminating as the EndpointSlice controller does when the pod is
+deleted, optionally waits as a preStop hook would (``svcproxy wait --endpoint-gone``),
+stops pod-c's server, and counts the connections that failed; ``bring_back`` restarts it
+and waits until every node routes to it again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import grpc
+
+from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
+from tests.lab import manifests as m
+from tests.lab.echo import EchoServer
+from tests.lab.plan import SERVER_PORTS
+from tests.lab.processes import SVCPROXY, Process, backend_argv
+from tests.netns.backends import BackendCase
+from tests.netns.harness import NODE, ScenarioLab
+
+CLUSTER_IP = "10.96.9.1"
+NODE_PORT = 30990
+VICTIM, STAYS = "pod-c", "pod-a"
+REPORT_FLAGS = ("--report-min-interval", "0")
+PROBE_TIMEOUT = 3.0
+PROBE_GAP = 0.005
+
+
+class RollingLab:
+    """See the module docstring; ``start``, then ``roll_out``/``bring_back``, ``stop``."""
+
+    def __init__(self) -> None:
+        self.lab = ScenarioLab(BackendCase("nft", REPORT_FLAGS))
+        self.node2: Process | None = None
+        self.failures: Counter[str] = Counter()
+        self.attempts = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._probers: list[threading.Thread] = []
+
+    @property
+    def api(self) -> str:
+        return f"unix://{self.lab.socket}"
+
+    def start(self) -> RollingLab:
+        lab = self.lab.start()
+        self.node2 = Process(backend_argv(lab.lab.ns("node2"), "nft", self.api, "node2",
+                                          REPORT_FLAGS), lab.dir / "backend-node2.log").start()
+        self._write(victim_ready=True)
+        self.wait("--endpoint-ready", lab.spec.pod(VICTIM).ipv4)
+        lab.eventually(lambda: self._answered_by_both(), timeout=30)
+        node2_ip = lab.spec.node("node2").ipv4
+        self._probers = [
+            threading.Thread(target=self._probe, args=("client", CLUSTER_IP, 80), daemon=True),
+            threading.Thread(target=self._probe, args=("ext-ok", node2_ip, NODE_PORT),
+                             daemon=True)]
+        for prober in self._probers:
+            prober.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for prober in self._probers:
+            prober.join(5)
+        if self.node2 is not None:
+            self.node2.stop()
+        self.lab.stop()
+
+    def _write(self, victim_ready: bool) -> None:
+        spec = self.lab.spec
+        victim = m.endpoint(spec.pod(VICTIM), 4, ready=victim_ready, serving=True,
+                            terminating=not victim_ready)
+        self.lab.apply("roll.yaml", [
+            m.service("roll", [CLUSTER_IP], [m.port("http", 80, 8080, node_port=NODE_PORT)],
+                      type="NodePort"),
+            m.endpoint_slice("roll", [m.endpoint(spec.pod(STAYS), 4), victim],
+                             [m.slice_port("http", 8080)], 4)])
+
+    def _answered_by_both(self) -> None:
+        for client, ip, port in (("client", CLUSTER_IP, 80),
+                                 ("ext-ok", self.lab.spec.node("node2").ipv4, NODE_PORT)):
+            seen = self.lab.probe(client, "tcp", ip, port, 12, timeout=1.0)
+            assert seen.answered == {STAYS, VICTIM} and not seen.errors, (client, seen)
+
+    def _probe(self, client: str, ip: str, port: int) -> None:
+        """New connections until stopped, a few milliseconds apart; errors counted by
+        kind. A connection gets PROBE_TIMEOUT to be answered: the machine is shared, and
+        one the dataplane sends to a stopped server is refused at once anyway."""
+        while not self._stop.is_set():
+            seen = self.lab.probe(client, "tcp", ip, port, 5, timeout=PROBE_TIMEOUT)
+            with self._lock:
+                self.attempts += sum(seen.names.values()) + sum(seen.errors.values())
+                self.failures.update(seen.errors)
+            self._stop.wait(PROBE_GAP)
+
+    def counts(self) -> tuple[int, int]:
+        """(attempts, failures) so far."""
+        with self._lock:
+            return self.attempts, sum(self.failures.values())
+
+    def failure_kinds(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self.failures)
+
+    def wait(self, *what: str, timeout: str = "30s") -> None:
+        """``svcproxy wait`` as a preStop hook runs it; fails the test if it times out."""
+        done = subprocess.run([*SVCPROXY, "wait", "--api", self.api, *what, "--timeout",
+                               timeout, "--quiet"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, f"{done.stderr}\n{self.lab.logs()}"
+
+    def roll_out(self, with_wait: bool) -> int:
+        """pod-c terminating, (the wait,) its server stopped, then a few more probes: the
+        connections that failed meanwhile."""
+        _, failed_before = self.counts()
+        self._write(victim_ready=False)
+        if with_wait:
+            self.wait("--endpoint-gone", self.lab.spec.pod(VICTIM).ipv4)
+        server = next(s for s in self.lab.servers if s.name == VICTIM)
+        server.stop()
+        self._settle()
+        return self.counts()[1] - failed_before
+
+    def bring_back(self) -> None:
+        """pod-c's server again, ready, routed to by every node."""
+        spec = self.lab.spec
+        self.lab.servers = [s for s in self.lab.servers if s.name != VICTIM]
+        self.lab.servers.append(EchoServer(self.lab.lab.ns(VICTIM), VICTIM,
+                                           SERVER_PORTS).start())
+        self._write(victim_ready=True)
+        self.wait_rpc(pb.WaitFleetRequest(endpoint_ready=spec.pod(VICTIM).ipv4))
+
+    def wait_rpc(self, request: pb.WaitFleetRequest, timeout: float = 30.0) -> None:
+        """WaitFleet itself (what ``svcproxy wait`` calls), without a process's start."""
+        with grpc.insecure_channel(self.api) as channel:
+            stub = pb_grpc.NodeStateServiceStub(channel)
+            progress = list(stub.WaitFleet(request, timeout=timeout))
+        assert progress and progress[-1].done, (progress, self.lab.logs())
+
+    def _settle(self, probes: int = 40) -> None:
+        """Until the probers made ``probes`` more connections (a node still routing to
+        the stopped server would fail some of them)."""
+        start, _ = self.counts()
+        deadline = time.monotonic() + 30
+        while self.counts()[0] < start + probes and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+__all__ = ["NODE", "RollingLab"]
