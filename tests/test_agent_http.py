@@ -213,7 +213,7 @@ def test_pending_gauges_show_changes_waiting_for_a_stalled_sync(
     wait_for(lambda: a.backend.count == 1)
     a.backend.gate.clear()
     a.source.push(node_state(2, 1), [KEY])
-    time.sleep(0.1)
+    wait_for(lambda: a.source.takes >= 2)  # its sync is under way, blocked at the gate
     a.source.push(node_state(3, 2), [KEY, LOCAL])
     wait_for(lambda: a.metric("kubeproxy_sync_proxy_rules_service_changes_pending") == 2)
     a.backend.gate.set()

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from svcproxy.frontend.serving.access import tokenreview
 from svcproxy.frontend.serving.access.auth import AuthConfig
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.credentials import TokenFile
@@ -23,7 +24,29 @@ from tests.test_stream import copy_examples
 
 AUDIENCE = "svcproxy"
 NS, SA = "svcproxy", "svcproxy-backend"
-TTL = 0.3
+# Longer than any machine takes for a test's calls: the cache's expiry is reached by
+# moving its clock (``clock``), not by waiting, so a slow machine cannot expire it early.
+TTL = 30.0
+
+
+class Clock:
+    """The token cache's clock (``tokenreview.time``): real time plus what a test added."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    moved = Clock()
+    monkeypatch.setattr(tokenreview, "time", moved)
+    return moved
 
 
 @pytest.fixture
@@ -97,17 +120,19 @@ def test_refused_tokens_are_unauthenticated(fe, api: FakeApiserver) -> None:  # 
         assert why in message, message
 
 
-def test_a_token_stops_working_when_its_pod_is_deleted(fe, api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+def test_a_token_stops_working_when_its_pod_is_deleted(fe, api: FakeApiserver,  # type: ignore[no-untyped-def]
+                                                       clock: Clock) -> None:
     a = pod(api, "backend-a", "node-a")
     token = api.tokens.issue(NS, SA, audiences=(AUDIENCE,), pod=a)
     assert call(fe, token, "Watch") == grpc.StatusCode.OK
     api.delete("Pod", a)
-    time.sleep(TTL + 0.1)
+    clock.advance(TTL + 0.1)
     code, message = details(fe, token, "Watch")
     assert code == grpc.StatusCode.UNAUTHENTICATED and "not found" in message
 
 
-def test_a_replaced_pod_is_caught_by_its_uid(fe, api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+def test_a_replaced_pod_is_caught_by_its_uid(fe, api: FakeApiserver,  # type: ignore[no-untyped-def]
+                                             clock: Clock) -> None:
     """Even when the apiserver does not check the binding, the frontend does: a new pod
     with the old one's name (on another node) does not inherit its token."""
     api.tokens.verify_pod_binding = False
@@ -116,7 +141,7 @@ def test_a_replaced_pod_is_caught_by_its_uid(fe, api: FakeApiserver) -> None:  #
     assert call(fe, token, "Watch") == grpc.StatusCode.OK
     api.delete("Pod", a)
     pod(api, "backend-a", "node-b")
-    time.sleep(TTL + 0.1)
+    clock.advance(TTL + 0.1)
     code, message = details(fe, token, "Watch", "node-b")
     assert code == grpc.StatusCode.UNAUTHENTICATED and "another pod has its name" in message
 
@@ -128,14 +153,15 @@ def test_node_name_extra_binds_without_reading_the_pod(fe, api: FakeApiserver) -
     assert call(fe, token, "GetNodeState", "node-a") == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_cluster_readers_by_group_and_reviews_are_cached(fe, api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+def test_cluster_readers_by_group_and_reviews_are_cached(fe, api: FakeApiserver,  # type: ignore[no-untyped-def]
+                                                         clock: Clock) -> None:
     token = api.tokens.issue("tools", "inspector", audiences=(AUDIENCE,))
     assert call(fe, token, "ListNodes") == grpc.StatusCode.OK
     reviews = api.tokens.reviews
     for _ in range(5):
         assert call(fe, token, "GetNodeState", "node-b") == grpc.StatusCode.OK
     assert api.tokens.reviews == reviews
-    time.sleep(TTL + 0.1)
+    clock.advance(TTL + 0.1)
     assert call(fe, token, "ListNodes") == grpc.StatusCode.OK
     assert api.tokens.reviews == reviews + 1
 
