@@ -63,7 +63,7 @@ class Backend(ABC):
       agent counts them (``svcproxy_backend_refused_services``, ``svcproxy_backend_refusals_total``)
       and lists them in ``/healthz`` (``refusedServicePorts``; the node stays healthy).
     - ``node_port_default`` (``"all"`` or ``"primary"``, default ``"all"``): the addresses
-      NodePorts answer on without ``--nodeport-addresses`` (nft: kube-proxy's nftables
+      NodePorts answer on without ``--node-port-addresses`` (nft: kube-proxy's nftables
       mode's ``"primary"``), resolved into ``state.context``.
     - ``retry_in()`` (seconds or None): when to sync again to retry refused service
       ports (``StagedBackend`` has it); never sooner than ``--min-sync-period``.
