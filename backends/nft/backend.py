@@ -353,7 +353,9 @@ class NftBackend(StagedBackend[PerFamily]):
 
     def _written(self, family: int, rules: Iterable[ServiceRules]) -> None:
         """Chains written again: their digest is learnt anew; left ones are ours again."""
+        rules = list(rules)
         names = [n for r in rules for n in (*r.chains, *r.sets)]
+        names += [lb_chain(n) for n in {n for r in rules for n in r.lb_sizes}]
         learnt = self._learnt.get(family)
         if learnt is not None:
             learnt.forget(names)
