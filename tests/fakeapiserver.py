@@ -12,15 +12,19 @@ It serves Services, EndpointSlices (discovery.k8s.io/v1) and Nodes:
   exactly like the apiserver's watch cache (or, with ``gone_as_status``, an HTTP 410
   response, as when the apiserver serves the watch from etcd).
 
-Tests change the cluster with :meth:`FakeApiserver.create` / ``update`` / ``delete`` and
-provoke failures with ``compact``, ``expire_watches``, ``drop_connections`` and
-``stop``/``start`` (an apiserver restart that keeps its data, as etcd does).
+Tests change the cluster with :meth:`FakeApiserver.create` / ``update`` / ``delete``
+(unchecked, as what etcd holds), or through ``submit`` and a client's POST, which the
+model of the apiserver's validation and allocators (tests/kubemodel.py) answers with
+201 or 422 Invalid as kube-apiserver v1.28 would; they provoke failures with
+``compact``, ``expire_watches``, ``drop_connections`` and ``stop``/``start`` (an
+apiserver restart that keeps its data, as etcd does).
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import ipaddress
 import itertools
 import json
 import re
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests import kubemodel
 from tests.faketokens import TokenIssuer
 
 
@@ -59,6 +64,9 @@ RESOURCES: dict[str, _Resource] = {
     "Pod": _Resource("Pod", "v1", "/api/v1", "pods", True),
 }
 _BY_PATH = {(r.base, r.plural): r for r in RESOURCES.values()}
+# What the allocators hand out (kube-apiserver's defaults).
+SERVICE_CIDRS = (ipaddress.ip_network("10.96.0.0/12"), ipaddress.ip_network("fd00:10:96::/108"))
+NODE_PORTS = (30000, 32767)
 _POD_PATH = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$")
 _TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 _PATH = re.compile(
@@ -212,6 +220,56 @@ class FakeApiserver:
             if _key(stored) in self._state.objects[kind]:
                 raise KeyError(f"{kind} {_key(stored)} already exists")
             return self._record(kind, "ADDED", stored)
+
+    def submit(self, kind: str, obj: Any) -> tuple[int, dict[str, Any]]:
+        """Create ``obj`` as a client's POST does: validated by the model of the apiserver's
+        rules (tests/kubemodel.py) and, for a Service, by its allocators (a cluster IP in
+        SERVICE_CIDR not held by another, a node port in NODE_PORTS not held by another);
+        (201, the stored object) or (422, an Invalid Status naming each cause), or 409
+        when it exists. ``create`` stays the unchecked way in (what etcd holds)."""
+        causes = kubemodel.causes(kind, obj)
+        if not causes and kind == "Service":
+            causes = self._allocation_causes(obj)
+        if causes:
+            name = obj.get("metadata", {}).get("name", "") if isinstance(obj, dict) else ""
+            status = _status(422, "Invalid", f"{kind} {name!r} is invalid: " + ", ".join(
+                f"{where}: {why}" for where, why in causes))
+            status["details"] = {"name": name, "kind": kind, "causes": [
+                {"reason": "FieldValueInvalid", "field": where, "message": why}
+                for where, why in causes]}
+            return 422, status
+        try:
+            return 201, self.create(kind, obj)
+        except KeyError as err:
+            return 409, _status(409, "AlreadyExists", str(err))
+
+    def _allocation_causes(self, obj: dict[str, Any]) -> list[tuple[str, str]]:
+        """The cluster IP and node port allocators' refusals (ipallocator, portallocator)."""
+        spec = obj.get("spec") or {}
+        ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+        out = []
+        with self._cond:
+            held_ips, held_ports = set(), set()
+            for other in self._state.objects["Service"].values():
+                other_spec = other.get("spec") or {}
+                held_ips |= set(other_spec.get("clusterIPs") or [other_spec.get("clusterIP")])
+                held_ports |= {p.get("nodePort") for p in other_spec.get("ports") or []}
+        for i, text in enumerate(ips):
+            if text == "None":
+                continue
+            ip = kubemodel.as_v4(kubemodel.parse_ip(text))
+            if not any(ip in net for net in SERVICE_CIDRS if net.version == ip.version):
+                out.append((f"spec.clusterIPs[{i}]", "provided IP is not in the valid range"))
+            elif text in held_ips:
+                out.append((f"spec.clusterIPs[{i}]", "provided IP is already allocated"))
+        for i, port in enumerate(spec.get("ports") or []):
+            node_port = port.get("nodePort") or 0
+            if node_port and not NODE_PORTS[0] <= node_port <= NODE_PORTS[1]:
+                out.append((f"spec.ports[{i}].nodePort", "provided port is not in the valid "
+                            "range"))
+            elif node_port and node_port in held_ports:
+                out.append((f"spec.ports[{i}].nodePort", "provided port is already allocated"))
+        return out
 
     def update(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Replace an existing object (keeping its uid) and return it as served."""
@@ -520,10 +578,16 @@ def _make_handler(api: FakeApiserver) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            match = _PATH.match(urlsplit(self.path).path)
+            res = match and _BY_PATH.get((match["base"], match["plural"]))
             if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
                 self._json(401, _status(401, "Unauthorized", "Unauthorized"))
             elif urlsplit(self.path).path == _TOKEN_REVIEWS:
                 self._json(201, api.tokens.review(body))
+            elif match and res and res.kind != "Pod":
+                if res.namespaced and isinstance(body, dict):
+                    body.setdefault("metadata", {})["namespace"] = match["ns"] or "default"
+                self._json(*api.submit(res.kind, body))
             else:
                 self._json(405, _status(405, "MethodNotAllowed", "only tokenreviews"))
 

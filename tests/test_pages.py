@@ -29,8 +29,9 @@ NOTE = "n" * 400  # an svcproxy.io/ annotation: every service port carries it (o
 def services(count: int, ns: str = "bulk") -> list[Upsert]:
     """``count`` Services of one port and one endpoint on node-a, ~0.6 KB each served."""
     out = []
+    net = 97 if ns == "bulk" else 98  # a ClusterIP:port is one Service's (claims.py)
     for s in range(count):
-        svc = service(f"s{s}", ns=ns, ip=f"10.97.{s // 250}.{s % 250 + 1}", target=8080)
+        svc = service(f"s{s}", ns=ns, ip=f"10.{net}.{s // 250}.{s % 250 + 1}", target=8080)
         svc["metadata"]["annotations"] = {"svcproxy.io/note": NOTE}
         out.append(Upsert("Service", svc))
         ep = endpoint(f"10.{100 + (s >> 16)}.{(s >> 8) & 255}.{s & 255}", node="node-a")

@@ -28,6 +28,7 @@ from svcproxy.frontend.store.objects import (
     TOPOLOGY_ANNOTATIONS,
     Service,
     SvcPort,
+    parse_time,
 )
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
@@ -161,7 +162,8 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
                            ""),
         proxy_name=labels.get(SERVICE_PROXY_NAME_LABEL),
         options=tuple(sorted((k, v) for k, v in annotations.items()
-                             if k.startswith(OPTION_PREFIX))) if annotations else ())
+                             if k.startswith(OPTION_PREFIX))) if annotations else (),
+        created=parse_time(meta.creationTimestamp))
 
 
 def _cluster_ips(spec: _Spec, stype: str) -> tuple[str, ...] | None:

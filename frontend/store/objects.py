@@ -77,6 +77,7 @@ class Service(_Object, frozen=True):
     topology_mode: str = ""
     proxy_name: str | None = None
     options: tuple[tuple[str, str], ...] = ()
+    created: float = 0.0  # metadata.creationTimestamp (0: unknown): orders claims.py
 
     @property
     def key(self) -> tuple[str, str]:
@@ -303,6 +304,7 @@ def parse_service(obj: dict[str, Any]) -> Service:
         if SERVICE_PROXY_NAME_LABEL in labels else None,
         options=tuple(sorted((str(k), str(v)) for k, v in annotations.items()
                              if str(k).startswith(OPTION_PREFIX))),
+        created=parse_time(meta.get("creationTimestamp")),
     )
 
 

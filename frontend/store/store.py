@@ -25,6 +25,7 @@ from svcproxy.frontend.sources.events import (
 )
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import object_key
+from svcproxy.frontend.store.claims import UNALLOCATED, Claims
 from svcproxy.frontend.store.objects import EndpointSlice, Node, Service
 from svcproxy.model import NodeInfo
 
@@ -50,7 +51,8 @@ class Store:
     """The objects as received; an object equal to the one kept touches nothing."""
 
     def __init__(self, intake: Intake | None = None) -> None:
-        self.services: dict[ObjKey, Service] = {}
+        self.services: dict[ObjKey, Service] = {}  # as served: claims.py's view
+        self.claims = Claims()  # the Services as declared, and who holds which address
         self.slices: dict[ObjKey, EndpointSlice] = {}
         self.slices_of: dict[ObjKey, set[ObjKey]] = {}
         self.nodes: dict[str, Node] = {}
@@ -109,9 +111,9 @@ class Store:
         """Keep ``obj`` (whose ``object_key`` is ``key``) if it is valid and changed."""
         parsed = self._parse(kind, obj, key)
         if isinstance(parsed, Service):
-            if self.services.get(parsed.key) != parsed:
-                self.services[parsed.key] = parsed
-                touched.services.add(parsed.key)
+            self.claims.enabled = self.intake.source in UNALLOCATED
+            if self.claims.declared.get(parsed.key) != parsed:
+                self._serve(self.claims.update(parsed.key, parsed), touched)
         elif isinstance(parsed, EndpointSlice):
             old = self.slices.get(parsed.key)
             if old is not None and old.service_name != parsed.service_name:
@@ -127,10 +129,20 @@ class Store:
                 self.nodes[parsed.name] = parsed
                 touched.nodes.add(parsed.name)
 
+    def _serve(self, services: dict[ObjKey, Service | None], touched: Touched) -> None:
+        """Serve each Service as the claims leave it (None: not at all)."""
+        for key, svc in services.items():
+            if svc is None:
+                if self.services.pop(key, None) is not None:
+                    touched.services.add(key)
+            elif self.services.get(key) != svc:
+                self.services[key] = svc
+                touched.services.add(key)
+
     def _delete(self, kind: Kind, key: ObjKey, touched: Touched) -> None:
         if kind == "Service":
-            if self.services.pop(key, None) is not None:
-                touched.services.add(key)
+            if key in self.claims.declared:
+                self._serve(self.claims.update(key, None), touched)
         elif kind == "EndpointSlice":
             old = self.slices.pop(key, None)
             if old is not None:
