@@ -11,6 +11,8 @@ from collections import Counter
 
 import pytest
 
+from svcproxy.v1 import nodestate_pb2 as pb
+from tests.fleet_lab import wait_state
 from tests.netns.harness import missing_requirements
 from tests.netns.rolling import RollingLab
 
@@ -44,5 +46,10 @@ def test_a_rolling_update_loses_no_connection_with_the_wait() -> None:
               f"{sum(failed_with.values())} of {tried_with} ({dict(failed_with)})")
         assert not failed_with, (each_with, dict(failed_with), lab.lab.logs())
         assert failed_without, "no connection failed without the wait: the test shows nothing"
+        # The nft backends in their namespaces report: applied, with the frontend's digest.
+        for node in ("node1", "node2"):
+            got = wait_state(lab.api, node, pb.NODE_APPLIED)
+            assert got.backend == "nft" and got.applied_digest == got.served_digest
+            assert got.applied_revision == got.served_revision and not got.refused
     finally:
         lab.stop()
