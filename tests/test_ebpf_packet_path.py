@@ -238,6 +238,22 @@ def test_external_ips_and_load_balancer_vips(world: World) -> None:
     assert not summarize(probe(client, "tcp", "192.168.60.11", 80, 2)).names
 
 
+@pytest.mark.parametrize("family", [4, 6])
+def test_no_endpoints_is_refused(world: World, family: int) -> None:
+    """kube-proxy's REJECT: the program answers ICMP port unreachable itself (an
+    externalIP: without it, the address is no local one and nothing would refuse)."""
+    vip = "192.168.60.12" if family == 4 else "fd00:60::12"
+    client = world.lab.ns(CLIENT.name)
+    for proto in ("TCP", "UDP"):
+        world.set(node_port(f"empty-{family}-{proto}", 0, [], proto=proto, family=family,
+                            type=ServiceType.CLUSTER_IP, external_ips=(vip,)))
+        got = summarize(probe(client, proto.lower(), vip, 80, 5))
+        assert got.errors == Counter({"refused": 5}), (proto, got)
+    world.set(node_port(f"empty-{family}-TCP", 0, ["pod-c"], family=family,
+                        type=ServiceType.CLUSTER_IP, external_ips=(vip,)))
+    assert summarize(probe(client, "tcp", vip, 80, 5)).names == Counter({"pod-c": 5})
+
+
 def _udp_flows(ns: str, host: str, port: int, sports: range) -> dict[int, str]:
     def run() -> dict[int, str]:
         seen = {}

@@ -23,6 +23,13 @@
 
 #define AF_INET 2
 #define AF_INET6 10
+#ifndef IPPROTO_ICMPV6
+#define IPPROTO_ICMPV6 58
+#endif
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PORT_UNREACH 4
 
 #define F_AFFINITY 1
 #define F_REFUSE 2
@@ -430,7 +437,213 @@ static __always_inline int nat_port(struct pkt *p, const struct ep_val *ep, cons
 	return -1;
 }
 
-/* A new flow to a service: pick, remember both directions. 0 or TC_ACT_SHOT. */
+/* The one's complement sum ``csum`` (bpf_csum_diff's) folded into a checksum. */
+static __always_inline __u16 fold(__s64 csum)
+{
+	__u32 sum = (__u32)csum;
+
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* An ICMP or ICMPv6 header of an error (type, code, checksum, 4 unused bytes). */
+struct icmp_err {
+	__u8 type;
+	__u8 code;
+	__u16 checksum;
+	__u32 unused;
+};
+
+struct reject4 {
+	struct iphdr ip;
+	struct icmp_err icmp;
+	struct iphdr orig;
+	__u8 orig_l4[8];
+};
+
+struct reject6 {
+	struct ipv6hdr ip;
+	struct icmp_err icmp;
+	struct ipv6hdr orig;
+	__u8 orig_l4[8];
+};
+
+struct pseudo6 {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u32 len;
+	__u8 zero[3];
+	__u8 next;
+};
+
+struct tcp_min {
+	__u16 source;
+	__u16 dest;
+	__u32 seq;
+	__u32 ack_seq;
+	__u8 doff;  /* data offset in the high nibble */
+	__u8 flags; /* TCP_* */
+	__u16 window;
+	__u16 check;
+	__u16 urg;
+};
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+struct pseudo4 {
+	__u32 saddr;
+	__u32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__u16 len;
+};
+
+/* The RST answering this TCP segment (RFC 9293 3.10.7.1), in place: addresses and ports
+ * swapped, options and data cut. */
+static __always_inline int reset(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct tcp_min in, out = {};
+	__u32 len, l3 = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	__s64 sum;
+
+	if (p->l4 != ETH_HLEN + l3 || bpf_skb_load_bytes(skb, p->l4, &in, sizeof(in)))
+		return TC_ACT_SHOT;
+	if (in.flags & TCP_RST)
+		return TC_ACT_SHOT;
+	len = skb->len - p->l4 - (in.doff >> 4) * 4;
+	out.source = in.dest;
+	out.dest = in.source;
+	out.doff = 5 << 4;
+	if (in.flags & TCP_ACK) {
+		out.seq = in.ack_seq;
+		out.flags = TCP_RST;
+	} else {
+		len += (in.flags & TCP_SYN ? 1 : 0) + (in.flags & TCP_FIN ? 1 : 0);
+		out.ack_seq = bpf_htonl(bpf_ntohl(in.seq) + len);
+		out.flags = TCP_RST | TCP_ACK;
+	}
+	if (bpf_skb_change_tail(skb, p->l4 + sizeof(out), 0))
+		return TC_ACT_SHOT;
+	if (p->family == 4) {
+		struct iphdr ip = {};
+		struct pseudo4 ph = {};
+
+		ip.version = 4;
+		ip.ihl = 5;
+		ip.tot_len = bpf_htons(sizeof(ip) + sizeof(out));
+		ip.ttl = 64;
+		ip.protocol = IPPROTO_TCP;
+		ip.saddr = p->daddr[0];
+		ip.daddr = p->saddr[0];
+		ip.check = fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+		ph.saddr = ip.saddr;
+		ph.daddr = ip.daddr;
+		ph.proto = IPPROTO_TCP;
+		ph.len = bpf_htons(sizeof(out));
+		sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+		out.check = fold(bpf_csum_diff(0, 0, (__be32 *)&out, sizeof(out), sum));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct ipv6hdr ip = {};
+		struct pseudo6 ph = {};
+
+		ip.version = 6;
+		ip.payload_len = bpf_htons(sizeof(out));
+		ip.nexthdr = IPPROTO_TCP;
+		ip.hop_limit = 64;
+		copy_addr(ph.saddr, p->daddr);
+		copy_addr(ph.daddr, p->saddr);
+		__builtin_memcpy(&ip.saddr, ph.saddr, 16);
+		__builtin_memcpy(&ip.daddr, ph.daddr, 16);
+		ph.len = bpf_htonl(sizeof(out));
+		ph.next = IPPROTO_TCP;
+		sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+		out.check = fold(bpf_csum_diff(0, 0, (__be32 *)&out, sizeof(out), sum));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_skb_store_bytes(skb, p->l4, &out, sizeof(out), 0))
+		return TC_ACT_SHOT;
+	return 0;
+}
+
+/* No endpoint at all: refuse as kube-proxy's REJECT does, as the client sees it
+ * (ECONNREFUSED): a TCP segment gets a RST, anything else an ICMP port unreachable (a
+ * RST also reaches a client whose socket is busy sending, which an ICMP error may not).
+ * This packet becomes the answer and goes back where it came from. */
+static __always_inline int reject(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ethhdr eth;
+	__u8 mac[ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)))
+		return TC_ACT_SHOT;
+	__builtin_memcpy(mac, eth.h_source, ETH_ALEN);
+	__builtin_memcpy(eth.h_source, eth.h_dest, ETH_ALEN);
+	__builtin_memcpy(eth.h_dest, mac, ETH_ALEN);
+	if (p->proto == IPPROTO_TCP) {
+		if (reset(skb, p))
+			return TC_ACT_SHOT;
+	} else if (p->family == 4) {
+		struct reject4 r = {};
+
+		if (p->l4 != ETH_HLEN + sizeof(struct iphdr) ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN, &r.orig, sizeof(r.orig) + sizeof(r.orig_l4)))
+			return TC_ACT_SHOT;
+		if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(r), 0))
+			return TC_ACT_SHOT;
+		r.ip.version = 4;
+		r.ip.ihl = 5;
+		r.ip.tot_len = bpf_htons(sizeof(r));
+		r.ip.ttl = 64;
+		r.ip.protocol = IPPROTO_ICMP;
+		r.ip.saddr = r.orig.daddr;
+		r.ip.daddr = r.orig.saddr;
+		r.ip.check = fold(bpf_csum_diff(0, 0, (__be32 *)&r.ip, sizeof(r.ip), 0));
+		r.icmp.type = ICMP_DEST_UNREACH;
+		r.icmp.code = ICMP_PORT_UNREACH;
+		r.icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r.icmp,
+						     sizeof(r) - sizeof(r.ip), 0));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct reject6 r = {};
+		struct pseudo6 ph = {};
+		__s64 sum;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &r.orig, sizeof(r.orig) + sizeof(r.orig_l4)))
+			return TC_ACT_SHOT;
+		if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(r), 0))
+			return TC_ACT_SHOT;
+		r.ip.version = 6;
+		r.ip.payload_len = bpf_htons(sizeof(r) - sizeof(r.ip));
+		r.ip.nexthdr = IPPROTO_ICMPV6;
+		r.ip.hop_limit = 64;
+		r.ip.saddr = r.orig.daddr;
+		r.ip.daddr = r.orig.saddr;
+		r.icmp.type = ICMPV6_DEST_UNREACH;
+		r.icmp.code = ICMPV6_PORT_UNREACH;
+		copy_addr(ph.saddr, p->daddr);
+		copy_addr(ph.daddr, p->saddr);
+		ph.len = bpf_htonl(sizeof(r) - sizeof(r.ip));
+		ph.next = IPPROTO_ICMPV6;
+		sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+		r.icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r.icmp,
+							sizeof(r) - sizeof(r.ip), sum));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r), 0))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* A new flow to a service: pick, remember both directions. 0, or the verdict. */
 static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const struct svc_key *sk,
 				    struct svc_val *sv, struct ct_key *fk, struct ct_val *fv)
 {
@@ -438,8 +651,10 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	struct ct_key rk = {};
 	__u64 now = bpf_ktime_get_ns();
 
-	if (sv->flags & F_REFUSE || !sv->count)
-		return TC_ACT_SHOT;
+	if (sv->flags & F_REFUSE)
+		return reject(skb, p);
+	if (!sv->count)
+		return TC_ACT_SHOT; /* endpoints, none for this traffic: dropped, as kube-proxy */
 	if (pick(sk, sv, flow_hash(p), &ep) || ep.family != p->family)
 		return TC_ACT_SHOT;
 	copy_addr(fv->daddr, ep.addr);
@@ -528,8 +743,11 @@ int spp_ingress(struct __sk_buff *skb)
 		found->last_ns = bpf_ktime_get_ns();
 		if (fv.flags & CT_SNAT)
 			keep_reply(&p, &fv, found->last_ns);
-	} else if (new_flow(skb, &p, &sk, &sv, &k, &fv)) {
-		return TC_ACT_SHOT;
+	} else {
+		int verdict = new_flow(skb, &p, &sk, &sv, &k, &fv);
+
+		if (verdict)
+			return verdict;
 	}
 	rewrite(skb, &p, &fv);
 	if (fv.flags & CT_SNAT)
