@@ -5,11 +5,14 @@ stream.py); these limits bound how many streams there are and how long one may s
 a message its client does not read:
 
 - ``StreamSlots`` counts streams, in total and per peer address, from the call's start
-  until gRPC has finished it (a stream ended for not reading still holds its last
-  message until its client reads or disconnects, so it keeps its slot until then).
+  until gRPC has finished it (a stream ended for not reading holds its last message
+  until its connection is closed, see below, and keeps its slot until then).
   Beyond a cap a new stream is refused with RESOURCE_EXHAUSTED.
 - ``StallWatch`` ends a stream whose write has not completed for ``write_timeout``
-  seconds with UNAVAILABLE: the client is told to resume from its revision.
+  seconds with UNAVAILABLE: the client is told to resume from its revision. gRPC
+  cannot send that status past the message the client does not read, so
+  HANG_UP_GRACE seconds later the stream's TCP connection is closed (hangup.py): the
+  client sees UNAVAILABLE at once and the call, and so its slot, is finished.
 - ``AnswerBudget`` bounds the bytes of unary answers (a GetNodeState page is up to
   3 MiB) that gRPC holds until their clients read them, per peer and in all; beyond it a
   call is refused with RESOURCE_EXHAUSTED.
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import grpc
 
 from svcproxy.frontend.metrics import counter
+from svcproxy.frontend.serving.hangup import Remote, close_connections, remote_of
 
 log = logging.getLogger(__name__)
 
@@ -292,19 +296,25 @@ class RefusalDelay:
                 del self.held[peer]
 
 
+# Seconds between a stream's end for not reading (its status set, for a client that
+# reads again meanwhile) and the close of its TCP connection.
+HANG_UP_GRACE = 1.0
+
+
 class WriteClock:
     """One stream's write in progress: when it started (0.0: none), read by StallWatch;
     ``now`` is the loop's clock (found once: on Python 3.11 every lookup of the running
-    loop is a getpid system call)."""
+    loop is a getpid system call); ``remote`` its client's TCP end (None: unix socket)."""
 
-    __slots__ = ("task", "now", "started", "stalled")
+    __slots__ = ("task", "now", "started", "stalled", "remote")
 
     def __init__(self, task: asyncio.Task[object] | None,
-                 now: Callable[[], float]) -> None:
+                 now: Callable[[], float], remote: Remote | None = None) -> None:
         self.task = task
         self.now = now
         self.started = 0.0
         self.stalled = False
+        self.remote = remote
 
 
 class StallWatch:
@@ -312,17 +322,22 @@ class StallWatch:
 
     A stream marks the start and end of each write on its ``WriteClock`` (two attribute
     stores, nothing per write on the loop); one task looks at every clock a few times
-    per timeout and cancels the handler of a stream found stalled.
+    per timeout, cancels the handler of a stream found stalled and, ``grace`` seconds
+    later, closes its TCP connection (see hangup.py for why).
     """
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, grace: float = HANG_UP_GRACE) -> None:
         self.timeout = timeout
+        self.grace = grace
         self.clocks: set[WriteClock] = set()
         self._task: asyncio.Task[None] | None = None
+        self._hangups: set[asyncio.Future[None]] = set()
 
-    def register(self) -> WriteClock:
-        """A clock for the stream running in the current task."""
-        clock = WriteClock(asyncio.current_task(), asyncio.get_running_loop().time)
+    def register(self, peer: str = "") -> WriteClock:
+        """A clock for the stream of ``peer`` (``context.peer()``) running in the
+        current task."""
+        clock = WriteClock(asyncio.current_task(), asyncio.get_running_loop().time,
+                           remote_of(peer))
         if self.timeout > 0:
             self.clocks.add(clock)
             if self._task is None or self._task.done():
@@ -342,10 +357,28 @@ class StallWatch:
         period = max(0.05, self.timeout / 4)
         while self.clocks:
             await asyncio.sleep(period)
+            remotes = set()
             for clock in self.stalled(loop.time()):
                 clock.stalled = True
                 if clock.task is not None:
                     clock.task.cancel()
+                if clock.remote is not None:
+                    remotes.add(clock.remote)
+            if remotes:
+                hangup = asyncio.ensure_future(self._hang_up(remotes))
+                self._hangups.add(hangup)
+                hangup.add_done_callback(self._hangups.discard)
+
+    async def _hang_up(self, remotes: set[Remote]) -> None:
+        """Close the connections of ``remotes`` after the grace (off the loop: it looks
+        at every descriptor of the process)."""
+        await asyncio.sleep(self.grace)
+        closed = await asyncio.get_running_loop().run_in_executor(
+            None, close_connections, remotes)
+        log.warning("closed %d TCP connection(s) of %d client(s) whose streams were ended "
+                    "for reading nothing (--stream-write-timeout): gRPC cannot end one "
+                    "stream its client does not read; they reconnect and resume", closed,
+                    len(remotes))
 
 
 def stalled_status(context: grpc.aio.ServicerContext, timeout: float, what: str) -> None:

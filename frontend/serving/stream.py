@@ -4,7 +4,8 @@ A stream holds one message of its own: each is encoded (a snapshot's) or taken f
 view's shared encoding (a batch's) when the previous one is written, and with grpc.aio a
 write completes only once HTTP/2 flow control lets the message through to the client.
 A client that does not read therefore stops its stream at one message, and StallWatch
-ends the stream after --stream-write-timeout (see limits.py).
+ends the stream after --stream-write-timeout, closing its connection a moment later
+(see limits.py and hangup.py).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class WatchServicer(ABC):
         await self._serve(CLUSTER_VIEW, request.since_revision, context)
 
     async def _serve(self, name: str, since: int, context: grpc.aio.ServicerContext) -> None:
-        clock = self.stalls.register()
+        clock = self.stalls.register(context.peer())
         try:
             await self.stream(name, since, context, clock)
         except asyncio.CancelledError:
