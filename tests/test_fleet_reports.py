@@ -53,6 +53,14 @@ def test_three_nodes_report_what_they_applied(frontend_factory, tmp_path: Path) 
         assert [n.node_name for n in answer.nodes] == list(THREE)
 
 
+def web_progress(api: str) -> set[tuple[str, int, int]]:
+    """Service web's http port and its endpoint 10.244.0.3: (name, nodes, applied)."""
+    progress = fleet(api, pb.GetFleetRequest(namespace="shop", service="web")).services
+    http = next(p for p in progress if p.service.port_name == "http")
+    return {("http", http.nodes, http.applied_nodes)} | {
+        (e.ip, e.nodes, e.applied_nodes) for e in http.endpoints if e.ip == "10.244.0.3"}
+
+
 def cluster_latency() -> tuple[float, float]:
     """(count, sum) of svcproxy_frontend_cluster_programming_latency_seconds."""
     samples = {s.name: s.value for s in fleet_metrics.CLUSTER_LATENCY.collect()[0].samples}
@@ -84,6 +92,7 @@ def test_a_stopped_backend_lags_and_recovers_and_one_that_does_not_report_is_unk
             wait_state(api, "node-a", pb.NODE_APPLIED, applied_revision=served_now(fe, "node-a"))
             # Applied on node-a, not yet everywhere: the cluster's latency is not known yet.
             assert cluster_latency() == (count, total)
+            assert web_progress(api) == {("http", 2, 1), ("10.244.0.3", 2, 1)}
             now = nodes(api)
             assert now["node-a"].state == pb.NODE_APPLIED
             # As long unapplied as node-b, and never failed: it does not report.
@@ -97,6 +106,7 @@ def test_a_stopped_backend_lags_and_recovers_and_one_that_does_not_report_is_unk
             # Once node-b applied it: one observation, at least node-b's stop long.
             after_count, after_total = cluster_latency()
             assert after_count == count + 1 and after_total - total > 0.5
+            assert web_progress(api) == {("http", 2, 2), ("10.244.0.3", 2, 2)}
     finally:
         silent.stop()
 
@@ -114,6 +124,9 @@ def test_a_refused_service_port_is_shown(frontend_factory, tmp_path: Path) -> No
     progress = fleet(api, pb.GetFleetRequest(namespace="shop", service="web")).services
     assert [(p.service.port_name, p.nodes, p.applied_nodes, p.refused_nodes)
             for p in progress] == [("http", 1, 1, 1), ("metrics", 1, 1, 1)]
+    held = {(e.ip, e.nodes, e.applied_nodes) for e in progress[0].endpoints}
+    assert {"10.244.1.10", "10.244.2.10"} <= {ip for ip, _, _ in held}
+    assert {(nodes, applied) for _, nodes, applied in held} == {(1, 1)}
 
 
 @pytest.fixture(scope="module")

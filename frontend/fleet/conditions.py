@@ -62,6 +62,14 @@ def of_port(port: ServicePortKey) -> OpKeyTest:
     return touches
 
 
+def of_endpoint(port: ServicePortKey, ip: str) -> OpKeyTest:
+    """Ops on the endpoint ``ip`` of ``port``, and on the whole port (a replace_service
+    sets every endpoint)."""
+    def touches(key: tuple[object, ...]) -> bool:
+        return key[1] == port and (key[0] == "svc" or (key[0] == "ep" and key[2] == ip))
+    return touches
+
+
 @dataclass(frozen=True, slots=True)
 class Address:
     """An endpoint address asked about: an IP, and a target port (0: any)."""

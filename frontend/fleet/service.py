@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from svcproxy.convert import key_to_pb
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet import metrics
-from svcproxy.frontend.fleet.conditions import ViewLike, changed_after, of_port, parse_address
+from svcproxy.frontend.fleet.conditions import (
+    ViewLike,
+    changed_after,
+    of_endpoint,
+    of_port,
+    parse_address,
+)
 from svcproxy.frontend.fleet.encode import FROM_PB, counts_pb, node_pb
 from svcproxy.frontend.fleet.latency import ClusterLatency
 from svcproxy.frontend.fleet.model import TROUBLED, Fleet, NodeRecord, Served, State
@@ -240,26 +246,35 @@ class FleetService:
         return answer.SerializeToString()
 
     def _progress(self, answer: pb.Fleet, namespace: str, service: str) -> None:
-        """Per service port of the Service(s): on how many nodes its decision is applied."""
-        tally: dict[ServicePortKey, list[int]] = {}
+        """Per service port of the Service(s), and per endpoint of it: on how many nodes
+        its current decision is applied."""
+        ports: dict[ServicePortKey, list[int]] = {}
+        endpoints: dict[ServicePortKey, dict[str, list[int]]] = {}
         for record in self.fleet:
             view = self.engine.changelog.views.get(record.name)
             if view is None or not record.connected or record.report is None:
                 continue
-            refused = {k for k, _ in record.report.refused}
-            for key in view.records:
+            refused, applied = {k for k, _ in record.report.refused}, record.report.revision
+            for key, state in view.records.items():
                 if key.name != service or (namespace and key.namespace != namespace):
                     continue
-                counts = tally.setdefault(key, [0, 0, 0])
+                counts = ports.setdefault(key, [0, 0, 0])
                 counts[0] += 1
-                counts[1] += not changed_after(view, record.report.revision, view.revision,
-                                               of_port(key))
+                counts[1] += not changed_after(view, applied, view.revision, of_port(key))
                 counts[2] += key in refused
-        for key in sorted(tally, key=lambda k: (k.namespace, k.name, k.port_name,
+                for ip in state.endpoints:
+                    seen = endpoints.setdefault(key, {}).setdefault(ip, [0, 0])
+                    seen[0] += 1
+                    seen[1] += not changed_after(view, applied, view.revision,
+                                                 of_endpoint(key, ip))
+        for key in sorted(ports, key=lambda k: (k.namespace, k.name, k.port_name,
                                                 k.protocol.value)):
-            nodes, applied, refused_nodes = tally[key]
-            answer.services.add(service=key_to_pb(key), nodes=nodes, applied_nodes=applied,
-                                refused_nodes=refused_nodes)
+            nodes, applied_nodes, refused_nodes = ports[key]
+            progress = answer.services.add(service=key_to_pb(key), nodes=nodes,
+                                           applied_nodes=applied_nodes,
+                                           refused_nodes=refused_nodes)
+            for ip, (held, done) in sorted(endpoints.get(key, {}).items()):
+                progress.endpoints.add(ip=ip, nodes=held, applied_nodes=done)
 
     # ---- WatchFleet --------------------------------------------------------
     async def watch(self, request: pb.WatchFleetRequest) -> AsyncIterator[bytes]:
