@@ -52,3 +52,43 @@ def test_every_hook_the_agent_reads_from_a_backend_is_in_its_docstring() -> None
     assert read, "no hook found: the pattern no longer matches the code"
     missing = sorted(name for name in read if f"``{name}" not in (Backend.__doc__ or ""))
     assert missing == [], f"document these in svcproxy.sdk.Backend's docstring: {missing}"
+
+
+def _exit_messages() -> dict[str, str]:
+    """The start of every message a command exits with (``SystemExit("...")``, the CLIs'
+    ``_fail("...")``, ``parser.error("...")``): up to its first placeholder, without the
+    ``svcproxy: [error: ]`` prefix, 40 characters at most -> where it is raised."""
+    import ast
+
+    found: dict[str, str] = {}
+    for folder in ("svcproxy", "frontend", "backends"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "v1" in path.relative_to(ROOT).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else \
+                    func.attr if isinstance(func, ast.Attribute) else ""
+                if name not in ("SystemExit", "_fail", "error") or \
+                        (name == "error" and not isinstance(func, ast.Attribute)) or \
+                        (name == "error" and getattr(func.value, "id", "") != "parser"):
+                    continue
+                arg = node.args[0]
+                parts = arg.values if isinstance(arg, ast.JoinedStr) else [arg]
+                first = parts[0]
+                if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                    continue
+                text = first.value.removeprefix("svcproxy: ").removeprefix("error: ")
+                if len(text) >= 8:
+                    found[text[:40]] = f"{path.relative_to(ROOT)}:{node.lineno}"
+    return found
+
+
+def test_troubleshooting_explains_every_message_a_command_exits_with() -> None:
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    messages = _exit_messages()
+    assert len(messages) > 20, "the scan no longer finds the commands' exit messages"
+    missing = {text: where for text, where in messages.items() if text not in page}
+    assert missing == {}, f"add these to docs/troubleshooting.md: {missing}"
