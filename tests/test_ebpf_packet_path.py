@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from svcproxy.model import (
     ServicePortKey,
     ServicePortState,
     ServiceType,
+    SessionAffinity,
     TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
@@ -252,6 +254,26 @@ def test_no_endpoints_is_refused(world: World, family: int) -> None:
     world.set(node_port(f"empty-{family}-TCP", 0, ["pod-c"], family=family,
                         type=ServiceType.CLUSTER_IP, external_ips=(vip,)))
     assert summarize(probe(client, "tcp", vip, 80, 5)).names == Counter({"pod-c": 5})
+
+
+def test_session_affinity_client_ip(world: World) -> None:
+    pods = ["pod-a", "pod-b", "pod-c", "pod-d"]
+    sticky = {"session_affinity": SessionAffinity.CLIENT_IP, "session_affinity_timeout": 1}
+    world.set(node_port("sticky", 30093, pods, **sticky))
+    first = world.tcp(30093, count=20)
+    assert len(first.names) == 1 and not first.errors, f"one client, one endpoint: {first}"
+    chosen = next(iter(first.names))
+    # The chosen endpoint goes away: the client moves, and sticks again.
+    world.set(node_port("sticky", 30093, [p for p in pods if p != chosen], **sticky))
+    moved = world.tcp(30093, count=10)
+    assert len(moved.names) == 1 and chosen not in moved.names, moved
+    # After the timeout without new flows a new choice is made: over rounds it differs.
+    picks = set(moved.names)
+    deadline = time.monotonic() + 20
+    while len(picks) < 2 and time.monotonic() < deadline:
+        time.sleep(1.2)
+        picks |= set(world.tcp(30093, count=1).names)
+    assert len(picks) >= 2, "after the affinity timeout another endpoint gets chosen"
 
 
 def _udp_flows(ns: str, host: str, port: int, sports: range) -> dict[int, str]:

@@ -23,7 +23,8 @@ MAP_ENDPOINTS = "spp_endpoints"
 MAP_MAGLEV = "spp_maglev"
 MAP_CT = "spp_ct"
 MAP_DEVICES = "spp_devices"
-MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES)
+MAP_AFFINITY = "spp_affinity"
+MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY)
 
 # struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
 CT_KEY = struct.Struct("=16s16s2s2sBBBB")
@@ -36,6 +37,7 @@ SIZES = {
     MAP_ENDPOINTS: (EP_KEY.size, EP_VAL.size),
     MAP_CT: (CT_KEY.size, CT_VAL.size),
     MAP_DEVICES: (4, DEV_VAL.size),
+    MAP_AFFINITY: (40, 32),
 }
 
 

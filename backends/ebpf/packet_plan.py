@@ -1,11 +1,13 @@
 """What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
 
-Rows served so far, TCP and UDP, IPv4 and IPv6: NodePorts on the node's NodePort addresses,
-externalIPs and load-balancer VIPs (ipMode VIP, without loadBalancerSourceRanges), with
-the endpoints the frontend marked ``external`` (so externalTrafficPolicy Local already
-means the local ones). Each endpoint says whether it runs on this node (DNAT only) or
-elsewhere (DNAT and SNAT). No endpoint at all: the entry refuses (dropped for now);
-endpoints but none for external traffic: dropped, as kube-proxy does.
+Rows served so far, TCP and UDP, IPv4 and IPv6: NodePorts on the node's NodePort
+addresses, externalIPs and load-balancer VIPs (ipMode VIP, without
+loadBalancerSourceRanges), with the endpoints the frontend marked ``external`` (so
+externalTrafficPolicy Local already means the local ones); session affinity ClientIP
+(per client address and service address, refreshed by each new flow). Each endpoint
+says whether it runs on this node (DNAT only) or elsewhere (DNAT and SNAT). No endpoint
+at all: the entry refuses (the program answers RST / port unreachable); endpoints but
+none for external traffic: dropped, as kube-proxy does.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Callable, Iterable
 
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
-from .layout import F_REFUSE, PROTOCOLS, Frontend
+from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend
 from .packet_layout import F_MAGLEV, pack_endpoint
-from .plan import MAX_ENDPOINTS, Entry, Plan
+from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +48,27 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
     fronts = [Frontend(ip, svc.node_port, proto) for ip in node_ips if svc.node_port]
     fronts += [Frontend(ip, svc.port, proto) for ip in vips]
     flags = F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0
+    timeout = 0
+    if svc.affinity:
+        flags |= F_AFFINITY
+        timeout = svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
     result: dict[Frontend, Entry] = {}
     for family in (4, 6):
         mine = [fe for fe in fronts if (":" in fe.ip) == (family == 6)]
         if mine:
             eps = [e for e in state.endpoints.values() if (":" in e.ip) == (family == 6)]
-            result.update(dict.fromkeys(mine, _entry(eps, svc.has_endpoints, flags)))
+            result.update(dict.fromkeys(mine, _entry(eps, svc.has_endpoints, flags, timeout)))
     return result
 
 
-def _entry(eps: list[Endpoint], has_endpoints: bool, flags: int) -> Entry:
+def _entry(eps: list[Endpoint], has_endpoints: bool, flags: int, timeout: int) -> Entry:
     """The entry of one family: the external endpoints, or refuse / drop."""
     slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps if e.external))
     if len(slots) > MAX_ENDPOINTS:
         raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     if not slots:
         return Entry(flags=0 if has_endpoints and eps else F_REFUSE)
-    return Entry(slots, flags)
+    return Entry(slots, flags, timeout)
 
 
 class PacketPlan(Plan):

@@ -143,6 +143,26 @@ struct {
 	__type(value, struct dev_val);
 } spp_devices SEC(".maps");
 
+/* sessionAffinity ClientIP: the endpoint a client got from a service address, and when. */
+struct aff_key {
+	__u32 client[4];
+	struct svc_key svc;
+	__u32 reserved;
+};
+
+struct aff_val {
+	__u64 last_ns;
+	struct ep_val ep;
+	__u32 reserved;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct aff_key);
+	__type(value, struct aff_val);
+} spp_affinity SEC(".maps");
+
 struct pkt {
 	__u32 saddr[4];
 	__u32 daddr[4];
@@ -392,6 +412,51 @@ static __always_inline int pick(const struct svc_key *sk, struct svc_val *sv, __
 	return -1;
 }
 
+struct scan_ctx {
+	__u32 set_id;
+	const struct ep_val *want;
+	struct ep_val found;
+	int hit;
+};
+
+static long scan_one(__u32 slot, void *data)
+{
+	struct scan_ctx *sc = data;
+	struct ep_key k = { .set_id = sc->set_id, .slot = slot };
+	struct ep_val *ep = bpf_map_lookup_elem(&spp_endpoints, &k);
+
+	if (ep && ep->port == sc->want->port && ep->family == sc->want->family &&
+	    same_addr(ep->addr, sc->want->addr)) {
+		sc->found = *ep;
+		sc->hit = 1;
+		return 1;
+	}
+	return 0;
+}
+
+#define MAX_AFFINITY_SCAN 4096
+
+/* The client's remembered endpoint when it is still one of the set's and fresh. */
+static __always_inline int affine(const struct aff_key *ak, const struct svc_val *sv,
+				  __u64 now, struct ep_val *out)
+{
+	struct aff_val *av = bpf_map_lookup_elem(&spp_affinity, ak);
+	struct scan_ctx sc = { .set_id = sv->set_id };
+	__u32 n = sv->count;
+
+	if (!av || now - av->last_ns > (__u64)sv->affinity_timeout * 1000000000ULL)
+		return -1;
+	sc.want = &av->ep;
+	if (n > MAX_AFFINITY_SCAN)
+		n = MAX_AFFINITY_SCAN;
+	bpf_loop(n, scan_one, &sc, 0);
+	if (!sc.hit)
+		return -1;
+	av->last_ns = now;
+	*out = sc.found; /* as the set holds it now (its on-this-node flag included) */
+	return 0;
+}
+
 static __always_inline void ct_tuple(struct ct_key *k, const __u32 *saddr, const __u32 *daddr,
 				     __u16 sport, __u16 dport, const struct pkt *p, __u8 dir)
 {
@@ -502,73 +567,147 @@ struct pseudo4 {
 	__u16 len;
 };
 
+/* Room for building an answer (kept off the 512-byte stack). */
+struct scratch {
+	struct reject4 r4;
+	struct reject6 r6;
+	struct pseudo4 ph4;
+	struct pseudo6 ph6;
+	struct iphdr ip4;
+	struct ipv6hdr ip6;
+	struct tcp_min in;
+	struct tcp_min out;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} spp_scratch SEC(".maps");
+
 /* The RST answering this TCP segment (RFC 9293 3.10.7.1), in place: addresses and ports
  * swapped, options and data cut. */
-static __always_inline int reset(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int reset(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
 {
-	struct tcp_min in, out = {};
 	__u32 len, l3 = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	struct tcp_min *in = &x->in, *out = &x->out;
 	__s64 sum;
 
-	if (p->l4 != ETH_HLEN + l3 || bpf_skb_load_bytes(skb, p->l4, &in, sizeof(in)))
+	if (p->l4 != ETH_HLEN + l3 || bpf_skb_load_bytes(skb, p->l4, in, sizeof(*in)))
 		return TC_ACT_SHOT;
-	if (in.flags & TCP_RST)
+	if (in->flags & TCP_RST)
 		return TC_ACT_SHOT;
-	len = skb->len - p->l4 - (in.doff >> 4) * 4;
-	out.source = in.dest;
-	out.dest = in.source;
-	out.doff = 5 << 4;
-	if (in.flags & TCP_ACK) {
-		out.seq = in.ack_seq;
-		out.flags = TCP_RST;
+	len = skb->len - p->l4 - (in->doff >> 4) * 4;
+	out->source = in->dest;
+	out->dest = in->source;
+	out->doff = 5 << 4;
+	if (in->flags & TCP_ACK) {
+		out->seq = in->ack_seq;
+		out->flags = TCP_RST;
 	} else {
-		len += (in.flags & TCP_SYN ? 1 : 0) + (in.flags & TCP_FIN ? 1 : 0);
-		out.ack_seq = bpf_htonl(bpf_ntohl(in.seq) + len);
-		out.flags = TCP_RST | TCP_ACK;
+		len += (in->flags & TCP_SYN ? 1 : 0) + (in->flags & TCP_FIN ? 1 : 0);
+		out->ack_seq = bpf_htonl(bpf_ntohl(in->seq) + len);
+		out->flags = TCP_RST | TCP_ACK;
 	}
-	if (bpf_skb_change_tail(skb, p->l4 + sizeof(out), 0))
+	if (bpf_skb_change_tail(skb, p->l4 + sizeof(*out), 0))
 		return TC_ACT_SHOT;
 	if (p->family == 4) {
-		struct iphdr ip = {};
-		struct pseudo4 ph = {};
+		struct iphdr *ip = &x->ip4;
+		struct pseudo4 *ph = &x->ph4;
 
-		ip.version = 4;
-		ip.ihl = 5;
-		ip.tot_len = bpf_htons(sizeof(ip) + sizeof(out));
-		ip.ttl = 64;
-		ip.protocol = IPPROTO_TCP;
-		ip.saddr = p->daddr[0];
-		ip.daddr = p->saddr[0];
-		ip.check = fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
-		ph.saddr = ip.saddr;
-		ph.daddr = ip.daddr;
-		ph.proto = IPPROTO_TCP;
-		ph.len = bpf_htons(sizeof(out));
-		sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
-		out.check = fold(bpf_csum_diff(0, 0, (__be32 *)&out, sizeof(out), sum));
-		if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0))
+		ip->version = 4;
+		ip->ihl = 5;
+		ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*out));
+		ip->ttl = 64;
+		ip->protocol = IPPROTO_TCP;
+		ip->saddr = p->daddr[0];
+		ip->daddr = p->saddr[0];
+		ip->check = fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+		ph->saddr = ip->saddr;
+		ph->daddr = ip->daddr;
+		ph->proto = IPPROTO_TCP;
+		ph->len = bpf_htons(sizeof(*out));
+		sum = bpf_csum_diff(0, 0, (__be32 *)ph, sizeof(*ph), 0);
+		out->check = fold(bpf_csum_diff(0, 0, (__be32 *)out, sizeof(*out), sum));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, ip, sizeof(*ip), 0))
 			return TC_ACT_SHOT;
 	} else {
-		struct ipv6hdr ip = {};
-		struct pseudo6 ph = {};
+		struct ipv6hdr *ip = &x->ip6;
+		struct pseudo6 *ph = &x->ph6;
 
-		ip.version = 6;
-		ip.payload_len = bpf_htons(sizeof(out));
-		ip.nexthdr = IPPROTO_TCP;
-		ip.hop_limit = 64;
-		copy_addr(ph.saddr, p->daddr);
-		copy_addr(ph.daddr, p->saddr);
-		__builtin_memcpy(&ip.saddr, ph.saddr, 16);
-		__builtin_memcpy(&ip.daddr, ph.daddr, 16);
-		ph.len = bpf_htonl(sizeof(out));
-		ph.next = IPPROTO_TCP;
-		sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
-		out.check = fold(bpf_csum_diff(0, 0, (__be32 *)&out, sizeof(out), sum));
-		if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0))
+		ip->version = 6;
+		ip->payload_len = bpf_htons(sizeof(*out));
+		ip->nexthdr = IPPROTO_TCP;
+		ip->hop_limit = 64;
+		copy_addr(ph->saddr, p->daddr);
+		copy_addr(ph->daddr, p->saddr);
+		__builtin_memcpy(&ip->saddr, ph->saddr, 16);
+		__builtin_memcpy(&ip->daddr, ph->daddr, 16);
+		ph->len = bpf_htonl(sizeof(*out));
+		ph->next = IPPROTO_TCP;
+		sum = bpf_csum_diff(0, 0, (__be32 *)ph, sizeof(*ph), 0);
+		out->check = fold(bpf_csum_diff(0, 0, (__be32 *)out, sizeof(*out), sum));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, ip, sizeof(*ip), 0))
 			return TC_ACT_SHOT;
 	}
-	if (bpf_skb_store_bytes(skb, p->l4, &out, sizeof(out), 0))
+	if (bpf_skb_store_bytes(skb, p->l4, out, sizeof(*out), 0))
 		return TC_ACT_SHOT;
+	return 0;
+}
+
+/* ICMP / ICMPv6 port unreachable quoting this packet, in its place. */
+static __noinline int unreachable(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
+{
+	if (p->family == 4) {
+		struct reject4 *r = &x->r4;
+
+		if (p->l4 != ETH_HLEN + sizeof(struct iphdr) ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN, &r->orig, sizeof(r->orig) + sizeof(r->orig_l4)))
+			return TC_ACT_SHOT;
+		if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(*r), 0))
+			return TC_ACT_SHOT;
+		r->ip.version = 4;
+		r->ip.ihl = 5;
+		r->ip.tot_len = bpf_htons(sizeof(*r));
+		r->ip.ttl = 64;
+		r->ip.protocol = IPPROTO_ICMP;
+		r->ip.saddr = r->orig.daddr;
+		r->ip.daddr = r->orig.saddr;
+		r->ip.check = fold(bpf_csum_diff(0, 0, (__be32 *)&r->ip, sizeof(r->ip), 0));
+		r->icmp.type = ICMP_DEST_UNREACH;
+		r->icmp.code = ICMP_PORT_UNREACH;
+		r->icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r->icmp,
+						      sizeof(*r) - sizeof(r->ip), 0));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, r, sizeof(*r), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct reject6 *r = &x->r6;
+		struct pseudo6 *ph = &x->ph6;
+		__s64 sum;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &r->orig, sizeof(r->orig) + sizeof(r->orig_l4)))
+			return TC_ACT_SHOT;
+		if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(*r), 0))
+			return TC_ACT_SHOT;
+		r->ip.version = 6;
+		r->ip.payload_len = bpf_htons(sizeof(*r) - sizeof(r->ip));
+		r->ip.nexthdr = IPPROTO_ICMPV6;
+		r->ip.hop_limit = 64;
+		r->ip.saddr = r->orig.daddr;
+		r->ip.daddr = r->orig.saddr;
+		r->icmp.type = ICMPV6_DEST_UNREACH;
+		r->icmp.code = ICMPV6_PORT_UNREACH;
+		copy_addr(ph->saddr, p->daddr);
+		copy_addr(ph->daddr, p->saddr);
+		ph->len = bpf_htonl(sizeof(*r) - sizeof(r->ip));
+		ph->next = IPPROTO_ICMPV6;
+		sum = bpf_csum_diff(0, 0, (__be32 *)ph, sizeof(*ph), 0);
+		r->icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r->icmp,
+						      sizeof(*r) - sizeof(r->ip), sum));
+		if (bpf_skb_store_bytes(skb, ETH_HLEN, r, sizeof(*r), 0))
+			return TC_ACT_SHOT;
+	}
 	return 0;
 }
 
@@ -576,68 +715,21 @@ static __always_inline int reset(struct __sk_buff *skb, const struct pkt *p)
  * (ECONNREFUSED): a TCP segment gets a RST, anything else an ICMP port unreachable (a
  * RST also reaches a client whose socket is busy sending, which an ICMP error may not).
  * This packet becomes the answer and goes back where it came from. */
-static __always_inline int reject(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int reject(struct __sk_buff *skb, const struct pkt *p)
 {
+	__u32 zero = 0;
+	struct scratch *x = bpf_map_lookup_elem(&spp_scratch, &zero);
 	struct ethhdr eth;
 	__u8 mac[ETH_ALEN];
 
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)))
+	if (!x || bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)))
 		return TC_ACT_SHOT;
+	__builtin_memset(x, 0, sizeof(*x));
 	__builtin_memcpy(mac, eth.h_source, ETH_ALEN);
 	__builtin_memcpy(eth.h_source, eth.h_dest, ETH_ALEN);
 	__builtin_memcpy(eth.h_dest, mac, ETH_ALEN);
-	if (p->proto == IPPROTO_TCP) {
-		if (reset(skb, p))
-			return TC_ACT_SHOT;
-	} else if (p->family == 4) {
-		struct reject4 r = {};
-
-		if (p->l4 != ETH_HLEN + sizeof(struct iphdr) ||
-		    bpf_skb_load_bytes(skb, ETH_HLEN, &r.orig, sizeof(r.orig) + sizeof(r.orig_l4)))
-			return TC_ACT_SHOT;
-		if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(r), 0))
-			return TC_ACT_SHOT;
-		r.ip.version = 4;
-		r.ip.ihl = 5;
-		r.ip.tot_len = bpf_htons(sizeof(r));
-		r.ip.ttl = 64;
-		r.ip.protocol = IPPROTO_ICMP;
-		r.ip.saddr = r.orig.daddr;
-		r.ip.daddr = r.orig.saddr;
-		r.ip.check = fold(bpf_csum_diff(0, 0, (__be32 *)&r.ip, sizeof(r.ip), 0));
-		r.icmp.type = ICMP_DEST_UNREACH;
-		r.icmp.code = ICMP_PORT_UNREACH;
-		r.icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r.icmp,
-						     sizeof(r) - sizeof(r.ip), 0));
-		if (bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r), 0))
-			return TC_ACT_SHOT;
-	} else {
-		struct reject6 r = {};
-		struct pseudo6 ph = {};
-		__s64 sum;
-
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &r.orig, sizeof(r.orig) + sizeof(r.orig_l4)))
-			return TC_ACT_SHOT;
-		if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(r), 0))
-			return TC_ACT_SHOT;
-		r.ip.version = 6;
-		r.ip.payload_len = bpf_htons(sizeof(r) - sizeof(r.ip));
-		r.ip.nexthdr = IPPROTO_ICMPV6;
-		r.ip.hop_limit = 64;
-		r.ip.saddr = r.orig.daddr;
-		r.ip.daddr = r.orig.saddr;
-		r.icmp.type = ICMPV6_DEST_UNREACH;
-		r.icmp.code = ICMPV6_PORT_UNREACH;
-		copy_addr(ph.saddr, p->daddr);
-		copy_addr(ph.daddr, p->saddr);
-		ph.len = bpf_htonl(sizeof(r) - sizeof(r.ip));
-		ph.next = IPPROTO_ICMPV6;
-		sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
-		r.icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r.icmp,
-							sizeof(r) - sizeof(r.ip), sum));
-		if (bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r), 0))
-			return TC_ACT_SHOT;
-	}
+	if (p->proto == IPPROTO_TCP ? reset(skb, p, x) : unreachable(skb, p, x))
+		return TC_ACT_SHOT;
 	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0))
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
@@ -655,7 +747,22 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 		return reject(skb, p);
 	if (!sv->count)
 		return TC_ACT_SHOT; /* endpoints, none for this traffic: dropped, as kube-proxy */
-	if (pick(sk, sv, flow_hash(p), &ep) || ep.family != p->family)
+	if (sv->flags & F_AFFINITY) {
+		struct aff_key ak = { .svc = *sk };
+
+		copy_addr(ak.client, p->saddr);
+		if (affine(&ak, sv, now, &ep)) {
+			struct aff_val av = { .last_ns = now };
+
+			if (pick(sk, sv, flow_hash(p), &ep))
+				return TC_ACT_SHOT;
+			av.ep = ep;
+			bpf_map_update_elem(&spp_affinity, &ak, &av, BPF_ANY);
+		}
+	} else if (pick(sk, sv, flow_hash(p), &ep)) {
+		return TC_ACT_SHOT;
+	}
+	if (ep.family != p->family)
 		return TC_ACT_SHOT;
 	copy_addr(fv->daddr, ep.addr);
 	fv->dport = ep.port;
