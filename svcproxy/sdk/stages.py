@@ -232,7 +232,9 @@ class StagedBackend(Backend, Generic[V]):
             keys, full = self._moved(state), False
         retry = self._retries(state) if reuse else frozenset()
         if retry:
-            keys = [*keys, *(k for k in retry if k not in changes.services)]
+            keys = list(keys)
+            listed = set(keys)
+            keys += [k for k in retry if k not in listed]
         desired: dict[ServicePortKey, V | None] = {}
         sources: dict[ServicePortKey, ServicePortState | None] = {}
         for key in keys:
