@@ -242,7 +242,9 @@ def _affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
         return SessionAffinity.NONE, 0
     cfg = _dict(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
     client = _dict(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
-    timeout = client.get("timeoutSeconds", DEFAULT_AFFINITY_TIMEOUT)
+    timeout = client.get("timeoutSeconds")
+    if timeout is None:  # SetDefaults_Service: unset (or null) is 10800 s
+        timeout = DEFAULT_AFFINITY_TIMEOUT
     if not isinstance(timeout, int) or not 0 < timeout <= 86400:
         raise ParseError(f"sessionAffinityConfig.clientIP.timeoutSeconds {timeout!r} "
                          "must be 1-86400")
