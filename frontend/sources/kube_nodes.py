@@ -19,15 +19,16 @@ def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
     c = Checker(limits)
     if not check_object(c, obj, limits):
         return c.v
-    c.metadata(obj, c.subdomain, namespaced=False)
+    c.metadata(obj, c.subdomain, namespaced=False)  # ValidateObjectMeta, ValidateNodeName
     spec = c.mapping(obj.get("spec"), "spec")
+    # ValidateNode: each podCIDR ValidateCIDR, at most one of each family.
     cidrs = c.items(spec.get("podCIDRs"), "spec.podCIDRs", limit=2)
     families = [f for i, cidr in enumerate(cidrs)
                 for f in check_cidrs(c, cidr, f"spec.podCIDRs[{i}]")]
     if len(families) == 2 and families[0] == families[1]:
         c.err("spec.podCIDRs", "ip_family", "may hold one CIDR of each IP family")
-    if spec.get("podCIDR") not in (None, ""):
-        check_cidrs(c, spec.get("podCIDR"), "spec.podCIDR")
+    if spec.get("podCIDR") not in (None, "") and not cidrs:  # converted to podCIDRs[0]
+        check_cidrs(c, spec.get("podCIDR"), "spec.podCIDR")  # only when podCIDRs is unset
     _taints(c, spec.get("taints"))
     status = c.mapping(obj.get("status"), "status")
     for i, raw in enumerate(c.items(status.get("addresses"), "status.addresses")):

@@ -29,24 +29,29 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
     c = Checker(limits)
     if not check_object(c, obj, limits):
         return c.v
+    # ValidateObjectMeta with ValidateServiceName (NameIsDNS1035Label).
     c.metadata(obj, lambda v, w: c.name(v, w, DNS1035_LABEL, 63, "DNS-1035 label (lowercase "
                                         "letters, digits and '-', starting with a letter)"),
                namespaced=True)
     spec = c.mapping(obj.get("spec"), "spec")
-    stype = c.enum(spec.get("type"), "spec.type", SERVICE_TYPES) or "ClusterIP"
+    stype = c.enum(spec.get("type"), "spec.type", SERVICE_TYPES) or "ClusterIP"  # supported
     headless = _cluster_ips(c, spec, stype)
     _service_ports(c, spec, stype, headless)
     for i, ip in enumerate(c.items(spec.get("externalIPs"), "spec.externalIPs")):
-        c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")
+        c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")  # IsValidIP, ValidateNonSpecialIP
     _affinity(c, spec)
+    # validateServiceInternalTrafficFieldsValue, validateServiceExternalTrafficPolicy,
+    # validateServiceTrafficDistribution (PreferClose v1.30; PreferSame* v1.33), and
+    # healthCheckNodePort's IsValidPortNum (0: none).
     c.enum(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
     c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
     c.enum(spec.get("trafficDistribution"), "spec.trafficDistribution", TRAFFIC_DISTRIBUTIONS)
     c.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", allow_zero=True)
+    # service.GetLoadBalancerSourceRanges: ParseCIDRSloppy of each, spaces trimmed.
     for i, cidr in enumerate(c.items(spec.get("loadBalancerSourceRanges"),
                                      "spec.loadBalancerSourceRanges")):
         check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
-    if stype == "ExternalName":
+    if stype == "ExternalName":  # ValidateDNS1123Subdomain of the name less a trailing dot
         name = spec.get("externalName")
         if isinstance(name, str) and name.endswith("."):
             name = name[:-1]  # a CNAME: a trailing dot marks it fully qualified
@@ -56,7 +61,11 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
 
 
 def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
-    """Checks clusterIP/clusterIPs; True for a headless service."""
+    """Checks clusterIP/clusterIPs as validateServiceClusterIPsRelatedFields does (None
+    alone and not for NodePort/LoadBalancer, IsValidIP, at most two of two families,
+    clusterIPs[0] = clusterIP); True for a headless service. The addresses no service
+    CIDR can hold (``cluster_ip_problem``) are refused as the allocator would refuse
+    them (ipallocator: ErrNotInRange): with manifests no range is known."""
     single = c.string(spec.get("clusterIP"), "spec.clusterIP")
     single_family = c.ip(single, "spec.clusterIP", "cluster") \
         if single and single != "None" else 0
@@ -101,6 +110,11 @@ def _ip_families(c: Checker, spec: dict[str, Any], families: list[int]) -> None:
 
 
 def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool) -> None:
+    """validateServicePort for each (name a DNS-1123 label, required with several and
+    unique; IsValidPortNum; a supported protocol, "" defaulting to TCP; targetPort
+    ValidatePortNumOrName; appProtocol ValidateQualifiedName), then ValidateService's
+    cross-port rules: ports required but for headless and ExternalName, (port, protocol)
+    and (nodePort, protocol) unique, no nodePort on a ClusterIP service."""
     ports = c.items(spec.get("ports"), "spec.ports")
     if not ports and not headless and stype != "ExternalName":
         c.err("spec.ports", "malformed", "is required (a service needs at least one port)")
@@ -135,6 +149,7 @@ def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool)
 
 
 def _target_port(c: Checker, value: Any, where: str) -> None:
+    """ValidatePortNumOrName; 0 and "" are defaulted to the port (SetDefaults_ServicePort)."""
     if value is None or value == 0 or value == "":
         return
     if isinstance(value, str):
@@ -147,6 +162,8 @@ def _target_port(c: Checker, value: Any, where: str) -> None:
 
 
 def _affinity(c: Checker, spec: dict[str, Any]) -> None:
+    """supportedSessionAffinityType and validateClientIPAffinityConfig (1-86400 s; unset
+    or null is defaulted to 10800 by SetDefaults_Service)."""
     affinity = c.enum(spec.get("sessionAffinity"), "spec.sessionAffinity", AFFINITIES)
     cfg = c.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
     client = c.mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
@@ -159,6 +176,7 @@ def _affinity(c: Checker, spec: dict[str, Any]) -> None:
 
 
 def _lb_status(c: Checker, status: Any) -> None:
+    """ValidateLoadBalancerStatus: an ingress IP IsValidIP, its ipMode VIP or Proxy."""
     lb = c.mapping(c.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
     for i, raw in enumerate(c.items(lb.get("ingress"), "status.loadBalancer.ingress")):
         where = f"status.loadBalancer.ingress[{i}]"
