@@ -53,9 +53,10 @@ FIELDS: tuple[EdgeField, ...] = (
     EdgeField("Service", "spec.clusterIP(s)", HONOURED,
               "an IPv4-mapped address is read as its IPv4 address (Go's To4)",
               "ValidateService: IsValidIP (ParseIPSloppy), at most 2 of different families, "
-              "clusterIPs[0] = clusterIP", ("spec", {"clusterIP": "::ffff:10.96.0.10",
-                                                     "clusterIPs": ["::ffff:10.96.0.10"],
-                                                     "ports": [{"port": 80}]})),
+              "clusterIPs[0] = clusterIP; the allocator's range (no unspecified, loopback, "
+              "link-local, multicast or broadcast address: no service CIDR holds one)",
+              ("spec", {"clusterIP": "::ffff:10.96.0.10", "clusterIPs": ["::ffff:10.96.0.10"],
+                        "ports": [{"port": 80}]})),
     EdgeField("Service", "spec.ports[].name", HONOURED, "",
               "validateServicePort: ValidateDNS1123Label, required with several ports, unique"),
     EdgeField("Service", "spec.ports[].protocol", HONOURED, "unset is TCP",

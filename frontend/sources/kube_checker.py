@@ -87,14 +87,17 @@ class Checker:
         return text
 
     def label(self, value: Any, where: str) -> str:
+        """ValidateDNS1123Label (IsDNS1123Label)."""
         return self.name(value, where, DNS1123_LABEL, 63, "DNS-1123 label (lowercase "
                          "letters, digits and '-', starting and ending with a letter or digit)")
 
     def subdomain(self, value: Any, where: str) -> str:
+        """NameIsDNSSubdomain / ValidateNodeName (IsDNS1123Subdomain)."""
         return self.name(value, where, DNS1123_SUBDOMAIN, 253, "DNS-1123 subdomain "
                          "(lowercase letters, digits, '-' and '.')")
 
     def port(self, value: Any, where: str, allow_zero: bool = False) -> int:
+        """IsValidPortNum (``allow_zero``: 0 means none, as for nodePort)."""
         if value is None and allow_zero:
             return 0
         if isinstance(value, bool) or not isinstance(value, int):
@@ -107,6 +110,7 @@ class Checker:
         return value
 
     def protocol(self, value: Any, where: str) -> str:
+        """supportedPortProtocols; unset or "" is TCP (SetDefaults_ServicePort)."""
         if value is None or value == "":
             return "TCP"
         if value not in PROTOCOLS:
@@ -156,8 +160,9 @@ class Checker:
         return version
 
     def meta_map(self, value: Any, where: str, values: re.Pattern[str] | None) -> dict[str, str]:
-        """Labels (``values`` set) or annotations: qualified-name keys (an annotation's in
-        any case), string values; annotations at most 256 KiB of UTF-8."""
+        """Labels (``values`` set: ValidateLabels) or annotations (ValidateAnnotations):
+        qualified-name keys (an annotation's in any case), string values; annotations at
+        most 256 KiB (TotalAnnotationSizeLimitB) of UTF-8."""
         raw = self.mapping(value, where)
         size = 0
         for k, val in raw.items():
