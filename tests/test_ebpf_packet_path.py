@@ -276,6 +276,40 @@ def test_session_affinity_client_ip(world: World) -> None:
     assert len(picks) >= 2, "after the affinity timeout another endpoint gets chosen"
 
 
+def _connected_udp(ns: str, host: str, port: int, sport: int) -> socket.socket:
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(3)
+        s.bind((CLIENT.ipv4, sport))
+        s.connect((host, port))
+        return s
+
+    return call_in(ns, make)
+
+
+def _ask(sock: socket.socket) -> str:
+    sock.send(b"ping\n")
+    return sock.recv(256).decode().split()[0]
+
+
+@pytest.mark.parametrize("pods", [["pod-a", "pod-b"], ["pod-c", "pod-d"]],
+                         ids=["local", "remote"])
+def test_udp_flow_of_a_removed_endpoint_moves_at_once(world: World, pods: list[str]) -> None:
+    """kube-proxy's stale-UDP rule: the flow's next datagram goes to a remaining one."""
+    port = 30094 if pods[0] == "pod-a" else 30095
+    world.set(node_port(f"stale-{port}", port, pods, proto="UDP"))
+    sock = _connected_udp(world.lab.ns(CLIENT.name), NODE1.ipv4, port, 46000)
+    try:
+        first = _ask(sock)
+        assert [_ask(sock) for _ in range(5)] == [first] * 5, "a flow keeps its endpoint"
+        world.set(node_port(f"stale-{port}", port, [p for p in pods if p != first],
+                            proto="UDP"))
+        other = next(p for p in pods if p != first)
+        assert [_ask(sock) for _ in range(3)] == [other] * 3
+    finally:
+        sock.close()
+
+
 def _udp_flows(ns: str, host: str, port: int, sports: range) -> dict[int, str]:
     def run() -> dict[int, str]:
         seen = {}

@@ -96,6 +96,8 @@ struct ct_val {
 	__u16 dport;
 	__u8 flags; /* CT_* */
 	__u8 pad[3];
+	__u32 set_id; /* forward: the endpoint set the endpoint was in when last checked */
+	__u32 pad2;
 	__u64 last_ns;
 };
 
@@ -436,6 +438,20 @@ static long scan_one(__u32 slot, void *data)
 
 #define MAX_AFFINITY_SCAN 4096
 
+/* Is the flow's endpoint (its forward entry's destination) in the service's set? */
+static __always_inline int member(const struct svc_val *sv, const struct ct_val *fv, __u8 family)
+{
+	struct ep_val want = { .port = fv->dport, .family = family };
+	struct scan_ctx sc = { .set_id = sv->set_id, .want = &want };
+	__u32 n = sv->count;
+
+	copy_addr(want.addr, fv->daddr);
+	if (n > MAX_AFFINITY_SCAN)
+		n = MAX_AFFINITY_SCAN;
+	bpf_loop(n, scan_one, &sc, 0);
+	return sc.hit;
+}
+
 /* The client's remembered endpoint when it is still one of the set's and fresh. */
 static __always_inline int affine(const struct aff_key *ak, const struct svc_val *sv,
 				  __u64 now, struct ep_val *out)
@@ -588,7 +604,7 @@ struct {
 
 /* The RST answering this TCP segment (RFC 9293 3.10.7.1), in place: addresses and ports
  * swapped, options and data cut. */
-static __noinline int reset(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
+static __always_inline int reset(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
 {
 	__u32 len, l3 = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
 	struct tcp_min *in = &x->in, *out = &x->out;
@@ -657,7 +673,7 @@ static __noinline int reset(struct __sk_buff *skb, const struct pkt *p, struct s
 }
 
 /* ICMP / ICMPv6 port unreachable quoting this packet, in its place. */
-static __noinline int unreachable(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
+static __always_inline int unreachable(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
 {
 	if (p->family == 4) {
 		struct reject4 *r = &x->r4;
@@ -736,13 +752,18 @@ static __noinline int reject(struct __sk_buff *skb, const struct pkt *p)
 }
 
 /* A new flow to a service: pick, remember both directions. 0, or the verdict. */
-static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const struct svc_key *sk,
-				    struct svc_val *sv, struct ct_key *fk, struct ct_val *fv)
+static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct svc_val *sv,
+			       struct ct_key *fk, struct ct_val *fv)
 {
 	struct ep_val ep;
 	struct ct_key rk = {};
+	struct svc_key svc = {}, *sk = &svc;
 	__u64 now = bpf_ktime_get_ns();
 
+	copy_addr(svc.addr, p->daddr);
+	svc.port = p->dport;
+	svc.proto = p->proto;
+	svc.family = p->family;
 	if (sv->flags & F_REFUSE)
 		return reject(skb, p);
 	if (!sv->count)
@@ -766,6 +787,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 		return TC_ACT_SHOT;
 	copy_addr(fv->daddr, ep.addr);
 	fv->dport = ep.port;
+	fv->set_id = sv->set_id;
 	copy_addr(fv->saddr, p->saddr);
 	fv->sport = p->sport;
 	fv->last_ns = now;
@@ -845,13 +867,22 @@ int spp_ingress(struct __sk_buff *skb)
 	sv = *svp;
 	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_FORWARD);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
+	if (found && found->set_id != sv.set_id) {
+		/* The service changed since: is the flow's endpoint still one of it? A UDP
+		 * flow whose endpoint left moves at once (kube-proxy's stale-UDP rule); TCP
+		 * keeps its connection, as kube-proxy leaves it to its own timeouts. */
+		if (member(&sv, found, p.family))
+			found->set_id = sv.set_id;
+		else if (p.proto == IPPROTO_UDP)
+			found = 0;
+	}
 	if (found) {
 		fv = *found;
 		found->last_ns = bpf_ktime_get_ns();
 		if (fv.flags & CT_SNAT)
 			keep_reply(&p, &fv, found->last_ns);
 	} else {
-		int verdict = new_flow(skb, &p, &sk, &sv, &k, &fv);
+		int verdict = new_flow(skb, &p, &sv, &k, &fv);
 
 		if (verdict)
 			return verdict;
