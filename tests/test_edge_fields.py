@@ -52,3 +52,19 @@ def test_each_example_is_served_as_the_table_says(entry: EdgeField) -> None:
     else:
         assert not verdict.warnings, verdict.warnings
     PARSE[entry.kind](obj)  # what is served parses
+
+
+def test_a_degraded_field_is_logged_naming_object_and_field_and_counted(caplog) -> None:  # type: ignore[no-untyped-def]
+    from svcproxy.frontend import metrics
+    from svcproxy.frontend.sources.intake import Intake
+
+    counter = metrics.DEGRADED_FIELDS.labels("EndpointSlice", "ports[].port")
+    before = counter._value.get()
+    obj = set_path(endpoint_slice(), "ports", [{"name": "http", "port": 8080},
+                                               {"name": "odd", "port": 70000}])
+    caplog.set_level("WARNING")
+    parsed = Intake("manifests").parse("EndpointSlice", obj, served=False)
+    assert parsed is not None and [p.name for p in parsed.ports] == ["http"]
+    assert counter._value.get() - before == 1
+    line = next(r.getMessage() for r in caplog.records if "ports[1].port" in r.getMessage())
+    assert "EndpointSlice shop/web-1" in line and "70000" in line
