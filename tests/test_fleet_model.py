@@ -166,3 +166,10 @@ def test_a_wait_counts_reporting_nodes_and_lost_ones_only_for_a_while() -> None:
     fleet.connections(["a", "silent"], now=3.0)  # b disconnects
     assert wait.progress(fleet, views, now=12.0).behind == ("b",)
     assert wait.progress(fleet, views, now=13.5).done
+
+
+def test_the_cluster_latency_has_the_per_node_latencys_buckets() -> None:
+    from svcproxy.agent.metrics import NETWORK_PROGRAMMING_BUCKETS as PER_NODE
+    from svcproxy.frontend.fleet.metrics import NETWORK_PROGRAMMING_BUCKETS as CLUSTER
+
+    assert CLUSTER == PER_NODE

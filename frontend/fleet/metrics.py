@@ -2,8 +2,17 @@
 
 from prometheus_client import Gauge, Histogram
 
-from svcproxy.agent.metrics import NETWORK_PROGRAMMING_BUCKETS
 from svcproxy.frontend.metrics import counter
+
+# kubeproxy_network_programming_duration_seconds' buckets (svcproxy/agent/metrics.py), so
+# the cluster-wide and the per-node latency compare bucket by bucket; not imported from
+# there: the agent's modules bring the SDK's package, which the frontend never loads.
+NETWORK_PROGRAMMING_BUCKETS = (
+    (0.0, 0.25, 0.5)
+    + tuple(float(s) for s in range(1, 60))
+    + tuple(float(s) for s in range(60, 120, 5))
+    + tuple(float(s) for s in range(120, 301, 30))
+)
 
 NODES = Gauge("svcproxy_frontend_fleet_nodes",
               "Nodes by fleet state (UNKNOWN, APPLIED, SYNCING, LAGGING, DISAGREEING, "

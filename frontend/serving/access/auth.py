@@ -29,6 +29,9 @@ class Identity:
     groups: frozenset[str] = frozenset()
     node: str | None = None
     via: str = "x509"
+    # A pod-bound token's pod ("namespace/name") and its uid (for WaitFleet).
+    pod: str = ""
+    pod_uid: str = ""
 
     def describe(self) -> str:
         what = f"node {self.node}" if self.node else "identity"

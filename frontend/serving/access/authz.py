@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.frontend.serving.access.auth import Authenticator, Identity, Unauthenticated
+from svcproxy.frontend.serving.access.pod_waits import wait_refusal
 from svcproxy.frontend.serving.validation import Malformed, parse
 from svcproxy.v1 import nodestate_pb2 as pb
 
@@ -93,6 +94,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if method in NODE_METHODS and isinstance(request, bytes):  # a worker's raw unary
             request = parse(NODE_METHODS[method], request)
         if isinstance(request, Malformed):  # the handler refuses it, reading nothing
+            return
+        if method == "WaitFleet" and not is_cluster_reader(identity, self.readers):
+            addresses = getattr(self.authenticator.tokens, "pod_addresses", None)
+            refusal = await wait_refusal(identity, request, addresses)
+            if refusal is not None:
+                await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, method,
+                                   refusal)
             return
         node = _node_name(method, request)
         refusal = authorize(identity, method, node, self.readers)

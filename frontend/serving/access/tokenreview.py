@@ -55,6 +55,7 @@ class TokenReviewer:
         self._core = CoreV1Api(api_client)
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._inflight: dict[bytes, asyncio.Future[_Entry]] = {}
+        self._addresses: dict[tuple[str, str, str], tuple[float, frozenset[str]]] = {}
         self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, token: str) -> Identity:
@@ -127,8 +128,37 @@ class TokenReviewer:
             node = self._node_of(user.username or "", extra)
         except Unauthenticated as err:
             return self._refusal(str(err))
-        identity = Identity(user.username or "", frozenset(user.groups or ()), node, "token")
+        pod_name = _one(extra, "pod-name")
+        namespace = (user.username or "").removeprefix(SA_PREFIX).partition(":")[0]
+        identity = Identity(user.username or "", frozenset(user.groups or ()), node, "token",
+                            pod=f"{namespace}/{pod_name}" if pod_name else "",
+                            pod_uid=_one(extra, "pod-uid") or "")
         return _Entry(time.monotonic() + self.cache_ttl, identity)
+
+    async def pod_addresses(self, namespace: str, name: str, uid: str) -> frozenset[str]:
+        """The IPs of a token's pod (``status.podIPs``), checked to be the pod of ``uid``
+        (when given); LookupError saying why when it cannot be told. Remembered for the
+        cache TTL."""
+        key = (namespace, name, uid)
+        hit = self._addresses.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        try:
+            pod = await asyncio.to_thread(self._read_pod, namespace, name)
+        except Unauthenticated as err:
+            raise LookupError(str(err)) from None
+        if uid and (pod.get("metadata") or {}).get("uid") != uid:
+            raise LookupError(f"the pod {namespace}/{name} is not the token's (uid {uid})")
+        status = pod.get("status") or {}
+        ips = {str(entry.get("ip")) for entry in status.get("podIPs") or ()
+               if isinstance(entry, dict) and entry.get("ip")}
+        if status.get("podIP"):
+            ips.add(str(status["podIP"]))
+        found = frozenset(ips)
+        if len(self._addresses) >= CACHE_ENTRIES:
+            self._addresses.clear()
+        self._addresses[key] = (time.monotonic() + self.cache_ttl, found)
+        return found
 
     def _refusal(self, reason: str) -> _Entry:
         return _Entry(time.monotonic() + min(self.cache_ttl, REFUSAL_TTL), None, reason)
