@@ -11,6 +11,7 @@ removed at the end, also when the test fails.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -100,7 +101,8 @@ class Traffic:
 
     def stop(self) -> Counter[str]:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
         return self.seen
 
 
@@ -210,6 +212,14 @@ def test_process_serves_survives_kill_adopts_and_cleans_up(
             assert rules == [], rules
         flow = Flow(client)
         first = flow.ask()
+        dump = subprocess.run([*argv, "--dump"], capture_output=True, text=True, timeout=60)
+        assert dump.returncode == 0, dump.stderr
+        pod_a, pod_c = PODS["pod-a"].ipv4, PODS["pod-c"].ipv4
+        assert (f"tc {NODE1.ipv4}:{TCP_PORT}/tcp -> {pod_a}:8080 (local) {pod_c}:8080 "
+                "(remote)") in dump.stdout, dump.stdout
+        summary = re.search(r"# (\d+) tc services, .* (\d+) flows \((\d+) SNATed\)",
+                            dump.stdout)
+        assert summary and int(summary[2]) >= 30 and int(summary[3]) >= 1, dump.stdout
         links = _link_ids(fs / "pins" / "tc")
         assert len(links) == 2, "ingress and egress on eth0"
 

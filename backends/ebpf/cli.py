@@ -94,9 +94,12 @@ def create(args: argparse.Namespace, config: NodeConfig) -> Backend:
                     max_endpoints=args.ebpf_max_endpoints)
     if args.dump:
         from .dump import dump_lines
+        from .packet_dump import packet_dump_lines
 
         try:
             for line in dump_lines(layout.pin_dir):
+                print(line)
+            for line in packet_dump_lines(layout.pin_dir):
                 print(line)
         except LoadError as err:
             print(f"svcproxy: error: {err}", file=sys.stderr)

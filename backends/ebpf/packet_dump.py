@@ -1,0 +1,94 @@
+"""``--dump`` of the packet path: the pinned tc maps as services, endpoints and flows."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import libbpf
+from .layout import F_AFFINITY, F_REFUSE, Frontend, Target
+from .libbpf import Map
+from .packet_layout import (
+    CT_FORWARD,
+    EP_LOCAL,
+    F_MAGLEV,
+    MAP_CT,
+    MAP_ENDPOINTS,
+    MAP_MAGLEV,
+    MAP_SERVICES,
+    SIZES,
+    Flow,
+)
+from .packet_loader import SUBDIR
+from .tables import read_kernel
+
+
+def _open(tc_dir: Path, name: str, key: int, value: int) -> Map:
+    return Map(name, libbpf.obj_get(str(tc_dir / name)), key, value)
+
+
+def _endpoint(slot: bytes) -> str:
+    where = "local" if slot[-1] & EP_LOCAL else "remote"
+    return f"{Target.unpack(slot)} ({where})"
+
+
+def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
+    """One line per tc services-map entry, a sample of the flows, then the counts; nothing
+    when the packet path has no pins here."""
+    tc_dir = pin_dir / SUBDIR
+    if not (tc_dir / MAP_SERVICES).exists():
+        return
+    maps = {name: _open(tc_dir, name, *SIZES[name])
+            for name in (MAP_SERVICES, MAP_ENDPOINTS, MAP_CT)}
+    try:
+        applied, _orphans = read_kernel(maps[MAP_SERVICES], maps[MAP_ENDPOINTS])
+        for fe, entry in sorted((Frontend.unpack(k), a) for k, a in applied.items()):
+            value = entry.value
+            if value.flags & F_REFUSE:
+                what = "refuse (no endpoints: RST / port unreachable)"
+            elif not value.count:
+                what = "drop (endpoints, none for traffic from outside)"
+            elif entry.slots is None:
+                what = f"{value.count} endpoints, set {value.set_id} INCOMPLETE"
+            else:
+                what = " ".join(_endpoint(s) for s in entry.slots)
+            extra = " [maglev]" if value.flags & F_MAGLEV else ""
+            if value.flags & F_AFFINITY:
+                extra += f" [affinity ClientIP {value.affinity_timeout}s]"
+            yield f"tc {fe} -> {what}{extra}"
+        flows = [Flow.unpack(k, v) for k, v in maps[MAP_CT].items()]
+        forward = [f for f in flows if f.direction == CT_FORWARD]
+        for flow in forward[:samples]:
+            via = f" via {_host(flow.new_source)}" if flow.snat else ""
+            yield (f"flow {flow.proto} {_host(flow.source)} -> {_host(flow.destination)} => "
+                   f"{_host(flow.new_destination)}{via}")
+        tables = _count(tc_dir / MAP_MAGLEV)
+        yield (f"# {len(applied)} tc services, "
+               f"{sum(a.value.count for a in applied.values())} endpoint slots, "
+               f"{tables} Maglev tables, {len(forward)} flows "
+               f"({sum(f.snat for f in forward)} SNATed), {len(flows)} flow entries")
+    finally:
+        for m in maps.values():
+            os.close(m.fd)
+
+
+def _host(addr: tuple[str, int]) -> str:
+    ip, port = addr
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _count(pin: Path) -> int:
+    """Keys of a map read one at a time (its values are whole tables)."""
+    fd = libbpf.obj_get(str(pin))
+    try:
+        lib = libbpf.lib()
+        key, prev = ctypes.create_string_buffer(4), None
+        count = 0
+        while lib.bpf_map_get_next_key(fd, prev, key) == 0:
+            count += 1
+            prev = ctypes.create_string_buffer(key.raw, 4)
+        return count
+    finally:
+        os.close(fd)
