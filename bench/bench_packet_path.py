@@ -1,0 +1,154 @@
+"""NodePort forwarding through the two-node lab: ``--ebpf-packet-path bpf`` (tc) next to nft.
+
+Run as root. Builds the test lab (tests/lab/topology.py: a LAN client, node1, node2 with
+pods), loads ``--services`` filler services (a ClusterIP, an externalIP and one endpoint
+each) plus the NodePort measured, whose one endpoint (pod-c) is on node2: every
+connection is DNATed and SNATed on node1 and its replies reversed. For each size, each
+dataplane is loaded in node1 in turn and the client opens ``--connects`` new TCP
+connections (connect, read the greeting, close) per round; printed per dataplane: new
+connections per second and the connect() latency (SYN to SYN/ACK through node1: the
+first packet's path) p50/p99, as the median over rounds. The Python client and echo
+server set the floor, so the figures compare dataplanes, not absolute speeds.
+
+Usage: .venv/bin/python bench/bench_packet_path.py [--sizes 100,10000] [--connects 500]
+       [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from svcproxy.backends.ebpf.packet_backend import PacketBackend  # noqa: E402
+from svcproxy.backends.ebpf.packet_loader import PacketLayout  # noqa: E402
+from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
+from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
+from svcproxy.model import (  # noqa: E402
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+)
+from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState  # noqa: E402
+from tests.lab.echo import EchoServer  # noqa: E402
+from tests.lab.netns import call_in  # noqa: E402
+from tests.lab.plan import standard_spec  # noqa: E402
+from tests.lab.topology import Lab  # noqa: E402
+
+SPEC = standard_spec()
+NODE1, CLIENT, POD = SPEC.node("node1"), SPEC.clients[0], SPEC.pod("pod-c")
+NODE_PORT = 30080
+
+
+def services(count: int) -> dict[ServicePortKey, ServicePortState]:
+    """``count`` fillers and the measured NodePort, all to pod-c (on node2)."""
+    out = {}
+    ep = {POD.ipv4: Endpoint(POD.ipv4, 8080, node_name="node2", internal=True,
+                             external=True, cluster=True)}
+    for i in range(count):
+        key = ServicePortKey("bench", f"s{i}", "p", Protocol.TCP)
+        out[key] = ServicePortState(ServicePort(
+            key, cluster_ips=(f"10.96.{i >> 8 & 255}.{i & 255}",), port=80,
+            external_ips=(f"172.{16 + (i >> 16)}.{i >> 8 & 255}.{i & 255}",),
+            has_endpoints=True), ep)
+    key = ServicePortKey("bench", "np", "p", Protocol.TCP)
+    out[key] = ServicePortState(ServicePort(key, type=ServiceType.NODE_PORT,
+                                            cluster_ips=("10.97.0.1",), port=80,
+                                            node_port=NODE_PORT, has_endpoints=True), ep)
+    return out
+
+
+def connect_loop(count: int) -> tuple[float, list[float]]:
+    """(elapsed seconds, connect() latencies in microseconds) of ``count`` connections."""
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(count):
+        with socket.socket() as s:
+            s.settimeout(5)
+            t0 = time.perf_counter()
+            s.connect((NODE1.ipv4, NODE_PORT))
+            latencies.append((time.perf_counter() - t0) * 1e6)
+            while s.recv(256):
+                pass
+    return time.perf_counter() - start, latencies
+
+
+def measure(lab: Lab, connects: int) -> tuple[float, float, float]:
+    """(connections per second, connect() p50, p99 in microseconds) of one round."""
+    call_in(lab.ns(CLIENT.name), connect_loop, 20)  # warm: neighbours, caches
+    elapsed, lat = call_in(lab.ns(CLIENT.name), connect_loop, connects)
+    lat.sort()
+    return connects / elapsed, lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+
+
+def make(name: str, config: NodeConfig, fs: Path, lab: Lab) -> Backend:
+    if name == "bpf":
+        return PacketBackend(config, PacketLayout(fs / "pins", ("eth0",)))
+    return NftBackend(config, NftRunner(("ip", "netns", "exec", lab.ns("node1"))),
+                      families=(4,))
+
+
+def run(lab: Lab, backend: Backend, state: NodeState) -> None:
+    call_in(lab.ns("node1"), backend.sync, state, Changes(frozenset(state.services),
+                                                          full=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="100,10000")
+    parser.add_argument("--connects", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    lab = Lab(spec=SPEC)
+    fs = Path(tempfile.mkdtemp(prefix="spbench-tc-"))
+    server = None
+    mounted = False
+    config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4,))
+    try:
+        lab.build()
+        server = EchoServer(lab.ns("pod-c"), "pod-c", (8080,)).start()
+        subprocess.run(["mount", "-t", "bpf", "bpf", str(fs)], check=True)
+        mounted = True
+        print(f"{'services':>9} {'dataplane':>10} {'conn/s':>8} {'connect p50 us':>15} "
+              f"{'p99 us':>8} {'load s':>7}")
+        for size in (int(s) for s in args.sizes.split(",")):
+            state = NodeState("node1", 1, None, services(size))
+            results: dict[str, list[tuple[float, float, float, float]]] = {"bpf": [], "nft": []}
+            for round_ in range(args.rounds):
+                # Alternate which goes first, so load drift hits both alike.
+                for name in ("bpf", "nft") if round_ % 2 == 0 else ("nft", "bpf"):
+                    backend = make(name, config, fs, lab)
+                    t0 = time.perf_counter()
+                    run(lab, backend, state)
+                    loaded = time.perf_counter() - t0
+                    try:
+                        results[name].append((*measure(lab, args.connects), loaded))
+                    finally:
+                        call_in(lab.ns("node1"), backend.cleanup)
+            for name, rows in results.items():
+                rate, p50, p99, loaded = (statistics.median(col) for col in zip(*rows, strict=True))
+                print(f"{size:>9} {name:>10} {rate:>8.0f} {p50:>15.0f} {p99:>8.0f} "
+                      f"{loaded:>7.1f}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        if mounted:
+            subprocess.run(["umount", str(fs)], capture_output=True)
+        shutil.rmtree(fs, ignore_errors=True)
+        lab.destroy()
+
+
+if __name__ == "__main__":
+    main()
