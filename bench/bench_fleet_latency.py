@@ -1,0 +1,201 @@
+"""Cluster-wide network programming latency: simulated nodes watching and reporting.
+
+    .venv/bin/python bench/bench_fleet_latency.py [--nodes 100] [--procs 4] [--changes 20]
+
+A frontend process on a manifest directory (examples/cluster and a Service ``lat``);
+``--nodes`` simulated nodes in ``--procs`` processes, each a real NodeStateClient whose
+every state is applied at once (a no-op backend) and reported by the SDK's Reporter
+(default --report-min-interval 1 s). ``--changes`` times, 2 s apart, the EndpointSlice of
+``lat`` is rewritten; each node notes when it applied each change (its trigger time, the
+frontend's). Prints, over the changes: the per-node latency (trigger -> that node
+applied, every node's), the cluster-wide latency (trigger -> the last node applied),
+both p50 / p99, and the frontend's svcproxy_frontend_cluster_programming_latency_seconds
+(count, mean) as a cross-check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import yaml
+
+from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slice_doc(generation: int) -> list[dict]:
+    eps = [{"addresses": [f"10.250.{generation % 200}.{i + 1}"], "nodeName": "node-a",
+            "conditions": {"ready": True}} for i in range(3)]
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lat", "namespace": "b"},
+         "spec": {"clusterIP": "10.96.99.1", "clusterIPs": ["10.96.99.1"],
+                  "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "lat-1", "namespace": "b",
+                      "labels": {"kubernetes.io/service-name": "lat"}},
+         "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": eps}]
+
+
+def write(directory: Path, generation: int) -> None:
+    tmp = directory / ".lat.yaml.tmp"
+    tmp.write_text(yaml.safe_dump_all(slice_doc(generation)))
+    tmp.replace(directory / "lat.yaml")
+
+
+def nodes_main(api: str, names: list[str], out: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type-arg]
+    """One process's simulated nodes: apply at once, report through the SDK."""
+    from svcproxy.sdk.backend import Backend, Changes, NodeState
+    from svcproxy.sdk.client import NodeStateClient
+    from svcproxy.sdk.report import Reporter
+
+    class Nothing(Backend):
+        name = "bench"
+
+        def sync(self, state: NodeState, changes: Changes) -> None:
+            pass
+
+    applied: list[tuple[str, float, float]] = []  # node, trigger, applied at
+    lock = threading.Lock()
+
+    def run(name: str) -> None:
+        client = NodeStateClient(api, name)
+        reporter = Reporter(client, Nothing())
+        client.start()
+        reporter.start()
+        while not stop.is_set():
+            if not client.wait(0.5):
+                continue
+            taken = client.take()
+            if taken is None:
+                continue
+            now = time.time()
+            reporter.applied(*taken)
+            with lock:
+                applied.extend((name, t, now) for t in taken[1].trigger_times)
+        reporter.stop()
+        client.stop()
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in names]
+    for thread in threads:
+        thread.start()
+    stop.wait()
+    for thread in threads:
+        thread.join(10)
+    out.put(applied)
+
+
+def fleet_applied(stub: pb_grpc.NodeStateServiceStub) -> int:
+    return stub.GetFleet(pb.GetFleetRequest(page_size=5000),
+                         timeout=30).nodes_by_state["NODE_APPLIED"]
+
+
+def histogram(port: int) -> tuple[float, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    values = {}
+    for line in text.decode().splitlines():
+        if line.startswith("svcproxy_frontend_cluster_programming_latency_seconds_"):
+            name, _, value = line.partition(" ")
+            values[name.split("{")[0]] = float(value)
+    base = "svcproxy_frontend_cluster_programming_latency_seconds_"
+    return values.get(base + "count", 0.0), values.get(base + "sum", 0.0)
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--changes", type=int, default=20)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    manifests = work / "m"
+    shutil.copytree(ROOT / "examples" / "cluster", manifests)
+    write(manifests, 0)
+    port, metrics_port = free_port(), free_port()
+    api = f"127.0.0.1:{port}"
+    frontend = subprocess.Popen(
+        [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
+         "--listen", api, "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
+         "--unary-qps-per-peer", "0"], stderr=subprocess.DEVNULL)
+    ctx = mp.get_context("spawn")
+    out, stop = ctx.Queue(), ctx.Event()
+    names = [f"sim-{i:04}" for i in range(args.nodes)]
+    procs = [ctx.Process(target=nodes_main, args=(api, names[i::args.procs], out, stop))
+             for i in range(args.procs)]
+    try:
+        channel = grpc.insecure_channel(api)
+        grpc.channel_ready_future(channel).result(timeout=60)
+        stub = pb_grpc.NodeStateServiceStub(channel)
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + 300
+        while fleet_applied(stub) < args.nodes and time.monotonic() < deadline:
+            time.sleep(0.5)
+        before, started = histogram(metrics_port), time.time()
+        for generation in range(1, args.changes + 1):
+            write(manifests, generation)
+            time.sleep(2.0)
+        deadline = time.monotonic() + 60
+        while fleet_applied(stub) < args.nodes and time.monotonic() < deadline:
+            time.sleep(0.5)
+        after = histogram(metrics_port)
+        stop.set()
+        applied: list[tuple[str, float, float]] = []
+        for _ in procs:
+            applied.extend(out.get(timeout=60))
+        by_trigger: dict[float, list[float]] = {}
+        for _node, trigger, at in applied:
+            by_trigger.setdefault(trigger, []).append(at - trigger)
+        changes = {t: v for t, v in by_trigger.items()
+                   if t >= started and len(v) == args.nodes}
+        per_node = [x for v in changes.values() for x in v]
+        cluster = [max(v) for v in changes.values()]
+        count, total = after[0] - before[0], after[1] - before[1]
+        print(f"{args.nodes} nodes in {args.procs} processes, {len(changes)} changes seen by "
+              f"every node (of {args.changes})")
+        if per_node:
+            print(f"per-node latency: p50 {statistics.median(per_node) * 1e3:.0f} ms, "
+                  f"p99 {pct(per_node, 0.99) * 1e3:.0f} ms")
+            print(f"cluster-wide (last node applied): p50 {statistics.median(cluster) * 1e3:.0f}"
+                  f" ms, p99 {pct(cluster, 0.99) * 1e3:.0f} ms")
+        mean = f"{total / count * 1e3:.0f} ms" if count else "-"
+        print(f"frontend's histogram: {count:.0f} observations, mean {mean} "
+              "(trigger -> last node's report received)")
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(15)
+            if proc.is_alive():
+                proc.kill()
+        frontend.terminate()
+        frontend.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
