@@ -213,3 +213,54 @@ def test_hostile_reports_are_refused_alone(frontend_factory, tmp_path: Path) -> 
     seen = nodes(api)
     assert seen["node-a"].backend == "good" and dict(seen["node-a"].details) == {"kept": "yes"}
     assert seen["node-b"].backend == "b"
+
+
+def test_a_node_reporting_another_digest_disagrees_until_it_agrees(
+        frontend_factory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="svcproxy.frontend.fleet.service")
+    fe = frontend_factory(copy_examples(tmp_path))
+    api = fe.opts.listen
+    client = NodeStateClient(api, "node-c")  # watches; its reports are made by hand
+    client.start()
+    try:
+        served = wait_state(api, "node-c", pb.NODE_UNKNOWN, connected=True)
+        epoch = fe.frontend.guard.epoch
+        wrong = pb.NodeReport(node_name="node-c", revision=served.served_revision,
+                              epoch=epoch, digest=served.served_digest ^ 1, backend="x")
+        assert report_code(api, None, wrong)[0] == grpc.StatusCode.OK
+        got = wait_state(api, "node-c", pb.NODE_DISAGREEING)
+        assert got.applied_digest != got.served_digest
+        assert any("node node-c is disagreeing" in r.getMessage() for r in caplog.records)
+        right = pb.NodeReport(node_name="node-c", revision=served.served_revision,
+                              epoch=epoch, digest=served.served_digest, backend="x")
+        assert report_code(api, None, right)[0] == grpc.StatusCode.OK
+        wait_state(api, "node-c", pb.NODE_APPLIED)
+        assert any("node node-c recovered" in r.getMessage() for r in caplog.records)
+    finally:
+        client.stop()
+
+
+def test_get_fleet_pages_and_filters(frontend_factory, tmp_path: Path) -> None:
+    fe = frontend_factory(copy_examples(tmp_path))
+    api = fe.opts.listen
+    names = [f"node-{i}" for i in range(5)]
+    for name in names:
+        assert report_code(api, None, pb.NodeReport(node_name=name))[0] == grpc.StatusCode.OK
+    seen, token = [], ""
+    while True:
+        page = fleet(api, pb.GetFleetRequest(page_size=2, page_token=token))
+        assert len(page.nodes) <= 2 and page.nodes_by_state["NODE_DISCONNECTED"] == 5
+        seen += [n.node_name for n in page.nodes]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == names
+    assert [n.node_name for n in fleet(api, pb.GetFleetRequest(node_name="node-3")).nodes] == [
+        "node-3"]
+    only = fleet(api, pb.GetFleetRequest(states=[pb.NODE_APPLIED])).nodes
+    assert not only
+    for bad in (pb.GetFleetRequest(page_size=-1), pb.GetFleetRequest(node_name="Bad_Name"),
+                pb.GetFleetRequest(service="Web"), pb.GetFleetRequest(namespace="shop")):
+        with pytest.raises(grpc.RpcError) as err:
+            fleet(api, bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
