@@ -309,7 +309,10 @@ def test_edits_arrive_through_inotify_without_polling(tmp_path: Path) -> None:
         wait_for(lambda: any(type(e).__name__ == "Delete" for e in seen[-1][1]))
     finally:
         source.stop()
-    assert sorted(delays)[2] < 0.5, f"edits took {delays} s"
+    # Each edit arrived with no poll between (the interval is an hour): by inotify. How fast
+    # is test_edit_latency_is_milliseconds' and the bench's; a loaded machine took 2.3 s.
+    assert source.mode == "inotify"
+    assert max(delays) < source.poll_interval, f"edits took {delays} s"
 
 
 def test_polling_fallback_waits_for_a_file_to_settle(tmp_path: Path) -> None:
