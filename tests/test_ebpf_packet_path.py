@@ -233,6 +233,24 @@ def test_external_ips_and_load_balancer_vips(world: World) -> None:
     assert local.names == Counter(), "a TCP service leaves UDP alone"
     local = summarize(probe(client, "tcp", "192.168.60.11", 80, 10))
     assert local.names == Counter({"pod-a": 10}) and local.sources == {CLIENT.ipv4}, local
+    # loadBalancerSourceRanges: the allowed client gets through, another is dropped.
+    other = SPEC.clients[1]
+    for ranges in ((f"{CLIENT.ipv4}/32",), ("192.168.50.96/28", "10.0.0.0/8")):
+        world.set(node_port("lb", 30088, ["pod-a"], type=ServiceType.LOAD_BALANCER,
+                            load_balancer_ingress=(LoadBalancerIngress("192.168.60.11"),),
+                            load_balancer_source_ranges=ranges))
+        allowed = summarize(probe(client, "tcp", "192.168.60.11", 80, 5))
+        assert allowed.names == Counter({"pod-a": 5}), (ranges, allowed)
+        denied = summarize(probe(world.lab.ns(other.name), "tcp", "192.168.60.11", 80, 2))
+        assert denied.errors == Counter({"timeout": 2}), (ranges, denied)
+    world.set(node_port("lb", 30088, ["pod-a"], type=ServiceType.LOAD_BALANCER,
+                        load_balancer_ingress=(LoadBalancerIngress("192.168.60.11"),)))
+    assert summarize(probe(world.lab.ns(other.name), "tcp", "192.168.60.11", 80, 2)).names \
+        == Counter({"pod-a": 2}), "without ranges every client gets through"
+    assert world.backend is not None and world.backend.programs is not None
+    from svcproxy.backends.ebpf.packet_backend import _keys
+
+    assert _keys(world.backend.programs.maps["spp_ranges"]) == [], "the ranges are gone"
     # ipMode Proxy: the load balancer proxies, the node must not take the VIP.
     world.set(node_port("lb", 30088, ["pod-a"], type=ServiceType.LOAD_BALANCER,
                         load_balancer_ingress=(LoadBalancerIngress("192.168.60.11",

@@ -24,12 +24,13 @@ from .packet_layout import (
     MAP_DEVICES,
     MAP_ENDPOINTS,
     MAP_MAGLEV,
+    MAP_RANGES,
     MAP_SERVICES,
     endpoint_name,
     pack_device,
 )
 from .packet_loader import PacketLayout, PacketPrograms, remove_packet_pins
-from .packet_plan import PacketPlan
+from .packet_plan import PacketPlan, source_ranges
 from .plan import Entry
 from .tables import Tables
 
@@ -107,6 +108,7 @@ class PacketBackend(Backend):
         self.plan = PacketPlan(algorithm, on_reject)
         self.node_ips: tuple[str, ...] | None = None
         self.last_sync_full: bool | None = None
+        self.ranges: set[bytes] | None = None  # spp_ranges as written; None: read it
 
     def start(self, node_ips: Iterable[str] = ()) -> PacketBackend:
         """Load the programs (adopting pinned maps and links) and attach them to the
@@ -155,6 +157,7 @@ class PacketBackend(Backend):
         self.start(node_ips)
         tables, sets = self.tables, self.sets
         assert tables is not None and sets is not None
+        gone = self._write_ranges(state, changes)
         full = changes.full or tables.applied is None or node_ips != self.node_ips
         if full:
             if node_ips != self.node_ips:
@@ -178,8 +181,28 @@ class PacketBackend(Backend):
             tables.apply(diff)
             touched = diff
         self._complete_tables(touched)
+        for key in sorted(gone):  # an LPM trie has no batch operations
+            self._ranges_map().delete(key)
         self.node_ips = node_ips
         self.last_sync_full = full
+
+    def _ranges_map(self) -> Map:
+        assert self.programs is not None
+        return self.programs.maps[MAP_RANGES]
+
+    def _write_ranges(self, state: NodeState, changes: Changes) -> set[bytes]:
+        """Write the source ranges the services want that the map lacks (before any
+        service entry asks for them); return those to delete once no entry does."""
+        ranges = self._ranges_map()
+        if self.ranges is None or changes.full:
+            self.ranges = set(_keys(ranges))
+        wanted = set().union(*(source_ranges(r) for r in state.services.values()
+                               if r.service.load_balancer_source_ranges))
+        for key in sorted(wanted - self.ranges):
+            ranges.update(key, b"\x01")
+        gone = self.ranges - wanted
+        self.ranges = wanted
+        return gone
 
     def _complete_tables(self, touched: dict[bytes, Entry | None]) -> None:
         """A service that became Maglev on a set it already had gets that set's table

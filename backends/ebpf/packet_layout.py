@@ -6,6 +6,7 @@ except that an endpoint's last byte says whether it runs on this node.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from functools import lru_cache
 from .layout import EP_KEY, EP_VAL, SVC_KEY, SVC_VAL, _addr, _ip
 
 F_MAGLEV = 4  # next to layout.F_AFFINITY and F_REFUSE: pick by the set's Maglev table
+F_RANGES = 8  # loadBalancerSourceRanges: only the sources in spp_ranges get through
 EP_LOCAL = 1
 CT_FORWARD, CT_REPLY = 0, 1
 CT_SNAT = 1
@@ -24,7 +26,8 @@ MAP_MAGLEV = "spp_maglev"
 MAP_CT = "spp_ct"
 MAP_DEVICES = "spp_devices"
 MAP_AFFINITY = "spp_affinity"
-MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY)
+MAP_RANGES = "spp_ranges"
+MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY, MAP_RANGES)
 
 # struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
 CT_KEY = struct.Struct("=16s16s2s2sBBBB")
@@ -39,6 +42,7 @@ SIZES = {
     MAP_CT: (CT_KEY.size, CT_VAL.size),
     MAP_DEVICES: (4, DEV_VAL.size),
     MAP_AFFINITY: (40, 32),
+    MAP_RANGES: (40, 1),
 }
 
 
@@ -53,6 +57,14 @@ def endpoint_name(slot: bytes) -> bytes:
     """What Maglev hashes for an endpoint: its address and port (not the node-dependent
     flag, so every node builds the same table)."""
     return slot[:18]
+
+
+def pack_range(frontend: bytes, cidr: str) -> bytes:
+    """An spp_ranges key: the service key (160 bits, all matched) and the CIDR's prefix;
+    ValueError for a CIDR that is not one."""
+    net = ipaddress.ip_network(cidr, strict=False)
+    raw = net.network_address.packed.ljust(16, b"\0")
+    return struct.pack("=I", 160 + net.prefixlen) + frontend + raw
 
 
 def pack_device(addr4: str, addr6: str) -> bytes:

@@ -1,8 +1,8 @@
 """What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
 
 Rows served so far, TCP and UDP, IPv4 and IPv6: NodePorts on the node's NodePort
-addresses, externalIPs and load-balancer VIPs (ipMode VIP, without
-loadBalancerSourceRanges), with the endpoints the frontend marked ``external`` (so
+addresses, externalIPs and load-balancer VIPs (ipMode VIP; with loadBalancerSourceRanges
+only their sources get through), with the endpoints the frontend marked ``external`` (so
 externalTrafficPolicy Local already means the local ones); session affinity ClientIP
 (per client address and service address, refreshed by each new flow). Each endpoint
 says whether it runs on this node (DNAT only) or elsewhere (DNAT and SNAT). No endpoint
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
 from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend
-from .packet_layout import F_MAGLEV, pack_endpoint
+from .packet_layout import F_MAGLEV, F_RANGES, pack_endpoint, pack_range
 from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,12 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         return {}
     if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
         raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
-    vips = list(svc.external_ips)
-    if not svc.load_balancer_source_ranges:
-        vips += svc.vip_ingress_ips()
     fronts = [Frontend(ip, svc.node_port, proto) for ip in node_ips if svc.node_port]
-    fronts += [Frontend(ip, svc.port, proto) for ip in vips]
+    fronts += [Frontend(ip, svc.port, proto) for ip in svc.external_ips]
+    ranged = [Frontend(ip, svc.port, proto) for ip in svc.vip_ingress_ips()]
+    if not svc.load_balancer_source_ranges:
+        fronts += ranged
+        ranged = []
     flags = F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0
     timeout = 0
     if svc.affinity:
@@ -55,10 +56,32 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
     result: dict[Frontend, Entry] = {}
     for family in (4, 6):
         mine = [fe for fe in fronts if (":" in fe.ip) == (family == 6)]
-        if mine:
+        vips = [fe for fe in ranged if (":" in fe.ip) == (family == 6)]
+        if mine or vips:
             eps = [e for e in state.endpoints.values() if (":" in e.ip) == (family == 6)]
-            result.update(dict.fromkeys(mine, _entry(eps, svc.has_endpoints, flags, timeout)))
+            entry = _entry(eps, svc.has_endpoints, flags, timeout)
+            result.update(dict.fromkeys(mine, entry))
+            result.update(dict.fromkeys(vips, Entry(entry.slots, entry.flags | F_RANGES,
+                                                    entry.affinity_timeout)))
     return result
+
+
+def source_ranges(state: ServicePortState) -> set[bytes]:
+    """The spp_ranges keys of a service port's load-balancer VIPs (each VIP with each
+    source range of its family; a range that is no CIDR is left out)."""
+    svc = state.service
+    proto = svc.key.protocol.value
+    keys: set[bytes] = set()
+    if proto not in PROTOCOLS or not svc.load_balancer_source_ranges:
+        return keys
+    for vip in svc.vip_ingress_ips():
+        for cidr in svc.load_balancer_source_ranges:
+            if (":" in cidr) == (":" in vip):
+                try:
+                    keys.add(pack_range(Frontend(vip, svc.port, proto).pack(), cidr.strip()))
+                except ValueError:
+                    log.warning("%s: loadBalancerSourceRanges %r is no CIDR", svc.key, cidr)
+    return keys
 
 
 def _entry(eps: list[Endpoint], has_endpoints: bool, flags: int, timeout: int) -> Entry:

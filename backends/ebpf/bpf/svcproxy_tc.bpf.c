@@ -34,6 +34,7 @@
 #define F_AFFINITY 1
 #define F_REFUSE 2
 #define F_MAGLEV 4
+#define F_RANGES 8 /* loadBalancerSourceRanges: only sources in spp_ranges get through */
 
 #define EP_LOCAL 1 /* the endpoint runs on this node: DNAT only */
 
@@ -144,6 +145,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct dev_val);
 } spp_devices SEC(".maps");
+
+/* loadBalancerSourceRanges: (service address, source CIDR) longest-prefix entries. */
+struct range_key {
+	__u32 prefixlen; /* 160 (the service key) + the CIDR's length */
+	struct svc_key svc;
+	__u32 src[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct range_key);
+	__type(value, __u8);
+} spp_ranges SEC(".maps");
 
 /* sessionAffinity ClientIP: the endpoint a client got from a service address, and when. */
 struct aff_key {
@@ -865,6 +881,13 @@ int spp_ingress(struct __sk_buff *skb)
 	if (!svp)
 		return TC_ACT_OK;
 	sv = *svp;
+	if (sv.flags & F_RANGES) {
+		struct range_key rk = { .prefixlen = 160 + (p.family == 4 ? 32 : 128), .svc = sk };
+
+		copy_addr(rk.src, p.saddr);
+		if (!bpf_map_lookup_elem(&spp_ranges, &rk))
+			return TC_ACT_SHOT; /* not an allowed source: dropped, as kube-proxy */
+	}
 	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_FORWARD);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found && found->set_id != sv.set_id) {
