@@ -387,6 +387,24 @@ def test_maglev_picks_the_tables_endpoint_and_a_removal_moves_only_its_flows(
     assert len(kept) > 600 and moved <= len(kept) * 0.03, (moved, len(kept))
 
 
+def test_metrics_of_the_tc_maps(world: World) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    world.set(node_port("metrics", 30096, ["pod-c"]))
+    assert world.tcp(30096, count=3).names == Counter({"pod-c": 3})
+    registry = CollectorRegistry()
+    assert world.backend is not None
+    world.backend.register_metrics(registry)
+    text = generate_latest(registry).decode()
+    for hook in ("ingress", "egress"):
+        assert f'svcproxy_ebpf_tc_attached{{device="eth0",hook="{hook}"}} 1.0' in text, text
+    assert 'svcproxy_ebpf_tc_map_max_entries{map="spp_ct"} 262144.0' in text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("svcproxy_ebpf_tc_map_entries")}
+    assert values['svcproxy_ebpf_tc_map_entries{map="spp_ct"}'] >= 6, values  # 3 flows x 2
+    assert values['svcproxy_ebpf_tc_map_entries{map="spp_services"}'] >= 1, values
+
+
 def test_cleanup_removes_the_programs_and_pins(world: World) -> None:
     world.set(node_port("last", 30085, ["pod-a"]))
     assert world.tcp(30085, count=2).names == Counter({"pod-a": 2})

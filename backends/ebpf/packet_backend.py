@@ -12,7 +12,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
 from svcproxy.sdk.rtnetlink import addresses
@@ -21,6 +22,7 @@ from . import libbpf, maglev
 from .libbpf import Map
 from .packet_layout import (
     F_MAGLEV,
+    MAP_CT,
     MAP_DEVICES,
     MAP_ENDPOINTS,
     MAP_MAGLEV,
@@ -29,10 +31,13 @@ from .packet_layout import (
     endpoint_name,
     pack_device,
 )
-from .packet_loader import PacketLayout, PacketPrograms, remove_packet_pins
+from .packet_loader import HOOKS, PacketLayout, PacketPrograms, remove_packet_pins
 from .packet_plan import PacketPlan, source_ranges
 from .plan import Entry
 from .tables import Tables
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +219,47 @@ class PacketBackend(Backend):
             if (entry is not None and entry.flags & F_MAGLEV and applied is not None
                     and applied.value.count and applied.value.set_id not in sets.have):
                 sets.write_table(applied.value.set_id, entry.slots)
+
+    def register_metrics(self, registry: object) -> None:
+        from prometheus_client.registry import Collector
+
+        backend = self
+
+        class TcMaps(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield from backend.collect_metrics()
+
+        registry.register(TcMaps())  # type: ignore[attr-defined]
+
+    def collect_metrics(self) -> Iterator[Metric]:
+        """svcproxy_ebpf_tc_map_entries / _max_entries per map and
+        svcproxy_ebpf_tc_attached per device and hook, read at scrape time."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        entries = GaugeMetricFamily("svcproxy_ebpf_tc_map_entries",
+                                    "Entries in each map of the tc packet path", labels=["map"])
+        capacity = GaugeMetricFamily("svcproxy_ebpf_tc_map_max_entries",
+                                     "Capacity of each map of the tc packet path",
+                                     labels=["map"])
+        attached = GaugeMetricFamily("svcproxy_ebpf_tc_attached",
+                                     "1 when the tc program is attached to the device's hook",
+                                     labels=["device", "hook"])
+        programs, tables = self.programs, self.tables
+        if programs is not None and tables is not None and tables.applied is not None:
+            layout = self.layout
+            counts = {MAP_SERVICES: (len(tables.applied), layout.max_services),
+                      MAP_ENDPOINTS: (tables.slot_count, layout.max_endpoints),
+                      MAP_CT: (len(programs.maps[MAP_CT]), layout.max_flows)}
+            for name, (count, size) in counts.items():
+                entries.add_metric([name], count)
+                capacity.add_metric([name], size)
+            for device in layout.devices:
+                for hook in HOOKS:
+                    attached.add_metric([device, hook],
+                                        1 if layout.link_pin(device, hook).exists() else 0)
+        yield entries
+        yield capacity
+        yield attached
 
     def cleanup(self) -> None:
         """Detach the tc programs and remove the packet path's pins."""
