@@ -21,6 +21,7 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.v1 import nodestate_pb2 as pb
+from svcproxy.wirevalues import timestamp_parts, unix_seconds, wire_text
 
 _PROTO = {Protocol.TCP: pb.TCP, Protocol.UDP: pb.UDP, Protocol.SCTP: pb.SCTP}
 _PROTO_BACK = {v: k for k, v in _PROTO.items()}
@@ -68,12 +69,23 @@ def key_from_pb(msg: pb.ServicePortKey) -> ServicePortKey:
     return key
 
 
+def op_subject(op: pb.Op) -> str:
+    """What ``op`` is about, for a message: its kind and the service port, endpoint or node
+    it names (key_from_pb and strings are total, so this never raises)."""
+    which = op.WhichOneof("op") or "an empty op"
+    body = getattr(op, which) if which != "an empty op" else None
+    if which in ("set_node", "delete_node"):
+        return f"{which} of node {body.name if which == 'set_node' else body}"
+    key = {"set_service": lambda: body.key, "replace_service": lambda: body.service.key,
+           "delete_service": lambda: body, "set_endpoint": lambda: body.service,
+           "delete_endpoint": lambda: body.service}.get(which)
+    return f"{which} of {key_from_pb(key())}" if key is not None else which
+
+
 def _timestamp(unix: float) -> Timestamp | None:
-    if not unix:
-        return None
-    ts = Timestamp()
-    ts.FromNanoseconds(int(unix * 1e9))
-    return ts
+    """The encoder's one conversion of a trigger time (wirevalues.timestamp_parts)."""
+    parts = timestamp_parts(unix)
+    return None if parts is None else Timestamp(seconds=parts[0], nanos=parts[1])
 
 
 def service_to_pb(svc: ServicePort) -> pb.ServicePort:
@@ -117,8 +129,9 @@ def service_from_pb(msg: pb.ServicePort) -> ServicePort:
     traffic_distribution(svc, msg.traffic_distribution)
     has_endpoints(svc, msg.has_endpoints)
     options(svc, tuple(sorted(msg.options.items())) if msg.options else ())
-    trigger_time(svc, msg.trigger_time.ToNanoseconds() / 1e9 if msg.HasField("trigger_time")
-                 else 0.0)
+    # Any Timestamp the wire carries, valid or not (wirevalues.unix_seconds: 0.0 past it).
+    trigger_time(svc, unix_seconds((ts := msg.trigger_time).seconds, ts.nanos)
+                 if msg.HasField("trigger_time") else 0.0)
     has_local_endpoints(svc, msg.has_local_endpoints)
     return svc
 
@@ -167,8 +180,11 @@ def state_from_pb(msg: pb.ServicePortState) -> ServicePortState:
 
 def node_to_pb(node: NodeInfo) -> pb.NodeInfo:
     """A node as the API's message."""
-    return pb.NodeInfo(name=node.name, zone=node.zone, pod_cidrs=node.pod_cidrs,
-                       addresses=node.addresses, labels=dict(node.labels),
+    text = wire_text  # each string as a protobuf string takes it
+    return pb.NodeInfo(name=text(node.name), zone=text(node.zone),
+                       pod_cidrs=[text(c) for c in node.pod_cidrs],
+                       addresses=[text(a) for a in node.addresses],
+                       labels={text(k): text(v) for k, v in node.labels},
                        terminating=node.terminating)
 
 

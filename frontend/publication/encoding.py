@@ -21,6 +21,7 @@ from hashlib import blake2b
 
 from svcproxy.convert import _AFFINITY, _POLICY, _PROTO, _TYPE, DIGEST_MASK, term_of
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState
+from svcproxy.wirevalues import REPLACE, timestamp_parts
 
 # New cache entries allowed between two sweeps, at least (see ``RecordEncoder.sweep``):
 # a small world is not swept on every change.
@@ -78,7 +79,7 @@ class _Strings(dict[str, bytes]):
         self.tag = bytes((number << 3 | 2,))
 
     def __missing__(self, value: str) -> bytes:
-        data = value.encode()
+        data = value.encode("utf-8", REPLACE)
         if len(self) > MAX_VALUES:
             self.clear()
         self[value] = out = self.tag + SIZES[len(data)] + data
@@ -103,7 +104,8 @@ _PORTS = _Ports()
 
 
 def _string(tag: bytes, value: str) -> bytes:
-    data = value.encode()
+    """A string field, valid UTF-8 whatever ``value`` holds (wirevalues.utf8)."""
+    data = value.encode("utf-8", REPLACE)
     return tag + SIZES[len(data)] + data
 
 
@@ -136,7 +138,7 @@ def key_field(key: ServicePortKey) -> bytes:
 def _map_order(item: tuple[str, str]) -> bytes:
     """upb's deterministic order of map keys: by bytes, a key before its own prefixes
     (0xff never occurs in UTF-8)."""
-    return item[0].encode() + b"\xff"
+    return item[0].encode("utf-8", REPLACE) + b"\xff"
 
 
 def service_message(svc: ServicePort, key: bytes) -> bytes:
@@ -159,8 +161,9 @@ def service_message(svc: ServicePort, key: bytes) -> bytes:
              b"\x78\x01" if svc.has_endpoints else b"")
     for name, value in sorted(dict(svc.options).items(), key=_map_order):
         body.append(_message(b"\x82\x01", _string(b"\x0a", name) + _string(b"\x12", value)))
-    if svc.trigger_time:
-        seconds, nanos = divmod(int(svc.trigger_time * 1e9), 1_000_000_000)
+    trigger = timestamp_parts(svc.trigger_time)  # None: none, or past a Timestamp
+    if trigger is not None:
+        seconds, nanos = trigger
         body.append(_message(b"\x8a\x01", _int(b"\x08", seconds) + _int(b"\x10", nanos)))
     if svc.has_local_endpoints:
         body.append(b"\x90\x01\x01")
@@ -170,7 +173,7 @@ def service_message(svc: ServicePort, key: bytes) -> bytes:
 def endpoint_field(ep: Endpoint) -> bytes:
     """``ep`` as field 2 of a ``ServicePortState`` (an ``EndpointOp``'s too): the tag, the
     size and the deterministic serialisation of ``convert.endpoint_to_pb(ep)``."""
-    ip = ep.ip.encode()
+    ip = ep.ip.encode("utf-8", REPLACE)
     body = b"".join((
         b"\x0a" + SIZES[len(ip)] + ip if ip else b"", _PORTS[ep.port],
         _CONDITIONS[ep.ready + 2 * ep.serving + 4 * ep.terminating + 8 * ep.is_local],

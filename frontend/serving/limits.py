@@ -44,6 +44,9 @@ REFUSED = counter("svcproxy_frontend_watch_refused_total",
 STALLED = counter("svcproxy_frontend_watch_stalled_total",
                   "Watch streams ended because their client read nothing for "
                   "--stream-write-timeout seconds, stream workers' included.")
+FAILED = counter("svcproxy_frontend_watch_failed_total",
+                 "Watch and WatchCluster streams that ended on an error of the frontend's "
+                 "own (each logged with the node it served), stream workers' included.")
 UNARY_REFUSED = counter("svcproxy_frontend_unary_refused_total",
                         "GetNodeState and ListNodes calls refused because the answers "
                         "their client address (peer) or every client (total) has not read "

@@ -11,6 +11,7 @@ ends the stream after --stream-write-timeout, closing its connection a moment la
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
@@ -19,6 +20,7 @@ import grpc
 from svcproxy.frontend import metrics
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.limits import (
+    FAILED,
     STALLED,
     Refused,
     StallWatch,
@@ -32,6 +34,7 @@ Messages = Iterable[bytes] | AsyncIterator[bytes]
 # Where a stream goes on when its view's history no longer reaches its cursor:
 # (new cursor, messages to send), as Snapshots.catch_up returns them.
 Resync = Callable[[int], Awaitable[tuple[int, Messages]]]
+log = logging.getLogger(__name__)
 
 
 async def _write_all(context: grpc.aio.ServicerContext, msgs: Messages,
@@ -104,6 +107,13 @@ class WatchServicer(ABC):
             stalled_status(context, self.stalls.timeout, name or "<cluster>")
         except Refused as err:
             await err.abort(context)
+        except Exception:
+            # Never from a value (the encoders are total, see svcproxy/wirevalues.py):
+            # named and counted, and gRPC ends the call with UNKNOWN.
+            FAILED.inc()
+            log.exception("watch from %s for %s ended on an error of the frontend's",
+                          context.peer(), name or "<cluster>")
+            raise
         finally:
             self.stalls.unregister(clock)
 

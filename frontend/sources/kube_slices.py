@@ -3,7 +3,6 @@ the service-name label; the common shape of an IPv4 endpoint checked in one pass
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from svcproxy.frontend.sources.kube_addresses import ALLOWED_IPV4
@@ -16,6 +15,7 @@ from svcproxy.frontend.sources.kube_checker import (
 from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.kube_names import DNS1123_SUBDOMAIN, QUALIFIED, is_fqdn, matches
 from svcproxy.frontend.sources.kube_verdict import Problem, Verdict, shown
+from svcproxy.frontend.store import rfc3339
 
 MAX_SLICE_ENDPOINTS = 1000
 MAX_SLICE_PORTS = 20000
@@ -37,11 +37,10 @@ def trigger_time_problem(value: Any) -> str | None:
     """Why a last-change-trigger-time annotation is unusable (then it is ignored)."""
     if not isinstance(value, str):
         return f"{shown(value)} is not an RFC 3339 time"
-    try:
-        seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except (ValueError, OverflowError, OSError):
-        return f"{shown(value)} is not a usable RFC 3339 time"
-    return None if seconds > 0 else f"{shown(value)} is before 1970"
+    parsed = rfc3339.parse(value)  # what kube-proxy's time.Parse(RFC3339Nano) takes
+    if parsed is None:
+        return f"{shown(value)} is not a usable RFC 3339 time (years 1-9999 in UTC)"
+    return None if parsed > (0, 0) else f"{shown(value)} is not after 1970"
 
 
 def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:

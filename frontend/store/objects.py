@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from svcproxy.frontend.sources.kube_addresses import CANONICAL_IPV4, kube_cidr
+from svcproxy.frontend.store import rfc3339
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,
@@ -25,6 +25,7 @@ from svcproxy.model import (
     TrafficPolicy,
     normalize_ip,
 )
+from svcproxy.wirevalues import LATEST
 
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
@@ -311,14 +312,12 @@ def parse_service(obj: dict[str, Any]) -> Service:
 
 
 def parse_time(text: Any) -> float:
-    """Unix seconds of an RFC 3339 timestamp; 0.0 when absent or invalid."""
-    if not text or not isinstance(text, str):
+    """Unix seconds of an RFC 3339 timestamp as kube-proxy reads one (rfc3339.parse);
+    0.0 when absent, not one, before 1970 or past what the wire carries."""
+    parsed = rfc3339.parse(text) if text else None
+    if parsed is None or parsed[0] < 0:
         return 0.0
-    try:
-        seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except (ValueError, OverflowError, OSError):
-        return 0.0
-    return seconds if seconds > 0 else 0.0
+    return min(parsed[0] + parsed[1] / 1e9, LATEST)
 
 
 def plain_endpoint(addresses: tuple[str, ...], ready: bool, serving: bool, terminating: bool,

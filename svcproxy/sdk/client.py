@@ -35,6 +35,7 @@ from svcproxy.convert import (
     key_from_pb,
     node_from_pb,
     node_term,
+    op_subject,
     record_terms,
     service_from_pb,
     service_term,
@@ -166,6 +167,8 @@ class NodeStateClient:
         # Batches after which our state differed from the frontend's (each healed by a
         # snapshot); on_mismatch is called with the node name each time.
         self.mismatches = 0
+        # Ops this client could not apply (the watch failed on each, naming it).
+        self.undecodable = 0
         self.on_mismatch: Callable[[str], None] | None = None
         # Set when the frontend refused the request itself: the client has stopped for
         # good (``stopped``); on_error is called with it (from the watch thread).
@@ -382,7 +385,13 @@ class NodeStateClient:
                 self._out_of_sync = False
             for event in events:
                 for op in event.ops:
-                    self._apply_op(op)
+                    try:
+                        self._apply_op(op)
+                    except (ValueError, TypeError, KeyError) as err:
+                        # Never from a value the wire carries (the decoders are total,
+                        # see wirevalues.py): named, counted, and the stream resumed.
+                        self.undecodable += 1
+                        raise ValueError(f"could not apply {op_subject(op)}: {err}") from err
             if before is not None and not before.full:
                 self._reconcile(before)
             self.revision = events[-1].revision

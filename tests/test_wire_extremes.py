@@ -1,0 +1,147 @@
+"""End to end: while objects holding every extreme value exist (trigger times at each end
+of what Go parses and just past it, strings of every width of code point and near the
+annotations' full size, ports and timeouts at Kubernetes' bounds), a real Watch over gRPC and real
+SDK clients stay connected, the extreme values arrive as the converters say, and another
+node keeps receiving every change."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from svcproxy.frontend.sources.events import Upsert
+from svcproxy.sdk.client import NodeStateClient
+from svcproxy.wirevalues import LATEST
+from tests.conftest import wait_for
+from tests.test_engine import endpoint, service, slice_
+from tests.test_stream import copy_examples
+
+# An annotation value -> the trigger time the SDK gets (0.0: none, so the time the
+# frontend saw the slice, as for a slice without the annotation).
+TRIGGERS = {
+    "9999-12-31T23:59:59.999999999Z": LATEST,
+    "9999-12-31T23:59:59-23:59": 0.0,  # past year 9999 once in UTC: the known bug
+    "9999-12-31T23:59:59-00:01": 0.0,
+    "0001-01-01T00:00:00Z": 0.0,  # before 1970: no trigger time (kube-proxy's metric too)
+    "0001-01-01T00:00:00+23:59": 0.0,
+    "0000-01-01T00:00:00Z": 0.0,
+    "2026-03-01T10:00:00.1234567891234+24:60": (
+        datetime(2026, 3, 1, 10, tzinfo=UTC) - timedelta(hours=25)).timestamp() + 0.1234567,
+    "2026-03-01T1:00:00,5Z": datetime(2026, 3, 1, 1, tzinfo=UTC).timestamp() + 0.5,
+    "2026-03-01T10:00:60Z": 0.0,
+    "not a time \u0000\U0010ffff": 0.0,
+}
+OPTION = "svcproxy.io/note"
+# ~200 KiB of UTF-8 from every width of code point (lone surrogates never come this far:
+# intake refuses them, and the apiserver stores none; tests/test_wire_values.py has them).
+LONG = "\x00\u00e9\uffff\U0010ffff" * (200 * 1024 // 10)
+
+
+def extremes() -> list[Upsert]:
+    out = []
+    for i, trigger in enumerate(TRIGGERS):
+        name = f"t{i}"
+        svc = service(name, ip=f"10.96.1.{i + 1}", port=65535, target=65535,
+                      type="NodePort", sessionAffinity="ClientIP",
+                      sessionAffinityConfig={"clientIP": {"timeoutSeconds": 86400}})
+        svc["spec"]["ports"][0]["nodePort"] = 30000 + i
+        svc["metadata"]["annotations"] = {OPTION: LONG if i == 0 else f"\U0001f600{i}"}
+        eps = slice_(f"{name}-x", name, [endpoint(f"10.1.1.{i + 1}", node="node-a")],
+                     port=65535)
+        eps["metadata"]["annotations"] = {
+            "endpoints.kubernetes.io/last-change-trigger-time": trigger}
+        out += [Upsert("Service", svc), Upsert("EndpointSlice", eps)]
+    return out
+
+
+def web(version: int) -> list[Upsert]:
+    return [Upsert("Service", service("probe", ip="10.96.2.1", target=8080)),
+            Upsert("EndpointSlice", slice_("probe-x", "probe", [
+                endpoint(f"10.2.0.{version}", node="node-b")]))]
+
+
+def probe_ips(client: NodeStateClient, last: dict[str, Any]) -> set[str]:
+    """The probe's endpoints in the client's state (kept in ``last``) if it changed."""
+    taken = client.take()
+    if taken is None:
+        return set()
+    last["state"] = taken[0]
+    return {ip for key, rec in taken[0].services.items() if key.name == "probe"
+            for ip in rec.endpoints}
+
+
+@pytest.fixture
+def clients(frontend_factory: Any, tmp_path: Any) -> Any:
+    fe = frontend_factory(copy_examples(tmp_path))
+    out = [NodeStateClient(fe.opts.listen, name) for name in ("node-a", "node-b")]
+    for client in out:
+        client.start()
+    try:
+        yield fe, out
+    finally:
+        for client in out:
+            client.stop()
+
+
+def test_extreme_values_stop_no_stream(clients: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fe, (node_a, node_b) = clients
+    caplog.set_level(logging.WARNING, logger="svcproxy.sdk")
+    seen = time.time()
+    fe.submit(extremes())
+    last: dict[str, Any] = {}
+    for version in (1, 2, 3):  # changes keep reaching both nodes meanwhile
+        fe.submit(web(version))
+        for client in (node_a, node_b):
+            wait_for(lambda c=client, v=version: probe_ips(c, last) == {f"10.2.0.{v}"},
+                     timeout=20)
+    services = {k.name: rec.service for k, rec in last["state"].services.items()}
+    for i, want in enumerate(TRIGGERS.values()):
+        svc = services[f"t{i}"]
+        if want:
+            assert svc.trigger_time == pytest.approx(want, abs=1e-6)
+        else:  # the field degraded: when the frontend saw the slice
+            assert seen - 1 <= svc.trigger_time <= time.time() + 1
+        assert (svc.port, svc.node_port, svc.session_affinity_timeout) == (
+            65535, 30000 + i, 86400)
+    assert dict(services["t0"].options)[OPTION] == LONG
+    assert dict(services["t1"].options)[OPTION] == "\U0001f6001"
+    assert node_a.connected and node_b.connected
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], \
+        "a stream ended: " + "; ".join(r.getMessage() for r in caplog.records)
+
+
+def test_an_op_the_sdk_cannot_apply_is_named_and_counted(
+        frontend_factory: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No value the wire carries fails the SDK's decoder; should anything else fail one
+    op (a decoder bug), the watch's warning names the node, the object and what failed,
+    the op is counted, and the client resumes once it can apply it."""
+    from svcproxy.sdk import client as sdk_client
+
+    decode = sdk_client.state_from_pb
+
+    def failing(msg: Any) -> Any:
+        if msg.service.key.name == "probe":
+            raise ValueError("field trigger_time: not valid")
+        return decode(msg)
+
+    fe = frontend_factory(copy_examples(tmp_path))
+    client = NodeStateClient(fe.opts.listen, "node-a", max_backoff=0.2)
+    monkeypatch.setattr(sdk_client, "state_from_pb", failing)
+    client.start()
+    try:
+        fe.submit(web(1))
+        wait_for(lambda: client.undecodable >= 1, timeout=20)
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.name == "svcproxy.sdk.client" and r.levelno == logging.WARNING]
+        assert any("watch of node-a" in m and "replace_service of default/probe:http/tcp" in m
+                   and "trigger_time" in m for m in warnings), warnings
+        monkeypatch.setattr(sdk_client, "state_from_pb", decode)
+        last: dict[str, Any] = {}
+        wait_for(lambda: probe_ips(client, last) == {"10.2.0.1"}, timeout=20)
+    finally:
+        client.stop()
