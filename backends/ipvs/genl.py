@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from svcproxy.sdk import netlink
-from svcproxy.sdk.netlink import NLM_F_ACK, NLM_F_REQUEST, attr, iter_attrs
+from svcproxy.sdk.netlink import NLA_TYPE_MASK, NLM_F_ACK, NLM_F_REQUEST, attr, iter_attrs
 
 CMD_NEW_SERVICE = 1
 CMD_SET_SERVICE = 2
@@ -282,17 +282,48 @@ def parse_service(payload: bytes) -> ServiceSpec | None:
     )
 
 
+_ATTR = struct.Struct("=HH")
+_U32, _U16, _BE16 = struct.Struct("=I"), struct.Struct("=H"), struct.Struct(">H")
+
+
+def _spans(data: bytes, start: int, end: int) -> dict[int, int]:
+    """Where each attribute's payload starts in ``data[start:end]``, by type (one tight
+    loop: a drift check parses every real server of the node each sync period)."""
+    found: dict[int, int] = {}
+    unpack = _ATTR.unpack_from
+    while start + 4 <= end:
+        length, kind = unpack(data, start)
+        if length < 4 or start + length > end:
+            break
+        found[kind & NLA_TYPE_MASK] = start
+        start += (length + 3) & ~3
+    return found
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ip_of(raw: bytes) -> str:
+    return str(ipaddress.ip_address(raw))
+
+
 def parse_dest(payload: bytes, family: int) -> DestStats:
     """A real server from a GET_DEST reply."""
-    attrs = _nested_attrs(payload, ATTR_DEST)
+    top = _spans(payload, 4, len(payload))
+    at = top.get(ATTR_DEST)
+    if at is None:
+        raise ValueError("a real server reply without its attributes")
+    end = at + _ATTR.unpack_from(payload, at)[0]
+    attrs = _spans(payload, at + 4, end)
 
     def u32(kind: int) -> int:
-        return int(struct.unpack("=I", attrs[kind][:4])[0]) if kind in attrs else 0
+        where = attrs.get(kind)
+        return int(_U32.unpack_from(payload, where + 4)[0]) if where is not None else 0
 
     if DEST_ADDR_FAMILY in attrs:
-        family = struct.unpack("=H", attrs[DEST_ADDR_FAMILY][:2])[0]
+        family = _U16.unpack_from(payload, attrs[DEST_ADDR_FAMILY] + 4)[0]
+    addr = attrs[DEST_ADDR] + 4
+    raw = payload[addr:addr + (16 if family == socket.AF_INET6 else 4)]
     return DestStats(
-        id=DestId(_ip(family, attrs[DEST_ADDR]), struct.unpack(">H", attrs[DEST_PORT][:2])[0]),
+        id=DestId(_ip_of(raw), _BE16.unpack_from(payload, attrs[DEST_PORT] + 4)[0]),
         weight=u32(DEST_WEIGHT),
         fwd_method=u32(DEST_FWD_METHOD) & 0x7,
         active=u32(DEST_ACTIVE_CONNS),
