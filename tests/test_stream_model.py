@@ -42,6 +42,7 @@ from svcproxy.convert import digest_term, node_to_pb, state_to_pb
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication import snapshots as snapshots_module
 from svcproxy.frontend.publication import views as views_module
+from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds
 from svcproxy.frontend.publication.views import NodeView
 from svcproxy.frontend.publication.wire import (
     WireOp,
@@ -523,6 +524,9 @@ CLOCK_ST = st.one_of(st.integers(-3, 3), st.integers(-40, 40), st.just(10**6))
 class StreamModel(RuleBasedStateMachine):
     """Clients at any resume point and any coalescing window end equal to the view."""
 
+    # What the changelog keeps at most (TinyBoundsStreamModel: every bound tiny).
+    bounds = DEFAULT_BOUNDS
+
     def __init__(self) -> None:
         super().__init__()
         # Small messages, so batches are split (more=true), and a short history, so
@@ -541,7 +545,7 @@ class StreamModel(RuleBasedStateMachine):
         engine, servicer, epoch, a stream worker; nothing listed yet."""
         self.generation += 1
         with mock.patch("time.time", return_value=clock) if clock else contextlib.nullcontext():
-            self.engine = Engine(history_limit=12)
+            self.engine = Engine(history_limit=12, bounds=self.bounds)
         # Revisions above it may be another frontend's (resuming without the epoch).
         self.first_revision = clock * 1e6 if clock else self.engine.changelog.revision
         self.epoch = EpochInterceptor(new_epoch())
@@ -997,6 +1001,22 @@ StreamModel.TestCase.settings = settings(
     max_examples=250, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestStreamModel = StreamModel.TestCase
+
+
+class TinyBoundsStreamModel(StreamModel):
+    """The same contract (resume, coalescing, digests) with every memory bound tiny
+    (issue 28): histories of a few batches' bytes, the encoder's caches swept on almost
+    every new entry, a view nobody needs forgotten at the next change, as many views as
+    names watched."""
+
+    bounds = ViewBounds(history_bytes=4000, max_views=len(WATCHED), idle_seconds=0.0,
+                        idle_views=1, cache_floor=1)
+
+
+TinyBoundsStreamModel.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestStreamModelTinyBounds = TinyBoundsStreamModel.TestCase
 
 
 # ---- coalescing alone, against the ops' documented meaning ------------------------------

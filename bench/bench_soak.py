@@ -1,0 +1,404 @@
+"""Soak benchmark: a fixed world churned for as long as asked; the frontend's memory must
+stay where it was after the warm-up (issue 28).
+
+    .venv/bin/python bench/bench_soak.py [--minutes 60] [--rate 50] [--services 60]
+        [--endpoints 6] [--nodes 20] [--watchers 20] [--names 1000] [--interval 60]
+        [--warmup 10] [--json FILE] [--svg FILE] [--unbounded]
+    .venv/bin/python bench/bench_soak.py --cpu [--changes 400]
+
+The stand-in apiserver (tests/fakeapiserver.py) holds ``--services`` Services with one
+EndpointSlice of ``--endpoints`` pods each on ``--nodes`` Nodes; ``--rate`` changes a
+second churn it as rollouts do (tests/soak.py: a pod goes terminating, is replaced by a
+new IP not ready yet, turns ready; readiness flips), the object count flat. The frontend
+runs as ``svcproxy frontend --kubeconfig`` in its own process (with tracemalloc on:
+what Python allocated, besides RSS), ``--watchers`` SDK NodeStateClients watch one node
+each, and with ``--names N`` a prober asks GetNodeState about N distinct names that are
+no Node, one after another, 5 a second. Every ``--interval`` seconds the frontend
+prints its RSS, Python-allocated memory, the encoder's cache entries, its views and
+their history's bytes; at the end, the slope of RSS and allocated memory after
+``--warmup`` minutes (MB per hour, least squares) and RSS at the end over RSS at the
+warm-up's end (the goal: at most 1.1). ``--unbounded`` runs the frontend with the
+bounds off (huge --history-max-bytes, no cache sweep) to see what they hold back.
+
+``--cpu``: the frontend's CPU per change with the bounds and without them, side by side
+in one run, counted in instructions by valgrind's callgrind (not seconds: the machine is
+shared). Each way the engine (in-process, watched views, snapshots taken as new streams
+take them) applies ``--changes`` and twice as many changes of the same world; the
+difference over ``--changes`` is the instructions of one change, set-up excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import grpc  # noqa: E402
+
+from svcproxy.sdk.client import NodeStateClient, open_channel  # noqa: E402
+from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
+from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc  # noqa: E402
+from tests.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402
+from tests.soak import Rollouts  # noqa: E402
+
+UNBOUNDED = ["--history-max-bytes", str(1 << 62), "--max-views", str(1 << 30)]
+
+
+# ---- the frontend's side (``--child``): the real CLI, reporting on itself ----------------
+def _rss() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _report(frontends: list[Any], interval: float, applied: list[int]) -> None:
+    """Every ``interval`` seconds one JSON line of what the frontend holds."""
+    import tracemalloc
+
+    start = time.monotonic()
+    top = os.environ.get("SOAK_TOP")  # a file: where allocations grew, between samples
+    last = tracemalloc.take_snapshot() if top else None
+    while True:
+        time.sleep(interval)
+        if not frontends:
+            continue
+        if top and last is not None:
+            now = tracemalloc.take_snapshot()
+            with open(top, "a") as out:
+                for stat in now.compare_to(last, "lineno")[:12]:
+                    print(stat, file=out)
+                print("----", file=out)
+            last = now
+        log = frontends[0].engine.changelog
+        views = list(log.views.values())
+        print(json.dumps({
+            "t": time.monotonic() - start, "rss": _rss(), "applied": applied[0],
+            "traced": tracemalloc.get_traced_memory()[0], "revision": log.revision,
+            "encoder": log.digests.encoder.sizes(), "sweeps": log.digests.encoder.sweeps,
+            "views": len(views), "history_bytes": log.history_bytes,
+            "history_ops": sum(v.history_ops for v in views)}), flush=True)
+
+
+def child(argv: list[str], interval: float, unbounded: bool) -> int:
+    import tracemalloc
+
+    tracemalloc.start(1)
+    from svcproxy import cli
+    from svcproxy.frontend import main as frontend_main
+    from svcproxy.frontend.sources.events import Upsert
+
+    frontends: list[Any] = []
+    made = frontend_main.Frontend.__init__
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        if unbounded:
+            self.engine.changelog.digests.encoder.floor = 1 << 62
+            self.engine.changelog.digests.encoder._allowance = 1 << 62
+        submit = self.engine.submit
+
+        def counted(events: Any) -> None:
+            """Count the slices' changes applied (the listing aside)."""
+            events = list(events)
+            applied[0] += sum(isinstance(e, Upsert) and e.kind == "EndpointSlice"
+                              for e in events)
+            submit(events)
+
+        self.engine.submit = counted
+        frontends.append(self)
+
+    applied = [0]
+    frontend_main.Frontend.__init__ = keep  # type: ignore[method-assign]
+    threading.Thread(target=_report, args=(frontends, interval, applied),
+                     daemon=True).start()
+    return cli.main(["frontend", *argv])
+
+
+# ---- the driver's side -------------------------------------------------------------------
+def _paced(rate: float, stop: threading.Event, step: Any) -> None:
+    """Call ``step`` ``rate`` times a second (on a fixed schedule: a late one catches up)."""
+    period, due = 1.0 / rate, time.monotonic()
+    while not stop.is_set():
+        due += period
+        delay = due - time.monotonic()
+        if delay > 0:
+            stop.wait(delay)
+        step()
+
+
+def _prober(target: str, names: int, stop: threading.Event) -> None:
+    """GetNodeState for ``names`` distinct names that are no Node, 5 a second."""
+    count = [0]
+    with open_channel(target) as channel:
+        stub = pb_grpc.NodeStateServiceStub(channel)
+
+        def ask() -> None:
+            try:
+                stub.GetNodeState(pb.GetNodeStateRequest(
+                    node_name=f"probe-{count[0] % names}"), timeout=10)
+            except grpc.RpcError:
+                pass
+            count[0] += 1
+
+        _paced(5.0, stop, ask)
+
+
+def _wait_ready(target: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open_channel(target) as channel:
+                pb_grpc.NodeStateServiceStub(channel).GetNodeState(
+                    pb.GetNodeStateRequest(node_name="node-0", page_size=1), timeout=5)
+            return
+        except grpc.RpcError:
+            time.sleep(0.2)
+    raise SystemExit("the frontend did not serve within 5 minutes")
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (x, y) points (0 for fewer than two)."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+
+
+def summary(samples: list[dict[str, Any]], warmup: float) -> dict[str, float]:
+    """Slopes after the warm-up (MB per hour) and RSS at the end over RSS at its end."""
+    after = [s for s in samples if s["t"] >= warmup * 60]
+    if not after:
+        return {}
+    mb = 1 << 20
+    return {"rss_mb_per_hour": slope([(s["t"] / 3600, s["rss"] / mb) for s in after]),
+            "traced_mb_per_hour": slope([(s["t"] / 3600, s["traced"] / mb) for s in after]),
+            "rss_end_over_warmup": samples[-1]["rss"] / after[0]["rss"],
+            "traced_end_over_warmup": samples[-1]["traced"] / after[0]["traced"],
+            "minutes": samples[-1]["t"] / 60}
+
+
+def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    world = Rollouts(args.services, args.endpoints, args.nodes)
+    fake = FakeApiserver(bookmark_interval=1.0)
+    for kind, objs in world.objects().items():
+        for obj in objs:
+            fake.create(kind, obj)
+    kubeconfig = write_kubeconfig(tmp / "kubeconfig", fake.url)
+    target = f"unix://{tmp / 'api.sock'}"
+    flags = ["--kubeconfig", str(kubeconfig), "--listen", target, "--metrics-bind-address",
+             "", "--unary-qps-per-peer", "0"] + (UNBOUNDED if args.unbounded else [])
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", "--interval", str(args.interval)]
+        + (["--unbounded"] if args.unbounded else []) + ["--", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    samples: list[dict[str, Any]] = []
+    stop = threading.Event()
+    clients: list[NodeStateClient] = []
+    try:
+        _wait_ready(target)
+        clients = [NodeStateClient(target, f"node-{i % args.nodes}", max_backoff=1.0)
+                   for i in range(args.watchers)]
+        for client in clients:
+            client.start()
+
+        def change() -> None:
+            fake.update("EndpointSlice", world.step())
+            for client in clients:
+                client.take()
+
+        threads = [threading.Thread(target=_paced, args=(args.rate, stop, change),
+                                    daemon=True)]
+        if args.names:
+            threads.append(threading.Thread(target=_prober, args=(target, args.names, stop),
+                                            daemon=True))
+        for thread in threads:
+            thread.start()
+        print(f"soak: {args.services} services x {args.endpoints} endpoints, {args.nodes} "
+              f"nodes, {args.watchers} watchers, {args.names} names, {args.rate:g} "
+              f"changes/s for {args.minutes:g} min (nproc {os.cpu_count()}, "
+              f"{os.uname().release})", flush=True)
+        assert proc.stdout is not None
+        end = time.monotonic() + args.minutes * 60
+        for line in proc.stdout:
+            sample = json.loads(line)
+            sample["changes"] = world.changes
+            samples.append(sample)
+            enc = sample["encoder"]
+            print(f"{sample['t'] / 60:6.1f} min  rss {sample['rss'] / 2**20:7.1f} MB  "
+                  f"python {sample['traced'] / 2**20:7.1f} MB  changes {world.changes:8d} "
+                  f"(behind {world.changes - sample['applied']:5d})  "
+                  f"encoder {sum(enc.values()):7d} entries ({sample['sweeps']} sweeps)  "
+                  f"views {sample['views']:4d}  history {sample['history_bytes'] / 2**20:6.1f}"
+                  f" MB / {sample['history_ops']} ops", flush=True)
+            if time.monotonic() >= end:
+                break
+    finally:
+        stop.set()
+        for client in clients:
+            client.stop()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        fake.stop()
+    return samples
+
+
+def svg(samples: list[dict[str, Any]], warmup: float, title: str, path: Path) -> None:
+    """RSS and Python-allocated MB over minutes, hand-written SVG (no matplotlib here)."""
+    width, height, left, right, top, bottom = 760, 400, 60, 150, 40, 50
+    xs = [s["t"] / 60 for s in samples]
+    series = {"RSS": ("#2166ac", [s["rss"] / 2**20 for s in samples]),
+              "Python (tracemalloc)": ("#b2182b", [s["traced"] / 2**20 for s in samples])}
+    xmax = max(xs) or 1
+    ymax = max(max(v) for _, v in series.values()) * 1.15
+
+    def x(v: float) -> float:
+        return left + v / xmax * (width - left - right)
+
+    def y(v: float) -> float:
+        return top + (1 - v / ymax) * (height - top - bottom)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="{left}" y="22" font-size="14">{title}</text>']
+    step = 10 ** max(0, len(str(int(ymax))) - 1)
+    for tick in range(0, int(ymax) + 1, step if ymax / step > 2 else max(1, step // 5)):
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" '
+                     f'y2="{y(tick):.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">'
+                     f'{tick} MB</text>')
+    xstep = 5 if xmax > 15 else 1
+    for tick in range(0, int(xmax) + 1, xstep):
+        parts.append(f'<text x="{x(tick):.1f}" y="{height - bottom + 18}" '
+                     f'text-anchor="middle">{tick}</text>')
+    parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 12}" '
+                 'text-anchor="middle">minutes of churn</text>')
+    parts.append(f'<line x1="{x(warmup):.1f}" x2="{x(warmup):.1f}" y1="{top}" '
+                 f'y2="{height - bottom}" stroke="#999" stroke-dasharray="4,4"/>')
+    for row, (name, (color, values)) in enumerate(series.items()):
+        pts = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in zip(xs, values, strict=True))
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" '
+                     'stroke-width="2"/>')
+        ly = top + 20 + row * 20
+        parts.append(f'<line x1="{width - right + 10}" x2="{width - right + 35}" y1="{ly}" '
+                     f'y2="{ly}" stroke="{color}" stroke-width="2"/>')
+        parts.append(f'<text x="{width - right + 40}" y="{ly + 4}">{name}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts) + "\n")
+
+
+# ---- CPU per change (``--cpu``) ----------------------------------------------------------
+def cpu_child(changes: int, bounded: bool) -> None:
+    """Apply ``changes`` changes of the world to an in-process engine (watched views, a
+    snapshot of one every 20 changes, as new streams take them)."""
+    from svcproxy.frontend.engine import Engine
+    from svcproxy.frontend.publication.changelog import ViewBounds
+    from svcproxy.frontend.sources.events import Replace, Upsert
+
+    world = Rollouts(60, 6, 20)
+    # Bounded: the caches swept as often as their live set allows (the floor below it)
+    # and the histories past their budget from the start, so the window counts the
+    # bounds' work at its most.
+    bounds = ViewBounds(history_bytes=4 << 20, cache_floor=256) if bounded else ViewBounds(
+        history_bytes=1 << 62, cache_floor=1 << 62)
+    engine = Engine(bounds=bounds)
+    engine.submit([Replace(kind, objs)  # type: ignore[arg-type]
+                   for kind, objs in world.objects().items()])
+    views = [engine.changelog.watch(f"node-{i}") for i in range(20)]
+    steps = [world.step() for _ in range(changes)]
+    for i, obj in enumerate(steps):
+        engine.submit([Upsert("EndpointSlice", obj)])
+        if i % 20 == 0:
+            for _ in engine.snapshots.snapshot(views[i // 20 % len(views)]):
+                pass
+
+
+def _instructions(changes: int, bounded: bool, tmp: Path) -> int:
+    out = tmp / f"callgrind.{changes}.{int(bounded)}"
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                    sys.executable, __file__, "--cpu-child", "--changes", str(changes)]
+                   + ([] if bounded else ["--unbounded"]),
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for line in out.read_text().splitlines():
+        if line.startswith("summary:") or line.startswith("totals:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no instruction count in {out}")
+
+
+def cpu(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-soak-cpu-"))
+    per: dict[str, float] = {}
+    for name, bounded in (("without bounds", False), ("with bounds", True)):
+        one = _instructions(args.changes, bounded, tmp)
+        two = _instructions(2 * args.changes, bounded, tmp)
+        per[name] = (two - one) / args.changes
+        print(f"{name:15s}: {per[name] / 1e6:7.2f} M instructions per change "
+              f"({one / 1e6:.0f} M for {args.changes}, {two / 1e6:.0f} M for "
+              f"{2 * args.changes})", flush=True)
+    ratio = per["with bounds"] / per["without bounds"]
+    print(f"bounds cost: {100 * (ratio - 1):+.1f}% instructions per change (callgrind; "
+          f"nproc {os.cpu_count()}, {os.uname().release})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--rate", type=float, default=50.0, help="changes per second")
+    p.add_argument("--services", type=int, default=60)
+    p.add_argument("--endpoints", type=int, default=6)
+    p.add_argument("--nodes", type=int, default=20)
+    p.add_argument("--watchers", type=int, default=20)
+    p.add_argument("--names", type=int, default=0,
+                   help="distinct unknown names asked about by GetNodeState (0: none)")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
+    p.add_argument("--warmup", type=float, default=10.0, help="minutes before the slope")
+    p.add_argument("--json", type=Path, help="write the samples here")
+    p.add_argument("--svg", type=Path, help="plot RSS and allocated memory here")
+    p.add_argument("--unbounded", action="store_true", help="the frontend without bounds")
+    p.add_argument("--cpu", action="store_true", help="CPU per change, bounds on and off")
+    p.add_argument("--changes", type=int, default=400)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        raise SystemExit(child(args.rest, args.interval, args.unbounded))
+    if args.cpu_child:
+        cpu_child(args.changes, not args.unbounded)
+        return
+    if args.cpu:
+        cpu(args)
+        return
+    samples = soak(args)
+    result = summary(samples, args.warmup)
+    print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
+                                                               "svg": str(args.svg)},
+                                         "samples": samples, "summary": result}, indent=1))
+    if args.svg and samples:
+        svg(samples, args.warmup, f"frontend memory, {args.rate:g} changes/s, "
+            f"{args.services} services, {args.names} names probed", args.svg)
+        print(f"plot: {args.svg}")
+
+
+if __name__ == "__main__":
+    main()
