@@ -211,3 +211,43 @@ def test_every_integer_field_goes_through_exactly(port: int, node_port: int, tim
     assert (out.port, out.node_port, out.session_affinity_timeout,
             out.health_check_node_port) == (port, node_port, timeout, health)
     assert decoded.endpoints["10.0.0.1"].port == target
+
+
+# ---- what the wire carries, the nodes take: refused for that service port alone --------
+
+WIRE_TEXT = st.text(st.characters(), max_size=20)  # what a protobuf string holds
+
+
+@given(INT32, INT32, INT32, INT32, INT32, WIRE_TEXT, WIRE_TEXT)
+@example(-(1 << 31), (1 << 31) - 1, -(1 << 31), (1 << 31) - 1, -(1 << 31), "", "")
+@example(65536, 65536, 86401, 65536, 65536, "\x00", "\U0010ffff")
+@example(0, 0, 0, 0, 0, "1.2.3.4\n", "::ffff:1.2.3.4")
+@settings(max_examples=150, deadline=None)
+def test_the_sdk_and_the_ebpf_plan_take_any_value_the_wire_carries(
+        port: int, node_port: int, timeout: int, health: int, target: int, ip: str,
+        cluster_ip: str) -> None:
+    """The SDK's screen (what nft, iptables and ipvs refuse before rendering) and the eBPF
+    plan never raise for a decoded record; a bad one is refused alone, the rest planned."""
+    from svcproxy.backends.ebpf.plan import Frontend, Plan
+    from svcproxy.model import ServiceType, SessionAffinity
+    from svcproxy.sdk.refusals import invalid_values
+
+    key = ServicePortKey("ns", "odd", "p", Protocol.TCP)
+    svc = ServicePort(key, type=ServiceType.NODE_PORT, cluster_ips=(cluster_ip,), port=port,
+                      node_port=node_port, session_affinity=SessionAffinity.CLIENT_IP,
+                      session_affinity_timeout=timeout, health_check_node_port=health,
+                      has_endpoints=True)
+    odd = through_the_wire(ServicePortState(svc, {ip: Endpoint(ip, target, internal=True,
+                                                               external=True)}))
+    good_svc = ServicePort(ServicePortKey("ns", "good", "p", Protocol.TCP),
+                           cluster_ips=("10.96.0.1",), port=80, has_endpoints=True)
+    good = ServicePortState(good_svc, {"10.0.0.1": Endpoint("10.0.0.1", 8080, internal=True)})
+    why = invalid_values(odd)
+    assert why is None or isinstance(why, str)
+    assert invalid_values(good) is None
+    rejected: list[ServicePortKey] = []
+    plan = Plan(rejected.append)
+    services = {odd.service.key: odd, good.service.key: good}
+    plan.update(services, services, ("192.168.50.2",))
+    assert Frontend("10.96.0.1", 80, "TCP") in plan.entries
+    assert good.service.key not in rejected
