@@ -328,6 +328,29 @@ def test_udp_flow_of_a_removed_endpoint_moves_at_once(world: World, pods: list[s
         sock.close()
 
 
+def _tcp_from(ns: str, host: str, port: int, sport: int) -> str:
+    def once() -> str:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.settimeout(3)
+            s.bind((CLIENT.ipv4, sport))
+            s.connect((host, port))
+            return s.recv(256).decode().split()[0]
+
+    return call_in(ns, once)
+
+
+def test_new_tcp_connection_on_a_tracked_tuple_leaves_a_removed_endpoint(world: World) -> None:
+    """The same client port again after its endpoint left: a SYN starts a new flow."""
+    pods = ["pod-a", "pod-c"]
+    world.set(node_port("reuse", 30097, pods))
+    ns = world.lab.ns(CLIENT.name)
+    first = _tcp_from(ns, NODE1.ipv4, 30097, 47000)
+    assert _tcp_from(ns, NODE1.ipv4, 30097, 47000) == first, "the tracked flow's endpoint"
+    world.set(node_port("reuse", 30097, [p for p in pods if p != first]))
+    assert _tcp_from(ns, NODE1.ipv4, 30097, 47000) != first
+
+
 def _udp_flows(ns: str, host: str, port: int, sports: range) -> dict[int, str]:
     def run() -> dict[int, str]:
         seen = {}

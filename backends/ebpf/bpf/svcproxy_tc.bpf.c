@@ -36,6 +36,11 @@
 #define F_MAGLEV 4
 #define F_RANGES 8 /* loadBalancerSourceRanges: only sources in spp_ranges get through */
 
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
 #define EP_LOCAL 1 /* the endpoint runs on this node: DNAT only */
 
 #define CT_FORWARD 0
@@ -188,6 +193,7 @@ struct pkt {
 	__u16 dport;
 	__u8 proto;
 	__u8 family;   /* 4 or 6 */
+	__u8 tcp_flags;
 	__u32 l4;      /* offset of the L4 header */
 	__u32 csum;    /* offset of the L4 checksum */
 	__u64 l4flags; /* extra flags for bpf_l4_csum_replace */
@@ -231,6 +237,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	p->sport = ports[0];
 	p->dport = ports[1];
 	p->proto = proto;
+	if (proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4 + 13, &p->tcp_flags, 1))
+		return -1;
 	p->csum = p->l4 + (proto == IPPROTO_TCP ? 16 : 6);
 	p->l4flags = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	return 0;
@@ -586,10 +594,6 @@ struct tcp_min {
 	__u16 urg;
 };
 
-#define TCP_FIN 0x01
-#define TCP_SYN 0x02
-#define TCP_RST 0x04
-#define TCP_ACK 0x10
 
 struct pseudo4 {
 	__u32 saddr;
@@ -892,11 +896,12 @@ int spp_ingress(struct __sk_buff *skb)
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found && found->set_id != sv.set_id) {
 		/* The service changed since: is the flow's endpoint still one of it? A UDP
-		 * flow whose endpoint left moves at once (kube-proxy's stale-UDP rule); TCP
-		 * keeps its connection, as kube-proxy leaves it to its own timeouts. */
+		 * flow whose endpoint left moves at once (kube-proxy's stale-UDP rule), and so
+		 * does a new TCP connection reusing the tuple (a SYN); an open TCP connection
+		 * keeps its endpoint, as kube-proxy leaves it to its own timeouts. */
 		if (member(&sv, found, p.family))
 			found->set_id = sv.set_id;
-		else if (p.proto == IPPROTO_UDP)
+		else if (p.proto == IPPROTO_UDP || (p.tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
 			found = 0;
 	}
 	if (found) {
