@@ -210,7 +210,7 @@ def check(kind: str, obj: Obj) -> None:
         assert set(view[WEB].endpoints) == expected_endpoints(obj)
 
 
-COMMON = settings(max_examples=40, deadline=None,
+COMMON = settings(max_examples=100, deadline=None,
                   suppress_health_check=[HealthCheck.too_slow])
 
 
