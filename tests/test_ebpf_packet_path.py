@@ -428,6 +428,48 @@ def test_metrics_of_the_tc_maps(world: World) -> None:
     assert values['svcproxy_ebpf_tc_map_entries{map="spp_services"}'] >= 1, values
 
 
+def test_devices_that_appear_later_are_attached(world: World) -> None:
+    """--ebpf-devices names eth1 before it exists: attached at the sync after it appears,
+    and again when it is made anew (its old links went with it)."""
+    from svcproxy.backends.ebpf.packet_loader import _tcx_info
+    from tests.lab.netns import ip
+    from tests.lab.topology import Namespaces
+
+    spaces = Namespaces()
+    ns = spaces.add_ns("hot")
+    backend = PacketBackend(NodeConfig(node_name="hot"),
+                            PacketLayout(world.bpffs / "hot", ("eth0", "eth1")))
+
+    def sync() -> None:
+        call_in(ns, backend.sync, NodeState("hot", 1, None, {}), Changes(frozenset()))
+
+    def link_ifindex(device: str) -> int:
+        fd = libbpf.obj_get(str(backend.layout.link_pin(device, "ingress")))
+        try:
+            return int(_tcx_info(fd).ifindex)
+        finally:
+            os.close(fd)
+
+    try:
+        ip(ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+        call_in(ns, backend.start)
+        assert backend.programs is not None
+        assert set(backend.programs.attached) == {"eth0"}
+        ip(ns, "link", "add", "eth1", "type", "veth", "peer", "name", "peer1")
+        sync()
+        first = backend.programs.attached["eth1"]
+        assert link_ifindex("eth1") == first
+        ip(ns, "link", "del", "eth1")
+        ip(ns, "link", "add", "eth1", "type", "veth", "peer", "name", "peer1")
+        sync()
+        again = backend.programs.attached["eth1"]
+        assert again != first and link_ifindex("eth1") == again
+    finally:
+        call_in(ns, backend.cleanup)
+        spaces.destroy()
+    assert not (world.bpffs / "hot").exists()
+
+
 def test_cleanup_removes_the_programs_and_pins(world: World) -> None:
     world.set(node_port("last", 30085, ["pod-a"]))
     assert world.tcp(30085, count=2).names == Counter({"pod-a": 2})

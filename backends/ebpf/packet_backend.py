@@ -147,8 +147,8 @@ class PacketBackend(Backend):
         for a in addresses():
             if a.scope == 0:
                 found.setdefault((a.index, a.family), a.address)
-        for name in self.layout.devices:
-            index = socket.if_nametoindex(name)
+        assert self.programs is not None
+        for index in self.programs.attached.values():
             v4, v6 = found.get((index, socket.AF_INET), ""), found.get((index, socket.AF_INET6), "")
             if v4 or v6:
                 devices.update(index.to_bytes(4, "little"), pack_device(v4, v6))
@@ -160,8 +160,13 @@ class PacketBackend(Backend):
     def sync(self, state: NodeState, changes: Changes) -> None:
         node_ips = self._node_ips(state)
         self.start(node_ips)
-        tables, sets = self.tables, self.sets
-        assert tables is not None and sets is not None
+        tables, sets, programs = self.tables, self.sets, self.programs
+        assert tables is not None and sets is not None and programs is not None
+        if programs.refresh():
+            log.info("tc programs attached to %s", ", ".join(programs.attached))
+            self._write_devices(programs.maps[MAP_DEVICES])
+        elif changes.full:  # addresses may have come since
+            self._write_devices(programs.maps[MAP_DEVICES])
         gone = self._write_ranges(state, changes)
         full = changes.full or tables.applied is None or node_ips != self.node_ips
         if full:
@@ -255,8 +260,7 @@ class PacketBackend(Backend):
                 capacity.add_metric([name], size)
             for device in layout.devices:
                 for hook in HOOKS:
-                    attached.add_metric([device, hook],
-                                        1 if layout.link_pin(device, hook).exists() else 0)
+                    attached.add_metric([device, hook], 1 if device in programs.attached else 0)
         yield entries
         yield capacity
         yield attached

@@ -92,7 +92,7 @@ class PacketPrograms:
         self.layout = layout
         self._obj: int | None = None
         self.maps: dict[str, Map] = {}
-        self.maglev_fd = -1
+        self.attached: dict[str, int] = {}  # device -> the ifindex its links are on
 
     def load(self) -> PacketPrograms:
         layout = self.layout
@@ -125,8 +125,11 @@ class PacketPrograms:
                 m = lib.bpf_object__find_map_by_name(obj, name.encode())
                 key, value = SIZES.get(name, (4, 2 * layout.maglev_size))
                 self.maps[name] = Map(name, lib.bpf_map__fd(m), key, value)
+            self.refresh()
             for device in layout.devices:
-                self._attach_device(obj, device)
+                if device not in self.attached:
+                    log.warning("--ebpf-devices: no device %s here yet; its tc programs are "
+                                "attached when it appears", device)
         except BaseException:
             self.close()
             raise
@@ -152,12 +155,25 @@ class PacketPrograms:
             libbpf.check(lib.bpf_map__set_pin_path(m, str(self.layout.dir / name).encode()),
                          f"pin path {name}")
 
-    def _attach_device(self, obj: int, device: str) -> None:
-        try:
-            ifindex = socket.if_nametoindex(device)
-        except OSError:
-            raise LoadError(f"--ebpf-devices: no device {device!r} in this network "
-                            "namespace") from None
+    def refresh(self) -> list[str]:
+        """Attach the programs to every named device that is here and not attached yet
+        (one that appeared, or was made again: its old links went with it); returns
+        those."""
+        assert self._obj is not None
+        done = []
+        for device in self.layout.devices:
+            try:
+                ifindex = socket.if_nametoindex(device)
+            except OSError:
+                self.attached.pop(device, None)
+                continue
+            if self.attached.get(device) != ifindex:
+                self._attach_device(self._obj, device, ifindex)
+                self.attached[device] = ifindex
+                done.append(device)
+        return done
+
+    def _attach_device(self, obj: int, device: str, ifindex: int) -> None:
         lib = libbpf.lib()
         for hook, (program, attach_type) in HOOKS.items():
             prog = libbpf.check_ptr(lib.bpf_object__find_program_by_name(obj, program.encode()),
