@@ -72,14 +72,15 @@ def key_from_pb(msg: pb.ServicePortKey) -> ServicePortKey:
 def op_subject(op: pb.Op) -> str:
     """What ``op`` is about, for a message: its kind and the service port, endpoint or node
     it names (key_from_pb and strings are total, so this never raises)."""
-    which = op.WhichOneof("op") or "an empty op"
-    body = getattr(op, which) if which != "an empty op" else None
+    which = op.WhichOneof("op")
+    if which is None:
+        return "an empty op"
     if which in ("set_node", "delete_node"):
-        return f"{which} of node {body.name if which == 'set_node' else body}"
-    key = {"set_service": lambda: body.key, "replace_service": lambda: body.service.key,
-           "delete_service": lambda: body, "set_endpoint": lambda: body.service,
-           "delete_endpoint": lambda: body.service}.get(which)
-    return f"{which} of {key_from_pb(key())}" if key is not None else which
+        return f"{which} of node {op.set_node.name if which == 'set_node' else op.delete_node}"
+    keys = {"set_service": op.set_service.key, "replace_service": op.replace_service.service.key,
+            "delete_service": op.delete_service, "set_endpoint": op.set_endpoint.service,
+            "delete_endpoint": op.delete_endpoint.service}
+    return f"{which} of {key_from_pb(keys[which])}" if which in keys else which
 
 
 def _timestamp(unix: float) -> Timestamp | None:

@@ -73,12 +73,14 @@ def test_unread_streams_end_for_their_clients_and_free_their_slots(tcp_frontend)
     fe = tcp_frontend
     target = f"127.0.0.1:{fe.frontend.port}"
     stalled = limits.STALLED._value.get()
+    closed = limits.HUNG_UP._value.get()
     channels, calls, ended = unread_watches(target, STREAMS)
     try:
         wait_for(lambda: limits.STALLED._value.get() >= stalled + STREAMS, timeout=60)
         # The client is told: every call ends (no read, no cancel of its own).
         wait_for(lambda: all(e.is_set() for e in ended), timeout=30)
         assert {c.code() for c in calls} == {grpc.StatusCode.UNAVAILABLE}
+        wait_for(lambda: limits.HUNG_UP._value.get() == closed + STREAMS)  # one each
         # As many new streams from the same address are accepted (once the frontend
         # has seen the ended calls finish: a moment after their clients did).
         wait_for(lambda: all_accepted(target, STREAMS), timeout=30, interval=0.2)

@@ -44,6 +44,10 @@ REFUSED = counter("svcproxy_frontend_watch_refused_total",
 STALLED = counter("svcproxy_frontend_watch_stalled_total",
                   "Watch streams ended because their client read nothing for "
                   "--stream-write-timeout seconds, stream workers' included.")
+HUNG_UP = counter("svcproxy_frontend_watch_connections_closed_total",
+                  "TCP connections closed because a Watch stream on them was ended for "
+                  "reading nothing (--stream-write-timeout; gRPC cannot end one stream its "
+                  "client does not read), stream workers' included.")
 FAILED = counter("svcproxy_frontend_watch_failed_total",
                  "Watch and WatchCluster streams that ended on an error of the frontend's "
                  "own (each logged with the node it served), stream workers' included.")
@@ -378,6 +382,7 @@ class StallWatch:
         await asyncio.sleep(self.grace)
         closed = await asyncio.get_running_loop().run_in_executor(
             None, close_connections, remotes)
+        HUNG_UP.inc(closed)
         log.warning("closed %d TCP connection(s) of %d client(s) whose streams were ended "
                     "for reading nothing (--stream-write-timeout): gRPC cannot end one "
                     "stream its client does not read; they reconnect and resume", closed,
