@@ -2,7 +2,7 @@
 
 The apiserver refuses a Service asking for a ClusterIP or nodePort/protocol another
 holds; manifests and an upstream frontend's view have no allocator. For those sources
-(``UNALLOCATED``; the store says which it reads) every Service
+(``UNALLOCATED``: the store keeps its Services here only for those) every Service
 declares its claims, the earliest (creationTimestamp, then namespace/name; one without
 a usable time after any with one) holds each, and a later one is refused for that port
 alone: the port is left out of the Service the computation sees, logged once with the
@@ -51,9 +51,6 @@ class Claims:
     """The Services as declared, and each claim's holders."""
 
     def __init__(self) -> None:
-        # Off where an allocator guarded what is read (the apiserver refuses the later
-        # Service itself); the store turns it on for the sources without one.
-        self.enabled = False
         self.declared: dict[ObjKey, Service] = {}
         self._holders: dict[Claim, set[ObjKey]] = {}
         # Per Service, its refused ports' names -> (claim kind, claim shown, holder).
@@ -90,8 +87,6 @@ class Claims:
         if svc is None:
             self._refused.pop(key, None)
             return None
-        if not self.enabled:
-            return svc
         mine = order(svc)
         kept = []
         refused: dict[str, Refusal] = {}

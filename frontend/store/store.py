@@ -52,7 +52,8 @@ class Store:
 
     def __init__(self, intake: Intake | None = None) -> None:
         self.services: dict[ObjKey, Service] = {}  # as served: claims.py's view
-        self.claims = Claims()  # the Services as declared, and who holds which address
+        # For sources no allocator guarded: the Services as declared, who holds what.
+        self.claims = Claims()
         self.slices: dict[ObjKey, EndpointSlice] = {}
         self.slices_of: dict[ObjKey, set[ObjKey]] = {}
         self.nodes: dict[str, Node] = {}
@@ -111,8 +112,11 @@ class Store:
         """Keep ``obj`` (whose ``object_key`` is ``key``) if it is valid and changed."""
         parsed = self._parse(kind, obj, key)
         if isinstance(parsed, Service):
-            self.claims.enabled = self.intake.source in UNALLOCATED
-            if self.claims.declared.get(parsed.key) != parsed:
+            if self.intake.source not in UNALLOCATED:  # the allocators guarded these
+                if self.services.get(parsed.key) != parsed:
+                    self.services[parsed.key] = parsed
+                    touched.services.add(parsed.key)
+            elif self.claims.declared.get(parsed.key) != parsed:
                 self._serve(self.claims.update(parsed.key, parsed), touched)
         elif isinstance(parsed, EndpointSlice):
             old = self.slices.get(parsed.key)
@@ -143,6 +147,8 @@ class Store:
         if kind == "Service":
             if key in self.claims.declared:
                 self._serve(self.claims.update(key, None), touched)
+            elif self.services.pop(key, None) is not None:
+                touched.services.add(key)
         elif kind == "EndpointSlice":
             old = self.slices.pop(key, None)
             if old is not None:
