@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
  * svcproxy packet path (--ebpf-packet-path bpf): tc programs on the node's devices
- * for traffic that arrives from outside. Ingress: a packet to a NodePort is looked
- * up in spp_services, an endpoint is picked (random or Maglev) and remembered in the
- * connection tracking map spp_ct; an endpoint on this node gets the packet DNATed and
- * handed to the stack, an endpoint on another node gets it DNATed and SNATed to this
- * node's address (a port from spp_ct's reply entries) and redirected out after a FIB
- * lookup. Replies are reversed: SNATed ones on ingress (then redirected to the
- * client), local ones on egress. IPv4 and IPv6 (without extension headers), TCP and UDP.
+ * for traffic that arrives from outside. Ingress: a packet to a service address
+ * (NodePort, externalIP, load-balancer VIP) is looked up in spp_services (a VIP with
+ * source ranges lets only sources in spp_ranges through), an endpoint is picked
+ * (random, Maglev, or the client's affinity) and remembered in the connection tracking
+ * map spp_ct; an endpoint on this node gets the packet DNATed and handed to the stack,
+ * an endpoint on another node gets it DNATed and SNATed to this node's address (a port
+ * from spp_ct's reply entries) and redirected out after a FIB lookup; no endpoint at
+ * all gets a RST or a port unreachable back. Replies are reversed: SNATed ones on
+ * ingress (then redirected to the client), local ones on egress. IPv4 and IPv6
+ * (without extension headers), TCP and UDP.
  *
  * The maps are written by the Python backend; the layouts are mirrored in
  * backends/ebpf/packet_layout.py and must change together.
