@@ -131,11 +131,14 @@ def test_an_op_the_sdk_cannot_apply_is_named_and_counted(
 
     fe = frontend_factory(copy_examples(tmp_path))
     client = NodeStateClient(fe.opts.listen, "node-a", max_backoff=0.2)
+    counted: list[str] = []
+    client.on_undecodable = counted.append  # the node agent's metric
     monkeypatch.setattr(sdk_client, "state_from_pb", failing)
     client.start()
     try:
         fe.submit(web(1))
         wait_for(lambda: client.undecodable >= 1, timeout=20)
+        assert counted[0] == "node-a"
         warnings = [r.getMessage() for r in caplog.records
                     if r.name == "svcproxy.sdk.client" and r.levelno == logging.WARNING]
         assert any("watch of node-a" in m and "replace_service of default/probe:http/tcp" in m

@@ -95,6 +95,12 @@ class AgentMetrics:
             "stream's state digest); each is healed by asking for a full snapshot",
             registry=r,
         )
+        self.undecodable_ops = Counter(
+            "svcproxy_sdk_undecodable_ops",
+            "Ops of the frontend's stream the node could not apply (each named in the "
+            "watch's warning: node, op, object, error); the watch resumes after each",
+            registry=r,
+        )
         self.network_programming = Histogram(
             "kubeproxy_network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds",

@@ -87,6 +87,8 @@ class NodeAgent:
         self.metrics.attach_backend(backend)
         if hasattr(source, "on_mismatch"):
             source.on_mismatch = lambda _node: self.metrics.state_mismatches.inc()
+        if hasattr(source, "on_undecodable"):
+            source.on_undecodable = lambda _node: self.metrics.undecodable_ops.inc()
         # One node context for the backend (NodePort addresses, local-traffic detection...)
         # and the health-check node ports alike.
         self.context = ContextResolver.for_backend(config, backend)

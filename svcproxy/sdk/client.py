@@ -167,8 +167,10 @@ class NodeStateClient:
         # Batches after which our state differed from the frontend's (each healed by a
         # snapshot); on_mismatch is called with the node name each time.
         self.mismatches = 0
-        # Ops this client could not apply (the watch failed on each, naming it).
+        # Ops this client could not apply (the watch failed on each, naming it);
+        # on_undecodable is called with the node name each time.
         self.undecodable = 0
+        self.on_undecodable: Callable[[str], None] | None = None
         self.on_mismatch: Callable[[str], None] | None = None
         # Set when the frontend refused the request itself: the client has stopped for
         # good (``stopped``); on_error is called with it (from the watch thread).
@@ -391,6 +393,8 @@ class NodeStateClient:
                         # Never from a value the wire carries (the decoders are total,
                         # see wirevalues.py): named, counted, and the stream resumed.
                         self.undecodable += 1
+                        if self.on_undecodable is not None:
+                            self.on_undecodable(self.node_name)
                         raise ValueError(f"could not apply {op_subject(op)}: {err}") from err
             if before is not None and not before.full:
                 self._reconcile(before)
