@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from svcproxy.frontend.computation.records import ServiceRecords
@@ -38,11 +39,25 @@ class Engine:
         self.snapshots = Snapshots(self.changelog)
         self.synced = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Events from source threads the loop has not applied yet.
+        self._queued: list[Event] = []
+        self._queue_lock = threading.Lock()
 
     def submit_threadsafe(self, events: Sequence[Event]) -> None:
-        """Hand a batch from another thread to the loop."""
+        """Hand a batch from another thread to the loop. Batches that come while the
+        loop is busy are applied together, as one batch (one revision): a loop slower
+        than its source catches up instead of queueing a call per batch."""
         assert self.loop is not None, "Engine.loop must be set before sources start"
-        self.loop.call_soon_threadsafe(self.submit, list(events))
+        with self._queue_lock:
+            first = not self._queued
+            self._queued.extend(events)
+        if first:
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._queue_lock:
+            events, self._queued = self._queued, []
+        self.submit(events)
 
     def submit(self, events: Iterable[Event]) -> None:
         """Apply one batch of source events and publish the resulting changes."""

@@ -6,6 +6,7 @@ checks one bound: the encoder's caches, the histories' bytes, the views.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 
@@ -148,6 +149,26 @@ def test_get_node_state_without_a_view_answers_each_change() -> None:
             break
     assert endpoints() != before
     assert engine.changelog.views == {}
+
+
+def test_batches_a_busy_loop_has_not_applied_yet_are_applied_as_one() -> None:
+    """A source faster than the loop: what queued meanwhile is one batch, not a call per
+    batch held until the loop gets to it (the soak's backlog)."""
+    world = Rollouts(services=10, endpoints=3, nodes=4)
+    engine = _engine(world)
+    view = engine.changelog.watch("node-0")
+    loop = engine.loop = asyncio.new_event_loop()
+    try:
+        revision = engine.changelog.revision
+        for _ in range(200):  # the loop is busy: not running
+            engine.submit_threadsafe([Upsert("EndpointSlice", world.step())])
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    assert engine.changelog.revision == revision + 1
+    fresh = _engine(world)
+    assert view.records == fresh.changelog.state("node-0")[1]
+    assert view.digest == engine.changelog.digests.of(view)
 
 
 def test_watches_for_names_that_are_no_node_leave_views_bounded_and_expire() -> None:
