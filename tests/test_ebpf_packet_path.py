@@ -82,9 +82,10 @@ class World:
         subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
         self.mounted = True
         config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
-        # No --ebpf-devices: the device holding the node IP (eth0) is found.
-        self.backend = PacketBackend(config, PacketLayout(self.bpffs / "pins", (),
-                                                          maglev_size=TABLE))
+        # The LAN device and the pods' bridge (what pods on node1 reach the node by);
+        # test_ebpf_packet_path_process leaves the default (the node IP's device) instead.
+        self.backend = PacketBackend(config, PacketLayout(self.bpffs / "pins",
+                                                          ("eth0", "br0"), maglev_size=TABLE))
         return self
 
     def stop(self) -> None:
@@ -183,6 +184,23 @@ def test_ipv6_node_port_to_endpoints_on_both_nodes(world: World, proto: str) -> 
     assert local.names == Counter({"pod-a": 12}) and local.sources == {CLIENT.ipv6}, local
     remote = summarize(probe(client, proto, NODE1.ipv6, 30091, 12))
     assert remote.names == Counter({"pod-c": 12}) and remote.sources == {NODE1.ipv6}, remote
+
+
+def test_pods_of_this_node_reach_node_ports_and_hairpin(world: World) -> None:
+    """Pods outside --ebpf-cgroup reach a NodePort through the pods' bridge (br0): to a
+    local endpoint (their own address kept), a remote one (SNAT), and themselves
+    (hairpin: SNATed to the bridge's address, as kube-proxy masquerades it)."""
+    world.set(node_port("pods-local", 30098, ["pod-b"]))
+    world.set(node_port("pods-remote", 30099, ["pod-c"]))
+    world.set(node_port("pods-self", 30100, ["pod-a"]))
+    pod = world.lab.ns("client")
+    local = summarize(probe(pod, "tcp", NODE1.ipv4, 30098, 5))
+    assert local.names == Counter({"pod-b": 5}) and local.sources == {PODS["client"].ipv4}
+    remote = summarize(probe(pod, "tcp", NODE1.ipv4, 30099, 5))
+    assert remote.names == Counter({"pod-c": 5}) and remote.sources == {NODE1.ipv4}
+    hairpin = summarize(probe(world.lab.ns("pod-a"), "tcp", NODE1.ipv4, 30100, 5))
+    assert hairpin.names == Counter({"pod-a": 5}), hairpin
+    assert hairpin.sources == {NODE1.gateways[0]}, hairpin
 
 
 def test_endpoints_on_both_nodes_and_a_change(world: World) -> None:
@@ -485,7 +503,7 @@ def test_cleanup_removes_the_programs_and_pins(world: World) -> None:
             links.append(_tcx_info(fd).id)
         finally:
             os.close(fd)
-    assert len(links) == 2
+    assert len(links) == 4, "ingress and egress on eth0 and br0"
     world.in_node(backend.cleanup)
     assert not backend.layout.pin_dir.exists()
     for link in links:

@@ -814,7 +814,9 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	copy_addr(fv->saddr, p->saddr);
 	fv->sport = p->sport;
 	fv->last_ns = now;
-	if (ep.flags & EP_LOCAL) {
+	/* A client reaching itself through its service (hairpin) is SNATed as a remote
+	 * endpoint's flow, or its reply would never leave the pod (kube-proxy masquerades). */
+	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr)) {
 		struct ct_val rv = {};
 
 		copy_addr(rv.saddr, p->daddr);
