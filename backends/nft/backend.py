@@ -49,7 +49,8 @@ from .claims import Delta as TableDelta
 from .claims import FamilyTable, build_table, commit, element_lines, full_text, plan_delta
 from .context import NODE_PORT_DEFAULT, FamilyContext, from_node_context, node_context
 from .culprits import foreign_jumps, named_in_error
-from .drift import Learnt, compare, layouts
+from .drift import Learnt, compare
+from .elements import encode, layouts
 from .kernel_view import KernelReadError, TableReader, TableView, netns_path
 from .names import TABLE, lb_chain
 from .service_rules import ServiceRules, render_service
@@ -394,7 +395,6 @@ class NftBackend(StagedBackend[PerFamily]):
         assert self._tables is not None
         table = self._tables[family]
         ctx, view = table.ctx, self._views.get(family)
-        learnt = self._learnt.get(family, Learnt())
         ref = f"{ctx.ipx} {ctx.table}"
         sets: dict[str, str] = {}
         chains: dict[str, tuple[str, ...]] = {}
@@ -410,7 +410,7 @@ class NftBackend(StagedBackend[PerFamily]):
                 eid = (container, key)
                 applied = table.applied.get(eid)
                 want = applied[0] if applied is not None else own
-                held = _held(view, learnt, container, key, want)
+                held = _held(view, ctx.ipx, container, key, want)
                 if held == "same":
                     continue
                 if held == "other":
@@ -512,12 +512,15 @@ class NftBackend(StagedBackend[PerFamily]):
         ctx = self._tables[family].ctx
         self._leftovers.setdefault(family, {}).update(left)
         state = self._state
+        errors: dict[ServicePortKey, str] = {}
         for name, (kind, key, culprit) in left.items():
-            if kind != "chain":
+            if kind != "chain" or key in errors:
                 continue
-            error = (f"chain {name} of {ctx.ipx} {ctx.table} cannot be deleted: {culprit}, "
-                     "not svcproxy's, jumps to it; the chain is left in place (the rest of "
-                     "the change is applied) and deleted once that rule is gone")
+            errors[key] = (f"chain {name} of {ctx.ipx} {ctx.table} cannot be deleted: "
+                           f"{culprit}, not svcproxy's, jumps to it; the chain is left in "
+                           "place (the rest of the change is applied) and deleted once that "
+                           "rule is gone")
+        for key, error in errors.items():
             log.warning("Backend %s: service port %s: %s", self.name, describe(key), error)
             self.refusals.refuse(key, state.services.get(key) if state else None, error)
 
@@ -604,15 +607,12 @@ class NftBackend(StagedBackend[PerFamily]):
         self.runner.apply(text)
 
 
-def _held(view: TableView | None, learnt: Learnt, container: str, key: str, want: str
-          ) -> str:
+def _held(view: TableView | None, ipx: str, container: str, key: str, want: str) -> str:
     """Whether the kernel (as last read) holds an element as wanted: "same", "other" (a
     value of its own) or "missing" (also when unknown)."""
     if view is None or container not in view.elements:
         return "missing"
-    pair = learnt.encoded.get((container, key, want))
-    if pair is None:
-        return "missing"
+    pair = encode(ipx, container, key, want)
     held = view.elements[container].get(pair[0], None)
     if held is None:
         return "missing"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from svcproxy.sdk import ServicePortKey
 
 from .context import FamilyContext
+from .elements import Encoded, update
 from .names import lb_chain, lb_map
 from .service_rules import ServiceRules
 from .skeleton import chain_block, lb_declarations, render_skeleton
@@ -38,6 +39,9 @@ class FamilyTable:
     claims: dict[ElementId, int] = field(default_factory=dict)
     applied: dict[ElementId, Applied] = field(default_factory=dict)
     lb_users: dict[int, int] = field(default_factory=dict)  # lb-N size -> service ports
+    # The applied elements as the kernel holds them (made by the first drift check,
+    # then kept up to date by ``commit``).
+    encoded: Encoded | None = None
 
     @property
     def lb_sizes(self) -> set[int]:
@@ -271,7 +275,12 @@ def commit(table: FamilyTable, delta: Delta) -> None:
             table.claims[eid] = count
         else:
             table.claims.pop(eid, None)
+    encoded, ipx = table.encoded, table.ctx.ipx
     for eid, value in delta.applied.items():
+        if encoded is not None:
+            before = table.applied.get(eid)
+            update(encoded, ipx, eid, before[0] if before else None,
+                   value[0] if value else None)
         if value is None:
             table.applied.pop(eid, None)
         else:

@@ -21,37 +21,21 @@ from dataclasses import dataclass, field
 from svcproxy.sdk import ServicePortKey
 
 from .claims import FamilyTable
-from .context import FamilyContext
-from .kernel_view import ADDR, PORT, PROTO, U32, Encoder, Layout, TableView, encoder
+from .elements import Held, encode, encode_all
+from .kernel_view import ADDR, TableView, encoder
 from .names import lb_chain, lb_map
 from .service_rules import ServiceRules
-from .skeleton import BASE_CHAINS, CONTAINERS, SETS, lb_rules, skeleton_chains
+from .skeleton import BASE_CHAINS, CONTAINERS, lb_rules, skeleton_chains
 
 NF_ACCEPT = 1
-_SERVICE = (ADDR, PROTO, PORT)
-_NODEPORT = (PROTO, PORT)
-_LAYOUTS: dict[str, tuple[Layout, Layout]] = {
-    "cluster-ips": ((ADDR,), ()),
-    "hairpin": ((ADDR, ADDR), ()),
-    "service-ips": (_SERVICE, ()),
-    "no-endpoint-services": (_SERVICE, ()),
-    "firewall-ips": (_SERVICE, ()),
-    "service-nodeports": (_NODEPORT, ()),
-    "no-endpoint-nodeports": (_NODEPORT, ()),
-}
 _BASE = frozenset(name for name, *_ in BASE_CHAINS)
-
-
-Held = bytes | str  # an element's value as read: data bytes, a verdict's text, b"" (a set)
 
 
 @dataclass(slots=True)
 class Learnt:
-    """Per chain: the rules written and the digest the kernel showed for them; per
-    element: its key and value as the kernel holds them (encoded once)."""
+    """Per chain: the rules written and the digest the kernel showed for them."""
 
     chains: dict[str, tuple[tuple[str, ...], bytes]] = field(default_factory=dict)
-    encoded: dict[tuple[str, str, str], tuple[bytes, Held]] = field(default_factory=dict)
 
     def same(self, name: str, rules: tuple[str, ...], digest: bytes) -> bool:
         """False when the chain's digest differs from the one learnt for these rules."""
@@ -69,16 +53,6 @@ class Learnt:
             self.chains.pop(name, None)
 
 
-def layouts(ctx: FamilyContext, lb_sizes: set[int]) -> dict[str, tuple[Layout, Layout]]:
-    """The sets and maps whose elements are compared, with their key and value layouts."""
-    found = dict(_LAYOUTS)
-    if ctx.nodeport_ips is not None:
-        found["nodeport-ips"] = ((ADDR,), ())
-    for n in lb_sizes:
-        found[lb_map(n)] = ((ADDR, PROTO, PORT, U32), (ADDR, PORT))
-    return found
-
-
 def compare(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules],
             view: TableView | None, learnt: Learnt) -> tuple[set[ServicePortKey], str]:
     """(the service ports whose objects differ, why the skeleton differs or "")."""
@@ -88,7 +62,7 @@ def compare(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules],
     why = _skeleton(table, view, learnt)
     if why:
         return set(), why
-    drifted, why = _elements(table, view, learnt)
+    drifted, why = _elements(table, view)
     if why:
         return set(), why
     chains = view.chains
@@ -136,17 +110,18 @@ def _skeleton(table: FamilyTable, view: TableView, learnt: Learnt) -> str:
     return ""
 
 
-def _elements(table: FamilyTable, view: TableView, learnt: Learnt
-              ) -> tuple[set[ServicePortKey], str]:
+def _elements(table: FamilyTable, view: TableView) -> tuple[set[ServicePortKey], str]:
     """The owners of elements missing or holding another value; why the skeleton
     differs (an element nobody applied) or ""."""
-    values = _expected(table, view, learnt)
+    if table.encoded is None:
+        table.encoded = encode_all(table.ctx.ipx, table.applied)
+    values = table.encoded
     drifted: set[ServicePortKey] = set()
     for container, held in view.elements.items():
         wanted = values.get(container, {})
         if container == "nodeport-ips" or held == wanted:
             continue
-        drifted.update(owner for k, (v, owner) in _owners(table, container, learnt).items()
+        drifted.update(owner for k, (v, owner) in _owners(table, container).items()
                        if held.get(k) != v)
         extra = [k for k in held if k not in wanted]
         if extra:
@@ -154,50 +129,11 @@ def _elements(table: FamilyTable, view: TableView, learnt: Learnt
     return drifted, ""
 
 
-def _expected(table: FamilyTable, view: TableView, learnt: Learnt
-              ) -> dict[str, dict[bytes, Held]]:
-    """Per container read: key bytes -> value as the kernel would show the applied ones
-    (the encodings of the elements still applied are kept for the next check)."""
-    ctx, old = table.ctx, learnt.encoded
-    encoders = _encoders(ctx, table.lb_sizes)
-    cache: dict[tuple[str, str, str], tuple[bytes, Held]] = {}
-    values: dict[str, dict[bytes, Held]] = {c: {} for c in view.elements}
-    for (container, key), (value, _) in table.applied.items():
-        items = values.get(container)
-        if items is None:
-            continue
-        eid = (container, key, value)
-        pair = old.get(eid)
-        if pair is None:
-            pair = _encode(encoders[container], container, key, value)
-        cache[eid] = pair
-        items[pair[0]] = pair[1]
-    learnt.encoded = cache
-    return values
-
-
-def _owners(table: FamilyTable, container: str, learnt: Learnt
-            ) -> dict[bytes, tuple[Held, ServicePortKey]]:
+def _owners(table: FamilyTable, container: str) -> dict[bytes, tuple[Held, ServicePortKey]]:
     """One container's applied elements: key bytes -> (value as held, owner)."""
     found = {}
     for (c, key), (value, owner) in table.applied.items():
         if c == container:
-            pair = learnt.encoded[(c, key, value)]
-            found[pair[0]] = (pair[1], owner)
+            raw, held = encode(table.ctx.ipx, c, key, value)
+            found[raw] = (held, owner)
     return found
-
-
-def _encoders(ctx: FamilyContext, lb_sizes: set[int]) -> dict[str, tuple[Encoder, Encoder]]:
-    return {name: (encoder(key, ctx.ipx), encoder(value, ctx.ipx))
-            for name, (key, value) in layouts(ctx, lb_sizes).items()}
-
-
-def _encode(encoders: tuple[Encoder, Encoder], container: str, key: str, value: str
-            ) -> tuple[bytes, Held]:
-    """An element as the kernel holds it: a set's value is b"", a verdict map's its
-    text, a data map's its bytes."""
-    if container in SETS:
-        return encoders[0](key), b""
-    if container.startswith("endpoints-"):
-        return encoders[0](key), encoders[1](value)
-    return encoders[0](key), value

@@ -197,7 +197,6 @@ class StagedBackend(Backend, Generic[V]):
 
     full_sync_interval: float | None = 3600.0
     clock: Callable[[], float] = staticmethod(time.monotonic)
-    refusals: Refusals | None = None
 
     def __init__(self) -> None:
         self.applied: Applied[ServicePortKey, V] = Applied()
@@ -286,16 +285,21 @@ class StagedBackend(Backend, Generic[V]):
 
     def _retries(self, state: NodeState) -> frozenset[ServicePortKey]:
         """Refused service ports whose retry is due (rendered again although unchanged)."""
-        refusals = self.refusals
+        refusals = self._refusals()
         if not refusals:
             return frozenset()
         return frozenset(k for k in refusals.due() if k in state.services)
 
+    def _refusals(self) -> Refusals | None:
+        """The backend's ``self.refusals`` (a ``Refusals``), if it keeps one."""
+        refusals = getattr(self, "refusals", None)
+        return refusals if isinstance(refusals, Refusals) else None
+
     def retry_in(self) -> float | None:
         """Seconds until a refused service port is due for another try (0: now), or None
         when none waits: the node agent syncs then, without a change."""
-        refusals = self.refusals
-        return refusals.retry_in() if refusals else None
+        refusals = self._refusals()
+        return refusals.retry_in() if refusals is not None else None
 
     def repair_reason(self, changes: Changes) -> str:
         """Why this sync must rewrite everything applied although it is known, or "": a
