@@ -126,12 +126,14 @@ class World:
 
 def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
               external: list[str] | None = None, family: int = 4,
+              internal: list[str] | None = None, cip: str = "",
               **extra: Any) -> ServicePortState:
     """A NodePort service ``port`` -> 8080 on ``pods`` (node1's are local); ``external``
-    narrows the frontend's flag for external traffic (default: every endpoint)."""
+    and ``internal`` narrow the frontend's flags (default: every endpoint)."""
     key = ServicePortKey("default", name, "p", Protocol(proto))
     extra.setdefault("type", ServiceType.NODE_PORT)
-    cip = f"10.96.1.{port % 200}" if family == 4 else f"fd00:96::1:{port % 200:x}"
+    if not cip:
+        cip = f"10.96.1.{port % 200}" if family == 4 else f"fd00:96::1:{port % 200:x}"
     svc = ServicePort(key, cluster_ips=(cip,), port=80,
                       node_port=port, has_endpoints=bool(pods), **extra)
     eps = {}
@@ -140,8 +142,9 @@ def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
         ip = spec.ipv4 if family == 4 else spec.ipv6
         local = spec.node.name == "node1"
         outside = external is None or pod in external
+        inside = internal is None or pod in internal
         eps[ip] = Endpoint(ip, 8080, is_local=local, node_name=spec.node.name,
-                           internal=True, external=outside, cluster=True, local=local)
+                           internal=inside, external=outside, cluster=True, local=local)
     return ServicePortState(svc, eps)
 
 
@@ -201,6 +204,18 @@ def test_pods_of_this_node_reach_node_ports_and_hairpin(world: World) -> None:
     hairpin = summarize(probe(world.lab.ns("pod-a"), "tcp", NODE1.ipv4, 30100, 5))
     assert hairpin.names == Counter({"pod-a": 5}), hairpin
     assert hairpin.sources == {NODE1.gateways[0]}, hairpin
+
+
+def test_cluster_ip_routed_to_the_node_from_outside(world: World) -> None:
+    """The LAN routes the service CIDR to node1: its ClusterIPs use the endpoints the
+    frontend marked internal (here pod-c and pod-a, not pod-d), pods outside the cgroup
+    too (through br0)."""
+    world.set(node_port("cip", 0, ["pod-a", "pod-c", "pod-d"], internal=["pod-a", "pod-c"],
+                        external=["pod-d"], cip="10.96.7.1", type=ServiceType.CLUSTER_IP))
+    lan = summarize(probe(world.lab.ns(CLIENT.name), "tcp", "10.96.7.1", 80, 30))
+    assert lan.answered == {"pod-a", "pod-c"} and not lan.errors, lan
+    pod = summarize(probe(world.lab.ns("client"), "tcp", "10.96.7.1", 80, 20))
+    assert pod.answered == {"pod-a", "pod-c"} and not pod.errors, pod
 
 
 def test_endpoints_on_both_nodes_and_a_change(world: World) -> None:

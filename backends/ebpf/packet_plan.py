@@ -1,7 +1,8 @@
 """What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
 
-Rows served so far, TCP and UDP, IPv4 and IPv6: NodePorts on the node's NodePort
-addresses, externalIPs and load-balancer VIPs (ipMode VIP; with loadBalancerSourceRanges
+Rows served so far, TCP and UDP, IPv4 and IPv6: ClusterIPs routed to the node (with
+the endpoints marked ``internal``), NodePorts on the node's NodePort addresses,
+externalIPs and load-balancer VIPs (ipMode VIP; with loadBalancerSourceRanges
 only their sources get through), with the endpoints the frontend marked ``external`` (so
 externalTrafficPolicy Local already means the local ones); session affinity ClientIP
 (per client address and service address, refreshed by each new flow). Each endpoint
@@ -53,17 +54,27 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
     if svc.affinity:
         flags |= F_AFFINITY
         timeout = svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
+    cips = [Frontend(ip, svc.port, proto) for ip in svc.cluster_ips]
     result: dict[Frontend, Entry] = {}
     for family in (4, 6):
-        mine = [fe for fe in fronts if (":" in fe.ip) == (family == 6)]
-        vips = [fe for fe in ranged if (":" in fe.ip) == (family == 6)]
+        eps = [e for e in state.endpoints.values() if _of(e.ip, family)]
+        has = svc.has_endpoints and bool(eps)
+        if mine := [fe for fe in cips if _of(fe.ip, family)]:
+            # A ClusterIP routed to the node from outside: the internal endpoints.
+            inside = _entry([e for e in eps if e.internal], has, flags, timeout)
+            result.update(dict.fromkeys(mine, inside))
+        mine = [fe for fe in fronts if _of(fe.ip, family)]
+        vips = [fe for fe in ranged if _of(fe.ip, family)]
         if mine or vips:
-            eps = [e for e in state.endpoints.values() if (":" in e.ip) == (family == 6)]
-            entry = _entry(eps, svc.has_endpoints, flags, timeout)
+            entry = _entry([e for e in eps if e.external], has, flags, timeout)
             result.update(dict.fromkeys(mine, entry))
             result.update(dict.fromkeys(vips, Entry(entry.slots, entry.flags | F_RANGES,
                                                     entry.affinity_timeout)))
     return result
+
+
+def _of(ip: str, family: int) -> bool:
+    return (":" in ip) == (family == 6)
 
 
 def source_ranges(state: ServicePortState) -> set[bytes]:
@@ -85,12 +96,13 @@ def source_ranges(state: ServicePortState) -> set[bytes]:
 
 
 def _entry(eps: list[Endpoint], has_endpoints: bool, flags: int, timeout: int) -> Entry:
-    """The entry of one family: the external endpoints, or refuse / drop."""
-    slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps if e.external))
+    """The entry of one family over ``eps`` (those for this traffic): pick among them;
+    none while the service has endpoints: drop; none at all: refuse."""
+    slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps))
     if len(slots) > MAX_ENDPOINTS:
         raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     if not slots:
-        return Entry(flags=0 if has_endpoints and eps else F_REFUSE)
+        return Entry(flags=0 if has_endpoints else F_REFUSE)
     return Entry(slots, flags, timeout)
 
 
