@@ -305,16 +305,15 @@ class RecordEncoder:
         live: dict[int, ServicePortState] = {}
         for records in self.live():
             live.update(zip(map(id, records), records, strict=True))
-        old_services, old_endpoints = self._service_ids, self._endpoints
         self._records = {k: v for k, v in self._records.items() if k in live}
         services = {id(rec.service) for rec in live.values()}
-        self._service_ids = {k: v for k, v in old_services.items() if k in services}
+        self._service_ids = {k: v for k, v in self._service_ids.items() if k in services}
         hits = {id(v[1]) for v in self._service_ids.values()}
         self._services = {k: v for k, v in self._services.items() if id(v[1]) in hits}
         endpoints: set[int] = set()
         for rec in live.values():
             endpoints.update(map(id, rec.endpoints.values()))
-        self._endpoints = {k: v for k, v in old_endpoints.items() if k in endpoints}
+        self._endpoints = {k: v for k, v in self._endpoints.items() if k in endpoints}
         kept = sum(self.sizes().values())
         self._allowance = max(self.floor, kept)
         self._added = 0
