@@ -17,49 +17,40 @@ nanoseconds); then ``Z`` or ``±hh:mm`` with hh up to 24 and mm up to 60; nothin
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 
 from svcproxy.wirevalues import TIMESTAMP_MAX, TIMESTAMP_MIN
 
 _TIME = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{1,2}):([0-9]{2}):([0-9]{2})"
     r"(?:[.,]([0-9]+))?(?:Z|([+-])([0-9]{2}):([0-9]{2}))")
-_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_HOURS = frozenset([str(h) for h in range(10)] + [f"{h:02d}" for h in range(24)])
+_EPOCH = datetime(1970, 1, 1)
+_SECOND = timedelta(seconds=1)
 
 
 def parse(text: str) -> tuple[int, int] | None:
     """``text`` as UTC (seconds since 1970, nanoseconds), or None (Go refuses it, or a
     Timestamp cannot hold it)."""
     match = _TIME.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
+    if match is None or match.group(4) not in _HOURS:
         return None
-    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    fraction, sign, off_hours, off_minutes = match.groups()[6:]
-    if not (1 <= month <= 12 and 1 <= day <= _days_in(year, month) and hour < 24
-            and minute < 60 and second < 60):
+    hour_end = match.end(4)
+    # The shape is Go's; datetime (in C) checks month, day in month, minute and second.
+    local = ("0400" if text.startswith("0000") else text[:4]) + text[4:11] \
+        + ("0" if hour_end == 12 else "") + text[11:match.end(6)]
+    try:
+        seconds = (datetime.fromisoformat(local) - _EPOCH) // _SECOND
+    except ValueError:
         return None
-    offset = 0
+    if text.startswith("0000"):  # as year 400, 400 Gregorian years (146,097 days) back
+        seconds -= 146_097 * 86_400
+    fraction, sign, off_hours, off_minutes = match.group(7, 8, 9, 10)
     if sign is not None:
-        if int(off_hours) > 24 or int(off_minutes) > 60:
+        if off_hours > "24" or off_minutes > "60":  # Go's range check is > (two digits)
             return None
-        offset = (int(off_hours) * 60 + int(off_minutes)) * 60 * (1 if sign == "+" else -1)
-    seconds = (_days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60
-               + second - offset)
+        offset = (int(off_hours) * 60 + int(off_minutes)) * 60
+        seconds += -offset if sign == "+" else offset
     if not TIMESTAMP_MIN <= seconds <= TIMESTAMP_MAX:
         return None
-    nanos = int(fraction[:9].ljust(9, "0")) if fraction else 0
-    return seconds, nanos
-
-
-def _days_in(year: int, month: int) -> int:
-    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
-    return 29 if month == 2 and leap else _DAYS[month - 1]
-
-
-def _days_from_civil(year: int, month: int, day: int) -> int:
-    """Days from 1970-01-01 to the date (proleptic Gregorian)."""
-    year -= month <= 2
-    era = year // 400
-    year_of_era = year - era * 400
-    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
-    return era * 146097 + day_of_era - 719468
+    return seconds, int(fraction[:9].ljust(9, "0")) if fraction else 0
