@@ -1,0 +1,47 @@
+"""The shared scenario suite (tests/test_scenarios.py) with ``--ebpf-packet-path bpf``: the
+socket programs for node1's processes and pods in the cgroup, the tc programs on node1's
+eth0 and pod bridge br0 for everything else, no nft next to them.
+
+The scenarios are the shared module's own functions, collected here with this module's
+``lab`` fixture; the rows the packet path does not serve yet are skipped with the
+reason (docs/ebpf-packet-path.md lists them too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests import test_scenarios as shared
+from tests.netns.backends import _EBPF_NO_NAT, BackendCase
+from tests.netns.harness import ScenarioLab
+from tests.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
+from tests.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
+
+_MASQUERADE = ("not yet served by --ebpf-packet-path bpf: traffic from outside to an endpoint "
+               "on this node is DNATed only (its source kept, as Cilium's), where kube-proxy "
+               "masquerades it with externalTrafficPolicy Cluster")
+NOT_YET = (
+    ("test_node_port_on_selected_addresses", _MASQUERADE),
+    ("test_external_ips", _MASQUERADE),
+    ("test_no_endpoints_reject_and_unallocated_drop",
+     "not yet served by --ebpf-packet-path bpf: in this suite a UDP datagram from the "
+     "in-cluster client to a ClusterIP without endpoints times out instead of being "
+     "refused (the same row passes in tests/test_ebpf_packet_path.py; not explained yet)"),
+)
+CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0,br0"),
+                   socket_level=True, label="ebpf-bpf",
+                   not_applicable=(*_EBPF_NO_NAT, *NOT_YET))
+
+
+@pytest.fixture(scope="module", params=(CASE,), ids=str)
+def lab(request: pytest.FixtureRequest) -> Iterator[ScenarioLab]:
+    if shared._why:
+        pytest.skip(shared._why)
+    scenario = ScenarioLab(request.param)
+    try:
+        scenario.start()
+        yield scenario
+    finally:
+        scenario.stop()
