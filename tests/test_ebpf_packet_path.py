@@ -163,9 +163,10 @@ def test_node_port_to_an_endpoint_on_this_node(world: World) -> None:
     world.set(node_port("local-udp", 30080, ["pod-a"], proto="UDP"))
     for got in (world.tcp(30080), world.udp(30080)):
         assert got.names == Counter({"pod-a": 12}), got
-        # DNAT only: the pod sees the client; the reply reached a socket connected to
-        # the NodePort, so it came back from the service address.
-        assert got.sources == {CLIENT.ipv4}
+        # Masqueraded as kube-proxy does with externalTrafficPolicy Cluster: to the
+        # address of the pods' bridge, which carries the programs too; the reply reached
+        # a socket connected to the NodePort, so it came back from the service address.
+        assert got.sources == {NODE1.gateways[0]}
 
 
 def test_node_port_to_an_endpoint_on_another_node(world: World) -> None:
@@ -184,21 +185,22 @@ def test_ipv6_node_port_to_endpoints_on_both_nodes(world: World, proto: str) -> 
                         family=6))
     client = world.lab.ns(CLIENT.name)
     local = summarize(probe(client, proto, NODE1.ipv6, 30090, 12))
-    assert local.names == Counter({"pod-a": 12}) and local.sources == {CLIENT.ipv6}, local
+    assert local.names == Counter({"pod-a": 12}), local
+    assert local.sources == {NODE1.gateways[1]}, local
     remote = summarize(probe(client, proto, NODE1.ipv6, 30091, 12))
     assert remote.names == Counter({"pod-c": 12}) and remote.sources == {NODE1.ipv6}, remote
 
 
 def test_pods_of_this_node_reach_node_ports_and_hairpin(world: World) -> None:
     """Pods outside --ebpf-cgroup reach a NodePort through the pods' bridge (br0): to a
-    local endpoint (their own address kept), a remote one (SNAT), and themselves
-    (hairpin: SNATed to the bridge's address, as kube-proxy masquerades it)."""
+    local endpoint, a remote one and themselves (hairpin), SNATed as kube-proxy
+    masquerades NodePort traffic (to the address of the device toward the endpoint)."""
     world.set(node_port("pods-local", 30098, ["pod-b"]))
     world.set(node_port("pods-remote", 30099, ["pod-c"]))
     world.set(node_port("pods-self", 30100, ["pod-a"]))
     pod = world.lab.ns("client")
     local = summarize(probe(pod, "tcp", NODE1.ipv4, 30098, 5))
-    assert local.names == Counter({"pod-b": 5}) and local.sources == {PODS["client"].ipv4}
+    assert local.names == Counter({"pod-b": 5}) and local.sources == {NODE1.gateways[0]}
     remote = summarize(probe(pod, "tcp", NODE1.ipv4, 30099, 5))
     assert remote.names == Counter({"pod-c": 5}) and remote.sources == {NODE1.ipv4}
     hairpin = summarize(probe(world.lab.ns("pod-a"), "tcp", NODE1.ipv4, 30100, 5))
@@ -265,7 +267,8 @@ def test_external_ips_and_load_balancer_vips(world: World) -> None:
     local = summarize(probe(client, "udp", "192.168.60.11", 80, 10))
     assert local.names == Counter(), "a TCP service leaves UDP alone"
     local = summarize(probe(client, "tcp", "192.168.60.11", 80, 10))
-    assert local.names == Counter({"pod-a": 10}) and local.sources == {CLIENT.ipv4}, local
+    assert local.names == Counter({"pod-a": 10}) and local.sources == {NODE1.gateways[0]}, \
+        local
     # loadBalancerSourceRanges: the allowed client gets through, another is dropped.
     other = SPEC.clients[1]
     for ranges in ((f"{CLIENT.ipv4}/32",), ("192.168.50.96/28", "10.0.0.0/8")):

@@ -19,12 +19,7 @@ from tests.netns.harness import ScenarioLab
 from tests.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
 from tests.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
 
-_MASQUERADE = ("not yet served by --ebpf-packet-path bpf: traffic from outside to an endpoint "
-               "on this node is DNATed only (its source kept, as Cilium's), where kube-proxy "
-               "masquerades it with externalTrafficPolicy Cluster")
 NOT_YET = (
-    ("test_node_port_on_selected_addresses", _MASQUERADE),
-    ("test_external_ips", _MASQUERADE),
     ("test_no_endpoints_reject_and_unallocated_drop",
      "not yet served by --ebpf-packet-path bpf: in this suite a UDP datagram from the "
      "in-cluster client to a ClusterIP without endpoints times out instead of being "

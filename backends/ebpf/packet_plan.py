@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
 from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend
-from .packet_layout import F_MAGLEV, F_RANGES, pack_endpoint, pack_range
+from .packet_layout import F_MAGLEV, F_MASQ, F_RANGES, pack_endpoint, pack_range
 from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,9 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         mine = [fe for fe in fronts if _of(fe.ip, family)]
         vips = [fe for fe in ranged if _of(fe.ip, family)]
         if mine or vips:
-            entry = _entry([e for e in eps if e.external], has, flags, timeout)
+            # kube-proxy masquerades external traffic unless externalTrafficPolicy Local.
+            masq = 0 if svc.external_policy_local else F_MASQ
+            entry = _entry([e for e in eps if e.external], has, flags | masq, timeout)
             result.update(dict.fromkeys(mine, entry))
             result.update(dict.fromkeys(vips, Entry(entry.slots, entry.flags | F_RANGES,
                                                     entry.affinity_timeout)))

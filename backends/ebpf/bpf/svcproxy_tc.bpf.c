@@ -38,6 +38,7 @@
 #define F_REFUSE 2
 #define F_MAGLEV 4
 #define F_RANGES 8 /* loadBalancerSourceRanges: only sources in spp_ranges get through */
+#define F_MASQ 16  /* traffic from outside with externalTrafficPolicy Cluster: SNATed */
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -782,6 +783,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	struct ct_key rk = {};
 	struct svc_key svc = {}, *sk = &svc;
 	__u64 now = bpf_ktime_get_ns();
+	struct dev_val *dev;
+	__u32 oif;
 
 	copy_addr(svc.addr, p->daddr);
 	svc.port = p->dport;
@@ -814,9 +817,14 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	copy_addr(fv->saddr, p->saddr);
 	fv->sport = p->sport;
 	fv->last_ns = now;
-	/* A client reaching itself through its service (hairpin) is SNATed as a remote
-	 * endpoint's flow, or its reply would never leave the pod (kube-proxy masquerades). */
-	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr)) {
+	oif = route_oif(skb, p, ep.addr);
+	dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
+	/* SNATed as a remote endpoint's flow: a client reaching itself through its service
+	 * (hairpin), or its reply would never leave the pod; and with F_MASQ (kube-proxy's
+	 * masquerade of external traffic with externalTrafficPolicy Cluster) a local
+	 * endpoint behind a device carrying the programs, which then sees its replies. */
+	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
+	    !((sv->flags & F_MASQ) && dev)) {
 		struct ct_val rv = {};
 
 		copy_addr(rv.saddr, p->daddr);
@@ -827,8 +835,6 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		ct_tuple(&rk, ep.addr, p->saddr, ep.port, p->sport, p, CT_REPLY);
 		bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
 	} else {
-		__u32 oif = route_oif(skb, p, ep.addr);
-		struct dev_val *dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
 		__u32 snat[4];
 		__u16 port;
 
