@@ -218,6 +218,10 @@ def test_cluster_ip_routed_to_the_node_from_outside(world: World) -> None:
     assert lan.answered == {"pod-a", "pod-c"} and not lan.errors, lan
     pod = summarize(probe(world.lab.ns("client"), "tcp", "10.96.7.1", 80, 20))
     assert pod.answered == {"pod-a", "pod-c"} and not pod.errors, pod
+    # A port or protocol the ClusterIP's services lack is refused, as kube-proxy does.
+    for proto, port in (("tcp", 81), ("udp", 80)):
+        lacking = summarize(probe(world.lab.ns(CLIENT.name), proto, "10.96.7.1", port, 2))
+        assert lacking.errors == Counter({"refused": 2}), (proto, port, lacking)
 
 
 def test_endpoints_on_both_nodes_and_a_change(world: World) -> None:

@@ -19,12 +19,7 @@ from tests.netns.harness import ScenarioLab
 from tests.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
 from tests.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
 
-NOT_YET = (
-    ("test_no_endpoints_reject_and_unallocated_drop",
-     "not yet served by --ebpf-packet-path bpf: in this suite a UDP datagram from the "
-     "in-cluster client to a ClusterIP without endpoints times out instead of being "
-     "refused (the same row passes in tests/test_ebpf_packet_path.py; not explained yet)"),
-)
+NOT_YET: tuple[tuple[str, str], ...] = ()
 CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0,br0"),
                    socket_level=True, label="ebpf-bpf",
                    not_applicable=(*_EBPF_NO_NAT, *NOT_YET))

@@ -22,6 +22,7 @@ from . import libbpf, maglev
 from .libbpf import Map
 from .packet_layout import (
     F_MAGLEV,
+    MAP_CLUSTER_IPS,
     MAP_CT,
     MAP_DEVICES,
     MAP_ENDPOINTS,
@@ -29,6 +30,7 @@ from .packet_layout import (
     MAP_RANGES,
     MAP_SERVICES,
     endpoint_name,
+    pack_cluster_ip,
     pack_device,
 )
 from .packet_loader import HOOKS, PacketLayout, PacketPrograms, remove_packet_pins
@@ -114,6 +116,7 @@ class PacketBackend(Backend):
         self.node_ips: tuple[str, ...] | None = None
         self.last_sync_full: bool | None = None
         self.ranges: set[bytes] | None = None  # spp_ranges as written; None: read it
+        self.cluster_ips: set[bytes] | None = None  # spp_cluster_ips as written
 
     def start(self, node_ips: Iterable[str] = ()) -> PacketBackend:
         """Load the programs (adopting pinned maps and links) and attach them to the
@@ -168,6 +171,7 @@ class PacketBackend(Backend):
         elif changes.full:  # addresses may have come since
             self._write_devices(programs.maps[MAP_DEVICES])
         gone = self._write_ranges(state, changes)
+        self._write_cluster_ips(state, changes)
         full = changes.full or tables.applied is None or node_ips != self.node_ips
         if full:
             if node_ips != self.node_ips:
@@ -195,6 +199,27 @@ class PacketBackend(Backend):
             self._ranges_map().delete(key)
         self.node_ips = node_ips
         self.last_sync_full = full
+
+    def _write_cluster_ips(self, state: NodeState, changes: Changes) -> None:
+        """Every ClusterIP in spp_cluster_ips (a port no service has there is refused);
+        written before the services, removed ones deleted too (no entry depends on
+        them)."""
+        assert self.programs is not None
+        cips = self.programs.maps[MAP_CLUSTER_IPS]
+        if self.cluster_ips is None or changes.full:
+            self.cluster_ips = set(_keys(cips))
+        wanted = set()
+        for record in state.services.values():
+            for ip in record.service.cluster_ips:
+                try:
+                    wanted.add(pack_cluster_ip(ip))
+                except ValueError:
+                    continue
+        for key in sorted(wanted - self.cluster_ips):
+            cips.update(key, b"\x01")
+        for key in sorted(self.cluster_ips - wanted):
+            cips.delete(key)
+        self.cluster_ips = wanted
 
     def _ranges_map(self) -> Map:
         assert self.programs is not None

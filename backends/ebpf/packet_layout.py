@@ -28,7 +28,9 @@ MAP_CT = "spp_ct"
 MAP_DEVICES = "spp_devices"
 MAP_AFFINITY = "spp_affinity"
 MAP_RANGES = "spp_ranges"
-MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY, MAP_RANGES)
+MAP_CLUSTER_IPS = "spp_cluster_ips"
+MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY, MAP_RANGES,
+        MAP_CLUSTER_IPS)
 
 # struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
 CT_KEY = struct.Struct("=16s16s2s2sBBBB")
@@ -44,6 +46,7 @@ SIZES = {
     MAP_DEVICES: (4, DEV_VAL.size),
     MAP_AFFINITY: (40, 32),
     MAP_RANGES: (40, 1),
+    MAP_CLUSTER_IPS: (20, 1),
 }
 
 
@@ -66,6 +69,12 @@ def pack_range(frontend: bytes, cidr: str) -> bytes:
     net = ipaddress.ip_network(cidr, strict=False)
     raw = net.network_address.packed.ljust(16, b"\0")
     return struct.pack("=I", 160 + net.prefixlen) + frontend + raw
+
+
+def pack_cluster_ip(ip: str) -> bytes:
+    """An spp_cluster_ips key; ValueError for what is no address."""
+    raw, family = _addr(ip)
+    return raw + struct.pack("=I", family)
 
 
 def pack_device(addr4: str, addr6: str) -> bytes:

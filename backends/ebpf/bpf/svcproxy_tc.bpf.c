@@ -170,6 +170,20 @@ struct {
 	__type(value, __u8);
 } spp_ranges SEC(".maps");
 
+/* Every ClusterIP (address, family): a port no service has there is refused. */
+struct cip_key {
+	__u32 addr[4];
+	__u32 family;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cip_key);
+	__type(value, __u8);
+} spp_cluster_ips SEC(".maps");
+
 /* sessionAffinity ClientIP: the endpoint a client got from a service address, and when. */
 struct aff_key {
 	__u32 client[4];
@@ -893,8 +907,13 @@ int spp_ingress(struct __sk_buff *skb)
 	sk.proto = p.proto;
 	sk.family = p.family;
 	svp = bpf_map_lookup_elem(&spp_services, &sk);
-	if (!svp)
-		return TC_ACT_OK;
+	if (!svp) {
+		struct cip_key ck = { .family = p.family };
+
+		copy_addr(ck.addr, p.daddr);
+		/* A ClusterIP on a port its services lack: refused, as kube-proxy does. */
+		return bpf_map_lookup_elem(&spp_cluster_ips, &ck) ? reject(skb, &p) : TC_ACT_OK;
+	}
 	sv = *svp;
 	if (sv.flags & F_RANGES) {
 		struct range_key rk = { .prefixlen = 160 + (p.family == 4 ? 32 : 128), .svc = sk };
