@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
@@ -173,6 +173,7 @@ class PacketBackend(Backend):
         gone = self._write_ranges(state, changes)
         self._write_cluster_ips(state, changes)
         full = changes.full or tables.applied is None or node_ips != self.node_ips
+        touched: Mapping[bytes, Entry | None]
         if full:
             if node_ips != self.node_ips:
                 self.plan = PacketPlan(self.algorithm, self.on_reject)
@@ -239,7 +240,7 @@ class PacketBackend(Backend):
         self.ranges = wanted
         return gone
 
-    def _complete_tables(self, touched: dict[bytes, Entry | None]) -> None:
+    def _complete_tables(self, touched: Mapping[bytes, Entry | None]) -> None:
         """A service that became Maglev on a set it already had gets that set's table
         (its slots were not rewritten)."""
         tables, sets = self.tables, self.sets

@@ -55,20 +55,24 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         flags |= F_AFFINITY
         timeout = svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
     cips = [Frontend(ip, svc.port, proto) for ip in svc.cluster_ips]
+    # Which endpoints are on this node, as the frontend's decision holds them (every used
+    # endpoint here is in the set: a local one gets DNAT only, a remote one SNAT too).
+    here = {e.ip for e in state.hairpin_endpoints()}
     result: dict[Frontend, Entry] = {}
     for family in (4, 6):
         eps = [e for e in state.endpoints.values() if _of(e.ip, family)]
         has = svc.has_endpoints and bool(eps)
         if mine := [fe for fe in cips if _of(fe.ip, family)]:
             # A ClusterIP routed to the node from outside: the internal endpoints.
-            inside = _entry([e for e in eps if e.internal], has, flags, timeout)
+            inside = _entry([e for e in eps if e.internal], here, has, flags, timeout)
             result.update(dict.fromkeys(mine, inside))
         mine = [fe for fe in fronts if _of(fe.ip, family)]
         vips = [fe for fe in ranged if _of(fe.ip, family)]
         if mine or vips:
             # kube-proxy masquerades external traffic unless externalTrafficPolicy Local.
             masq = 0 if svc.external_policy_local else F_MASQ
-            entry = _entry([e for e in eps if e.external], has, flags | masq, timeout)
+            entry = _entry([e for e in eps if e.external], here, has, flags | masq,
+                           timeout)
             result.update(dict.fromkeys(mine, entry))
             result.update(dict.fromkeys(vips, Entry(entry.slots, entry.flags | F_RANGES,
                                                     entry.affinity_timeout)))
@@ -97,10 +101,11 @@ def source_ranges(state: ServicePortState) -> set[bytes]:
     return keys
 
 
-def _entry(eps: list[Endpoint], has_endpoints: bool, flags: int, timeout: int) -> Entry:
+def _entry(eps: list[Endpoint], here: set[str], has_endpoints: bool, flags: int,
+           timeout: int) -> Entry:
     """The entry of one family over ``eps`` (those for this traffic): pick among them;
     none while the service has endpoints: drop; none at all: refuse."""
-    slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.is_local) for e in eps))
+    slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.ip in here) for e in eps))
     if len(slots) > MAX_ENDPOINTS:
         raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     if not slots:

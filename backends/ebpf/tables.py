@@ -224,10 +224,10 @@ class Tables:
             self._written = None
             raise
         if self._written is not None:
-            services, slots = self._written
+            services, written_slots = self._written
             for key in retired:
-                slots.pop(key, None)
-            slots.update(zip(slot_keys, slot_values, strict=True))
+                written_slots.pop(key, None)
+            written_slots.update(zip(slot_keys, slot_values, strict=True))
             for key in svc_gone:
                 services.pop(key, None)
             services.update(zip(svc_keys, svc_values, strict=True))
