@@ -144,7 +144,10 @@ class FleetService:
                     continue
                 seen.add(key)
                 record = records.get(key)  # type: ignore[call-overload]
-                trigger = record.service.trigger_time if record is not None else 0.0
+                if record is None:  # gone: its memo goes too (bounded by what is live)
+                    self._triggers.pop(key, None)  # type: ignore[call-overload]
+                    continue
+                trigger = record.service.trigger_time
                 if trigger and trigger > self._triggers.get(key, 0.0):  # type: ignore[arg-type]
                     self._triggers[key] = trigger  # type: ignore[index]
                     newest = max(newest, trigger)
