@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from svcproxy.frontend.main import Frontend, FrontendOptions
 from svcproxy.frontend.sources.events import Event
 from svcproxy.loop_thread import LoopThread
 from tests import root_sysctls
+
+# No property depends on how fast the machine is: no per-example deadline, and no health
+# check that times data generation (both fail on a loaded machine, never on a wrong product).
+settings.register_profile("svcproxy", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("svcproxy")
 
 
 def _untouched(before: dict[str, str], during: str) -> None:
