@@ -182,8 +182,9 @@ class Changelog:
 
     def release(self, view: NodeView) -> None:
         """Forget now a view nobody watches and no Node backs (made for one use)."""
-        if self.views.get(view.name) is view and not self._needed(view):
-            self._drop(view.name)
+        name = view.name
+        if self.views.get(name) is view and not self._needed(view):
+            self._drop(name)
 
     def _needed(self, view: NodeView) -> bool:
         return bool(view.watchers) or view.is_cluster or view.name in self.store.nodes
