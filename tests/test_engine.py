@@ -227,3 +227,13 @@ def test_records_split_by_family() -> None:
         == (("fd00::10",), ("fd00::/8",), ["fd00::1"])
     single = engine_with(service("web"), node("n1")).changelog.view("n1").records[KEY]
     assert single.family(6) is None
+
+
+def test_objects_whose_annotations_hold_a_lone_surrogate_are_served() -> None:
+    """Go's decoder stores U+FFFD for it, so the apiserver keeps both objects."""
+    svc = service("web")
+    svc["metadata"]["annotations"] = {"svcproxy.io/x": "a\ud800"}
+    sl = slice_("web-1", "web", [endpoint("10.0.0.1")])
+    sl["metadata"]["annotations"] = {"x": "\udcff"}
+    eng = engine_with(svc, sl, node("n1"))
+    assert list(eng.changelog.view("n1").records[KEY].endpoints) == ["10.0.0.1"]

@@ -43,7 +43,8 @@ FIELDS: tuple[EdgeField, ...] = (
               "service.kubernetes.io/service-proxy-name selects the proxy",
               "ValidateLabels"),
     EdgeField("Service", "metadata.annotations", HONOURED,
-              "topology-mode / topology-aware-hints, svcproxy.io/* options",
+              "topology-mode / topology-aware-hints, svcproxy.io/* options; a lone "
+              "surrogate (a YAML escape) read as U+FFFD, as Go's decoder stores it",
               "ValidateAnnotations (qualified-name keys, 256 KiB)"),
     EdgeField("Service", "metadata.creationTimestamp", HONOURED,
               "orders Services claiming one ClusterIP:port or nodePort (the later is "

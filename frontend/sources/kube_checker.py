@@ -26,6 +26,7 @@ from svcproxy.frontend.sources.kube_names import (
 )
 from svcproxy.frontend.sources.kube_verdict import Verdict, shown
 from svcproxy.model import parse_ip, parse_ipv4
+from svcproxy.wirevalues import REPLACE
 
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -177,8 +178,12 @@ class Checker:
             if val.isascii():
                 size += len(val)
             elif not _is_utf8(val):
-                self.err(f"{where}.{k}", "malformed", "is not valid UTF-8 text")
-                continue
+                if values is not None:  # its U+FFFD would be no label value either
+                    self.err(f"{where}.{k}", "malformed", "is not valid UTF-8 text")
+                    continue
+                # Go's JSON decoder stores U+FFFD for a lone surrogate: the annotation is
+                # kept (counted at that size); the wire writes it the same way.
+                size += len(val.encode("utf-8", REPLACE))
             else:
                 size += _utf8_size(val)
             if values is not None and (len(val) > 63 or not (val == "" or values.fullmatch(val))):
