@@ -47,13 +47,16 @@ class RecordingBackend(Backend):
     calls: list[Call] = field(default_factory=list)
     attempts: list[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # When a sync started: by default when it reached the backend; a test of the runner's
+    # spacing reads the runner's own clock instead (see RunnerClock).
+    stamp: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self.gate.set()
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         self.gate.wait()
-        call = Call(time.monotonic(), state, changes)
+        call = Call(self.stamp(), state, changes)
         with self.lock:
             self.attempts.append(call)
             if self.failures > 0:
@@ -70,6 +73,19 @@ class RecordingBackend(Backend):
             return list(self.attempts)
 
 
+class RunnerClock:
+    """The runner's clock, remembering its last reading: the one the runner takes as a
+    sync's start just before calling the backend (what its periods are measured from,
+    whatever the thread scheduler does between that reading and the backend's call)."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self) -> float:
+        self.last = time.monotonic()
+        return self.last
+
+
 @dataclass
 class Running:
     source: FakeSource
@@ -84,6 +100,8 @@ def start() -> Iterator[Callable[..., Running]]:
 
     def run(sync_period: float = 30.0, min_sync_period: float = 0.0, **kw: object) -> Running:
         source, backend = FakeSource(), RecordingBackend()
+        if isinstance(kw.get("clock"), RunnerClock):
+            backend.stamp = lambda: kw["clock"].last  # type: ignore[union-attr]
         health = ProxyHealth(timeout=2 * sync_period)
         runner = SyncRunner(source, backend, health=health, sync_period=sync_period,
                             min_sync_period=min_sync_period, poll=0.02, **kw)  # type: ignore[arg-type]
@@ -129,7 +147,7 @@ def test_a_burst_of_changes_is_coalesced_into_one_sync(start: Callable[..., Runn
 def test_min_sync_period_spaces_syncs_and_the_last_change_wins(
     start: Callable[..., Running],
 ) -> None:
-    r = start(min_sync_period=0.25)
+    r = start(min_sync_period=0.25, clock=RunnerClock())
     r.source.push(state(1))
     wait_for(lambda: len(r.backend.synced()) == 1)
     revision = 1
