@@ -109,13 +109,18 @@ def wait_state(target: str, node: str, state: int, timeout: float = 30.0,
     seen: dict[str, pb.FleetNode] = {}
 
     def reached() -> bool:
-        seen.update(nodes(target))
+        try:
+            seen.update(nodes(target))
+        except grpc.RpcError as err:  # polled past --unary-qps-per-peer: ask again later
+            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # type: ignore[attr-defined]
+                raise
+            return False
         found = seen.get(node)
         return found is not None and found.state == state and all(
             getattr(found, k) == v for k, v in fields.items())
 
     try:
-        wait_for(reached, timeout=timeout, interval=0.05)
+        wait_for(reached, timeout=timeout, interval=0.25)  # within 5 calls/s per peer
     except AssertionError:
         raise AssertionError(f"node {node} not {pb.FleetNodeState.Name(state)} "  # type: ignore[arg-type]
                              f"{fields}: {seen.get(node)}") from None
