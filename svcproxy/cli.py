@@ -107,7 +107,8 @@ def _frontend_limit_arguments(p: argparse.ArgumentParser) -> None:
                    "%(default)s: twice the gRPC keepalive, far beyond any apply a reading "
                    "client does, since the SDK reads while it applies)")
     g.add_argument("--unary-qps-per-peer", type=float, default=5.0, metavar="QPS",
-                   help="GetNodeState and ListNodes calls per second one client address may "
+                   help="unary calls (GetNodeState, ListNodes, GetFleet, Report) per second "
+                   "one client address may "
                    "make on average, every process's counted together (a call whose answer "
                    "took more than 25 ms of CPU counts once more per 25 ms: a new listing of "
                    "a 10,000-service node counts 4-8); more are refused with "
