@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from svcproxy.sdk import Backend, NodeConfig
-from svcproxy.sdk.plugins import BackendPlugin, installed_backends
+from svcproxy.sdk import Backend, BackendPlugin, NodeConfig, installed_backends
 
 from .backend import EbpfBackend
 from .compose import Composed

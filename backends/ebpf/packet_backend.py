@@ -15,8 +15,7 @@ import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
-from svcproxy.sdk.rtnetlink import addresses
+from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context, rtnetlink
 
 from . import libbpf, maglev
 from .libbpf import Map
@@ -93,7 +92,7 @@ def _keys(m: Map) -> list[bytes]:
 def devices_of(ips: Iterable[str]) -> tuple[str, ...]:
     """The devices (in this network namespace) holding any of ``ips``."""
     wanted = set(ips)
-    indexes = sorted({a.index for a in addresses() if a.address in wanted})
+    indexes = sorted({a.index for a in rtnetlink.addresses() if a.address in wanted})
     return tuple(socket.if_indextoname(i) for i in indexes)
 
 
@@ -147,7 +146,7 @@ class PacketBackend(Backend):
         """Each attached device's first global address of each family: what endpoints on
         other nodes see as the source of what this node forwards to them."""
         found: dict[tuple[int, int], str] = {}
-        for a in addresses():
+        for a in rtnetlink.addresses():
             if a.scope == 0:
                 found.setdefault((a.index, a.family), a.address)
         assert self.programs is not None

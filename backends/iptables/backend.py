@@ -50,18 +50,22 @@ from svcproxy.backends.iptables.restore import (
 from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl
 from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
 from svcproxy.sdk import (
+    Changes,
     Delta,
     Drift,
     NodeConfig,
     NodeContext,
+    NodeState,
     ProxyMode,
+    Refusals,
     ServicePortKey,
     ServicePortState,
     StagedBackend,
+    TooManyRefused,
+    invalid_values,
+    isolate_versions,
     resolve_context,
 )
-from svcproxy.sdk.backend import Changes, NodeState
-from svcproxy.sdk.refusals import Refusals, TooManyRefused, invalid_values, isolate_versions
 
 log = logging.getLogger(__name__)
 

@@ -47,20 +47,22 @@ from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.backends.ipvs.render import PortPlan, RenderContext, render_port
 from svcproxy.sdk import (
     IPTABLES_MODES,
+    Changes,
     Delta,
     Drift,
     NodeConfig,
     NodeContext,
     NodeInfo,
+    NodeState,
     ProxyMode,
+    Refusals,
     ServicePortKey,
     ServicePortState,
     StagedBackend,
+    invalid_values,
     normalize_cidr,
     resolve_context,
 )
-from svcproxy.sdk.backend import Changes, NodeState
-from svcproxy.sdk.refusals import Refusals, invalid_values
 
 log = logging.getLogger(__name__)
 

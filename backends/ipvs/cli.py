@@ -10,8 +10,7 @@ import argparse
 import logging
 
 from svcproxy.backends.ipvs.options import SCHEDULERS, IpvsOptions, OptionError
-from svcproxy.sdk import NodeConfig
-from svcproxy.sdk.backend import Backend
+from svcproxy.sdk import Backend, NodeConfig
 
 HELP = "program IPVS virtual servers, ipsets and a fixed set of iptables rules"
 
@@ -96,7 +95,7 @@ def ipvs_available() -> str:
 
 
 def _iptables_fallback(args: argparse.Namespace, config: NodeConfig) -> Backend:
-    from svcproxy.sdk.plugins import installed_backends
+    from svcproxy.sdk import installed_backends
 
     iptables_cli = installed_backends()["iptables"].load()  # as any installed backend
     defaults = argparse.ArgumentParser(add_help=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk import Backend, Changes, NodeState
 
 
 class IptablesFallback(Backend):

@@ -16,7 +16,6 @@ import struct
 from dataclasses import dataclass
 
 from svcproxy.sdk import netlink
-from svcproxy.sdk.netlink import NLA_TYPE_MASK, NLM_F_ACK, NLM_F_REQUEST, attr, iter_attrs
 
 CMD_NEW_SERVICE = 1
 CMD_SET_SERVICE = 2
@@ -128,15 +127,15 @@ class DestStats:
 
 
 def _u16(kind: int, value: int) -> bytes:
-    return attr(kind, struct.pack("=H", value))
+    return netlink.attr(kind, struct.pack("=H", value))
 
 
 def _u32(kind: int, value: int) -> bytes:
-    return attr(kind, struct.pack("=I", value))
+    return netlink.attr(kind, struct.pack("=I", value))
 
 
 def _be16(kind: int, value: int) -> bytes:
-    return attr(kind, struct.pack(">H", value))
+    return netlink.attr(kind, struct.pack(">H", value))
 
 
 def _addr(address: str) -> bytes:
@@ -151,7 +150,7 @@ def service_key_attrs(service: ServiceId) -> bytes:
     return (
         _u16(SVC_AF, service.family)
         + _u16(SVC_PROTOCOL, PROTOCOLS[service.protocol])
-        + attr(SVC_ADDR, _addr(service.address))
+        + netlink.attr(SVC_ADDR, _addr(service.address))
         + _be16(SVC_PORT, service.port)
     )
 
@@ -162,8 +161,8 @@ def service_attrs(spec: ServiceSpec) -> bytes:
     netmask = 0xFFFFFFFF if spec.id.family == socket.AF_INET else 128
     return (
         service_key_attrs(spec.id)
-        + attr(SVC_SCHED_NAME, spec.scheduler.encode() + b"\0")
-        + attr(SVC_FLAGS, struct.pack("=II", flags, 0xFFFF))
+        + netlink.attr(SVC_SCHED_NAME, spec.scheduler.encode() + b"\0")
+        + netlink.attr(SVC_FLAGS, struct.pack("=II", flags, 0xFFFF))
         + _u32(SVC_TIMEOUT, spec.persistence_timeout)
         + _u32(SVC_NETMASK, netmask)
     )
@@ -189,19 +188,20 @@ def genl_body(cmd: int, attrs: bytes) -> bytes:
     return struct.pack("=BBH", cmd, GENL_VERSION, 0) + attrs
 
 
-def frame(msg_type: int, body: bytes, seq: int, flags: int = NLM_F_ACK) -> bytes:
+def frame(msg_type: int, body: bytes, seq: int, flags: int = netlink.NLM_F_ACK) -> bytes:
     """One complete netlink message: nlmsghdr, then ``body``."""
-    return netlink.message(msg_type, NLM_F_REQUEST | flags, seq, body)
+    return netlink.message(msg_type, netlink.NLM_F_REQUEST | flags, seq, body)
 
 
-def message(family_id: int, cmd: int, attrs: bytes, seq: int, flags: int = NLM_F_ACK) -> bytes:
+def message(family_id: int, cmd: int, attrs: bytes, seq: int,
+            flags: int = netlink.NLM_F_ACK) -> bytes:
     """One complete IPVS request: nlmsghdr, genlmsghdr, attributes."""
     return frame(family_id, genl_body(cmd, attrs), seq, flags)
 
 
 def nested(kind: int, payload: bytes) -> bytes:
     """A nested attribute, without NLA_F_NESTED (as pyroute2 and ipvsadm send it)."""
-    return attr(kind, payload)
+    return netlink.attr(kind, payload)
 
 
 def add_service(spec: ServiceSpec) -> tuple[int, bytes]:
@@ -226,7 +226,7 @@ def set_dest(service: ServiceId, dest: DestId, weight: int) -> tuple[int, bytes]
 
 def del_dest(service: ServiceId, dest: DestId) -> tuple[int, bytes]:
     return CMD_DEL_DEST, _service_and_dest(
-        service, attr(DEST_ADDR, _addr(dest.address)) + _be16(DEST_PORT, dest.port)
+        service, netlink.attr(DEST_ADDR, _addr(dest.address)) + _be16(DEST_PORT, dest.port)
     )
 
 
@@ -248,9 +248,9 @@ def _service_and_dest(service: ServiceId, dest: bytes) -> bytes:
 
 def _nested_attrs(payload: bytes, wanted: int) -> dict[int, bytes]:
     """The attributes inside the top-level attribute ``wanted`` of a genl payload."""
-    for kind, value in iter_attrs(payload[4:]):
+    for kind, value in netlink.iter_attrs(payload[4:]):
         if kind == wanted:
-            return dict(iter_attrs(value))
+            return dict(netlink.iter_attrs(value))
     return {}
 
 
@@ -295,7 +295,7 @@ def _spans(data: bytes, start: int, end: int) -> dict[int, int]:
         length, kind = unpack(data, start)
         if length < 4 or start + length > end:
             break
-        found[kind & NLA_TYPE_MASK] = start
+        found[kind & netlink.NLA_TYPE_MASK] = start
         start += (length + 3) & ~3
     return found
 

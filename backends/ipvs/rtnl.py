@@ -11,7 +11,7 @@ import ipaddress
 import socket
 import struct
 
-from svcproxy.sdk.netlink import attr, attrs
+from svcproxy.sdk import netlink
 
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
@@ -44,7 +44,7 @@ def address_body(address: str, ifindex: int) -> bytes:
     """ifaddrmsg + attributes for a host address (/32 or /128, no DAD) on ``ifindex``."""
     family, raw, plen = _family_and_raw(address)
     head = struct.pack("=BBBBI", family, plen, 0, 0, ifindex)
-    return head + attr(IFA_LOCAL, raw) + attr(IFA_ADDRESS, raw) + attr(
+    return head + netlink.attr(IFA_LOCAL, raw) + netlink.attr(IFA_ADDRESS, raw) + netlink.attr(
         IFA_FLAGS, struct.pack("=I", IFA_F_NODAD))
 
 
@@ -53,8 +53,9 @@ def local_route_body(address: str, ifindex: int) -> bytes:
     family, raw, plen = _family_and_raw(address)
     head = struct.pack("=BBBBBBBBI", family, plen, 0, 0, RT_TABLE_LOCAL, RTPROT_KERNEL,
                        RT_SCOPE_HOST, RTN_LOCAL, 0)
-    return head + attr(RTA_DST, raw) + attr(RTA_OIF, struct.pack("=I", ifindex)) + attr(
-        RTA_TABLE, struct.pack("=I", RT_TABLE_LOCAL))
+    return (head + netlink.attr(RTA_DST, raw)
+            + netlink.attr(RTA_OIF, struct.pack("=I", ifindex))
+            + netlink.attr(RTA_TABLE, struct.pack("=I", RT_TABLE_LOCAL)))
 
 
 RTM_GETADDR = 22
@@ -78,7 +79,7 @@ def _text(family: int, raw: bytes) -> str:
 def parse_address(payload: bytes) -> tuple[int, str] | None:
     """(ifindex, address) of an RTM_NEWADDR message."""
     family, _plen, _flags, _scope, index = struct.unpack_from("=BBBBI", payload)
-    found = attrs(payload, 8)
+    found = netlink.attrs(payload, 8)
     raw = found.get(IFA_LOCAL) or found.get(IFA_ADDRESS)
     if raw is None or family not in (socket.AF_INET, socket.AF_INET6):
         return None
@@ -91,7 +92,7 @@ def parse_local_route(payload: bytes) -> tuple[int, str] | None:
     """(output ifindex, destination) of a ``local`` route in the local table, else None."""
     family, dst_len, _s, _t, table, _p, _scope, kind, _f = struct.unpack_from(
         "=BBBBBBBBI", payload)
-    found = attrs(payload, 12)
+    found = netlink.attrs(payload, 12)
     if RTA_TABLE in found:
         table = struct.unpack("=I", found[RTA_TABLE][:4])[0]
     if kind != RTN_LOCAL or table != RT_TABLE_LOCAL or RTA_DST not in found:

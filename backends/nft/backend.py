@@ -30,14 +30,12 @@ from svcproxy.sdk import (
     Drift,
     NodeConfig,
     NodeState,
+    Refusals,
     ServicePortKey,
     ServicePortState,
     StagedBackend,
-)
-from svcproxy.sdk.refusals import (
-    Refusals,
     TooManyRefused,
-    describe,
+    describe_service_port,
     invalid_values,
     isolate,
     isolate_versions,
@@ -386,7 +384,7 @@ class NftBackend(StagedBackend[PerFamily]):
             self._apply(text_of(accepted), time.perf_counter(), "repair", len(accepted))
             for key, error in refused:
                 log.warning("Cannot write service port %s again (%s): tried at the next "
-                            "check", describe(key), error)
+                            "check", describe_service_port(key), error)
         for i, f in enumerate(self.families):
             self._written(f, [r for v in items.values() if (r := v[i]) is not None])
 
@@ -521,7 +519,8 @@ class NftBackend(StagedBackend[PerFamily]):
                            "place (the rest of the change is applied) and deleted once that "
                            "rule is gone")
         for key, error in errors.items():
-            log.warning("Backend %s: service port %s: %s", self.name, describe(key), error)
+            log.warning("Backend %s: service port %s: %s", self.name,
+                        describe_service_port(key), error)
             self.refusals.refuse(key, state.services.get(key) if state else None, error)
 
     def _leftover_owners(self) -> set[ServicePortKey]:
@@ -559,7 +558,7 @@ class NftBackend(StagedBackend[PerFamily]):
                 self.refusals.refuse(key, record, error)
             else:
                 log.info("Backend %s: service port %s: what the foreign rule kept is now "
-                         "deleted", self.name, describe(key))
+                         "deleted", self.name, describe_service_port(key))
                 self.refusals.clear(key)
         self._leftovers = {f: left for f, left in self._leftovers.items() if left}
 

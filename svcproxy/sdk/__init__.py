@@ -25,7 +25,13 @@ What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md
   ``WatchRefused`` (the frontend refused the request itself: fix it, do not retry);
 * running: ``run.run`` (the smallest loop), ``run_agent`` and ``add_agent_arguments`` (the
   node agent: rate limiting, retries, /healthz, /metrics, health-check node ports),
-  ``BackendPlugin`` and ``ENTRY_POINT_GROUP`` (how ``svcproxy backend NAME`` finds it);
+  ``BackendPlugin``, ``ENTRY_POINT_GROUP`` and ``installed_backends`` (how ``svcproxy
+  backend NAME`` finds it);
+* refusals: ``Refusals`` (service ports the dataplane refused, retried with backoff),
+  ``invalid_values`` (values no rule may hold), ``isolate`` / ``isolate_versions`` /
+  ``TooManyRefused`` (find what a batch's failure refuses), ``describe_service_port``;
+* kernel helpers: ``netlink`` (messages and attributes as bytes) and ``rtnetlink``
+  (addresses, default routes, interface indexes), as modules;
 * ``svcproxy.sdk.testing``: a real frontend in-process, fed Kubernetes objects.
 
 ``API_VERSION`` is (major, minor): a name of ``__all__`` is removed or changes meaning
@@ -57,7 +63,11 @@ from svcproxy.model import (
     normalize_ip,
     of_family,
 )
-from svcproxy.sdk import run  # the module: run.run(backend, client)
+from svcproxy.sdk import (
+    netlink,  # the module: netlink messages and attributes as bytes
+    rtnetlink,  # the module: this namespace's addresses and default routes
+    run,  # the module: run.run(backend, client)
+)
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient, WatchRefused, tls_credentials
 from svcproxy.sdk.context import (
@@ -69,13 +79,21 @@ from svcproxy.sdk.context import (
     interface_addresses,
     resolve_context,
 )
-from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, BackendPlugin
+from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, BackendPlugin, installed_backends
+from svcproxy.sdk.refusals import (
+    Refusals,
+    TooManyRefused,
+    invalid_values,
+    isolate,
+    isolate_versions,
+)
+from svcproxy.sdk.refusals import describe as describe_service_port
 from svcproxy.sdk.stages import Applied, Delta, Drift, StagedBackend
 
 if TYPE_CHECKING:
     from svcproxy.agent.cli import add_agent_arguments, cidr_list, config_from_args, run_agent
 
-API_VERSION = (1, 3)
+API_VERSION = (1, 4)
 
 # The node agent imports this package's modules, so its names load on first use.
 _AGENT_NAMES = {
@@ -107,19 +125,27 @@ __all__ = [
     "NodeStateClient",
     "Protocol",
     "ProxyMode",
+    "Refusals",
     "ServicePort",
     "ServicePortKey",
     "ServicePortState",
     "ServiceType",
     "SessionAffinity",
     "StagedBackend",
+    "TooManyRefused",
     "TrafficPolicy",
     "WatchRefused",
     "add_agent_arguments",
     "cidr_list",
     "config_from_args",
+    "describe_service_port",
+    "installed_backends",
     "interface_addresses",
+    "invalid_values",
     "ip_family",
+    "isolate",
+    "isolate_versions",
+    "netlink",
     "node_port_ips",
     "node_to_pb",
     "normalize_cidr",
@@ -129,6 +155,7 @@ __all__ = [
     "primary_node_ips",
     "resolve_context",
     "run",
+    "rtnetlink",
     "run_agent",
     "state_to_pb",
     "tls_credentials",
