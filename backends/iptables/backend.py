@@ -84,7 +84,7 @@ class IptablesOptions:
 
 
 @dataclass(slots=True)
-class SyncReport:
+class RestoreReport:
     """What the last sync of one family did (for logs, tests and benchmarks)."""
 
     family: int
@@ -117,7 +117,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         self.options = options or IptablesOptions()
         self.clock = clock
         self.mode = ""
-        self.reports: list[SyncReport] = []
+        self.reports: list[RestoreReport] = []
         self.last_sync_full: bool | None = None
         self.metrics = IptablesMetrics()
         self.refusals = Refusals(self.name)
@@ -130,7 +130,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._configs: tuple[FamilyConfig, ...] = ()
         self._why = ""
         self._rendered = 0
-        self._reports: dict[int, SyncReport] = {}
+        self._reports: dict[int, RestoreReport] = {}
         # The last full restore tried (values, family index, text): what the line numbers
         # of its error refer to.
         self._last_try: tuple[Values, int, str] | None = None
@@ -330,7 +330,7 @@ class IptablesBackend(StagedBackend[Rendered]):
             if text:
                 fam.tool.restore(text)
             written = {NAT: sum(t.count("\n") for t in chains.values())}
-            self._reports[fam.family] = SyncReport(
+            self._reports[fam.family] = RestoreReport(
                 fam.family, False, len(chains), 0, self._rendered, len(text),
                 self.clock() - start, written)
         self._why = self._why or "changed behind our back"
@@ -417,7 +417,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         fam.planner.commit(plan)
         written = sum(len(t.write) for t in plan.tables.values())
         deleted = sum(len(t.delete) for t in plan.tables.values())
-        self._reports[fam.family] = SyncReport(
+        self._reports[fam.family] = RestoreReport(
             fam.family, plan.full, written, deleted, self._rendered, len(text),
             self.clock() - start, plan.written())
 
@@ -426,7 +426,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         for family, fam in self._families.items():
             report = self._reports.get(family)
             if report is None:
-                report = SyncReport(family, False, 0, 0, self._rendered, 0, 0.0, {})
+                report = RestoreReport(family, False, 0, 0, self._rendered, 0, 0.0, {})
             self.reports.append(report)
             log.log(logging.INFO if report.full else logging.DEBUG,
                     "IPv%d %s sync (%s): wrote %d chains, deleted %d, rendered %d service "

@@ -43,9 +43,16 @@ from svcproxy.sdk import (
 
 from .affinity import learnt_clients, restore_lines
 from .apply import NftError, NftRunner, Runner
-from .claims import Delta as TableDelta
-from .claims import FamilyTable, build_table, commit, element_lines, full_text, plan_delta
-from .context import NODE_PORT_DEFAULT, FamilyContext, from_node_context, node_context
+from .claims import (
+    FamilyTable,
+    TableDelta,
+    build_table,
+    commit,
+    element_lines,
+    full_text,
+    plan_delta,
+)
+from .context import NODE_PORT_DEFAULT, TableContext, from_node_context, node_context
 from .culprits import foreign_jumps, named_in_error
 from .drift import Learnt, compare
 from .elements import encode, layouts
@@ -64,7 +71,7 @@ _REFERENCES = re.compile(r"(?:goto|jump) (\S+)|@(\S+)")
 
 
 @dataclass(frozen=True, slots=True)
-class SyncReport:
+class TransactionReport:
     """What the last transaction did (for logs and benchmarks)."""
 
     mode: str  # "replace" (a rebuild) or "delta"
@@ -119,14 +126,14 @@ class NftBackend(StagedBackend[PerFamily]):
         self.table = table
         # The claims of the applied rules per family; None: the tables are unknown.
         self._tables: dict[int, FamilyTable] | None = None
-        self._contexts: dict[int, FamilyContext] = {}
-        self._context_cache: tuple[object, dict[int, FamilyContext]] | None = None
+        self._contexts: dict[int, TableContext] = {}
+        self._context_cache: tuple[object, dict[int, TableContext]] | None = None
         self._state: NodeState | None = None
         # During a rebuild: per family, the clients affinity sets had learnt (kept).
         self._clients: dict[int, dict[str, str]] = {}
         self._retried: set[ServicePortKey] = set()
         self.refusals = Refusals(self.name)
-        self.last: SyncReport | None = None
+        self.last: TransactionReport | None = None
         # The drift check's: per family what it learnt and read; the service ports found.
         self._learnt: dict[int, Learnt] = {}
         self._views: dict[int, TableView] = {}
@@ -135,7 +142,7 @@ class NftBackend(StagedBackend[PerFamily]):
         # them) -> (kind, the service port that left them, the culprit).
         self._leftovers: dict[int, dict[str, tuple[str, ServicePortKey, str]]] = {}
 
-    def _family_contexts(self, state: NodeState) -> dict[int, FamilyContext]:
+    def _family_contexts(self, state: NodeState) -> dict[int, TableContext]:
         """Each family's rendering context; resolved again only for another node context
         (or, without the agent's, another Node)."""
         source = state.context if state.context is not None else state.node
@@ -583,7 +590,7 @@ class NftBackend(StagedBackend[PerFamily]):
                         "applied; looking for the service ports refused", mode, len(text))
             raise
         done = time.perf_counter()
-        self.last = SyncReport(mode, services, len(text), rendered - start, done - rendered)
+        self.last = TransactionReport(mode, services, len(text), rendered - start, done - rendered)
         log.debug(
             "nft %s sync of %d service ports: %d bytes, diff %.1f ms, apply %.1f ms",
             mode, services, len(text), 1e3 * (rendered - start), 1e3 * (done - rendered),
@@ -672,5 +679,5 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _with_table(ctx: FamilyContext, table: str) -> FamilyContext:
+def _with_table(ctx: TableContext, table: str) -> TableContext:
     return ctx if ctx.table == table else replace(ctx, table=table)

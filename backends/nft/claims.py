@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from svcproxy.sdk import ServicePortKey
 
-from .context import FamilyContext
+from .context import TableContext
 from .elements import Encoded, update
 from .names import lb_chain, lb_map
 from .service_rules import ServiceRules
@@ -28,16 +28,16 @@ ElementId = tuple[str, str]  # (container, key)
 # nft splits a long element list over several netlink messages, and then points an
 # error at the wrong element of the line: lines this short keep its location exact.
 ELEMENTS_PER_LINE = 500
-Applied = tuple[str, ServicePortKey]  # (value, owner)
+Claimed = tuple[str, ServicePortKey]  # (value, owner)
 
 
 @dataclass(slots=True)
 class FamilyTable:
     """The claims of one family's table (derived from the applied rules)."""
 
-    ctx: FamilyContext
+    ctx: TableContext
     claims: dict[ElementId, int] = field(default_factory=dict)
-    applied: dict[ElementId, Applied] = field(default_factory=dict)
+    applied: dict[ElementId, Claimed] = field(default_factory=dict)
     lb_users: dict[int, int] = field(default_factory=dict)  # lb-N size -> service ports
     # The applied elements as the kernel holds them (made by the first drift check,
     # then kept up to date by ``commit``).
@@ -49,14 +49,14 @@ class FamilyTable:
 
 
 @dataclass(slots=True)
-class Delta:
+class TableDelta:
     """A planned change of one FamilyTable: its nft text, the service ports' rules it
     writes (None: removed) and the claims after it."""
 
     text: str
     services: dict[ServicePortKey, ServiceRules | None]
     claims: dict[ElementId, int]
-    applied: dict[ElementId, Applied | None]
+    applied: dict[ElementId, Claimed | None]
     lb_users: dict[int, int]
 
     @property
@@ -69,7 +69,7 @@ def _claims_of(rules: ServiceRules | None) -> dict[ElementId, str]:
 
 
 def _element_lines(
-    ctx: FamilyContext, verb: str, elements: Iterable[tuple[ElementId, str]]
+    ctx: TableContext, verb: str, elements: Iterable[tuple[ElementId, str]]
 ) -> list[str]:
     """``add``/``delete element`` commands, one per container."""
     by_container: dict[str, list[str]] = {}
@@ -85,12 +85,12 @@ def _element_lines(
             for i in range(0, len(items), ELEMENTS_PER_LINE)]
 
 
-def _table_block(ctx: FamilyContext, parts: Iterable[str]) -> str:
+def _table_block(ctx: TableContext, parts: Iterable[str]) -> str:
     body = "\n".join(parts)
     return f"table {ctx.ipx} {ctx.table} {{\n{body}\n}}" if body else ""
 
 
-def build_table(ctx: FamilyContext, services: Mapping[ServicePortKey, ServiceRules]) -> FamilyTable:
+def build_table(ctx: TableContext, services: Mapping[ServicePortKey, ServiceRules]) -> FamilyTable:
     """The claims of ``services`` written whole (the first claimant in their order owns
     a shared element)."""
     table = FamilyTable(ctx)
@@ -129,7 +129,7 @@ def full_text(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules
     return "\n".join(lines) + "\n"
 
 
-def element_lines(ctx: FamilyContext, verb: str,
+def element_lines(ctx: TableContext, verb: str,
                   elements: Iterable[tuple[ElementId, str]]) -> list[str]:
     """``add``/``delete element`` commands, one per container (at most 500 a line)."""
     return _element_lines(ctx, verb, elements)
@@ -141,7 +141,7 @@ def plan_delta(
     updates: Mapping[ServicePortKey, ServiceRules | None],
     keep: Collection[str] = (),
     existing: Collection[str] = (),
-) -> Delta:
+) -> TableDelta:
     """The text and resulting claims for replacing some service ports' rules; ``old`` is
     what every service port applied (``table``'s claims add it up).
 
@@ -193,7 +193,7 @@ def plan_delta(
         count_change.setdefault(eid, 0)
 
     claims: dict[ElementId, int] = {}
-    applied: dict[ElementId, Applied | None] = {}
+    applied: dict[ElementId, Claimed | None] = {}
     removed_el: dict[ElementId, str] = {}
     added_el: dict[ElementId, str] = {}
     for eid, delta in count_change.items():
@@ -229,7 +229,7 @@ def plan_delta(
     lines += [f"delete map {ref} {lb_map(n)}" for n in stale_sizes]
     lines = [line for line in lines if line]
     text = "\n".join(lines) + "\n" if lines else ""
-    return Delta(text, changed, claims, applied, users)
+    return TableDelta(text, changed, claims, applied, users)
 
 
 def old_claims_touched(
@@ -248,8 +248,8 @@ def _winner(
     changed: Mapping[ServicePortKey, ServiceRules | None],
     wanted: Mapping[ServicePortKey, str],
     eid: ElementId,
-    have: Applied | None,
-) -> Applied:
+    have: Claimed | None,
+) -> Claimed:
     """Whose value the element carries: the current owner's while it claims it."""
     if have is not None:
         owner = have[1]
@@ -268,7 +268,7 @@ def _winner(
     raise AssertionError(f"element {eid} is claimed but has no claimant")
 
 
-def commit(table: FamilyTable, delta: Delta) -> None:
+def commit(table: FamilyTable, delta: TableDelta) -> None:
     """Record a delta's claims as applied (its rules are the caller's to record)."""
     for eid, count in delta.claims.items():
         if count:

@@ -27,7 +27,7 @@ NODE_PORT_DEFAULT: NodePortDefault = "primary"
 
 
 @dataclass(frozen=True, slots=True)
-class FamilyContext:
+class TableContext:
     """Everything node-level that one family's rules are rendered from."""
 
     family: int
@@ -80,18 +80,18 @@ def node_context(config: NodeConfig, state: NodeState,
     return resolve_context(config, state.node, node_port_default=node_port_default)
 
 
-def family_context(config: NodeConfig, node: NodeInfo | None, family: int) -> FamilyContext:
+def family_context(config: NodeConfig, node: NodeInfo | None, family: int) -> TableContext:
     """One family's rendering context resolved from the flags alone (tests, benchmarks)."""
     return from_node_context(
         resolve_context(config, node, node_port_default=NODE_PORT_DEFAULT), family)
 
 
-def from_node_context(node: NodeContext, family: int) -> FamilyContext:
+def from_node_context(node: NodeContext, family: int) -> TableContext:
     """One family's rendering context from the node context (NodePorts never on loopback:
     kube-proxy's nftables mode does not serve them there)."""
     fam = node.family(family)
     local, nonlocal_ = local_matches(fam.local_traffic, family)
-    return FamilyContext(
+    return TableContext(
         family=family,
         local_match=local,
         nonlocal_match=nonlocal_,

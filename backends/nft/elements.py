@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cache
 
-from .context import FamilyContext
+from .context import TableContext
 from .kernel_view import ADDR, PORT, PROTO, U32, Encoder, Layout, encoder
 from .names import lb_map
 from .skeleton import SETS
@@ -32,7 +32,7 @@ LAYOUTS: dict[str, tuple[Layout, Layout]] = {
 }
 
 
-def layouts(ctx: FamilyContext, lb_sizes: set[int]) -> dict[str, tuple[Layout, Layout]]:
+def layouts(ctx: TableContext, lb_sizes: set[int]) -> dict[str, tuple[Layout, Layout]]:
     """The sets and maps whose elements are compared, with their key and value layouts."""
     found = dict(LAYOUTS)
     if ctx.nodeport_ips is not None:

@@ -1,6 +1,6 @@
 """Render one service port into the chains, affinity sets and map elements of one family.
 
-Pure: (ServicePortState, FamilyContext) -> ServiceRules. The structure follows
+Pure: (ServicePortState, TableContext) -> ServiceRules. The structure follows
 kube-proxy's nftables mode: the ``service-ips`` / ``service-nodeports`` verdict
 maps dispatch on address . protocol . port; services without usable endpoints
 go to the ``no-endpoint-*`` maps (reject, or drop when only local endpoints
@@ -34,7 +34,7 @@ from svcproxy.sdk import (
 )
 
 from . import names
-from .context import FamilyContext, anonymous_set
+from .context import TableContext, anonymous_set
 
 REJECT = "goto reject-chain"
 DROP = "drop"
@@ -62,7 +62,7 @@ class ServiceRules:
 class _Builder:
     """Accumulates one service port's objects while rendering."""
 
-    ctx: FamilyContext
+    ctx: TableContext
     svc: ServicePort
     proto: str
     chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -150,7 +150,7 @@ def dnat_target(ep: Endpoint) -> str:
     return f"[{ep.ip}]:{ep.port}" if ":" in ep.ip else f"{ep.ip}:{ep.port}"
 
 
-def _masquerade_rule(ctx: FamilyContext, svc: ServicePort, cip: str, proto: str) -> str | None:
+def _masquerade_rule(ctx: TableContext, svc: ServicePort, cip: str, proto: str) -> str | None:
     """Mark off-cluster (or all, with --masquerade-all) traffic to the ClusterIP."""
     match = f"{ctx.ipx} daddr {cip} {proto} dport {svc.port}"
     if ctx.masquerade_all:
@@ -160,14 +160,14 @@ def _masquerade_rule(ctx: FamilyContext, svc: ServicePort, cip: str, proto: str)
     return None
 
 
-def _firewall_sources(ctx: FamilyContext, ranges: list[str], vips: list[str]) -> list[str]:
+def _firewall_sources(ctx: TableContext, ranges: list[str], vips: list[str]) -> list[str]:
     """Allowed sources; LB IPs too when a range holds the node (VIP looped back locally)."""
     nets = [ipaddress.ip_network(r, strict=False) for r in ranges]
     from_node = any(ipaddress.ip_address(ip) in n for ip in ctx.node_ips for n in nets)
     return ranges + (vips if from_node else [])
 
 
-def render_service(state: ServicePortState, ctx: FamilyContext) -> ServiceRules | None:
+def render_service(state: ServicePortState, ctx: TableContext) -> ServiceRules | None:
     """The rules of one service port in one family; None if it has no ClusterIP there."""
     svc = state.service
     cips = of_family(svc.cluster_ips, ctx.family)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .context import FamilyContext, anonymous_set
+from .context import TableContext, anonymous_set
 from .names import lb_chain, lb_map
 
 # Sets and verdict maps that service ports add elements to.
@@ -29,7 +29,7 @@ BASE_CHAINS = (
 )
 
 
-def _containers(ctx: FamilyContext) -> dict[str, str]:
+def _containers(ctx: TableContext) -> dict[str, str]:
     """Declarations of the sets and maps, by name."""
     addr = ctx.addr_type
     svc_key = f"{addr} . inet_proto . inet_service : verdict"
@@ -51,7 +51,7 @@ def _containers(ctx: FamilyContext) -> dict[str, str]:
     }
 
 
-def _helper_chains(ctx: FamilyContext) -> dict[str, tuple[str, ...]]:
+def _helper_chains(ctx: TableContext) -> dict[str, tuple[str, ...]]:
     """Regular chains the base chains jump to, in dependency order."""
     ipx, mark = ctx.ipx, f"0x{ctx.mark:x}"
     dispatch = f"{ipx} daddr . meta l4proto . th dport vmap"
@@ -100,7 +100,7 @@ _JUMPS = {
 }
 
 
-def render_skeleton(ctx: FamilyContext) -> str:
+def render_skeleton(ctx: TableContext) -> str:
     """The body (inside ``table ... { }``) of the fixed objects."""
     lines = ['\tcomment "svcproxy nft backend: generated, do not edit";']
     for name, decl in _containers(ctx).items():
@@ -114,7 +114,7 @@ def render_skeleton(ctx: FamilyContext) -> str:
     return "\n".join(lines)
 
 
-def skeleton_chains(ctx: FamilyContext) -> dict[str, tuple[str, ...]]:
+def skeleton_chains(ctx: TableContext) -> dict[str, tuple[str, ...]]:
     """Every fixed chain and its rules (a base chain's: its jumps, not its head)."""
     chains = dict(_helper_chains(ctx))
     chains.update((name, _JUMPS[name]) for name, *_ in BASE_CHAINS)
@@ -127,7 +127,7 @@ def chain_block(name: str, rules: tuple[str, ...] | list[str]) -> str:
     return f"\tchain {name} {{\n{body}\t}}"
 
 
-def lb_declarations(ctx: FamilyContext, size: int) -> list[str]:
+def lb_declarations(ctx: TableContext, size: int) -> list[str]:
     """The ``endpoints-N`` map and the ``lb-N`` chain DNATing through it (block lines)."""
     return [
         f"\tmap {lb_map(size)} {{ typeof {_lb_key(ctx, size)} : {ctx.ipx} daddr . th dport; }}",
@@ -135,7 +135,7 @@ def lb_declarations(ctx: FamilyContext, size: int) -> list[str]:
     ]
 
 
-def lb_rules(ctx: FamilyContext, size: int) -> tuple[str, ...]:
+def lb_rules(ctx: TableContext, size: int) -> tuple[str, ...]:
     """The rules of ``lb-N``."""
     masq: tuple[str, ...] = ()
     if ctx.masquerade_all:
@@ -147,5 +147,5 @@ def lb_rules(ctx: FamilyContext, size: int) -> tuple[str, ...]:
             f"@{lb_map(size)}")
 
 
-def _lb_key(ctx: FamilyContext, size: int) -> str:
+def _lb_key(ctx: TableContext, size: int) -> str:
     return f"{ctx.ipx} daddr . meta l4proto . th dport . numgen random mod {size}"
