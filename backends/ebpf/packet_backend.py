@@ -10,6 +10,7 @@ lookup table written with its slots, before the switch, and deleted with them.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -128,9 +129,7 @@ class PacketBackend(Backend):
             if not found:
                 raise RuntimeError("no device holds the node's IPs here; name them with "
                                    "--ebpf-devices")
-            layout = PacketLayout(layout.pin_dir, found, layout.object_path,
-                                  layout.maglev_size, layout.max_services,
-                                  layout.max_endpoints, layout.max_flows)
+            layout = dataclasses.replace(layout, devices=found)
             self.layout = layout
         programs = PacketPrograms(layout).load()
         self.programs = programs

@@ -56,6 +56,14 @@ def add_packet_arguments(parser: argparse._ArgumentGroup) -> None:
         "--ebpf-max-flows", type=_positive, default=262144, metavar="N",
         help="capacity of the connection tracking map (LRU: the least recently used flow "
         "goes first); each flow to another node takes two entries (default %(default)s)")
+    parser.add_argument(
+        "--ebpf-dsr", action="store_true",
+        help="with --ebpf-packet-path bpf: direct server return, as Cilium's: a NodePort, "
+        "externalIP or load-balancer flow (externalTrafficPolicy Cluster) to an endpoint on "
+        "another node is sent to that node in Geneve (UDP 6081) without SNAT; that node "
+        "delivers it with the client's address and the reply goes straight to the client "
+        "from the service's address. Every node needs it (it takes the Geneve header off), "
+        "and the route to the endpoints must carry 80 more bytes than the clients send")
 
 
 def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBackend:
@@ -64,7 +72,7 @@ def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBacken
                           object_path=OBJECT, maglev_size=args.ebpf_maglev_table_size,
                           max_services=args.ebpf_max_services,
                           max_endpoints=args.ebpf_max_endpoints,
-                          max_flows=args.ebpf_max_flows)
+                          max_flows=args.ebpf_max_flows, dsr=args.ebpf_dsr)
     backend = PacketBackend(config, layout, args.ebpf_lb_algorithm)
     if not args.cleanup and (args.ebpf_devices or config.node_ips):
         try:

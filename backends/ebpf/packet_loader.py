@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import libbpf
+from . import libbpf, rodata
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
 from .packet_layout import (
@@ -49,6 +49,7 @@ class PacketLayout:
     max_services: int = 65536
     max_endpoints: int = 262144
     max_flows: int = 262144
+    dsr: bool = False  # --ebpf-dsr: remote endpoints' flows sent in Geneve (bpf/dsr.h)
 
     @property
     def dir(self) -> Path:
@@ -137,11 +138,8 @@ class PacketPrograms:
 
     def _prepare(self, obj: int) -> None:
         lib = _lib()
-        rodata = libbpf.check_ptr(lib.bpf_object__find_map_by_name(obj, b".rodata"), ".rodata")
-        size = ctypes.c_size_t(0)
-        data = libbpf.check_ptr(lib.bpf_map__initial_value(rodata, ctypes.byref(size)),
-                                ".rodata value")
-        ctypes.memmove(data, self.layout.maglev_size.to_bytes(4, "little"), 4)
+        rodata.set_constants(obj, {"maglev_size": self.layout.maglev_size,
+                                   "dsr_enabled": int(self.layout.dsr)})
         sizes = {MAP_SERVICES: self.layout.max_services, MAP_MAGLEV: self.layout.max_services,
                  MAP_ENDPOINTS: self.layout.max_endpoints, MAP_CT: self.layout.max_flows}
         for name in MAPS:

@@ -789,6 +789,8 @@ static __noinline int reject(struct __sk_buff *skb, const struct pkt *p)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+#include "dsr.h"
+
 /* A new flow to a service: pick, remember both directions. 0, or the verdict. */
 static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct svc_val *sv,
 			       struct ct_key *fk, struct ct_val *fv)
@@ -848,6 +850,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		rv.last_ns = now;
 		ct_tuple(&rk, ep.addr, p->saddr, ep.port, p->sport, p, CT_REPLY);
 		bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
+	} else if ((sv->flags & F_MASQ) && dsr_applies(skb, p, &ep, dev, oif)) {
+		fv->flags = CT_DSR; /* in Geneve to the endpoint's node, not SNATed (dsr.h) */
 	} else {
 		__u32 snat[4];
 		__u16 port;
@@ -889,7 +893,10 @@ int spp_ingress(struct __sk_buff *skb)
 	struct ct_val *found, fv = {};
 	struct svc_key sk = {};
 	struct svc_val *svp, sv;
+	int verdict = dsr_decap(skb);
 
+	if (verdict >= 0)
+		return verdict; /* a flow of another node's, in Geneve (--ebpf-dsr) */
 	if (parse(skb, &p))
 		return TC_ACT_OK;
 	/* A reply of a flow SNATed to this node: back to the client, from the service. */
@@ -945,7 +952,11 @@ int spp_ingress(struct __sk_buff *skb)
 		if (verdict)
 			return verdict;
 	}
+	if (fv.flags & CT_DSR)
+		dsr_remember(&p);
 	rewrite(skb, &p, &fv);
+	if (fv.flags & CT_DSR)
+		return dsr_forward(skb, &p);
 	if (fv.flags & CT_SNAT)
 		return fib_redirect(skb, &p);
 	return TC_ACT_OK;

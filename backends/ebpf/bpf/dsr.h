@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Direct server return (--ebpf-dsr), included by svcproxy_tc.bpf.c after its helpers.
+ *
+ * The ingress node sends a new external flow to an endpoint on another node
+ * encapsulated in Geneve (outer IP + UDP port 6081 + Geneve header + one option that
+ * carries the service's address and port), DNATed but not SNATed. The endpoint's node
+ * takes the Geneve header off on its ingress, remembers the service in a reply entry of
+ * spp_ct (the shape of a local endpoint's, so spp_egress rewrites the reply's source
+ * to the service) and hands the client's packet to the stack: the pod sees the
+ * client's address and its reply goes straight to the client.
+ *
+ * Why Geneve and not IPIP: the reply's source must be the service's address AND port
+ * (a NodePort is a port of the ingress node), and an IPIP header has room for neither;
+ * a Geneve option carries both, so the endpoint's node needs no state from the ingress
+ * node (Cilium's Geneve DSR dispatch does the same). Encapsulation and decapsulation
+ * are done in BPF (bpf_skb_adjust_room), so no tunnel device is made.
+ */
+#ifndef SVCPROXY_DSR_H
+#define SVCPROXY_DSR_H
+
+#include <linux/udp.h>
+
+#define CT_DSR 2 /* forward entry: the flow is sent to its endpoint's node in Geneve */
+#define DSR_PORT 6081 /* Geneve's IANA port */
+#define DSR_CLASS 0xfff0 /* Geneve option class for experimental use (RFC 8926 section 8) */
+#define DSR_TYPE 0x81 /* critical (high bit): a receiver that does not know it drops */
+#define GENEVE_VER_OPTLEN (1 + 5) /* version 0; options: 6 words (the option's 24 bytes) */
+
+/* Set by the loader (--ebpf-dsr): the verifier sees a constant. */
+volatile const __u32 dsr_enabled = 0;
+
+struct dsr_geneve {
+	__u8 optlen;   /* version (2 high bits, 0) and options length in 4-byte words */
+	__u8 flags;    /* O and C bits: 0 */
+	__u16 proto;   /* the inner packet's EtherType */
+	__u32 vni;     /* VNI (24 bits, 0) and reserved */
+	__u16 cls;     /* DSR_CLASS */
+	__u8 type;     /* DSR_TYPE */
+	__u8 len;      /* the option's data in 4-byte words: 5 */
+	__u32 addr[4]; /* the service's address (IPv4 in the first word) */
+	__u16 port;    /* the service's port, network byte order */
+	__u16 pad;
+};
+
+struct dsr_outer4 {
+	struct iphdr ip;
+	struct udphdr udp;
+	struct dsr_geneve g;
+};
+
+struct dsr_outer6 {
+	struct ipv6hdr ip;
+	struct udphdr udp;
+	struct dsr_geneve g;
+};
+
+/* Room for the outer headers and the route (kept off the 512-byte stack). */
+struct dsr_scratch {
+	struct bpf_fib_lookup fib;
+	struct dsr_outer4 o4;
+	struct dsr_outer6 o6;
+	struct dsr_geneve g; /* decapsulation: what came, the flow inside, its reply entry */
+	struct pkt in;
+	struct ct_key rk;
+	struct ct_val rv;
+	struct udphdr udp;
+	__u16 ports[2];
+	struct bpf_redir_neigh nh; /* forwarding: the route, the service the client addressed */
+	__u32 svc[4];
+	__u16 svc_port;
+	__u16 sport;
+	__u32 oif;
+	__u32 inner;
+	long rc;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct dsr_scratch);
+} spp_dsr_scratch SEC(".maps");
+
+/* Is a new flow of a service with F_MASQ to ``ep`` sent in Geneve? Only with --ebpf-dsr,
+ * to an endpoint on another node behind a device carrying the programs (``dev``, the
+ * route's ``oif``): the route's next hop is the endpoint's node, or the endpoint itself
+ * when it is a node's address (host network), which takes the Geneve header off. And
+ * only when the client is reached by the same device: a client behind this node (its
+ * own pods) would get a reply from this node's address over another path, so it is
+ * SNATed as without DSR. */
+static __always_inline int dsr_applies(struct __sk_buff *skb, const struct pkt *p,
+				       const struct ep_val *ep, const struct dev_val *dev,
+				       __u32 oif)
+{
+	return dsr_enabled && !(ep->flags & EP_LOCAL) && dev && route_oif(skb, p, p->saddr) == oif;
+}
+
+/* The folded one's complement checksum of an IPv4 header. */
+static __always_inline __u16 ip4_check(struct iphdr *ip)
+{
+	ip->check = 0;
+	return fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+}
+
+/* Before a DSR flow's packet is DNATed: remember the service the client addressed. */
+static __always_inline void dsr_remember(const struct pkt *p)
+{
+	__u32 zero = 0;
+	struct dsr_scratch *x = bpf_map_lookup_elem(&spp_dsr_scratch, &zero);
+
+	if (x) {
+		copy_addr(x->svc, p->daddr);
+		x->svc_port = p->dport;
+	}
+}
+
+/* The (DNATed) packet of a flow in DSR: wrapped in Geneve to the node the route to its
+ * endpoint leads to, from this node's address on that device, and sent there; the
+ * option carries the service dsr_remember kept. (Everything lives in the scratch map:
+ * the caller's frame leaves this one no room.) */
+static __noinline int dsr_forward(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 zero = 0;
+	struct dsr_scratch *x = bpf_map_lookup_elem(&spp_dsr_scratch, &zero);
+	struct dev_val *dev;
+
+	if (!x)
+		return TC_ACT_SHOT;
+	__builtin_memset(&x->fib, 0, sizeof(x->fib));
+	fib_params(&x->fib, skb, p, p->daddr);
+	x->rc = bpf_fib_lookup(skb, &x->fib, sizeof(x->fib), 0);
+	if (x->rc != BPF_FIB_LKUP_RET_SUCCESS && x->rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_SHOT;
+	x->oif = x->fib.ifindex;
+	dev = bpf_map_lookup_elem(&spp_devices, &x->oif);
+	if (!dev)
+		return TC_ACT_SHOT;
+	x->inner = skb->len - ETH_HLEN;
+	x->sport = bpf_htons(49152 | (flow_hash(p) & 0x3fff)); /* entropy for ECMP */
+	if (p->family == 4) {
+		struct dsr_outer4 *o = &x->o4;
+
+		__builtin_memset(o, 0, sizeof(*o));
+		o->ip.version = 4;
+		o->ip.ihl = 5;
+		o->ip.ttl = 64;
+		o->ip.protocol = IPPROTO_UDP;
+		o->ip.tot_len = bpf_htons(sizeof(*o) + x->inner);
+		o->ip.saddr = dev->addr4;
+		o->ip.daddr = x->fib.ipv4_dst;
+		o->ip.check = ip4_check(&o->ip);
+		o->udp.source = x->sport;
+		o->udp.dest = bpf_htons(DSR_PORT);
+		o->udp.len = bpf_htons(sizeof(*o) - sizeof(o->ip) + x->inner);
+		o->g.optlen = GENEVE_VER_OPTLEN;
+		o->g.proto = bpf_htons(ETH_P_IP);
+		o->g.cls = bpf_htons(DSR_CLASS);
+		o->g.type = DSR_TYPE;
+		o->g.len = 5;
+		copy_addr(o->g.addr, x->svc);
+		o->g.port = x->svc_port;
+		if (!o->ip.saddr ||
+		    bpf_skb_adjust_room(skb, sizeof(*o), BPF_ADJ_ROOM_MAC,
+					BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN, o, sizeof(*o), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct dsr_outer6 *o = &x->o6;
+
+		__builtin_memset(o, 0, sizeof(*o));
+		o->ip.version = 6;
+		o->ip.hop_limit = 64;
+		o->ip.nexthdr = IPPROTO_UDP;
+		o->ip.payload_len = bpf_htons(sizeof(*o) - sizeof(o->ip) + x->inner);
+		__builtin_memcpy(&o->ip.saddr, dev->addr6, 16);
+		__builtin_memcpy(&o->ip.daddr, x->fib.ipv6_dst, 16);
+		o->udp.source = x->sport;
+		o->udp.dest = bpf_htons(DSR_PORT);
+		o->udp.len = o->ip.payload_len;
+		o->g.optlen = GENEVE_VER_OPTLEN;
+		o->g.proto = bpf_htons(ETH_P_IPV6);
+		o->g.cls = bpf_htons(DSR_CLASS);
+		o->g.type = DSR_TYPE;
+		o->g.len = 5;
+		copy_addr(o->g.addr, x->svc);
+		o->g.port = x->svc_port;
+		/* The UDP checksum stays 0: the receiver is our program (RFC 6935 allows it
+		 * for tunnels), which takes the header off before UDP would check it. */
+		if (!(dev->addr6[0] | dev->addr6[1] | dev->addr6[2] | dev->addr6[3]) ||
+		    bpf_skb_adjust_room(skb, sizeof(*o), BPF_ADJ_ROOM_MAC,
+					BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN, o, sizeof(*o), 0))
+			return TC_ACT_SHOT;
+	}
+	if (x->rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		bpf_skb_store_bytes(skb, 0, x->fib.dmac, ETH_ALEN, 0);
+		bpf_skb_store_bytes(skb, ETH_ALEN, x->fib.smac, ETH_ALEN, 0);
+		return bpf_redirect(x->oif, 0);
+	}
+	__builtin_memset(&x->nh, 0, sizeof(x->nh));
+	x->nh.nh_family = x->fib.family;
+	if (p->family == 4)
+		x->nh.ipv4_nh = x->fib.ipv4_dst;
+	else
+		copy_addr(x->nh.ipv6_nh, x->fib.ipv6_dst);
+	return bpf_redirect_neigh(x->oif, &x->nh, sizeof(x->nh), 0);
+}
+
+/* A Geneve packet carrying our option: remember the service for the reply, take the
+ * outer headers off and let the stack deliver the client's packet. The verdict, or -1
+ * for any other packet. */
+static __noinline int dsr_decap(struct __sk_buff *skb)
+{
+	__u32 zero = 0, outer, l3;
+	struct dsr_scratch *x;
+	struct dsr_geneve *g;
+	struct pkt *in;
+
+	if (!dsr_enabled)
+		return -1;
+	x = bpf_map_lookup_elem(&spp_dsr_scratch, &zero);
+	if (!x)
+		return -1;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = &x->o4.ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, ip, sizeof(*ip)) || ip->ihl != 5 ||
+		    ip->protocol != IPPROTO_UDP || (ip->frag_off & bpf_htons(0x3fff)))
+			return -1;
+		outer = sizeof(struct dsr_outer4);
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = &x->o6.ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, ip6, sizeof(*ip6)) ||
+		    ip6->nexthdr != IPPROTO_UDP)
+			return -1;
+		outer = sizeof(struct dsr_outer6);
+	} else {
+		return -1;
+	}
+	g = &x->g;
+	in = &x->in;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + outer - sizeof(*g) - sizeof(struct udphdr),
+			       &x->udp, sizeof(x->udp)) ||
+	    x->udp.dest != bpf_htons(DSR_PORT) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + outer - sizeof(*g), g, sizeof(*g)) ||
+	    g->optlen != GENEVE_VER_OPTLEN || g->cls != bpf_htons(DSR_CLASS) ||
+	    g->type != DSR_TYPE || g->len != 5 || g->proto != skb->protocol)
+		return -1;
+	__builtin_memset(in, 0, sizeof(*in));
+	if (g->proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = &x->o4.ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + outer, ip, sizeof(*ip)) || ip->ihl < 5)
+			return TC_ACT_SHOT;
+		in->saddr[0] = ip->saddr;
+		in->daddr[0] = ip->daddr;
+		in->family = 4;
+		in->proto = ip->protocol;
+		l3 = ip->ihl * 4;
+	} else {
+		struct ipv6hdr *ip6 = &x->o6.ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + outer, ip6, sizeof(*ip6)))
+			return TC_ACT_SHOT;
+		__builtin_memcpy(in->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(in->daddr, &ip6->daddr, 16);
+		in->family = 6;
+		in->proto = ip6->nexthdr;
+		l3 = sizeof(*ip6);
+	}
+	if ((in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + outer + l3, x->ports, sizeof(x->ports)))
+		return TC_ACT_SHOT;
+	/* The endpoint's reply, as it will leave: from the service, to the client. */
+	__builtin_memset(&x->rk, 0, sizeof(x->rk));
+	__builtin_memset(&x->rv, 0, sizeof(x->rv));
+	ct_tuple(&x->rk, in->daddr, in->saddr, x->ports[1], x->ports[0], in, CT_REPLY);
+	copy_addr(x->rv.saddr, g->addr);
+	x->rv.sport = g->port;
+	copy_addr(x->rv.daddr, in->saddr);
+	x->rv.dport = x->ports[0];
+	x->rv.last_ns = bpf_ktime_get_ns();
+	bpf_map_update_elem(&spp_ct, &x->rk, &x->rv, BPF_ANY);
+	if (bpf_skb_adjust_room(skb, -(__s32)outer, BPF_ADJ_ROOM_MAC, 0))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+#endif
