@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 
 from svcproxy.frontend.gctuning import tune_for_streaming
-from svcproxy.frontend.publication.views import NodeView
+from svcproxy.frontend.publication.views import VIEW_HISTORY_BYTES, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
     AnswerBudget,
@@ -50,6 +50,9 @@ class WorkerConfig:
     log_level: int
     guard: CallGuard | None = None
     write_timeout: float = 60.0
+    # A view's copy here keeps at most what the main process's view keeps
+    # (ViewBounds.view_history_bytes: an eighth of --history-max-bytes).
+    view_history_bytes: int = VIEW_HISTORY_BYTES
 
 
 class MainProcessGone(Exception):
@@ -59,9 +62,11 @@ class MainProcessGone(Exception):
 class ParentLink:
     """Requests to the main process, and the views its published batches feed."""
 
-    def __init__(self, conn: Connection, history: int) -> None:
+    def __init__(self, conn: Connection, history: int,
+                 history_bytes: int = VIEW_HISTORY_BYTES) -> None:
         self.pipe = Pipe(conn, self._on_message, self._on_closed)
         self.history = history
+        self.history_bytes = history_bytes
         self.views: dict[str, NodeView] = {}
         self.closed = asyncio.Event()
         self._ids = itertools.count(1)
@@ -149,7 +154,8 @@ class ParentLink:
             cursor, first, feed = reply  # type: ignore[misc]
             view = self.views.get(watch[0])
             if view is None:
-                view = self.views[watch[0]] = NodeView(watch[0], cursor, self.history)
+                view = self.views[watch[0]] = NodeView(watch[0], cursor, self.history,
+                                                         self.history_bytes)
             view.watchers += 1
             reply = (view, cursor, first, feed)
         future.set_result(reply)
@@ -292,7 +298,7 @@ async def _main_process_only(context: grpc.aio.ServicerContext) -> None:
 
 
 async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:
-    link = ParentLink(conn, config.history)
+    link = ParentLink(conn, config.history, config.view_history_bytes)
     link.start()
     health = await not_serving()
     server, _ = await serve_api(api_handler(WorkerServicer(link, config.write_timeout),

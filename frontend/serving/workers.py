@@ -71,7 +71,8 @@ class StreamWorkers:
         # The main process's servicer: one count of streams against the caps.
         self._servicer = servicer or NodeStateServicer(engine)
         self.config = WorkerConfig(address, tls, engine.changelog.history_limit, log_level, guard,
-                                   self._servicer.limits.write_timeout)
+                                   self._servicer.limits.write_timeout,
+                                   engine.changelog.bounds.view_history_bytes)
         self._feeds = itertools.count(1)
         self._workers: dict[int, _Worker] = {}
         self._stopping = False
