@@ -1,7 +1,7 @@
 """Compile the BPF programs: ``python -m svcproxy.backends.ebpf.build [--force]``.
 
 Run by scripts/setup.sh and by the package build; needs clang. Recompiles only when
-a source is newer than its object.
+a source, or a header of bpf/ (which the sources include), is newer than its object.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ def clang_argv(source: Path, output: Path) -> list[str]:
 def build(force: bool = False) -> list[Path]:
     """Compile every bpf/*.bpf.c whose object is missing or older; returns the objects."""
     objects = []
+    headers = max((h.stat().st_mtime for h in BPF_DIR.glob("*.h")), default=0.0)
     for source in sorted(BPF_DIR.glob("*.bpf.c")):
         output = source.with_suffix(".o")
         objects.append(output)
-        if not force and output.exists() and output.stat().st_mtime >= source.stat().st_mtime:
+        newest = max(source.stat().st_mtime, headers)
+        if not force and output.exists() and output.stat().st_mtime >= newest:
             continue
         if shutil.which("clang") is None:
             raise SystemExit(f"cannot build {output.name}: clang is not installed "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import socket
 import struct
@@ -10,7 +11,7 @@ from functools import lru_cache
 
 # struct svc_key {u32 addr[4]; u16 port (network order); u8 proto; u8 family}
 SVC_KEY = struct.Struct("=16s2sBB")
-# struct svc_val {u32 set_id; u16 count; u16 flags; u32 affinity_timeout; u32 reserved}
+# struct svc_val {u32 set_id; u16 count; u16 flags; u32 affinity_timeout; u32 service_id}
 SVC_VAL = struct.Struct("=IHHII")
 # struct ep_key {u32 set_id; u32 slot}
 EP_KEY = struct.Struct("=II")
@@ -106,14 +107,22 @@ class ServiceValue:
     count: int
     flags: int
     affinity_timeout: int
+    service_id: int = 0  # with affinity: the service port, shared by all its addresses
 
     def pack(self) -> bytes:
-        return SVC_VAL.pack(self.set_id, self.count, self.flags, self.affinity_timeout, 0)
+        return SVC_VAL.pack(self.set_id, self.count, self.flags, self.affinity_timeout,
+                            self.service_id)
 
     @classmethod
     def unpack(cls, data: bytes) -> ServiceValue:
-        set_id, count, flags, timeout, _ = SVC_VAL.unpack(data)
-        return cls(set_id, count, flags, timeout)
+        return cls(*SVC_VAL.unpack(data))
+
+
+def service_id(namespace: str, name: str, port_name: str, protocol: str) -> int:
+    """A service port's id in the affinity keys (bpf/affinity.h): the same on every
+    node and after a restart, never 0 (0: affinity per address)."""
+    text = f"{namespace}/{name}/{port_name}/{protocol}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(), "little") or 1
 
 
 def ep_key(set_id: int, slot: int) -> bytes:

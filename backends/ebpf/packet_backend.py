@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context, rtnetlink
 
 from . import libbpf, maglev
+from .ct_gc import CtGc
 from .libbpf import Map
 from .packet_layout import (
     F_MAGLEV,
@@ -104,8 +105,11 @@ class PacketBackend(Backend):
     name = "ebpf-tc"
 
     def __init__(self, config: NodeConfig, layout: PacketLayout, algorithm: str = "random",
-                 on_reject: Callable[[object], None] = lambda _key: None) -> None:
+                 on_reject: Callable[[object], None] = lambda _key: None,
+                 gc_interval: float = 0.0) -> None:
         self.config = config
+        self.gc_interval = gc_interval  # seconds between CT GC passes; 0: none in a thread
+        self.ct_gc: CtGc | None = None
         self.layout = layout
         self.algorithm = algorithm
         self.on_reject = on_reject
@@ -137,6 +141,7 @@ class PacketBackend(Backend):
                                  layout.maglev_size)
         self.tables = Tables(programs.maps[MAP_SERVICES], self.sets)
         self._write_devices(programs.maps[MAP_DEVICES])
+        self.ct_gc = CtGc(programs.maps[MAP_CT], layout.ct_timeouts, self.gc_interval).start()
         log.info("tc programs attached to %s, maps pinned in %s", ", ".join(layout.devices),
                  layout.dir)
         return self
@@ -288,6 +293,8 @@ class PacketBackend(Backend):
         yield entries
         yield capacity
         yield attached
+        if self.ct_gc is not None:
+            yield from self.ct_gc.metrics()
 
     def cleanup(self) -> None:
         """Detach the tc programs and remove the packet path's pins."""
@@ -296,6 +303,9 @@ class PacketBackend(Backend):
         log.info("Removed %d tc pins from %s", len(removed), self.layout.dir)
 
     def close(self) -> None:
+        if self.ct_gc is not None:
+            self.ct_gc.stop()
+            self.ct_gc = None
         if self.programs is not None:
             self.programs.close()
         self.programs = None

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from svcproxy.sdk import NodeConfig
+from svcproxy.sdk import NodeConfig, parse_duration
 
 from . import maglev
+from .ct_gc import CtTimeouts
 from .loader import LoadError
 from .packet_backend import PacketBackend
 from .packet_loader import OBJECT, PacketLayout
@@ -26,6 +27,17 @@ def _table_size(text: str) -> int:
             f"{size} is not a prime between 251 and 65521 (e.g. "
             f"{', '.join(map(str, maglev.SIZES))})")
     return size
+
+
+def _duration(text: str) -> float:
+    """A Go duration (24h0m0s, 90s, 0), as kube-proxy's --conntrack-* flags take."""
+    try:
+        value = parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -64,6 +76,42 @@ def add_packet_arguments(parser: argparse._ArgumentGroup) -> None:
         "delivers it with the client's address and the reply goes straight to the client "
         "from the service's address. Every node needs it (it takes the Geneve header off), "
         "and the route to the endpoints must carry 80 more bytes than the clients send")
+    add_conntrack_arguments(parser)
+
+
+def add_conntrack_arguments(parser: argparse._ArgumentGroup) -> None:
+    """kube-proxy's --conntrack-* timeouts, applied to the tc connection tracking map
+    (kube-proxy's config file sets them through conntrack.*), and the GC interval."""
+    parser.add_argument(
+        "--conntrack-tcp-timeout-established", type=_duration, default=86400.0,
+        metavar="DURATION",
+        help="with --ebpf-packet-path bpf: idle lifetime of a TCP flow once its endpoint "
+        "answered (0: nf_conntrack's 5 days) (default 24h0m0s)")
+    parser.add_argument(
+        "--conntrack-tcp-timeout-close-wait", type=_duration, default=3600.0,
+        metavar="DURATION",
+        help="with --ebpf-packet-path bpf: idle lifetime of a TCP flow after one side's FIN "
+        "(0: nf_conntrack's 60s) (default 1h0m0s). A TCP flow before any answer lives 60s, "
+        "after both FINs or a RST 10s (Cilium's defaults)")
+    parser.add_argument(
+        "--conntrack-udp-timeout", type=_duration, default=0.0, metavar="DURATION",
+        help="with --ebpf-packet-path bpf: idle lifetime of a UDP flow its endpoint never "
+        "answered (0: nf_conntrack's 30s) (default 0)")
+    parser.add_argument(
+        "--conntrack-udp-timeout-stream", type=_duration, default=0.0, metavar="DURATION",
+        help="with --ebpf-packet-path bpf: idle lifetime of a UDP flow that was answered "
+        "(0: nf_conntrack's 120s) (default 0)")
+    parser.add_argument(
+        "--ebpf-ct-gc-interval", type=_duration, default=60.0, metavar="DURATION",
+        help="with --ebpf-packet-path bpf: how often expired flows are removed from the "
+        "connection tracking map (a flow idle past its lifetime is a new flow at its next "
+        "packet whenever the pass runs; 0: never) (default 1m0s)")
+
+
+def ct_timeouts(args: argparse.Namespace) -> CtTimeouts:
+    return CtTimeouts.of(args.conntrack_tcp_timeout_established,
+                         args.conntrack_tcp_timeout_close_wait, args.conntrack_udp_timeout,
+                         args.conntrack_udp_timeout_stream)
 
 
 def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBackend:
@@ -72,8 +120,10 @@ def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBacken
                           object_path=OBJECT, maglev_size=args.ebpf_maglev_table_size,
                           max_services=args.ebpf_max_services,
                           max_endpoints=args.ebpf_max_endpoints,
-                          max_flows=args.ebpf_max_flows, dsr=args.ebpf_dsr)
-    backend = PacketBackend(config, layout, args.ebpf_lb_algorithm)
+                          max_flows=args.ebpf_max_flows, dsr=args.ebpf_dsr,
+                          ct_timeouts=ct_timeouts(args))
+    backend = PacketBackend(config, layout, args.ebpf_lb_algorithm,
+                            gc_interval=args.ebpf_ct_gc_interval)
     if not args.cleanup and (args.ebpf_devices or config.node_ips):
         try:
             backend.start()

@@ -34,9 +34,13 @@ MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINI
 
 # struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
 CT_KEY = struct.Struct("=16s16s2s2sBBBB")
-# struct ct_val {u32 saddr[4], daddr[4]; u16 sport, dport; u8 flags, pad[3]; u32 set_id,
-# pad2; u64 last_ns}
-CT_VAL = struct.Struct("=16s16s2s2sB3xI4xQ")
+# struct ct_val {u32 saddr[4], daddr[4]; u16 sport, dport; u8 flags, state, pad[2];
+# u32 set_id, pad2; u64 last_ns}
+CT_VAL = struct.Struct("=16s16s2s2sBB2xI4xQ")
+# struct ct_timeouts (bpf/ct.h, section .rodata.ct) {u32 tcp_syn, tcp_established,
+# tcp_close_wait, tcp_fin, udp, udp_stream}: seconds
+CT_TIMEOUTS = struct.Struct("=6I")
+CT_TIMEOUTS_SECTION = ".rodata.ct"
 # struct dev_val {u32 addr4; u32 addr6[4]}
 DEV_VAL = struct.Struct("=4s16s")
 SIZES = {
@@ -97,7 +101,7 @@ class Flow:
     @classmethod
     def unpack(cls, key: bytes, value: bytes) -> Flow:
         saddr, daddr, sport, dport, proto, family, direction, _ = CT_KEY.unpack(key)
-        nsaddr, ndaddr, nsport, ndport, flags, _set, _last = CT_VAL.unpack(value)
+        nsaddr, ndaddr, nsport, ndport, flags, _state, _set, _last = CT_VAL.unpack(value)
 
         def at(raw: bytes, port: bytes) -> tuple[str, int]:
             return _ip(raw, family), int.from_bytes(port, "big")

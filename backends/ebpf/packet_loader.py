@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import libbpf, rodata
+from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
 from .packet_layout import (
@@ -49,6 +50,7 @@ class PacketLayout:
     max_services: int = 65536
     max_endpoints: int = 262144
     max_flows: int = 262144
+    ct_timeouts: CtTimeouts = CtTimeouts()  # --conntrack-*: lifetimes per protocol and state
     dsr: bool = False  # --ebpf-dsr: remote endpoints' flows sent in Geneve (bpf/dsr.h)
 
     @property
@@ -140,6 +142,7 @@ class PacketPrograms:
         lib = _lib()
         rodata.set_constants(obj, {"maglev_size": self.layout.maglev_size,
                                    "dsr_enabled": int(self.layout.dsr)})
+        set_timeouts(obj, self.layout.ct_timeouts)
         sizes = {MAP_SERVICES: self.layout.max_services, MAP_MAGLEV: self.layout.max_services,
                  MAP_ENDPOINTS: self.layout.max_endpoints, MAP_CT: self.layout.max_flows}
         for name in MAPS:

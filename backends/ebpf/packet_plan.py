@@ -20,7 +20,7 @@ from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
 from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend
 from .packet_layout import F_MAGLEV, F_MASQ, F_RANGES, pack_endpoint, pack_range
-from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan
+from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan, affinity_id
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,11 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         fronts += ranged
         ranged = []
     flags = F_MAGLEV if algorithm(state, default_algorithm) == "maglev" else 0
-    timeout = 0
+    timeout = sid = 0
     if svc.affinity:
         flags |= F_AFFINITY
         timeout = svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
+        sid = affinity_id(svc.key)  # one client, one endpoint across the addresses
     cips = [Frontend(ip, svc.port, proto) for ip in svc.cluster_ips]
     # Which endpoints are on this node, as the frontend's decision holds them (every used
     # endpoint here is in the set: a local one gets DNAT only, a remote one SNAT too).
@@ -64,7 +65,7 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         has = svc.has_endpoints and bool(eps)
         if mine := [fe for fe in cips if _of(fe.ip, family)]:
             # A ClusterIP routed to the node from outside: the internal endpoints.
-            inside = _entry([e for e in eps if e.internal], here, has, flags, timeout)
+            inside = _entry([e for e in eps if e.internal], here, has, flags, timeout, sid)
             result.update(dict.fromkeys(mine, inside))
         mine = [fe for fe in fronts if _of(fe.ip, family)]
         vips = [fe for fe in ranged if _of(fe.ip, family)]
@@ -72,10 +73,10 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
             # kube-proxy masquerades external traffic unless externalTrafficPolicy Local.
             masq = 0 if svc.external_policy_local else F_MASQ
             entry = _entry([e for e in eps if e.external], here, has, flags | masq,
-                           timeout)
+                           timeout, sid)
             result.update(dict.fromkeys(mine, entry))
             result.update(dict.fromkeys(vips, Entry(entry.slots, entry.flags | F_RANGES,
-                                                    entry.affinity_timeout)))
+                                                    entry.affinity_timeout, entry.service_id)))
     return result
 
 
@@ -102,7 +103,7 @@ def source_ranges(state: ServicePortState) -> set[bytes]:
 
 
 def _entry(eps: list[Endpoint], here: set[str], has_endpoints: bool, flags: int,
-           timeout: int) -> Entry:
+           timeout: int, sid: int = 0) -> Entry:
     """The entry of one family over ``eps`` (those for this traffic): pick among them;
     none while the service has endpoints: drop; none at all: refuse."""
     slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.ip in here) for e in eps))
@@ -110,7 +111,7 @@ def _entry(eps: list[Endpoint], here: set[str], has_endpoints: bool, flags: int,
         raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     if not slots:
         return Entry(flags=0 if has_endpoints else F_REFUSE)
-    return Entry(slots, flags, timeout)
+    return Entry(slots, flags, timeout, sid if timeout else 0)
 
 
 class PacketPlan(Plan):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
-from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend, Target, pack_target
+from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend, Target, pack_target, service_id
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class Entry:
     slots: tuple[bytes, ...] = ()
     flags: int = 0
     affinity_timeout: int = 0
+    service_id: int = 0  # with affinity: layout.service_id of the service port
 
     @classmethod
     def of(cls, targets: Iterable[Target], flags: int = 0, affinity_timeout: int = 0) -> Entry:
@@ -48,6 +49,11 @@ class Entry:
 MAX_ENDPOINTS = 0xFFFF  # the services map's endpoint count is 16 bits
 
 
+def affinity_id(key: ServicePortKey) -> int:
+    """The id every address of the service port shares in the affinity keys."""
+    return service_id(key.namespace, key.name, key.port_name, key.protocol.value)
+
+
 def _family(address: str) -> int:
     return 6 if ":" in address else 4
 
@@ -61,14 +67,15 @@ def _slots(endpoints: Iterable[Endpoint]) -> tuple[bytes, ...]:
     return slots
 
 
-def _entry(slots: tuple[bytes, ...], has_endpoints: bool, affinity: int) -> Entry:
+def _entry(slots: tuple[bytes, ...], has_endpoints: bool, affinity: int,
+           sid: int = 0) -> Entry:
     if not slots:
         # No endpoint anywhere: refuse (kube-proxy's REJECT). Endpoints exist but none
         # for this traffic (a Local policy without local endpoints): leave the socket
         # alone, the packet path drops it as kube-proxy does.
         return Entry(flags=0 if has_endpoints else F_REFUSE)
     if affinity:
-        return Entry(slots, F_AFFINITY, affinity)
+        return Entry(slots, F_AFFINITY, affinity, sid)
     return Entry(slots)
 
 
@@ -81,6 +88,7 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
     if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
         raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
     affinity = (svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT) if svc.affinity else 0
+    sid = affinity_id(svc.key) if affinity else 0
     result: dict[Frontend, Entry] = {}
     by_family: dict[int, list[Endpoint]] = {4: [], 6: []}
     for e in state.endpoints.values():
@@ -91,7 +99,7 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
             continue
         has = svc.has_endpoints and bool(eps)
         internal = _slots(e for e in eps if e.internal)
-        inside = _entry(internal, has, affinity)
+        inside = _entry(internal, has, affinity, sid)
         for cip in cips:
             result[Frontend(cip, svc.port, proto)] = inside
         ext = [a for a in svc.external_ips if _family(a) == family]
@@ -106,11 +114,11 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
             # Every connection a socket hook sees is the node's or its pods': kube-proxy
             # short-circuits those to the cluster set, whatever the local set holds.
             cluster = _slots(e for e in eps if e.cluster)
-            outside = inside if cluster == internal else _entry(cluster, has, affinity)
+            outside = inside if cluster == internal else _entry(cluster, has, affinity, sid)
         elif all(e.internal == e.external for e in eps):
             outside = inside
         else:
-            outside = _entry(_slots(e for e in eps if e.external), has, affinity)
+            outside = _entry(_slots(e for e in eps if e.external), has, affinity, sid)
         for addr in ext:
             result.setdefault(Frontend(addr, svc.port, proto), outside)
         for ip in ports:

@@ -199,12 +199,12 @@ class Tables:
             slots = want.slots
             if have is not None and have.slots == slots:
                 value = ServiceValue(have.value.set_id, len(slots), want.flags,
-                                     want.affinity_timeout)
+                                     want.affinity_timeout, want.service_id)
                 if value == have.value:
                     continue
             else:
                 value = ServiceValue(self._new_set() if slots else 0, len(slots), want.flags,
-                                     want.affinity_timeout)
+                                     want.affinity_timeout, want.service_id)
                 slot_keys += [ep_key(value.set_id, i) for i in range(len(slots))]
                 slot_values += slots
                 if have is not None:

@@ -297,6 +297,11 @@ def backend_namespace(config: dict[str, Any], backend: str, parser: argparse.Arg
         "ipvs_tcp_timeout": int(config["ipvs"]["tcpTimeout"]),
         "ipvs_tcpfin_timeout": int(config["ipvs"]["tcpFinTimeout"]),
         "ipvs_udp_timeout": int(config["ipvs"]["udpTimeout"]),
+        # the ebpf backend's tc connection tracking (the sysctls are set as for any mode)
+        "conntrack_tcp_timeout_established": config["conntrack"]["tcpEstablishedTimeout"],
+        "conntrack_tcp_timeout_close_wait": config["conntrack"]["tcpCloseWaitTimeout"],
+        "conntrack_udp_timeout": config["conntrack"]["udpTimeout"],
+        "conntrack_udp_timeout_stream": config["conntrack"]["udpStreamTimeout"],
     }
     for dest, value in mapped.items():
         if hasattr(ns, dest):

@@ -31,7 +31,7 @@ struct svc_val {
 	__u16 count;   /* endpoints in the set */
 	__u16 flags;   /* F_* */
 	__u32 affinity_timeout; /* seconds */
-	__u32 reserved;
+	__u32 service_id; /* the service port: affinity across its addresses (affinity.h) */
 };
 
 struct ep_key {
@@ -48,9 +48,11 @@ struct ep_val {
 
 struct aff_key {
 	__u64 netns_cookie; /* the client: one pod is one network namespace */
-	struct svc_key svc;
-	__u32 reserved;
+	struct svc_key svc; /* the address and port zeroed when ``id`` is set */
+	__u32 id;           /* the service port's service_id (affinity.h) */
 };
+
+#include "affinity.h"
 
 struct aff_val {
 	__u64 last_ns;
@@ -187,6 +189,7 @@ static __always_inline int lookup(void *ctx, struct xlate *x)
 
 	ak.netns_cookie = bpf_get_netns_cookie(ctx);
 	ak.svc = x->svc;
+	affinity_scope(&ak.svc, &ak.id, &sv);
 	now = bpf_ktime_get_ns();
 	av = bpf_map_lookup_elem(&sp_affinity, &ak);
 	if (av && now - av->last_ns <= (__u64)sv.affinity_timeout * 1000000000ULL &&

@@ -72,7 +72,7 @@ struct svc_val {
 	__u16 count;
 	__u16 flags;
 	__u32 affinity_timeout;
-	__u32 reserved;
+	__u32 service_id; /* the service port: affinity across its addresses (affinity.h) */
 };
 
 struct ep_key {
@@ -105,7 +105,8 @@ struct ct_val {
 	__u16 sport;
 	__u16 dport;
 	__u8 flags; /* CT_* */
-	__u8 pad[3];
+	__u8 state; /* forward entries: CTS_* (ct.h) */
+	__u8 pad[2];
 	__u32 set_id; /* forward: the endpoint set the endpoint was in when last checked */
 	__u32 pad2;
 	__u64 last_ns;
@@ -187,9 +188,11 @@ struct {
 /* sessionAffinity ClientIP: the endpoint a client got from a service address, and when. */
 struct aff_key {
 	__u32 client[4];
-	struct svc_key svc;
-	__u32 reserved;
+	struct svc_key svc; /* the address and port zeroed when ``id`` is set */
+	__u32 id;           /* the service port's service_id (affinity.h) */
 };
+
+#include "affinity.h"
 
 struct aff_val {
 	__u64 last_ns;
@@ -274,6 +277,8 @@ static __always_inline void copy_addr(__u32 *to, const __u32 *from)
 	to[2] = from[2];
 	to[3] = from[3];
 }
+
+#include "ct.h"
 
 /* Rewrite the source (daddr 0) or destination address, checksums included. */
 static __always_inline void set_addr(struct __sk_buff *skb, struct pkt *p, int daddr,
@@ -814,6 +819,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		struct aff_key ak = { .svc = *sk };
 
 		copy_addr(ak.client, p->saddr);
+		affinity_scope(&ak.svc, &ak.id, sv);
 		if (affine(&ak, sv, now, &ep)) {
 			struct aff_val av = { .last_ns = now };
 
@@ -906,6 +912,7 @@ int spp_ingress(struct __sk_buff *skb)
 		struct ct_val v = *found;
 
 		found->last_ns = bpf_ktime_get_ns();
+		ct_reply_seen(&p, &v, found->last_ns, &k);
 		rewrite(skb, &p, &v);
 		return fib_redirect(skb, &p);
 	}
@@ -931,6 +938,8 @@ int spp_ingress(struct __sk_buff *skb)
 	}
 	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_FORWARD);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
+	if (found && ct_stale(found, &p, bpf_ktime_get_ns()))
+		found = 0; /* expired, or a SYN after a close: a new flow */
 	if (found && found->set_id != sv.set_id) {
 		/* The service changed since: is the flow's endpoint still one of it? A UDP
 		 * flow whose endpoint left moves at once (kube-proxy's stale-UDP rule), and so
@@ -942,8 +951,8 @@ int spp_ingress(struct __sk_buff *skb)
 			found = 0;
 	}
 	if (found) {
+		ct_seen(found, &p, 0, bpf_ktime_get_ns());
 		fv = *found;
-		found->last_ns = bpf_ktime_get_ns();
 		if (fv.flags & CT_SNAT)
 			keep_reply(&p, &fv, found->last_ns);
 	} else {
@@ -978,6 +987,7 @@ int spp_egress(struct __sk_buff *skb)
 		struct ct_val v = *found;
 
 		found->last_ns = bpf_ktime_get_ns();
+		ct_reply_seen(&p, &v, found->last_ns, &k);
 		rewrite(skb, &p, &v);
 	}
 	return TC_ACT_OK;
