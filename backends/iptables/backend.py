@@ -62,7 +62,6 @@ from svcproxy.sdk import (
     ServicePortState,
     StagedBackend,
     TooManyRefused,
-    invalid_values,
     isolate_versions,
     resolve_context,
 )
@@ -287,14 +286,8 @@ class IptablesBackend(StagedBackend[Rendered]):
         return Drift(self._drifted)
 
     def render(self, state: NodeState, record: ServicePortState) -> Rendered | None:
-        """One service port's rules in every family; a version refused before (or with
-        values no rule may hold) renders as what is applied."""
-        key = record.key
-        if self.refusals and self.refusals.holds(key, record):
-            return self.applied.get(key)
-        if (reason := invalid_values(record)) is not None:
-            self.refusals.refuse(key, record, f"invalid value: {reason}", retry=False)
-            return self.applied.get(key)
+        """One service port's rules in every family (the SDK's stages screen out a version
+        refused before, or with values no rule may hold: it keeps what is applied)."""
         self._rendered += 1
         return render(record, self._configs, self._large)
 

@@ -36,7 +36,6 @@ from svcproxy.sdk import (
     StagedBackend,
     TooManyRefused,
     describe_service_port,
-    invalid_values,
     isolate,
     isolate_versions,
 )
@@ -212,18 +211,10 @@ class NftBackend(StagedBackend[PerFamily]):
         return Drift(self._drifted)
 
     def render(self, state: NodeState, record: ServicePortState) -> PerFamily | None:
-        """The record's rules in each family; a version refused (or with values no rule
-        may hold) keeps what was applied for the service port."""
-        key = record.key
-        if self.refusals:
-            if self.refusals.holds(key, record):
-                return self.applied.get(key)
-            if key in self.refusals:
-                self._retried.add(key)
-        reason = invalid_values(record)
-        if reason is not None:
-            self.refusals.refuse(key, record, f"invalid value: {reason}", retry=False)
-            return self.applied.get(key)
+        """The record's rules in each family (the SDK's stages screen out a version
+        refused, or with values no rule may hold: it keeps what was applied)."""
+        if record.key in self.refusals:
+            self._retried.add(record.key)  # refused before, its retry due
         rules = tuple(render_service(record, self._contexts[f]) for f in self.families)
         return rules if any(r is not None for r in rules) else None
 

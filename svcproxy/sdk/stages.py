@@ -38,7 +38,7 @@ from typing import Generic, TypeVar
 
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
-from svcproxy.sdk.refusals import Refusals, describe
+from svcproxy.sdk.refusals import Refusals, describe, invalid_values
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -190,9 +190,13 @@ class StagedBackend(Backend, Generic[V]):
     when ``find_drift`` reports the skeleton drifted, and whenever ``repair_reason``
     names one (a backend adds its own).
 
-    A service port the dataplane refused (``self.refusals``) is rendered and tried again
-    once its retry is due (``Refusals``' backoff), although its record did not change;
-    ``retry_in`` tells the node agent when to sync for it.
+    A backend that keeps ``self.refusals`` (a ``Refusals``) has its service ports
+    screened before ``render``: a version the dataplane refused keeps its applied value
+    until its retry is due (``Refusals``' backoff; it is then rendered and tried again
+    although its record did not change, and ``retry_in`` tells the node agent when to
+    sync for it), and a record with values no rule may hold (``invalid_values``) is
+    refused until it changes, keeping its applied value. ``render`` then sees only
+    records to render.
     """
 
     full_sync_interval: float | None = 3600.0
@@ -243,7 +247,7 @@ class StagedBackend(Backend, Generic[V]):
             elif reuse and self._sources.get(key) is record and key not in retry:
                 desired[key] = self.applied.get(key)
             else:
-                desired[key] = self.render(state, record)
+                desired[key] = self._render_screened(state, record)
         self._pending = (full, sources)
         self._node = state.node
         delta = self.applied.diff(desired, full=full)
@@ -254,6 +258,20 @@ class StagedBackend(Backend, Generic[V]):
         if changes.reason == "periodic":
             return self._repairing(state, delta)
         return delta
+
+    def _render_screened(self, state: NodeState, record: ServicePortState) -> V | None:
+        """``render``, unless the record is refused (its retry not due) or holds a value
+        no rule may hold (then refused until it changes): its applied value then."""
+        refusals = self._refusals()
+        if refusals is not None:
+            key = record.key
+            if refusals and refusals.holds(key, record):
+                return self.applied.get(key)
+            reason = invalid_values(record)
+            if reason is not None:
+                refusals.refuse(key, record, f"invalid value: {reason}", retry=False)
+                return self.applied.get(key)
+        return self.render(state, record)
 
     def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
         """Compare what the dataplane holds with ``self.applied`` (called on every periodic
