@@ -3,8 +3,10 @@
 Kubernetes components' conventions: a client certificate signed by the configured CA
 with ``CN=system:node:NAME`` and ``O=system:nodes`` is node NAME (as kubelet's are);
 any other certificate is the identity CN with its O values as groups. A bearer token
-is checked with the apiserver's TokenReview (tokenreview.py) and bound to the node of
-the pod it was issued for. Without any authentication configured, callers are
+is checked with the apiserver's TokenReview (tokenreview.py); the token of a pod whose
+ServiceAccount is one of the agents' (``--node-service-accounts``) is bound to the node
+of that pod, any other pod's token only to its pod (WaitFleet for its own addresses).
+Without any authentication configured, callers are
 anonymous, which the frontend only accepts on a unix socket or loopback (or with
 ``--insecure-allow-anonymous``): see ``check_listen``.
 """
@@ -19,6 +21,9 @@ from dataclasses import dataclass, field
 NODE_PREFIX = "system:node:"
 NODES_GROUP = "system:nodes"
 ANONYMOUS = "system:anonymous"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+# The agents' ServiceAccounts in deploy/: svcproxy's DaemonSets and kubeadm's kube-proxy.
+DEFAULT_NODE_SERVICE_ACCOUNTS = "svcproxy:svcproxy-backend,kube-system:kube-proxy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,9 @@ class AuthConfig:
     token_kubeconfig: str | None = None
     token_cache_ttl: float = 10.0
     cluster_readers: frozenset[str] = field(default_factory=frozenset)
+    # User names of the ServiceAccounts whose pods' tokens are node identities.
+    node_service_accounts: frozenset[str] = field(
+        default_factory=lambda: parse_node_service_accounts(DEFAULT_NODE_SERVICE_ACCOUNTS))
     # Only while nothing is configured (see check_listen).
     allow_anonymous: bool = True
 
@@ -84,6 +92,25 @@ class AuthConfig:
     @property
     def configured(self) -> bool:
         return self.client_certs or self.tokens
+
+
+def parse_node_service_accounts(text: str) -> frozenset[str]:
+    """``--node-service-accounts``: comma-separated NAMESPACE:NAME (as ``kubectl create
+    rolebinding --serviceaccount`` takes them), as the user names their tokens carry
+    (``system:serviceaccount:NAMESPACE:NAME``); ValueError saying what is wrong."""
+    from svcproxy.frontend.sources.kube_names import DNS1123_LABEL, DNS1123_SUBDOMAIN
+
+    names = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        namespace, colon, name = item.partition(":")
+        if not colon or len(namespace) > 63 or not DNS1123_LABEL.fullmatch(namespace) or \
+                len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name):
+            raise ValueError(
+                f"--node-service-accounts: {item!r} is not NAMESPACE:NAME (a namespace, a "
+                "DNS-1123 label, and a ServiceAccount name, a DNS-1123 subdomain), e.g. "
+                "svcproxy:svcproxy-backend")
+        names.add(f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}")
+    return frozenset(names)
 
 
 def is_local(listen: str) -> bool:

@@ -1,6 +1,8 @@
 """Who may read what, and the gRPC interceptor that enforces it on every call.
 
-A node identity may Watch and GetNodeState its own node, and Report for it; ListNodes,
+A node identity (a node certificate, or the pod-bound token of one of the agents'
+ServiceAccounts) may Watch and GetNodeState its own node, and Report for it; any other
+pod's token may only WaitFleet for its own pod's addresses (pod_waits.py); ListNodes,
 WatchCluster, the fleet and every other node are for the identities (user names or groups) named in
 ``--cluster-readers`` and, where anonymous callers are accepted at all (a unix socket
 or loopback without authentication configured), for them. Health stays open;
@@ -44,6 +46,10 @@ def may_read(identity: Identity) -> str:
     if identity.node:
         return (f"it may read only node {identity.node}'s state (Watch, GetNodeState) and "
                 "report only for it (Report)")
+    if identity.pod:
+        return (f"it is the token of pod {identity.pod}, whose ServiceAccount is not one of "
+                "the node agents' (--node-service-accounts), so it may only WaitFleet for "
+                "its own pod's addresses")
     return "it may read nothing: it is not a node identity nor named in --cluster-readers"
 
 

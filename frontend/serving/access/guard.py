@@ -25,7 +25,8 @@ class CallGuard:
             from svcproxy.frontend.sources.apiserver import load_api_client
 
             tokens = TokenReviewer(load_api_client(self.auth.token_kubeconfig),
-                                   str(self.auth.token_audience), self.auth.token_cache_ttl)
+                                   str(self.auth.token_audience), self.auth.token_cache_ttl,
+                                   self.auth.node_service_accounts)
         authenticator = Authenticator(self.auth, tokens)
         return [AuthInterceptor(authenticator, self.auth.cluster_readers),
                 EpochInterceptor(self.epoch)]

@@ -3,9 +3,12 @@
 A node's backend sends its projected, audience-bound token. The apiserver says whose
 it is (TokenReview, with the audience this frontend is configured for) and which pod
 it was issued for (the ``authentication.kubernetes.io/pod-name`` and ``pod-uid``
-extras); that pod's ``spec.nodeName`` is the node the caller may read
-(``authentication.kubernetes.io/node-name`` where the apiserver provides it). A token
-whose pod is gone, or was replaced by another pod of the same name, is refused.
+extras). When its ServiceAccount is one of the agents' (``--node-service-accounts``),
+that pod's ``spec.nodeName`` is the node the caller may read and report for
+(``authentication.kubernetes.io/node-name`` where the apiserver provides it); a token
+whose pod is gone, or was replaced by another pod of the same name, is refused. Any
+other pod's token names its pod only (a workload waiting for its own addresses) and is
+no node identity.
 Results are cached briefly (refusals for at most a second); concurrent checks of one
 token share one review.
 """
@@ -48,9 +51,12 @@ class _Entry:
 class TokenReviewer:
     """``await reviewer(token)`` -> Identity, or raises Unauthenticated."""
 
-    def __init__(self, api_client: Any, audience: str, cache_ttl: float = 10.0) -> None:
+    def __init__(self, api_client: Any, audience: str, cache_ttl: float = 10.0,
+                 node_accounts: frozenset[str] = frozenset()) -> None:
         self.audience = audience
         self.cache_ttl = cache_ttl
+        # User names whose pod-bound tokens are node identities (the agents').
+        self.node_accounts = node_accounts
         self._authn = AuthenticationV1Api(api_client)
         self._core = CoreV1Api(api_client)
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
@@ -124,10 +130,12 @@ class TokenReviewer:
         auth_metrics.TOKEN_REVIEWS.labels("authenticated").inc()
         user = status.user
         extra = {k: list(v or []) for k, v in (user.extra or {}).items()}
-        try:
-            node = self._node_of(user.username or "", extra)
-        except Unauthenticated as err:
-            return self._refusal(str(err))
+        node = None
+        if user.username in self.node_accounts:
+            try:
+                node = self._node_of(user.username or "", extra)
+            except Unauthenticated as err:
+                return self._refusal(str(err))
         pod_name = _one(extra, "pod-name")
         namespace = (user.username or "").removeprefix(SA_PREFIX).partition(":")[0]
         identity = Identity(user.username or "", frozenset(user.groups or ()), node, "token",
