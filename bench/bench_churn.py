@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_churn.py [--services 200] [--changes 5000]
         [--watchers 3] [--slow 2] [--cuts 10] [--stream-workers 1] [--restarts 0]
 
-The stand-in apiserver (tests/fakeapiserver.py) and the watchers run in this process;
+The stand-in apiserver (tests/support/fakeapiserver.py) and the watchers run in this process;
 the frontend runs as ``svcproxy frontend --kubeconfig`` in its own process, as in
 production. Watchers: ``--watchers`` live SDK NodeStateClients per node (one node of
 each kind: with local endpoints, in another zone, not a Node), the same number again
@@ -11,7 +11,7 @@ through a TCP relay cut and restored ``--cuts`` times during the churn, and ``--
 raw gRPC streams sleeping 10 ms between reads. With ``--stream-workers N`` the frontend
 serves on TCP with N processes (the watchers spread over them); ``--restarts K`` kills
 the frontend (SIGKILL) K times during the churn and starts it again. Changes
-(tests/churn.py): services re-created with new slices, updated, deleted; slices with
+(tests/support/churn.py): services re-created with new slices, updated, deleted; slices with
 endpoints added and removed, readiness and terminating flips, port changes; nodes added,
 re-zoned, deleted. Prints:
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svcproxy.sdk.client import NodeStateClient, open_channel  # noqa: E402
 from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc  # noqa: E402
-from tests.churn import (  # noqa: E402
+from tests.support.churn import (  # noqa: E402
     NODES,
     Churn,
     Relay,
@@ -51,7 +51,7 @@ from tests.churn import (  # noqa: E402
     get_node_state,
     sdk_state,
 )
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402
 
 
 def start_frontend(kubeconfig: Path, listen: str, workers: int) -> subprocess.Popen[bytes]:

@@ -40,7 +40,7 @@ from svcproxy.backends.nft import elements as nft_elements  # noqa: E402
 from svcproxy.backends.nft.backend import FamilyView, NftBackend  # noqa: E402
 from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.sdk import Changes, NodeState  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
+from tests.support.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 
 def cpu() -> float:

@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python bench/bench_failover.py [--kills 20]
 
-The lab of tests/netns/failover.py: two frontend replicas on the same manifests, the
+The lab of tests/support/netns/failover.py: two frontend replicas on the same manifests, the
 nft backend in a network namespace given both; a prober makes new TCP connections
 through a ClusterIP all along. Each kill changes a Service during the outage, then
 restarts the killed replica. Prints, over the kills: SIGKILL -> the backend streams
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.netns.failover import FailoverLab  # noqa: E402
-from tests.netns.harness import missing_requirements  # noqa: E402
+from tests.support.netns.failover import FailoverLab  # noqa: E402
+from tests.support.netns.harness import missing_requirements  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

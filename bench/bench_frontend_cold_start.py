@@ -1,5 +1,5 @@
 """Frontend cold start: 10,000 services x 10 endpoints, 100 nodes listed from the
-stand-in apiserver (tests/fakeapiserver.py, another process) through the official client,
+stand-in apiserver (tests/support/fakeapiserver.py, another process) through the official client,
 parsed, validated and computed, until the frontend is synced. Two figures:
 
 - **from process start**: ``svcproxy frontend --kubeconfig ... --listen unix://...`` run
@@ -53,7 +53,7 @@ APISERVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
     from pathlib import Path
-    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+    from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
     services, endpoints, nodes = (int(a) for a in sys.argv[2:5])
     fake = FakeApiserver(token="t")
     for n in range(nodes):

@@ -31,7 +31,7 @@ from bench_iptables import make_state, pct, with_one_change  # noqa: E402
 
 from svcproxy.agent.config import NodeConfig  # noqa: E402
 from svcproxy.sdk.backend import Changes  # noqa: E402
-from tests.iptables_fakes import RecordingIptables, stand_in  # noqa: E402
+from tests.support.iptables_fakes import RecordingIptables, stand_in  # noqa: E402
 
 
 def cpu(fn: Callable[[], object]) -> float:

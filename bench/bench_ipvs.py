@@ -6,7 +6,7 @@ endpoints (ClusterIP, TCP) it prints the time of the first full sync and of
 one endpoint change at that scale, each backend in a fresh network namespace.
 
 ``--stand-in`` runs the ipvs backend on this host instead, on the in-memory kernel of
-the tests (tests/ipvs/standin.py; ipsets and rules recorded, not loaded): the
+the tests (tests/support/ipvs/standin.py; ipsets and rules recorded, not loaded): the
 backend's own work (render, diff, requests), in CPU seconds of this process.
 
 Usage: bench_ipvs.py [--sizes 1000,5000] [--endpoints 10] [--backends ipvs,iptables]
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svcproxy.agent.config import NodeConfig  # noqa: E402
 from svcproxy.model import Endpoint, ServicePortState  # noqa: E402
 from svcproxy.sdk.backend import Backend, Changes, NodeState  # noqa: E402
-from tests.ipvs.states import endpoint, node_state, port_state  # noqa: E402
-from tests.lab.netns import enter  # noqa: E402
+from tests.support.ipvs.states import endpoint, node_state, port_state  # noqa: E402
+from tests.support.lab.netns import enter  # noqa: E402
 
 CONFIG = NodeConfig(node_name="node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.1.0.1",))
 
@@ -117,7 +117,7 @@ def measure_stand_in(count: int, endpoints: int) -> tuple[float, float]:
 
     from svcproxy.backends.ipvs.backend import IpvsBackend
     from svcproxy.backends.ipvs.options import IpvsOptions
-    from tests.ipvs.standin import stand_in
+    from tests.support.ipvs.standin import stand_in
 
     patches = pytest.MonkeyPatch()
     try:

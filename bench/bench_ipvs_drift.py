@@ -6,7 +6,7 @@ it runs on the real kernel in a fresh network namespace and prints wall seconds 
 verify pass alone (``find_drift``: the virtual servers' dump, one real-server dump per
 virtual server, addresses, routes, ``ipset save``, iptables-save) and of the whole
 periodic resync; the guest is emulated (TCG: Python runs 20-25x slower there).
-``--stand-in`` runs it on this host's in-memory kernel of the tests (tests/ipvs/standin.py):
+``--stand-in`` runs it on this host's in-memory kernel of the tests (tests/support/ipvs/standin.py):
 the backend's own work (reading the answers, comparing), in CPU seconds of this process.
 
 Usage: bench_ipvs_drift.py [--sizes 1000] [--endpoints 10] [--rounds 3] [--stand-in]
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_ipvs import _routes_to_endpoints, ipvs_backend, services  # noqa: E402
 from svcproxy.sdk.backend import Changes  # noqa: E402
-from tests.ipvs.states import node_state  # noqa: E402
-from tests.lab.netns import enter  # noqa: E402
+from tests.support.ipvs.states import node_state  # noqa: E402
+from tests.support.lab.netns import enter  # noqa: E402
 
 
 def _rounds(run: object, backend: object, count: int, endpoints: int, rounds: int,
@@ -69,7 +69,7 @@ def in_guest(count: int, endpoints: int, rounds: int) -> tuple[float, float]:
 def on_stand_in(count: int, endpoints: int, rounds: int) -> tuple[float, float]:
     import pytest
 
-    from tests.ipvs.standin import stand_in
+    from tests.support.ipvs.standin import stand_in
 
     patches = pytest.MonkeyPatch()
     try:

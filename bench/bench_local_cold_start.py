@@ -76,7 +76,7 @@ APISERVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
     from pathlib import Path
-    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+    from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
     n = int(sys.argv[2])
     fake = FakeApiserver(token="t")
     fake.create("Node", {"metadata": {"name": "node-a"}})

@@ -34,10 +34,10 @@ from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.model import ServicePortKey  # noqa: E402
 from svcproxy.sdk import Changes, NodeState  # noqa: E402
-from tests.lab import manifests as m  # noqa: E402
-from tests.lab.plan import NodeSpec, PodSpec  # noqa: E402
-from tests.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
+from tests.support.lab import manifests as m  # noqa: E402
+from tests.support.lab.plan import NodeSpec, PodSpec  # noqa: E402
+from tests.support.lab.processes import SVCPROXY, Process, frontend, wait_for_path  # noqa: E402
+from tests.support.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 
 def rss_mb(pid: int | str = "self") -> float:

@@ -33,7 +33,7 @@ from endpoint_swap import swap_one_endpoint  # noqa: E402
 
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.sdk import Changes  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
+from tests.support.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 
 class Keep:

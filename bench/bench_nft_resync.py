@@ -42,7 +42,7 @@ from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.sdk import Backend, Changes, NodeState  # noqa: E402
 from svcproxy.sdk.testing import FakeSource  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state, pod_ip  # noqa: E402
+from tests.support.nft_fixtures import CONFIG, big_state, pod_ip  # noqa: E402
 
 PROBE = "spbench_probe"
 NEW_ENDPOINT = re.compile(r"(10\.13\d\.\d+\.\d+) \. 8080")

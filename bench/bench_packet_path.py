@@ -1,6 +1,6 @@
 """NodePort forwarding through the two-node lab: ``--ebpf-packet-path bpf`` (tc) next to nft.
 
-Run as root. Builds the test lab (tests/lab/topology.py: a LAN client, node1, node2 with
+Run as root. Builds the test lab (tests/support/lab/topology.py: a LAN client, node1, node2 with
 pods), loads ``--services`` filler services (a ClusterIP, an externalIP and one endpoint
 each) plus the NodePort measured, whose one endpoint (pod-c) is on node2: every
 connection is DNATed and SNATed on node1 and its replies reversed. For each size, each
@@ -42,10 +42,10 @@ from svcproxy.model import (  # noqa: E402
     ServiceType,
 )
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState  # noqa: E402
-from tests.lab.echo import EchoServer  # noqa: E402
-from tests.lab.netns import call_in  # noqa: E402
-from tests.lab.plan import standard_spec  # noqa: E402
-from tests.lab.topology import Lab  # noqa: E402
+from tests.support.lab.echo import EchoServer  # noqa: E402
+from tests.support.lab.netns import call_in  # noqa: E402
+from tests.support.lab.plan import standard_spec  # noqa: E402
+from tests.support.lab.topology import Lab  # noqa: E402
 
 SPEC = standard_spec()
 NODE1, CLIENT, POD = SPEC.node("node1"), SPEC.clients[0], SPEC.pod("pod-c")

@@ -37,9 +37,9 @@ from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.backends.nft.names import TABLE  # noqa: E402
 from svcproxy.sdk import Changes, NodeState  # noqa: E402
 from svcproxy.sdk.refusals import invalid_values  # noqa: E402
-from tests.lab.netns import call_in  # noqa: E402
-from tests.netns.harness import scratch_netns  # noqa: E402
-from tests.nft_fixtures import CONFIG, big_state  # noqa: E402
+from tests.support.lab.netns import call_in  # noqa: E402
+from tests.support.netns.harness import scratch_netns  # noqa: E402
+from tests.support.nft_fixtures import CONFIG, big_state  # noqa: E402
 
 SPENT = [0.0]  # seconds inside the value checks during the last timed sync
 

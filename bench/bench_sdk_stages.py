@@ -35,7 +35,7 @@ from svcproxy.sdk import (  # noqa: E402
     ServicePortState,
     StagedBackend,
 )
-from tests.nft_fixtures import CONFIG, big_state, endpoint  # noqa: E402
+from tests.support.nft_fixtures import CONFIG, big_state, endpoint  # noqa: E402
 
 
 class DictBackend(StagedBackend[ServiceRules]):

@@ -6,9 +6,9 @@ stay where it was after the warm-up (issue 28).
         [--warmup 10] [--json FILE] [--svg FILE] [--unbounded]
     .venv/bin/python bench/bench_soak.py --cpu [--changes 400]
 
-The stand-in apiserver (tests/fakeapiserver.py) holds ``--services`` Services with one
+The stand-in apiserver (tests/support/fakeapiserver.py) holds ``--services`` Services with one
 EndpointSlice of ``--endpoints`` pods each on ``--nodes`` Nodes; ``--rate`` changes a
-second churn it as rollouts do (tests/soak.py: a pod goes terminating, is replaced by a
+second churn it as rollouts do (tests/support/soak.py: a pod goes terminating, is replaced by a
 new IP not ready yet, turns ready; readiness flips), the object count flat. The frontend
 runs as ``svcproxy frontend --kubeconfig`` in its own process (with tracemalloc on:
 what Python allocated, besides RSS), ``--watchers`` SDK NodeStateClients watch one node
@@ -47,8 +47,8 @@ import grpc  # noqa: E402
 from svcproxy.sdk.client import NodeStateClient, open_channel  # noqa: E402
 from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc  # noqa: E402
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402
-from tests.soak import Rollouts  # noqa: E402
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402
+from tests.support.soak import Rollouts  # noqa: E402
 
 UNBOUNDED = ["--history-max-bytes", str(1 << 62), "--max-views", str(1 << 30)]
 

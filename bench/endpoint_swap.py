@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.sdk import NodeState, ServicePortKey
-from tests.nft_fixtures import endpoint, pod_ip
+from tests.support.nft_fixtures import endpoint, pod_ip
 
 
 def swap_one_endpoint(state: NodeState, key: ServicePortKey, n: int) -> NodeState:

@@ -22,11 +22,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.lab.client import probe, summarize  # noqa: E402
-from tests.lab.echo import EchoServer  # noqa: E402
-from tests.lab.plan import SERVER_PORTS, LabSpec, NodeSpec, PodSpec  # noqa: E402
-from tests.lab.processes import Process, backend_argv, frontend, wait_for_path  # noqa: E402
-from tests.lab.topology import Lab  # noqa: E402
+from tests.support.lab.client import probe, summarize  # noqa: E402
+from tests.support.lab.echo import EchoServer  # noqa: E402
+from tests.support.lab.plan import SERVER_PORTS, LabSpec, NodeSpec, PodSpec  # noqa: E402
+from tests.support.lab.processes import Process, backend_argv, frontend, wait_for_path  # noqa: E402
+from tests.support.lab.topology import Lab  # noqa: E402
 
 CLUSTER_IP, PORT, REQUESTS = "10.96.0.10", 80, 60
 SCALED_AWAY = "10.244.1.11"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context, rtnetlink
 
-from . import libbpf, maglev
+from . import libbpf, maglev, xdp
 from .ct_gc import CtGc
 from .libbpf import Map
 from .packet_layout import (
@@ -30,6 +30,7 @@ from .packet_layout import (
     MAP_MAGLEV,
     MAP_RANGES,
     MAP_SERVICES,
+    MAP_XDP_STATS,
     endpoint_name,
     pack_cluster_ip,
     pack_device,
@@ -293,6 +294,8 @@ class PacketBackend(Backend):
         yield entries
         yield capacity
         yield attached
+        if programs is not None and self.layout.xdp != "off":
+            yield from xdp.metrics(programs.xdp_modes, programs.maps[MAP_XDP_STATS].fd)
         if self.ct_gc is not None:
             yield from self.ct_gc.metrics()
 

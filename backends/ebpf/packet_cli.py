@@ -8,7 +8,7 @@ from pathlib import Path
 
 from svcproxy.sdk import NodeConfig, parse_duration
 
-from . import maglev
+from . import maglev, xdp
 from .ct_gc import CtTimeouts
 from .loader import LoadError
 from .packet_backend import PacketBackend
@@ -76,6 +76,15 @@ def add_packet_arguments(parser: argparse._ArgumentGroup) -> None:
         "delivers it with the client's address and the reply goes straight to the client "
         "from the service's address. Every node needs it (it takes the Geneve header off), "
         "and the route to the endpoints must carry 80 more bytes than the clients send")
+    parser.add_argument(
+        "--ebpf-xdp", nargs="?", const="auto", default="off", choices=xdp.MODES,
+        metavar="MODE",
+        help="with --ebpf-packet-path bpf: also run the XDP program on --ebpf-devices, which "
+        "forwards NodePort/externalIP/VIP flows to endpoints on other nodes (DNAT + SNAT) "
+        "and their replies before the stack sees them, leaving the rest to tc. MODE: auto "
+        "(the flag alone: native where the driver has XDP, else generic), native, generic "
+        "(veth: its native XDP cannot send back out without a program on the peer), or off "
+        "(default %(default)s). A device where it cannot attach is logged and served by tc")
     add_conntrack_arguments(parser)
 
 
@@ -121,6 +130,7 @@ def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBacken
                           max_services=args.ebpf_max_services,
                           max_endpoints=args.ebpf_max_endpoints,
                           max_flows=args.ebpf_max_flows, dsr=args.ebpf_dsr,
+                          xdp=args.ebpf_xdp,
                           ct_timeouts=ct_timeouts(args))
     backend = PacketBackend(config, layout, args.ebpf_lb_algorithm,
                             gc_interval=args.ebpf_ct_gc_interval)

@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import libbpf, rodata
+from . import libbpf, rodata, xdp
 from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
@@ -52,6 +52,7 @@ class PacketLayout:
     max_flows: int = 262144
     ct_timeouts: CtTimeouts = CtTimeouts()  # --conntrack-*: lifetimes per protocol and state
     dsr: bool = False  # --ebpf-dsr: remote endpoints' flows sent in Geneve (bpf/dsr.h)
+    xdp: str = "off"  # --ebpf-xdp: off, auto, native or generic (xdp.py)
 
     @property
     def dir(self) -> Path:
@@ -96,6 +97,7 @@ class PacketPrograms:
         self._obj: int | None = None
         self.maps: dict[str, Map] = {}
         self.attached: dict[str, int] = {}  # device -> the ifindex its links are on
+        self.xdp_modes: dict[str, str] = {}  # device -> its XDP mode, '' for none
 
     def load(self) -> PacketPrograms:
         layout = self.layout
@@ -187,6 +189,8 @@ class PacketPrograms:
                                     "links (Linux 6.6); use --ebpf-packet-path nft on this "
                                     "node") from None
                 raise LoadError(f"attaching tc {hook} to {device}: {err.strerror}") from None
+        self.xdp_modes[device] = xdp.serve(obj, self.layout.dir, device, ifindex,
+                                           self.layout.xdp)
 
     def _attach(self, device: str, hook: str, prog_fd: int, ifindex: int,
                 attach_type: int) -> None:

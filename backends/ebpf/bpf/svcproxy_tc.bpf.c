@@ -993,4 +993,6 @@ int spp_egress(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+#include "xdp.h"
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

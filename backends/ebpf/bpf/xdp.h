@@ -1,0 +1,317 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The XDP program of the packet path (--ebpf-xdp), included at the end of
+ * svcproxy_tc.bpf.c: it shares the tc programs' maps and helpers and does the part of
+ * their work that needs no socket buffer, before one is made (native mode) or as soon
+ * as it is (generic mode):
+ *
+ * - a reply of a flow SNATed to this node: reverse-SNAT and reverse-DNAT, out to the
+ *   client (XDP_TX on the device it came by, else a redirect);
+ * - a packet of a tracked flow to an endpoint on another node (SNATed): DNAT + SNAT, out
+ *   to the endpoint;
+ * - a new flow to a NodePort, externalIP or VIP whose pick is an endpoint on another
+ *   node: the endpoint picked (random or Maglev), a NAT port claimed, both entries
+ *   written as the tc program writes them, out.
+ *
+ * Everything else passes to the stack unchanged and is served by the tc programs, which
+ * follow: local endpoints (delivery needs the stack), DSR, REJECT answers, source
+ * ranges, affinity, a route without a known neighbour, IP options and extension
+ * headers. Checksums are updated incrementally, so they must be whole on the wire (as a
+ * NIC receives them; a veth whose peer offloads checksums delivers partial ones).
+ */
+#ifndef SVCPROXY_XDP_H
+#define SVCPROXY_XDP_H
+
+/* Per-CPU counters of what the XDP program did (svcproxy_ebpf_xdp_packets_total). */
+#define XDP_STAT_REPLY 0    /* a reply reversed and sent to the client */
+#define XDP_STAT_FORWARD 1  /* a tracked flow's packet sent to its endpoint */
+#define XDP_STAT_NEW 2      /* a new flow to a remote endpoint */
+#define XDP_STAT_PASS 3     /* left to the stack and the tc programs */
+#define XDP_STATS 4
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XDP_STATS);
+	__type(key, __u32);
+	__type(value, __u64);
+} spp_xdp_stats SEC(".maps");
+
+/* Where the headers are (packet pointers stay on the stack: a map may not hold them). */
+struct xdp_pkt {
+	struct pkt *p;
+	struct iphdr *ip4;
+	struct ipv6hdr *ip6;
+	__u16 *ports; /* source and destination port */
+	__u16 *l4sum; /* the L4 checksum (0 for an IPv4 UDP datagram without one) */
+};
+
+/* The rest of a packet's state, off the 512-byte stack. */
+struct xdp_scratch {
+	struct pkt p;
+	struct ct_key k;
+	struct ct_val fv;
+	struct svc_key sk;
+	struct svc_val sv;
+	struct bpf_fib_lookup fib;
+	__u32 from[9];
+	__u32 to[9];
+	__u32 snat[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct xdp_scratch);
+} spp_xdp_scratch SEC(".maps");
+
+static __always_inline int xdp_count(__u32 what, int verdict)
+{
+	__u64 *n = bpf_map_lookup_elem(&spp_xdp_stats, &what);
+
+	if (n)
+		*n += 1;
+	return verdict;
+}
+
+static __always_inline int xdp_parse(struct xdp_md *ctx, struct xdp_pkt *x)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct pkt *p = x->p;
+	void *l4;
+
+	if ((void *)(eth + 1) > end)
+		return -1;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+			return -1;
+		p->saddr[0] = ip->saddr;
+		p->daddr[0] = ip->daddr;
+		p->family = 4;
+		p->proto = ip->protocol;
+		x->ip4 = ip;
+		l4 = ip + 1;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		p->family = 6;
+		p->proto = ip6->nexthdr;
+		x->ip6 = ip6;
+		l4 = ip6 + 1;
+	} else {
+		return -1;
+	}
+	if (p->proto == IPPROTO_TCP) {
+		if (l4 + 20 > end)
+			return -1;
+		p->tcp_flags = *(__u8 *)(l4 + 13);
+		x->l4sum = l4 + 16;
+	} else if (p->proto == IPPROTO_UDP) {
+		if (l4 + 8 > end)
+			return -1;
+		x->l4sum = l4 + 6;
+	} else {
+		return -1;
+	}
+	x->ports = l4;
+	p->sport = x->ports[0];
+	p->dport = x->ports[1];
+	return 0;
+}
+
+/* Rewrite the packet to ``v`` (addresses and ports), its checksums updated. */
+static __always_inline void xdp_rewrite(struct xdp_pkt *x, struct xdp_scratch *s,
+					const struct ct_val *v)
+{
+	struct pkt *p = x->p;
+	__u32 *from = s->from, *to = s->to;
+	__s64 diff;
+
+	if (p->family == 4 && x->ip4) {
+		/* addresses, then the ports as one word, in the packet's byte order */
+		from[0] = p->saddr[0];
+		from[1] = p->daddr[0];
+		from[2] = (__u32)p->sport | (__u32)p->dport << 16;
+		to[0] = v->saddr[0];
+		to[1] = v->daddr[0];
+		to[2] = (__u32)v->sport | (__u32)v->dport << 16;
+		diff = bpf_csum_diff(from, 8, to, 8, (__u16)~x->ip4->check);
+		x->ip4->check = fold(diff);
+		x->ip4->saddr = to[0];
+		x->ip4->daddr = to[1];
+		if (*x->l4sum || p->proto == IPPROTO_TCP) {
+			diff = bpf_csum_diff(from, 12, to, 12, (__u16)~*x->l4sum);
+			*x->l4sum = fold(diff) ?: (p->proto == IPPROTO_UDP ? 0xffff : 0);
+		}
+	} else if (x->ip6) {
+		copy_addr(from, p->saddr);
+		copy_addr(from + 4, p->daddr);
+		from[8] = (__u32)p->sport | (__u32)p->dport << 16;
+		copy_addr(to, v->saddr);
+		copy_addr(to + 4, v->daddr);
+		to[8] = (__u32)v->sport | (__u32)v->dport << 16;
+		diff = bpf_csum_diff(from, 36, to, 36, (__u16)~*x->l4sum);
+		*x->l4sum = fold(diff) ?: (p->proto == IPPROTO_UDP ? 0xffff : 0);
+		__builtin_memcpy(&x->ip6->saddr, v->saddr, 16);
+		__builtin_memcpy(&x->ip6->daddr, v->daddr, 16);
+	}
+	x->ports[0] = v->sport;
+	x->ports[1] = v->dport;
+}
+
+/* The route to ``daddr`` from ``saddr`` in ``s->fib``: 0 with the MACs, or -1 (no
+ * route, no known neighbour: left to tc, which can resolve it). */
+static __always_inline int xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
+				     const __u32 *saddr, const __u32 *daddr)
+{
+	struct bpf_fib_lookup *fib = &s->fib;
+
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->l4_protocol = s->p.proto;
+	fib->ifindex = ctx->ingress_ifindex;
+	if (s->p.family == 4) {
+		fib->family = AF_INET;
+		fib->ipv4_src = saddr[0];
+		fib->ipv4_dst = daddr[0];
+	} else {
+		fib->family = AF_INET6;
+		copy_addr(fib->ipv6_src, saddr);
+		copy_addr(fib->ipv6_dst, daddr);
+	}
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0) == BPF_FIB_LKUP_RET_SUCCESS ? 0 : -1;
+}
+
+/* Rewrite to ``s->fv`` and send out by the route in ``s->fib``, counted as ``what``. */
+static __always_inline int xdp_send(struct xdp_md *ctx, struct xdp_pkt *x,
+				    struct xdp_scratch *s, __u32 what)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+
+	xdp_rewrite(x, s, &s->fv);
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	__builtin_memcpy(eth->h_dest, s->fib.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, s->fib.smac, ETH_ALEN);
+	if (s->fib.ifindex == ctx->ingress_ifindex)
+		return xdp_count(what, XDP_TX);
+	return xdp_count(what, bpf_redirect(s->fib.ifindex, 0));
+}
+
+/* A new flow to a remote endpoint, written as new_flow() in tc writes it, in
+ * ``s->fv``; -1: left to tc. */
+static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_scratch *s)
+{
+	struct pkt *p = &s->p;
+	struct svc_val *sv = &s->sv;
+	struct ct_val *fv = &s->fv;
+	struct ep_val ep;
+	struct dev_val *dev;
+	__u32 oif;
+	__u64 now = bpf_ktime_get_ns();
+	__u16 port;
+
+	if (sv->flags & (F_REFUSE | F_AFFINITY | F_RANGES) || !sv->count)
+		return -1;
+	if (pick(&s->sk, sv, flow_hash(p), &ep) || ep.family != p->family ||
+	    (ep.flags & EP_LOCAL))
+		return -1;
+	if (xdp_route(ctx, s, p->saddr, ep.addr))
+		return -1;
+	oif = s->fib.ifindex;
+	dev = bpf_map_lookup_elem(&spp_devices, &oif);
+	if (dsr_enabled && (sv->flags & F_MASQ) && dev)
+		return -1; /* maybe DSR: tc decides */
+	copy_addr(s->snat, p->daddr);
+	if (dev && p->family == 4 && dev->addr4)
+		s->snat[0] = dev->addr4;
+	else if (dev && p->family == 6 && (dev->addr6[0] | dev->addr6[1] | dev->addr6[2] |
+					   dev->addr6[3]))
+		copy_addr(s->snat, dev->addr6);
+	if (nat_port(p, &ep, s->snat, now, &port))
+		return -1;
+	__builtin_memset(fv, 0, sizeof(*fv));
+	copy_addr(fv->daddr, ep.addr);
+	fv->dport = ep.port;
+	fv->set_id = sv->set_id;
+	copy_addr(fv->saddr, s->snat);
+	fv->sport = port;
+	fv->flags = CT_SNAT;
+	ct_seen(fv, p, 0, now);
+	bpf_map_update_elem(&spp_ct, &s->k, fv, BPF_ANY);
+	return 0;
+}
+
+SEC("xdp")
+int spp_xdp(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct xdp_scratch *s = bpf_map_lookup_elem(&spp_xdp_scratch, &zero);
+	struct xdp_pkt x = {};
+	struct ct_val *found;
+	struct svc_val *svp;
+	struct pkt *p;
+	__u64 now;
+
+	if (!s)
+		return XDP_PASS;
+	__builtin_memset(&s->p, 0, sizeof(s->p));
+	__builtin_memset(&s->k, 0, sizeof(s->k));
+	__builtin_memset(&s->sk, 0, sizeof(s->sk));
+	p = &s->p;
+	x.p = p;
+	if (xdp_parse(ctx, &x))
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	now = bpf_ktime_get_ns();
+	ct_tuple(&s->k, p->saddr, p->daddr, p->sport, p->dport, p, CT_REPLY);
+	found = bpf_map_lookup_elem(&spp_ct, &s->k);
+	if (found && (found->flags & CT_SNAT)) {
+		s->fv = *found;
+		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr))
+			return xdp_count(XDP_STAT_PASS, XDP_PASS);
+		found->last_ns = now;
+		ct_reply_seen(p, &s->fv, now, &s->k);
+		return xdp_send(ctx, &x, s, XDP_STAT_REPLY);
+	}
+	copy_addr(s->sk.addr, p->daddr);
+	s->sk.port = p->dport;
+	s->sk.proto = p->proto;
+	s->sk.family = p->family;
+	svp = bpf_map_lookup_elem(&spp_services, &s->sk);
+	if (!svp)
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	s->sv = *svp;
+	ct_tuple(&s->k, p->saddr, p->daddr, p->sport, p->dport, p, CT_FORWARD);
+	found = bpf_map_lookup_elem(&spp_ct, &s->k);
+	if (found && ct_stale(found, p, now))
+		found = 0;
+	if (found && found->set_id != s->sv.set_id) {
+		/* As in tc: a UDP flow or a SYN whose endpoint left starts again. */
+		if (member(&s->sv, found, p->family))
+			found->set_id = s->sv.set_id;
+		else if (p->proto == IPPROTO_UDP || (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+			found = 0;
+	}
+	if (found) {
+		if (!(found->flags & CT_SNAT))
+			return xdp_count(XDP_STAT_PASS, XDP_PASS); /* local or DSR: tc */
+		s->fv = *found;
+		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr))
+			return xdp_count(XDP_STAT_PASS, XDP_PASS);
+		ct_seen(found, p, 0, now);
+		keep_reply(p, &s->fv, now);
+		return xdp_send(ctx, &x, s, XDP_STAT_FORWARD);
+	}
+	if (xdp_new_flow(ctx, s))
+		return xdp_count(XDP_STAT_PASS, XDP_PASS);
+	return xdp_send(ctx, &x, s, XDP_STAT_NEW);
+}
+
+#endif
