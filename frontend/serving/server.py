@@ -154,11 +154,17 @@ class NodeStateServicer(WatchServicer):
 
     async def _fleet_stream(self, messages: Callable[[Any], Any], request: Any,
                             context: grpc.aio.ServicerContext) -> None:
-        """Write a fleet stream's messages once the frontend has synced."""
+        """Write a fleet stream's messages once the frontend has synced; it holds one of
+        its peer's stream slots, as a Watch does (a flood of waits is bounded too)."""
         await self.engine.synced.wait()
+        peer = peer_address(context.peer())
         try:
-            async for msg in messages(request):
-                await context.write(msg)
+            self.slots.acquire(peer)
+            try:
+                async for msg in messages(request):
+                    await context.write(msg)
+            finally:
+                self.slots.release(peer)
         except Refused as err:
             await err.abort(context)
 

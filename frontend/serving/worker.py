@@ -12,6 +12,7 @@ import itertools
 import logging
 import signal
 import sys
+from contextlib import aclosing
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import cast
@@ -22,6 +23,7 @@ from grpc_health.v1 import _async as health_aio
 from svcproxy.frontend.gctuning import tune_for_streaming
 from svcproxy.frontend.publication.views import VIEW_HISTORY_BYTES, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
+from svcproxy.frontend.serving.fleet_streams import FleetFeeds, LinkClosed
 from svcproxy.frontend.serving.limits import (
     AnswerBudget,
     RefusalDelay,
@@ -37,6 +39,7 @@ from svcproxy.frontend.serving.readiness import API_NAMES, SERVING, not_serving
 from svcproxy.frontend.serving.server import TLSFiles, api_handler, serve_api
 from svcproxy.frontend.serving.shipping import Tally
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
+from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)
 METRICS_INTERVAL = 1.0  # seconds between a worker's metrics reports
@@ -69,6 +72,7 @@ class ParentLink:
         self.history_bytes = history_bytes
         self.views: dict[str, NodeView] = {}
         self.closed = asyncio.Event()
+        self.fleet = FleetFeeds(self.pipe.send)
         self._ids = itertools.count(1)
         # A request's future, its kind and, for a watch, the view and peer it is for.
         self._pending: dict[int, tuple[asyncio.Future[object], str,
@@ -133,6 +137,9 @@ class ParentLink:
             self.pipe.send(("unwatch", name))
 
     def _on_message(self, message: Message) -> None:
+        if message[0] == "fleet":
+            self.fleet.deliver(message)
+            return
         if message[0] == "publish":
             revision, batches = message[1], message[2]
             for name, (ops, digest) in batches.items():  # type: ignore[attr-defined]
@@ -177,6 +184,7 @@ class ParentLink:
 
     def _on_closed(self) -> None:
         self.closed.set()
+        self.fleet.close()
         for future, _, _ in self._pending.values():
             if not future.done():
                 future.set_exception(MainProcessGone())
@@ -266,13 +274,26 @@ class WorkerServicer(WatchServicer):
                        context: grpc.aio.ServicerContext) -> bytes:
         return await self._unary("GetFleet", request, context)
 
-    async def WatchFleet(self, request: object,  # noqa: N802
+    async def WatchFleet(self, request: pb.WatchFleetRequest,  # noqa: N802
                          context: grpc.aio.ServicerContext) -> None:
-        await _main_process_only(context)
+        await self._fleet("WatchFleet", request, context)
 
-    async def WaitFleet(self, request: object,  # noqa: N802
+    async def WaitFleet(self, request: pb.WaitFleetRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> None:
-        await _main_process_only(context)
+        await self._fleet("WaitFleet", request, context)
+
+    async def _fleet(self, method: str, request: pb.WatchFleetRequest | pb.WaitFleetRequest,
+                     context: grpc.aio.ServicerContext) -> None:
+        """A fleet stream the main process runs; its messages written here."""
+        try:
+            data, peer = request.SerializeToString(), peer_address(context.peer())
+            async with aclosing(self.link.fleet.open(method, data, peer)) as messages:
+                async for msg in messages:
+                    await context.write(msg)
+        except Refused as err:
+            await err.abort(context)
+        except LinkClosed:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the frontend is restarting")
 
     async def _unary(self, method: str, request: bytes,
                      context: grpc.aio.ServicerContext) -> bytes:
@@ -287,14 +308,6 @@ class WorkerServicer(WatchServicer):
             await self.delays.hold(peer, err)
             await err.abort(context)
             raise
-
-
-async def _main_process_only(context: grpc.aio.ServicerContext) -> None:
-    """WatchFleet and WaitFleet are served by the main process, not a stream worker."""
-    await context.abort(grpc.StatusCode.UNAVAILABLE, (
-        "this call reached a stream worker, and WatchFleet and WaitFleet are served by the "
-        "frontend's main process only: retry (the kernel spreads connections over the "
-        "processes), or use GetFleet"))
 
 
 async def _serve(index: int, config: WorkerConfig, conn: Connection) -> None:

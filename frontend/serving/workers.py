@@ -10,7 +10,8 @@ process where to start (``Snapshots.catch_up``: the batches it missed, or a snap
 subscribes its worker to that view; from then on every batch of the view is sent to the
 worker (already-serialised ops, pickled once per worker and revision), in the same
 pipe and so in the same order as the answers. Unary calls are forwarded here (each
-peer's rate is counted here, across processes), and
+peer's rate is counted here, across processes), WatchFleet and WaitFleet are run here
+and their messages written by the worker (fleet_streams.py), and
 each worker reports its metrics here every second, so /metrics covers every process.
 """
 
@@ -30,6 +31,7 @@ from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
 from svcproxy.frontend.serving import shipping
 from svcproxy.frontend.serving.access.guard import CallGuard
+from svcproxy.frontend.serving.fleet_streams import FleetRelay
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pipe import Message, Pipe
 from svcproxy.frontend.serving.server import REQUESTS, NodeStateServicer, TLSFiles
@@ -58,6 +60,8 @@ class _Worker:
     # Stream slots its streams hold, by peer address; snapshots it is reading, by id.
     peers: Counter[str] = field(default_factory=Counter)
     feeds: dict[int, Iterator[bytes]] = field(default_factory=dict)
+    # Its clients' WatchFleet and WaitFleet streams, run here.
+    fleet: FleetRelay | None = None
 
 
 class StreamWorkers:
@@ -109,6 +113,7 @@ class StreamWorkers:
         worker = _Worker(index, process)
         worker.pipe = Pipe(ours, partial(self._on_message, worker),
                            partial(self._on_closed, worker))
+        worker.fleet = FleetRelay(self._servicer, worker.pipe.send)
         worker.pipe.start(asyncio.get_running_loop())
         self._workers[index] = worker
 
@@ -120,6 +125,8 @@ class StreamWorkers:
             self._servicer.slots.release(peer)
         worker.peers.clear()
         worker.feeds.clear()
+        if worker.fleet is not None:
+            worker.fleet.close()
         self._workers.pop(worker.index, None)
         if self._stopping:
             return
@@ -148,6 +155,8 @@ class StreamWorkers:
             return
         if kind == "metrics":
             shipping.receive(message[1])  # type: ignore[arg-type]
+            return
+        if worker.fleet is not None and worker.fleet.on_message(message):
             return
         task = asyncio.ensure_future(self._answer(worker, message))
         self._tasks.add(task)
