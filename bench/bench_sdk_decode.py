@@ -28,7 +28,7 @@ from svcproxy.frontend.publication.wire import MESSAGE_BYTES, chunk_events  # no
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState  # noqa: E402
 from svcproxy.sdk.client import NodeStateClient  # noqa: E402
 from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
-from tests.test_sdk_decode import reference  # noqa: E402
+from tests.sdk.test_sdk_decode import reference  # noqa: E402
 
 
 def records(services: int) -> list[ServicePortState]:

@@ -7,7 +7,7 @@ so its j-th preference is ``(offset + j * skip) % size``. The endpoints take tur
 each claiming its most preferred slot still free, until every slot is claimed
 (Pseudocode 1 of the paper). Weights are equal, as kube-proxy's are.
 
-What follows from it, and what ``tests/test_maglev.py`` checks:
+What follows from it, and what ``tests/backends/ebpf/test_maglev.py`` checks:
 
 - every slot names an endpoint, and each endpoint holds ``size // n`` or
   ``size // n + 1`` slots (the turns stop as soon as the table is full);

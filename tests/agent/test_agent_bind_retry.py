@@ -17,8 +17,8 @@ from svcproxy.agent.httpserve import BackgroundHTTPServer, BindRetry, Response
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.dump.backend import DumpBackend
 from svcproxy.sdk.testing import FakeSource
-from tests.conftest import wait_for
-from tests.lab.processes import stop
+from tests.support.lab.processes import stop
+from tests.support.waiting import wait_for
 
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
 

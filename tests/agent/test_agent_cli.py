@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,10 +26,11 @@ from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.durations import parse_duration
 from svcproxy.sdk.backend import Backend, Changes, NodeState
-from tests.lab.netns import ip, ns_exec
-from tests.lab.topology import Namespaces, addresses, veth
+from tests.support.lab.netns import ip, ns_exec
+from tests.support.lab.topology import Namespaces, addresses, veth
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -19,8 +19,9 @@ from svcproxy.agent import collector
 from svcproxy.agent.config import NodeConfig
 from svcproxy.model import NodeInfo
 from svcproxy.sdk.backend import NodeState
-from tests.conftest import wait_for
-from tests.running_agent import dump_agent
+from tests.support.paths import REPO
+from tests.support.running_agent import dump_agent
+from tests.support.waiting import wait_for
 
 CONFIG = NodeConfig(node_name="node1", node_ips=("192.168.50.2",))
 
@@ -94,7 +95,7 @@ def test_the_frontend_collects_nothing_from_its_start_to_its_sync(tmp_path: Path
     """``svcproxy frontend`` ran ~120 collections before its sync (its imports, then the
     listed pages held until the engine was made): 0.1-0.4 s of a 2.4 s cold start at
     10,000 services. None now, and collection resumes after the sync."""
-    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+    from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 
     fake = FakeApiserver(token="t")
     try:
@@ -107,7 +108,7 @@ def test_the_frontend_collects_nothing_from_its_start_to_its_sync(tmp_path: Path
             [sys.executable, "-c", FRONTEND_PROCESS, "frontend", f"--kubeconfig={kubeconfig}",
              f"--listen=unix://{tmp_path / 'api.sock'}", "--metrics-bind-address="],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            cwd=Path(__file__).resolve().parents[1])
+            cwd=REPO)
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()

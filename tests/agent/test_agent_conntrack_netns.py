@@ -21,8 +21,8 @@ import pytest
 from svcproxy.agent.conntrack_cli import ConntrackCleaner, ConntrackCLI
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
-from tests.lab.netns import ip, ns_exec, sysctl
-from tests.lab.topology import Namespaces, addresses, default_routes, veth
+from tests.support.lab.netns import ip, ns_exec, sysctl
+from tests.support.lab.topology import Namespaces, addresses, default_routes, veth
 
 pytestmark = pytest.mark.netns
 

@@ -28,8 +28,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.conftest import wait_for
-from tests.running_agent import running
+from tests.support.running_agent import running
+from tests.support.waiting import wait_for
 
 GO_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? \+0000 UTC$")
 KEY = ServicePortKey("default", "web", "http", Protocol.TCP)

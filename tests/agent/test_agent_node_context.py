@@ -19,7 +19,7 @@ from svcproxy.model import NodeInfo, Protocol, ServicePortKey
 from svcproxy.sdk import resolve_context
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 CONFIG = NodeConfig("node1", node_ips=("192.168.50.2",), cluster_cidrs=("10.244.0.0/16",),
                     node_port_addresses=("192.168.50.0/24", "127.0.0.0/8"),
@@ -86,7 +86,7 @@ def test_the_agent_hands_the_dump_backend_its_resolved_context() -> None:
     """What a backend run by the agent gets: the one context, in the dump's snapshot line."""
     import json
 
-    from tests.running_agent import dump_agent
+    from tests.support.running_agent import dump_agent
 
     with dump_agent(CONFIG) as (source, agent, out):
         source.push(NodeState("node1", 1, NodeInfo("node1", pod_cidrs=("10.244.3.0/24",)), {}),
@@ -133,7 +133,7 @@ def test_node_facts_are_found_once_and_sysctls_set_for_syncs_only() -> None:
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    from tests.netns.harness import netns_or_skip
+    from tests.support.netns.harness import netns_or_skip
 
     with netns_or_skip("spctx") as name:
         yield name
@@ -143,11 +143,11 @@ def netns() -> Iterator[str]:
 def test_the_agent_resolves_and_sets_the_node_in_its_own_namespace(netns: str) -> None:
     """Real namespace: the resolver run where the agent runs finds IPv6 off, the node's
     legacy iptables (a kubelet hint chain), and sets the mode's sysctls there; the root
-    namespace is untouched (tests/root_sysctls.py guards it)."""
+    namespace is untouched (tests/support/root_sysctls.py guards it)."""
     from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
     from svcproxy.backends.ipvs.backend import IpvsBackend
     from svcproxy.backends.ipvs.options import IpvsOptions
-    from tests.lab.netns import call_in
+    from tests.support.lab.netns import call_in
 
     def sysctl(name: str) -> str:
         return subprocess.run(["ip", "netns", "exec", netns, "cat", f"/proc/sys/{name}"],

@@ -14,7 +14,7 @@ from svcproxy.agent.runner import SyncRunner
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 
 def key(i: int) -> ServicePortKey:

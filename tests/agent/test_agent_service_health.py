@@ -25,8 +25,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests import running_agent
-from tests.conftest import wait_for
+from tests.support import running_agent
+from tests.support.waiting import wait_for
 
 
 def free_port() -> int:

@@ -16,9 +16,9 @@ from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.dump.backend import DumpBackend
 from svcproxy.sdk.client import NodeStateClient
-from tests.conftest import wait_for
-from tests.running_agent import running
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.running_agent import running
+from tests.support.waiting import wait_for
 
 NODE_C = """apiVersion: v1
 kind: Node

@@ -15,8 +15,8 @@ from svcproxy.agent.conntrack_reconciler import ConntrackReconciler, stale_flows
 from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
-from tests.conftest import wait_for
-from tests.test_agent_conntrack_netns import PODS, SERVICE_IP, Lab, dnat_to, lab, service
+from tests.agent.test_agent_conntrack_netns import PODS, SERVICE_IP, Lab, dnat_to, lab, service
+from tests.support.waiting import wait_for
 
 __all__ = ["lab"]  # the namespaces fixture
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-from tests.lab.processes import stop
-from tests.test_apiserver_source import endpoint_slice, node, service
+from tests.frontend.sources.test_apiserver_source import endpoint_slice, node, service
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.lab.processes import stop
+from tests.support.paths import REPO
 
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
 
@@ -213,7 +214,7 @@ def test_local_start_imports_only_what_it_uses(tmp_path: Path) -> None:
     write_kubeconfig(kubeconfig, "http://127.0.0.1:1", "t")
     out = subprocess.run([sys.executable, "-c", START_IMPORTS, str(kubeconfig)], check=True,
                          capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+                         cwd=REPO).stdout
     loaded = set(json.loads(out))
     assert {"kubernetes", "kubernetes.client", "kubernetes.config", "grpc"} <= loaded
     unused = {"pyroute2", "jsonschema", "kubernetes_validate", "websocket", "cryptography",
@@ -242,7 +243,7 @@ def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
         tmp_path: Path) -> None:
     """``svcproxy frontend`` imports the kubernetes client as local mode does (the package
     without its ``__init__``), and still lists, watches and serves a node's state."""
-    from tests.churn import get_node_state
+    from tests.support.churn import get_node_state
 
     modules = tmp_path / "modules.json"
     with web_cluster("t") as fake:
@@ -250,7 +251,7 @@ def test_frontend_process_serves_the_apiserver_without_the_kubernetes_init(
         target = f"unix://{tmp_path / 'api.sock'}"
         with running([sys.executable, "-c", FRONTEND_PROCESS, str(modules), "frontend",
                       f"--kubeconfig={kubeconfig}", f"--listen={target}",
-                      "--metrics-bind-address="], cwd=Path(__file__).resolve().parents[1]) as out:
+                      "--metrics-bind-address="], cwd=REPO) as out:
             deadline = time.monotonic() + COLD_START
             while not any("frontend synced" in line for line in out.stderr):
                 assert out.proc.poll() is None and time.monotonic() < deadline, \

@@ -23,11 +23,11 @@ import pytest
 from svcproxy.backends.iptables import names as ipt_names
 from svcproxy.backends.nft import names as nft_names
 from svcproxy.model import Protocol, ServicePortKey
-from tests.lab import manifests as m
-from tests.lab.manifests import NAMESPACE
-from tests.lab.netns import call_in
-from tests.netns.backends import BackendCase
-from tests.netns.harness import NODE, ScenarioLab, missing_requirements
+from tests.support.lab import manifests as m
+from tests.support.lab.manifests import NAMESPACE
+from tests.support.lab.netns import call_in
+from tests.support.netns.backends import BackendCase
+from tests.support.netns.harness import NODE, ScenarioLab, missing_requirements
 
 pytestmark = pytest.mark.netns
 _why = missing_requirements()

@@ -37,8 +37,8 @@ from svcproxy.model import (
 )
 from svcproxy.sdk import Changes, NodeState
 from svcproxy.sdk.refusals import Refusals, invalid_values, isolate, isolate_versions
-from tests.lab.netns import ns_exec
-from tests.netns.harness import netns_or_skip
+from tests.support.lab.netns import ns_exec
+from tests.support.netns.harness import netns_or_skip
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("192.168.50.2",),
                     service_cidrs=("10.96.0.0/16",))

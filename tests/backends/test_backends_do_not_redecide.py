@@ -8,9 +8,10 @@ conditions, node or hints is choosing endpoints itself, with a rule of its own.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+from tests.support.paths import REPO
+
+BACKENDS = REPO / "backends"
 # Endpoint fields that only the frontend's selection may read.
 CONDITIONS = {"ready", "serving", "terminating", "is_local", "hint_zones", "hint_nodes"}
 

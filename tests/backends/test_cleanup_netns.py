@@ -24,9 +24,9 @@ from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.sdk.backend import Changes, NodeState
-from tests.lab.netns import call_in
-from tests.lab.processes import SVCPROXY
-from tests.netns.harness import missing_requirements, scratch_netns
+from tests.support.lab.netns import call_in
+from tests.support.lab.processes import SVCPROXY
+from tests.support.netns.harness import missing_requirements, scratch_netns
 
 pytestmark = pytest.mark.netns
 FOREIGN = "someone_elses_pkts"

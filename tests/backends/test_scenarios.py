@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from tests.lab import manifests as m
-from tests.lab.client import Summary
-from tests.lab.processes import LAN4, LAN6
-from tests.netns import leftovers
-from tests.netns.backends import BACKENDS, BackendCase
-from tests.netns.harness import ScenarioLab, missing_requirements
+from tests.support.lab import manifests as m
+from tests.support.lab.client import Summary
+from tests.support.lab.processes import LAN4, LAN6
+from tests.support.netns import leftovers
+from tests.support.netns.backends import BACKENDS, BackendCase
+from tests.support.netns.harness import ScenarioLab, missing_requirements
 
 pytestmark = pytest.mark.netns
 COUNT = 40  # connections per spread check: P(missing one of 4 pods) < 1e-4
@@ -422,7 +422,7 @@ def test_cleanup_removes_everything_the_backend_made_and_nothing_else(lab: Scena
                                                                      ) -> None:
     """After ``--cleanup`` node1's namespace holds what it held before the backend first
     started (tables, chains, rules, sets, nfacct objects, ipsets, links, virtual
-    servers; see tests/netns/leftovers.py), plus a table someone else made meanwhile; a
+    servers; see tests/support/netns/leftovers.py), plus a table someone else made meanwhile; a
     socket-level backend leaves no pin and no program on its cgroup."""
     lab.apply("gone.yaml", web_service(lab, "gone", ("10.96.13.1",), ("pod-c",)))
     lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.13.1", 80, {"pod-c"}, 3))

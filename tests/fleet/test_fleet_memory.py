@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.sources.events import Replace
-from tests.test_engine import endpoint, engine_with, node, service, slice_
+from tests.support.objects import endpoint, engine_with, node, service, slice_
 
 TRIGGER = "endpoints.kubernetes.io/last-change-trigger-time"
 

@@ -18,9 +18,9 @@ import svcproxy.frontend.serving.access.tokenreview  # noqa: F401
 from svcproxy.frontend.serving.access.auth import AuthConfig
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-from tests.fleet_lab import SVCPROXY
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.fleet_lab import SVCPROXY
 
 AUDIENCE = "svcproxy"
 POD_IP, OTHER_IP = "10.244.1.10", "10.244.1.11"

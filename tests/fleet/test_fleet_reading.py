@@ -17,13 +17,14 @@ import pytest
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.fleet_lab import SVCPROXY, agents, wait_state
-from tests.fleet_refusing_backend import REASON
-from tests.test_grpcurl import GRPCURL
-from tests.test_stream import copy_examples, web_slice
+from tests.support.examples import copy_examples, web_slice
+from tests.support.fleet_lab import SVCPROXY, agents, wait_state
+from tests.support.fleet_refusing_backend import REASON
+from tests.support.grpcurl import GRPCURL
+from tests.support.paths import REPO
 
-DOCS = Path(__file__).parent.parent / "docs" / "fleet.md"
-REFUSING = (sys.executable, "-m", "tests.fleet_refusing_backend", "web")
+DOCS = REPO / "docs" / "fleet.md"
+REFUSING = (sys.executable, "-m", "tests.support.fleet_refusing_backend", "web")
 
 
 def status(api: str, *args: str) -> str:

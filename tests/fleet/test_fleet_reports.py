@@ -19,11 +19,11 @@ from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.fleet_lab import agents, fleet, nodes, wait_state
-from tests.fleet_refusing_backend import REASON
-from tests.pki import CA
-from tests.test_stream import copy_examples, web_slice
+from tests.support.examples import copy_examples, web_slice
+from tests.support.fleet_lab import agents, fleet, nodes, wait_state
+from tests.support.fleet_refusing_backend import REASON
+from tests.support.pki import CA
+from tests.support.waiting import wait_for
 
 THREE = ("node-a", "node-b", "node-c")
 
@@ -115,7 +115,8 @@ def test_a_refused_service_port_is_shown(frontend_factory, tmp_path: Path) -> No
     fe = frontend_factory(copy_examples(tmp_path))
     api = fe.opts.listen
     with agents(api, tmp_path) as started:
-        started.start("node-a", (sys.executable, "-m", "tests.fleet_refusing_backend", "web"))
+        started.start("node-a", (sys.executable, "-m", "tests.support.fleet_refusing_backend",
+                                 "web"))
         got = wait_state(api, "node-a", pb.NODE_APPLIED, refused_count=2)
     assert {(r.service.name, r.service.port_name) for r in got.refused} == {
         ("web", "http"), ("web", "metrics")}

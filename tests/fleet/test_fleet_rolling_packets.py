@@ -1,4 +1,4 @@
-"""A rolling update through real packets (tests/netns/rolling.py): two nodes with the nft
+"""A rolling update through real packets (tests/support/netns/rolling.py): two nodes with the nft
 backend, new connections all along through a ClusterIP (node1) and a NodePort (node2),
 an endpoint made terminating and its server stopped, REPEATS times without and with a
 preStop-style ``svcproxy wait --endpoint-gone``. Without the wait some connections fail
@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.fleet_lab import wait_state
-from tests.netns.harness import missing_requirements
-from tests.netns.rolling import RollingLab
+from tests.support.fleet_lab import wait_state
+from tests.support.netns.harness import missing_requirements
+from tests.support.netns.rolling import RollingLab
 
 pytestmark = pytest.mark.netns
 _why = missing_requirements()

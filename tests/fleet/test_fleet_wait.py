@@ -13,9 +13,9 @@ import pytest
 
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.fleet_lab import SVCPROXY, Agents, agents, wait_state
-from tests.test_engine import endpoint, slice_
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.fleet_lab import SVCPROXY, Agents, agents, wait_state
+from tests.support.objects import endpoint, slice_
 
 GONE = "10.244.1.10"
 NEW = "10.244.1.99"

@@ -11,9 +11,9 @@ from typing import Any
 
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.churn import NODES, Churn, Relay, SlowWatcher, all_exact, sdk_state
-from tests.conftest import wait_for
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.churn import NODES, Churn, Relay, SlowWatcher, all_exact, sdk_state
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.waiting import wait_for
 
 CHANGES = 2000
 

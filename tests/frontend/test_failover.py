@@ -14,9 +14,9 @@ from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.lab.processes import frontend
-from tests.test_stream import WEB, copy_examples, web_slice
+from tests.support.examples import WEB, copy_examples, web_slice
+from tests.support.lab.processes import frontend
+from tests.support.waiting import wait_for
 
 
 def test_kill_9_of_the_replica_in_use_moves_the_node_to_the_other(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.netns.failover import FailoverLab
-from tests.netns.harness import missing_requirements
+from tests.support.netns.failover import FailoverLab
+from tests.support.netns.harness import missing_requirements
 
 pytestmark = pytest.mark.netns
 _why = missing_requirements()

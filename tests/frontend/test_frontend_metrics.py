@@ -9,8 +9,8 @@ from pathlib import Path
 from svcproxy.frontend.main import start_metrics
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
-from tests.conftest import wait_for
-from tests.test_stream import copy_examples, web_slice
+from tests.support.examples import copy_examples, web_slice
+from tests.support.waiting import wait_for
 
 
 def free_port() -> int:

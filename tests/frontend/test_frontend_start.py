@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
+ROOT = REPO
 # ``svcproxy frontend`` run in a fresh interpreter, its modules written out as it exits.
 FRONTEND_PROCESS = """
 import atexit, json, sys
@@ -69,7 +71,7 @@ def test_the_apiserver_is_asked_before_the_rest_is_imported(tmp_path: Path) -> N
     apiserver answers meanwhile); the pages then reach the engine, which syncs."""
     from urllib.parse import urlparse
 
-    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+    from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 
     fake = FakeApiserver(token="t")
     seen = tmp_path / "seen.json"

@@ -33,7 +33,7 @@ def test_the_initial_load_leaves_next_to_no_cyclic_garbage() -> None:
     cost 0.6 s): whatever the load leaves in reference cycles would stay for good."""
     from svcproxy.frontend.engine import Engine
     from svcproxy.frontend.sources.events import Replace
-    from tests.test_initial_sync import NODES, cluster
+    from tests.frontend.test_initial_sync import NODES, cluster
 
     services, slices = cluster(200)
     gc.collect()

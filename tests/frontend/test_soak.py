@@ -17,7 +17,7 @@ from svcproxy.frontend.publication.changelog import ViewBounds
 from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.sources.events import Replace, Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.soak import Rollouts
+from tests.support.soak import Rollouts
 
 PHASES, CHANGES, WARMUP = 8, 250, 2
 BOUNDS = ViewBounds(history_bytes=1 << 20, cache_floor=512)

@@ -16,9 +16,9 @@ import pytest
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.wirevalues import LATEST
-from tests.conftest import wait_for
-from tests.test_engine import endpoint, service, slice_
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.objects import endpoint, service, slice_
+from tests.support.waiting import wait_for
 
 # An annotation value -> the trigger time the SDK gets (0.0: none, so the time the
 # frontend saw the slice, as for a slice without the annotation).

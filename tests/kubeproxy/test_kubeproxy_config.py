@@ -32,10 +32,10 @@ from svcproxy.agent.kubeproxy_config import (
     load_config,
 )
 from svcproxy.agent.kubeproxy_flags import FLAGS, given_flags, normalize_argv
-from tests.lab.processes import stop
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.lab.processes import stop
 
-DATA = Path(__file__).parent / "kubeproxy"
+DATA = Path(__file__).parent
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
 
 # cmd/kube-proxy/app/options.go (v1.32) AddFlags + logsapi.AddFlags, Linux build.

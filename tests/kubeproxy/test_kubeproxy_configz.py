@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.lab.processes import stop
-from tests.test_kubeproxy_config import SVCPROXY, _free_port
+from tests.kubeproxy.test_kubeproxy_config import SVCPROXY, _free_port
+from tests.support.lab.processes import stop
 
 
 def _get(port: int, path: str) -> tuple[int, str, bytes]:

@@ -17,10 +17,11 @@ import yaml
 from svcproxy.agent.kubeproxy_cli import ENV_FLAGS, build_parser, effective_config, routes_here
 from svcproxy.agent.kubeproxy_config import load_config
 from svcproxy.agent.kubeproxy_flags import given_flags
-from tests.lab.topology import Namespaces
+from tests.support.lab.topology import Namespaces
+from tests.support.paths import REPO
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-KUBEADM_CONFIG = Path(__file__).parent / "kubeproxy" / "kubeadm.yaml"
+DEPLOY = REPO / "deploy"
+KUBEADM_CONFIG = Path(__file__).parent / "kubeadm.yaml"
 KUBEADM_COMMAND = ["/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf",
                    "--hostname-override=$(NODE_NAME)"]
 

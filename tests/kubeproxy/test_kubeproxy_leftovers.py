@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from svcproxy.agent.kubeproxy_leftovers import leftover_backends, remove_kube_proxy_tables
-from tests.lab.topology import Namespaces
+from tests.support.lab.topology import Namespaces
 
 CONFIG = ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
           "mode: {mode}\nclusterCIDR: 10.244.0.0/16\nconntrack: {{maxPerCore: 0}}\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 from svcproxy.agent.kubeproxy_config import load_config
 from svcproxy.agent.kubeproxy_sysctls import wanted_sysctls
 from svcproxy.sdk.sysctls import mode_sysctls
-from tests import root_sysctls
+from tests.support import root_sysctls
 
 
 def test_a_changed_sysctl_is_found_and_put_back(tmp_path: Path) -> None:

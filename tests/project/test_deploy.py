@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from svcproxy.cli import build_parser
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).parent.parent
+ROOT = REPO
 COMPOSE = shutil.which("docker-compose") or str(Path(sys.executable).parent / "docker-compose")
 
 

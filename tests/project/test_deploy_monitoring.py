@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import yaml
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -14,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import svcproxy.frontend.main  # noqa: F401 - every frontend metric is made on import
 from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from tests.support.paths import REPO
 
-DEPLOY = Path(__file__).parent.parent / "deploy"
+DEPLOY = REPO / "deploy"
 NAME = re.compile(r"\b(?:svcproxy|kubeproxy)_[a-z0-9_]+\b")
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count"),
             "summary": ("_sum", "_count"), "gauge": ("",), "info": ("_info",),

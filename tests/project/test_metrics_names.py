@@ -28,7 +28,7 @@ from svcproxy.sdk import (
     ServicePortState,
     ServiceType,
 )
-from tests.netns.harness import netns_or_skip
+from tests.support.netns.harness import netns_or_skip
 
 EXP = "exponential(0.001, 2, 15)"
 NET = "network programming"

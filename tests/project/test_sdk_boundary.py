@@ -10,8 +10,9 @@ import pytest
 import svcproxy.sdk
 import svcproxy.sdk.testing
 from svcproxy.sdk.plugins import installed_backends
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 BUILT_INS = sorted(p.parent.name for p in (ROOT / "backends").glob("*/cli.py"))
 
 

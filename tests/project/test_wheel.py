@@ -13,7 +13,9 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
+REPO = REPO
 # A clean checkout: no generated code, no built BPF object, no build output.
 _SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "site", "*.egg-info",
                                "__pycache__", ".pytest_cache", ".ruff_cache", ".cache", "v1",

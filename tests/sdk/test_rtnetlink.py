@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tests.lab.netns import ip, ns_exec
-from tests.lab.topology import Namespaces, addresses, veth
+from tests.support.lab.netns import ip, ns_exec
+from tests.support.lab.topology import Namespaces, addresses, veth
 
 # Run inside the namespace: both readings, as JSON.
 READ = """

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from svcproxy.sdk import NodeConfig, NodeInfo
 from svcproxy.sdk.context import LocalTraffic, interface_addresses, resolve_context
+from tests.support.paths import REPO
 
 IPS = ("10.1.1.1", "192.168.1.5", "fd00::5", "fd00::6")
 
@@ -180,9 +181,8 @@ NODE_FACTS = ("if_inet6", "disable_ipv6", "KUBE-IPTABLES-HINT", "write_text(",
 
 
 def test_no_backend_resolves_the_node_itself() -> None:
-    from pathlib import Path
 
-    backends = Path(__file__).resolve().parent.parent / "backends"
+    backends = REPO / "backends"
     files = sorted(backends.rglob("*.py"))
     assert len(files) > 20, "the backends were found"
     offences = [f"{path.relative_to(backends.parent)}:{n}: {fact}"

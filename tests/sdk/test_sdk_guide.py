@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.processes import stop
+from tests.support.lab.processes import stop
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 GUIDE = ROOT / "docs" / "writing-a-backend.md"
 SVCPROXY = Path(sys.executable).parent / "svcproxy"
 FENCE = re.compile(r"^```(\w+) (svcproxy-files/\S+)\n(.*?)^```$", re.S | re.M)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, installed_backends
 from svcproxy.sdk.testing import FakeCluster
-from tests.lab.processes import stop
-from tests.test_sdk_testing import WEB
+from tests.sdk.test_sdk_testing import WEB
+from tests.support.lab.processes import stop
 
 BUILT_INS = {"dump", "nft", "iptables", "ipvs", "ebpf"}
 

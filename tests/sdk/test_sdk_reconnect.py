@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from svcproxy.sdk.client import NodeStateClient
-from tests.conftest import wait_for
-from tests.lab.processes import frontend
-from tests.test_stream import WEB, copy_examples
+from tests.support.examples import WEB, copy_examples
+from tests.support.lab.processes import frontend
+from tests.support.waiting import wait_for
 
 
 def test_backend_state_converges_across_frontend_restart(tmp_path: Path) -> None:

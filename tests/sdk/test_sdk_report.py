@@ -14,10 +14,10 @@ from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.refusals import Refusals
 from svcproxy.sdk.report import MAX_DETAILS, MAX_REFUSED, Reporter, build_report
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.conftest import wait_for
-from tests.fleet_lab import nodes
-from tests.test_fleet_reports import report_code
-from tests.test_stream import copy_examples
+from tests.fleet.test_fleet_reports import report_code
+from tests.support.examples import copy_examples
+from tests.support.fleet_lab import nodes
+from tests.support.waiting import wait_for
 
 
 class Quiet(Backend):

@@ -17,8 +17,8 @@ from svcproxy.sdk import Backend, Changes, NodeState, run
 from svcproxy.sdk.client import NodeStateClient, WatchRefused
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.test_stream import WEB, copy_examples
+from tests.support.examples import WEB, copy_examples
+from tests.support.waiting import wait_for
 
 AN_HOUR_US = 3600 * 10**6
 

@@ -9,7 +9,7 @@ import pytest
 from svcproxy.sdk import Backend, Changes, NodeState, NodeStateClient, ServicePortKey
 from svcproxy.sdk.run import run
 from svcproxy.sdk.testing import FakeCluster, objects_of
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 WEB = """
 apiVersion: v1

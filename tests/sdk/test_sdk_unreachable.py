@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from svcproxy.sdk.client import NodeStateClient
-from tests.conftest import wait_for
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.waiting import wait_for
 
 HINT = "is the frontend running at"
 

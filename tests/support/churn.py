@@ -1,6 +1,6 @@
-"""Churn against the stand-in apiserver, shared by tests/test_churn.py and bench_churn.py.
+"""Churn against the stand-in apiserver, shared by tests/frontend/test_churn.py and bench_churn.py.
 
-A real frontend (ApiserverSource) watches tests/fakeapiserver.py while ``Churn`` changes
+A real frontend (ApiserverSource) watches tests/support/fakeapiserver.py while ``Churn`` changes
 every kind of object at full speed. Watchers: SDK NodeStateClients (live, or through a
 ``Relay`` the test cuts and restores) and raw gRPC streams that read slowly. At the end
 each watcher must equal GetNodeState, which must equal what a fresh engine computes from
@@ -26,8 +26,8 @@ from svcproxy.model import ServicePortKey, ServicePortState
 from svcproxy.sdk.client import EPOCH_KEY, NodeStateClient, open_channel, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.fakeapiserver import FakeApiserver
-from tests.test_stream_model import DocClient, OutOfSync
+from tests.frontend.publication.test_stream_model import DocClient, OutOfSync
+from tests.support.fakeapiserver import FakeApiserver
 
 NODES = ["n1", "n2", "n3", "n4"]
 ZONES = ["z1", "z2"]

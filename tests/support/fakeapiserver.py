@@ -14,7 +14,7 @@ It serves Services, EndpointSlices (discovery.k8s.io/v1) and Nodes:
 
 Tests change the cluster with :meth:`FakeApiserver.create` / ``update`` / ``delete``
 (unchecked, as what etcd holds), or through ``submit`` and a client's POST, which the
-model of the apiserver's validation and allocators (tests/kubemodel.py) answers with
+model of the apiserver's validation and allocators (tests/support/kubemodel.py) answers with
 201 or 422 Invalid as kube-apiserver v1.28 would; they provoke failures with
 ``compact``, ``expire_watches``, ``drop_connections`` and ``stop``/``start`` (an
 apiserver restart that keeps its data, as etcd does).
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests import kubemodel
-from tests.faketokens import TokenIssuer
+from tests.support import kubemodel
+from tests.support.faketokens import TokenIssuer
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class FakeApiserver:
         self._encoded: dict[str, dict[tuple[str, str], bytes]] = {kind: {} for kind in RESOURCES}
         self._connections: set[socket.socket] = set()
         self._watchers: set[_Watcher] = set()
-        # ServiceAccount tokens and their TokenReviews (tests/faketokens.py).
+        # ServiceAccount tokens and their TokenReviews (tests/support/faketokens.py).
         self.tokens = TokenIssuer(self._pod)
         # Cleared: list requests wait until it is set again (a slow apiserver).
         self.lists_open = threading.Event()
@@ -223,7 +223,7 @@ class FakeApiserver:
 
     def submit(self, kind: str, obj: Any) -> tuple[int, dict[str, Any]]:
         """Create ``obj`` as a client's POST does: validated by the model of the apiserver's
-        rules (tests/kubemodel.py) and, for a Service, by its allocators (a cluster IP in
+        rules (tests/support/kubemodel.py) and, for a Service, by its allocators (a cluster IP in
         SERVICE_CIDR not held by another, a node port in NODE_PORTS not held by another);
         (201, the stored object) or (422, an Invalid Status naming each cause), or 409
         when it exists. ``create`` stays the unchecked way in (what etcd holds)."""

@@ -15,9 +15,10 @@ import grpc
 
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
+from tests.support.paths import REPO
+from tests.support.waiting import wait_for
 
-ROOT = Path(__file__).parent.parent
+ROOT = REPO
 SVCPROXY = str(Path(sys.executable).parent / "svcproxy")
 AGENT_FLAGS = ("--healthz-bind-address", "", "--metrics-bind-address", "",
                "--min-sync-period", "0", "--report-min-interval", "50ms",

@@ -2,7 +2,7 @@
 ``run_agent`` (as ``svcproxy backend NAME`` runs a backend): it records refusals in the
 SDK's ``Refusals`` as every backend does, and reports nothing by code of its own.
 
-    python -m tests.fleet_refusing_backend SERVICE --api ADDR --node-name NAME ...
+    python -m tests.support.fleet_refusing_backend SERVICE --api ADDR --node-name NAME ...
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A model of kube-apiserver v1.28's validation of the fields svcproxy reads, for the
-stand-in apiserver (tests/fakeapiserver.py) to answer 422 Invalid as the real one does.
+stand-in apiserver (tests/support/fakeapiserver.py) to answer 422 Invalid as the real one does.
 
 Written from Kubernetes' Go source (pkg/apis/core/validation, pkg/apis/discovery/
 validation, apimachinery's util/validation, k8s.io/utils/net's sloppy parsers) and kept

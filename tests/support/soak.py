@@ -1,4 +1,4 @@
-"""A fixed world churned for ever, as rollouts do: shared by tests/test_soak.py and
+"""A fixed world churned for ever, as rollouts do: shared by tests/frontend/test_soak.py and
 bench/bench_soak.py.
 
 The world is ``services`` Services with one EndpointSlice each (``endpoints`` pods) on

@@ -11,7 +11,7 @@ from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.model import NodeInfo
 from svcproxy.sdk import Backend, Changes, NodeContext, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.nft_fixtures import CONFIG
+from tests.support.nft_fixtures import CONFIG
 
 
 class Sockets(Backend):

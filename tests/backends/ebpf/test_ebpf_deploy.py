@@ -15,8 +15,9 @@ import yaml
 
 from svcproxy.backends.ebpf import loader
 from svcproxy.cli import build_parser
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 MANIFEST = ROOT / "deploy" / "ebpf-daemonset.yaml"
 
 

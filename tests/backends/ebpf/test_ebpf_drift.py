@@ -31,7 +31,7 @@ from svcproxy.backends.ebpf.layout import (
 from svcproxy.backends.ebpf.loader import SIZES
 from svcproxy.sdk import Backend, Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.test_ebpf_sockets import EPS4, World, pytestmark, service
+from tests.backends.ebpf.test_ebpf_sockets import EPS4, World, pytestmark, service
 
 __all__ = ["pytestmark"]
 

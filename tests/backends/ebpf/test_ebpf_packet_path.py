@@ -37,11 +37,11 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
-from tests.lab.client import probe, summarize
-from tests.lab.echo import EchoServer
-from tests.lab.netns import call_in, ns_exec
-from tests.lab.plan import standard_spec
-from tests.lab.topology import Lab
+from tests.support.lab.client import probe, summarize
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import call_in, ns_exec
+from tests.support.lab.plan import standard_spec
+from tests.support.lab.topology import Lab
 
 
 def _why_not() -> str:
@@ -472,8 +472,8 @@ def test_devices_that_appear_later_are_attached(world: World) -> None:
     """--ebpf-devices names eth1 before it exists: attached at the sync after it appears,
     and again when it is made anew (its old links went with it)."""
     from svcproxy.backends.ebpf.packet_loader import _tcx_info
-    from tests.lab.netns import ip
-    from tests.lab.topology import Namespaces
+    from tests.support.lab.netns import ip
+    from tests.support.lab.topology import Namespaces
 
     spaces = Namespaces()
     ns = spaces.add_ns("hot")

@@ -28,13 +28,13 @@ import pytest
 
 from svcproxy.backends.ebpf import libbpf
 from svcproxy.backends.ebpf.packet_loader import OBJECT, _tcx_info
-from tests.lab import manifests as m
-from tests.lab.client import probe, summarize
-from tests.lab.echo import EchoServer
-from tests.lab.netns import call_in, ns_exec
-from tests.lab.plan import standard_spec
-from tests.lab.topology import Lab
-from tests.test_ebpf_process import eventually
+from tests.backends.ebpf.test_ebpf_process import eventually
+from tests.support.lab import manifests as m
+from tests.support.lab.client import probe, summarize
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import call_in, ns_exec
+from tests.support.lab.plan import standard_spec
+from tests.support.lab.topology import Lab
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 SPEC = standard_spec()

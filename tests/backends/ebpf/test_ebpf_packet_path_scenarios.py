@@ -1,4 +1,4 @@
-"""The shared scenario suite (tests/test_scenarios.py) with ``--ebpf-packet-path bpf``: the
+"""The shared scenario suite (tests/backends/test_scenarios.py) with ``--ebpf-packet-path bpf``: the
 socket programs for node1's processes and pods in the cgroup, the tc programs on node1's
 eth0 and pod bridge br0 for everything else, no nft next to them.
 
@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import test_scenarios as shared
-from tests.netns.backends import _EBPF_NO_NAT, BackendCase
-from tests.netns.harness import ScenarioLab
-from tests.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
-from tests.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
+from tests.backends import test_scenarios as shared
+from tests.backends.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
+from tests.backends.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
+from tests.support.netns.backends import _EBPF_NO_NAT, BackendCase
+from tests.support.netns.harness import ScenarioLab
 
 NOT_YET: tuple[tuple[str, str], ...] = ()
 CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0,br0"),

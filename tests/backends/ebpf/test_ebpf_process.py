@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_ebpf_sockets import EPS4, NODE_IP, PORT, World, enter, pytestmark
+from tests.backends.ebpf.test_ebpf_sockets import EPS4, NODE_IP, PORT, World, enter, pytestmark
 
 __all__ = ["pytestmark"]
 

@@ -30,8 +30,8 @@ from svcproxy.backends.ebpf.backend import EbpfBackend
 from svcproxy.backends.ebpf.loader import OBJECT, Layout
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeConfig, NodeState
-from tests.lab.netns import enter
-from tests.lab.topology import Namespaces, addresses
+from tests.support.lab.netns import enter
+from tests.support.lab.topology import Namespaces, addresses
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 EPS4 = [f"10.244.0.{i}" for i in range(1, 5)]

@@ -22,8 +22,14 @@ from svcproxy.agent.runner import SyncRunner
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.sdk import Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.lab.netns import ns_exec
-from tests.test_iptables_netns import Lab, _needs_root, config, node_state, service
+from tests.backends.iptables.test_iptables_netns import (
+    Lab,
+    _needs_root,
+    config,
+    node_state,
+    service,
+)
+from tests.support.lab.netns import ns_exec
 
 pytestmark = pytest.mark.netns
 PERIOD = 0.5  # seconds: the test's sync period

@@ -16,7 +16,7 @@ from svcproxy.backends.iptables.tool import IptablesError
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.iptables_fakes import FakeNfacct, RecordingIptables, stand_in
+from tests.support.iptables_fakes import FakeNfacct, RecordingIptables, stand_in
 
 KEY = ServicePortKey("default", "web", "http", Protocol.TCP)
 

@@ -1,6 +1,7 @@
 """The iptables backend against the real kernel: real packets in namespaces this test creates.
 
-Topology (tests.lab.topology's namespaces, unique per run): a node namespace with two pods on veths
+Topology (tests.support.lab.topology's namespaces, unique per run): a node namespace with
+two pods on veths
 (10.244.1.2, .3 and fd00:244::2, ::3), and an outside client on 192.168.50.0/24
 (two source addresses) / fd00:50::/64 routed to the node. The backend runs in
 this process and programs only the node namespace (``ip netns exec``).
@@ -32,9 +33,9 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk.backend import Changes, NodeState
-from tests.conftest import wait_for
-from tests.lab.netns import call_in, ip, ns_exec, sysctl
-from tests.lab.topology import Namespaces, addresses, default_routes, veth
+from tests.support.lab.netns import call_in, ip, ns_exec, sysctl
+from tests.support.lab.topology import Namespaces, addresses, default_routes, veth
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.netns
 

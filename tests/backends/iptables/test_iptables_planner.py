@@ -15,7 +15,7 @@ from svcproxy.backends.iptables.restore import parse_save, restore_text
 from svcproxy.backends.iptables.tool import failing_lines
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Applied, Changes, Delta, NodeConfig, NodeState
-from tests.iptables_fakes import RecordingIptables, stand_in
+from tests.support.iptables_fakes import RecordingIptables, stand_in
 
 CFG = FamilyConfig(if_local="-s 10.0.0.0/8", if_not_local="! -s 10.0.0.0/8")
 

@@ -17,8 +17,8 @@ from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
-from tests.lab.netns import ns_exec
-from tests.netns.harness import netns_or_skip
+from tests.support.lab.netns import ns_exec
+from tests.support.netns.harness import netns_or_skip
 
 pytestmark = pytest.mark.netns
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("192.168.50.2",))

@@ -10,7 +10,7 @@ from svcproxy.backends.ipvs.diff import Kernel, diff_servers, reap
 from svcproxy.backends.ipvs.genl import DestId, DestStats, ServiceId
 from svcproxy.backends.ipvs.render import RenderContext, render_port
 from svcproxy.model import Protocol, ServicePortState
-from tests.ipvs.states import endpoint, port_state
+from tests.support.ipvs.states import endpoint, port_state
 
 CTX = RenderContext("rr")
 SID = ServiceId("TCP", "10.96.0.10", 80)

@@ -1,6 +1,7 @@
 """The ipvs backend's drift check on a host without IPVS: the pure comparison of what
 the kernel holds with what was applied, and the repair it drives on the in-memory
-kernel of tests/ipvs/standin.py (the real kernel: tests/test_ipvs_guest.py)."""
+kernel of tests/support/ipvs/standin.py (the real kernel:
+tests/backends/ipvs/test_ipvs_guest.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.backends.ipvs.render import PortPlan, VirtualServer
 from svcproxy.model import Protocol
 from svcproxy.sdk import Changes, NodeConfig, NodeState, ServicePortKey, ServicePortState
-from tests.ipvs.standin import StandInIpvs, StandInRoute, stand_in
-from tests.ipvs.states import endpoint, node_state, port_state
+from tests.support.ipvs.standin import StandInIpvs, StandInRoute, stand_in
+from tests.support.ipvs.states import endpoint, node_state, port_state
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.100.0.1",))
 S1, S2 = ServiceId("TCP", "10.96.0.1", 80), ServiceId("TCP", "10.96.0.2", 80)

@@ -1,6 +1,6 @@
 """The IPVS backend against a real IPVS kernel, with real connections.
 
-Runs only inside the qemu guest (tests/test_ipvs_vm.py starts it there with
+Runs only inside the qemu guest (tests/backends/ipvs/test_ipvs_vm.py starts it there with
 SVCPROXY_IPVS_GUEST=1). Each test drives the backend in-process inside a node
 namespace it creates; the client connects from its own namespace.
 """
@@ -24,14 +24,14 @@ from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
 from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
 from svcproxy.model import ServiceType, SessionAffinity
 from svcproxy.sdk import NodeState
-from tests.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
-from tests.ipvs.states import changed, endpoint, full, node_state, port_state
-from tests.lab.netns import ns_exec
+from tests.support.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
+from tests.support.ipvs.states import changed, endpoint, full, node_state, port_state
+from tests.support.lab.netns import ns_exec
 
 pytestmark = [pytest.mark.ipvs, pytest.mark.netns]
 IN_GUEST = os.environ.get("SVCPROXY_IPVS_GUEST") == "1"
 if not IN_GUEST:
-    pytest.skip("runs inside the IPVS guest: tests/test_ipvs_vm.py starts it there",
+    pytest.skip("runs inside the IPVS guest: tests/backends/ipvs/test_ipvs_vm.py starts it there",
                 allow_module_level=True)
 
 CONFIG = NodeConfig(node_name="node1", cluster_cidrs=("10.244.0.0/16",),

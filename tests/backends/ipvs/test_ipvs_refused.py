@@ -2,7 +2,7 @@
 
 No IPVS on this kernel: the IPVS socket is a stand-in that keeps virtual servers
 and refuses to create one address (as a kernel without the scheduler asked for
-would, ENOENT); ipsets and iptables are recorded (tests/ipvs/standin.py). What is
+would, ENOENT); ipsets and iptables are recorded (tests/support/ipvs/standin.py). What is
 checked is the backend's part: the other service ports are programmed, the refused
 one is withdrawn whole (nothing half-created stays), reported, and retried only when
 it changes.
@@ -21,7 +21,7 @@ from svcproxy.backends.ipvs.netlink import Failure, Request
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
-from tests.ipvs.standin import StandInIpvs, stand_in
+from tests.support.ipvs.standin import StandInIpvs, stand_in
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.100.0.1",))
 REFUSED = "10.96.0.3"

@@ -19,7 +19,7 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk import NodeConfig, resolve_context
-from tests.ipvs.states import endpoint, port_state
+from tests.support.ipvs.states import endpoint, port_state
 
 CTX = RenderContext("rr", node_port_ips=("192.168.0.10",), node_ips=("192.168.0.10",))
 

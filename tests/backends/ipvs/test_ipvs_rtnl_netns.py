@@ -10,8 +10,8 @@ import pytest
 
 from svcproxy.backends.ipvs import rtnl
 from svcproxy.backends.ipvs.netlink import NETLINK_ROUTE, NetlinkBatch, Request
-from tests.lab.netns import call_in
-from tests.netns.harness import netns_or_skip
+from tests.support.lab.netns import call_in
+from tests.support.netns.harness import netns_or_skip
 
 pytestmark = pytest.mark.netns
 

@@ -13,8 +13,8 @@ from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
-from tests.lab.netns import call_in
-from tests.netns.harness import netns_or_skip
+from tests.support.lab.netns import call_in
+from tests.support.netns.harness import netns_or_skip
 
 pytestmark = pytest.mark.netns
 

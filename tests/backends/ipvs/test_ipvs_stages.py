@@ -3,7 +3,7 @@
 The applied state is the SDK's (``backend.applied``: one PortPlan per service port); a
 change renders and sends only its service port; a full sync, a new node context or a
 failed apply rebuilds from what the kernel holds. The kernel is the in-memory stand-in
-of tests/ipvs/standin.py (no IPVS here); real packets: tests/test_ipvs_vm.py.
+of tests/support/ipvs/standin.py (no IPVS here); real packets: tests/backends/ipvs/test_ipvs_vm.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from svcproxy.backends.ipvs.render import render_port
 from svcproxy.model import LoadBalancerIngress, ServiceType, TrafficPolicy
 from svcproxy.sdk import Applied, Changes, NodeConfig, NodeState, ServicePortState, StagedBackend
 from svcproxy.sdk import resolve_context as resolve
-from tests.ipvs.standin import StandInIpvs, StandInRoute, stand_in
-from tests.ipvs.states import endpoint, node_state, port_state
+from tests.support.ipvs.standin import StandInIpvs, StandInRoute, stand_in
+from tests.support.ipvs.states import endpoint, node_state, port_state
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.100.0.1",))
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+
+REPO = REPO
 RUN = REPO / "scripts" / "ipvs-vm" / "run.sh"
-GUEST_TESTS = ("tests/test_ipvs_guest.py", "tests/test_scenarios.py")
+GUEST_TESTS = ("tests/backends/ipvs/test_ipvs_guest.py", "tests/backends/test_scenarios.py")
 TIMEOUT = 2700
 
 
@@ -37,8 +39,8 @@ def _guest_pytest_args() -> list[str]:
     wanted = [t for t in GUEST_TESTS if (REPO / t).exists()]
     select = os.environ.get("SVCPROXY_IPVS_VM_SELECT", "")
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "-p", "tests.ipvs.slow_guest", "-x", "--durations=10", *wanted]
-    if "tests/test_scenarios.py" in wanted:
+            "-p", "tests.support.ipvs.slow_guest", "-x", "--durations=10", *wanted]
+    if "tests/backends/test_scenarios.py" in wanted:
         args += ["-k", select or "ipvs or test_ipvs_guest"]
     elif select:
         args += ["-k", select]

@@ -10,7 +10,7 @@ from svcproxy.backends.nft.claims import build_table, commit, plan_delta
 from svcproxy.backends.nft.context import family_context
 from svcproxy.backends.nft.service_rules import render_service
 from svcproxy.model import ServiceType
-from tests.nft_fixtures import CONFIG, endpoint, key, service, state_of
+from tests.support.nft_fixtures import CONFIG, endpoint, key, service, state_of
 
 CTX = family_context(CONFIG, None, 4)
 

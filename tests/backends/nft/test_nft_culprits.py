@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from svcproxy.backends.nft.culprits import named_in_error
 from svcproxy.backends.nft.service_rules import ServiceRules
-from tests.nft_fixtures import key
+from tests.support.nft_fixtures import key
 
 RULES = {
     key("a"): ServiceRules(chains={"external-A-ns/a/tcp/http": ("goto x",)},

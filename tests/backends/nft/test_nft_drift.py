@@ -26,10 +26,10 @@ from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.model import ServiceType, SessionAffinity
 from svcproxy.sdk import Changes, NodeState
 from svcproxy.sdk.testing import FakeSource
-from tests.lab.netns import ns_exec
-from tests.netns.harness import netns_or_skip
-from tests.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
-from tests.test_nft_kernel import kernel_content
+from tests.backends.nft.test_nft_kernel import kernel_content
+from tests.support.lab.netns import ns_exec
+from tests.support.netns.harness import netns_or_skip
+from tests.support.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
 PERIOD = 0.3  # seconds: the test's sync period

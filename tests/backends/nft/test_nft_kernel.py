@@ -15,9 +15,17 @@ from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.backends.nft.libnft import LibNftRunner
 from svcproxy.model import Protocol, SessionAffinity
 from svcproxy.sdk import Changes, NodeState, resolve_context
-from tests.lab.netns import call_in, ns_exec
-from tests.netns.harness import netns_or_skip, scratch_netns
-from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, node_state, service, state_of
+from tests.support.lab.netns import call_in, ns_exec
+from tests.support.netns.harness import netns_or_skip, scratch_netns
+from tests.support.nft_fixtures import (
+    CONFIG,
+    endpoint,
+    key,
+    lb_service,
+    node_state,
+    service,
+    state_of,
+)
 
 pytestmark = pytest.mark.netns
 

@@ -16,9 +16,9 @@ from svcproxy.backends.nft import names
 from svcproxy.backends.nft.apply import NftError, NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.sdk import Changes, NodeState
-from tests.lab.netns import ns_exec
-from tests.netns.harness import netns_or_skip
-from tests.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
+from tests.support.lab.netns import ns_exec
+from tests.support.netns.harness import netns_or_skip
+from tests.support.nft_fixtures import CONFIG, endpoint, key, node_state, service, state_of
 
 pytestmark = pytest.mark.netns
 CONFLICT = "10.96.0.3 . tcp . 80 : drop"  # the ClusterIP of service "c", another verdict

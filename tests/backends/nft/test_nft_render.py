@@ -23,7 +23,7 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk import resolve_context
-from tests.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
+from tests.support.nft_fixtures import CONFIG, endpoint, key, lb_service, service, state_of
 
 CTX4 = family_context(CONFIG, None, 4)
 CTX6 = family_context(CONFIG, None, 6)

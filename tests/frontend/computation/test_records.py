@@ -5,7 +5,7 @@ from __future__ import annotations
 from svcproxy.frontend.computation.records import ServiceRecords
 from svcproxy.frontend.sources.events import Delete, Upsert
 from svcproxy.frontend.store.store import Store
-from tests.test_engine import KEY, endpoint, node, service, slice_
+from tests.support.objects import KEY, endpoint, node, service, slice_
 
 WEB = ("default", "web")
 

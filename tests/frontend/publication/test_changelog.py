@@ -11,7 +11,7 @@ from svcproxy.frontend.publication.views import CLUSTER_VIEW
 from svcproxy.frontend.sources.events import Event, Replace, Upsert
 from svcproxy.frontend.store.store import Store
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.test_engine import KEY, endpoint, node, service, slice_
+from tests.support.objects import KEY, endpoint, node, service, slice_
 
 
 def _changelog() -> tuple[Store, Changelog]:

@@ -1,6 +1,6 @@
 """What the frontend keeps is bounded by what is live, not by history (issue 28).
 
-Each test churns a fixed world (tests/soak.py: rollouts, readiness flips, new IPs) and
+Each test churns a fixed world (tests/support/soak.py: rollouts, readiness flips, new IPs) and
 checks one bound: the encoder's caches, the histories' bytes, the views.
 """
 
@@ -20,7 +20,7 @@ from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.serving.server import NodeStateServicer
 from svcproxy.frontend.sources.events import Replace, Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.soak import Rollouts
+from tests.support.soak import Rollouts
 
 
 def _engine(world: Rollouts, bounds: ViewBounds = DEFAULT_BOUNDS) -> Engine:

@@ -8,7 +8,7 @@ from svcproxy.frontend.publication.snapshots import Snapshots
 from svcproxy.frontend.sources.events import Replace, Upsert
 from svcproxy.frontend.store.store import Store
 from svcproxy.v1 import nodestate_pb2 as pb
-from tests.test_engine import endpoint, node, service, slice_
+from tests.support.objects import endpoint, node, service, slice_
 
 
 def _setup() -> tuple[Store, Changelog, Snapshots]:

@@ -69,6 +69,7 @@ from svcproxy.model import Endpoint as ModelEndpoint
 from svcproxy.model import NodeInfo, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.client import NodeStateClient, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb
+from tests.support.paths import REPO
 
 NODES = ["n1", "n2", "n3"]
 WATCHED = NODES + ["n4", ""]  # n4 is never a Node; "" is the cluster view
@@ -1070,9 +1071,8 @@ def test_coalesced_ops_have_the_effect_of_the_batches(
 def test_the_proto_defines_the_digest_term_the_frontend_computes() -> None:
     """The proto said "the first 8 bytes of BLAKE2b": a client taking BLAKE2b-512's
     first bytes (what those words say) would never match and would reset forever."""
-    from pathlib import Path
 
-    text = (Path(__file__).parent.parent / "proto" / "nodestate.proto").read_text()
+    text = (REPO / "proto" / "nodestate.proto").read_text()
     comment = " ".join(line.strip().removeprefix("// ") for line in text.splitlines()
                        if line.strip().startswith("//"))
     assert "a term is BLAKE2b-64 (BLAKE2b with an 8-byte digest size, unkeyed" in comment

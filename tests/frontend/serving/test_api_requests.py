@@ -15,12 +15,13 @@ from svcproxy.frontend.main import FrontendOptions
 from svcproxy.frontend.serving.pages import decode_token, encode_token
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import RunningFrontend, wait_for
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-from tests.test_apiserver_source import cluster_ip_service, node
-from tests.test_stream import copy_examples, read_batch
-from tests.test_stream_limits import bulk, exposed
-from tests.test_stream_workers import own_connection
+from tests.frontend.serving.test_stream_limits import bulk, exposed
+from tests.frontend.serving.test_stream_workers import own_connection
+from tests.frontend.sources.test_apiserver_source import cluster_ip_service, node
+from tests.support.examples import copy_examples, read_batch
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.frontend import RunningFrontend
+from tests.support.waiting import wait_for
 
 SERVICE = "/svcproxy.v1.NodeStateService/"
 # Not protobuf (a varint that runs past the end); node_name (field 1) of bad UTF-8, which

@@ -24,10 +24,10 @@ from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.credentials import ClientTLS
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.pki import CA, Issued
-from tests.test_grpcurl import GRPCURL
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.grpcurl import GRPCURL
+from tests.support.pki import CA, Issued
+from tests.support.waiting import wait_for
 
 OK = grpc.StatusCode.OK
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -203,7 +203,7 @@ def test_grpcurl_gets_the_same_answers(fe, pki, who: str | None) -> None:  # typ
 
 def test_stream_workers_enforce_the_same_rules(frontend_factory, tmp_path: Path, pki,  # type: ignore[no-untyped-def]
                                                capfd: pytest.CaptureFixture[str]) -> None:
-    from tests.conftest import wait_for
+    from tests.support.waiting import wait_for
 
     server = pki["server"]
     fe = frontend_factory(copy_examples(tmp_path), listen="localhost:0", stream_workers=2,

@@ -18,9 +18,9 @@ from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.credentials import TokenFile
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.waiting import wait_for
 
 AUDIENCE = "svcproxy"
 NS, SA = "svcproxy", "svcproxy-backend"
@@ -185,8 +185,7 @@ def test_the_sdk_sends_the_token_file_and_rereads_it(fe, api: FakeApiserver,  # 
 def test_grpcurl_with_and_without_a_token(fe, api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
     import subprocess
 
-    from tests.test_grpcurl import GRPCURL
-
+    from tests.support.grpcurl import GRPCURL
     if not Path(GRPCURL).exists():
         pytest.skip("grpcurl is not installed")
     token = api.tokens.issue(NS, SA, audiences=(AUDIENCE,), pod=pod(api, "backend-a", "node-a"))

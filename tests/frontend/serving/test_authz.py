@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,6 +15,7 @@ from svcproxy.frontend.serving.access.auth import (
     is_local,
 )
 from svcproxy.frontend.serving.access.authz import authorize
+from tests.support.paths import REPO
 
 names = st.text(string.ascii_lowercase + string.digits + "-.:", min_size=1, max_size=20)
 methods = st.sampled_from(["Watch", "GetNodeState", "ListNodes", "WatchCluster"])
@@ -89,7 +89,7 @@ def test_the_frontend_refuses_to_start_unauthenticated_off_loopback() -> None:
     import sys
 
     def run(*flags: str) -> subprocess.CompletedProcess[str]:
-        examples = Path(__file__).parent.parent / "examples" / "cluster"
+        examples = REPO / "examples" / "cluster"
         return subprocess.run([sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests",
                                str(examples), "--metrics-bind-address", "", *flags],
                               capture_output=True, text=True, timeout=60)

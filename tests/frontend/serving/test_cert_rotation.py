@@ -15,9 +15,9 @@ from svcproxy.sdk.client import NodeStateClient
 from svcproxy.sdk.credentials import ClientTLS
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.pki import CA, Issued
-from tests.test_stream import WEB, copy_examples, web_slice
+from tests.support.examples import WEB, copy_examples, web_slice
+from tests.support.pki import CA, Issued
+from tests.support.waiting import wait_for
 
 
 def install(src: Issued, dst: Issued) -> None:

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_stream import copy_examples
-
-GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+from tests.support.examples import copy_examples
+from tests.support.grpcurl import GRPCURL
 
 
 def grpcurl(fe, *args: str, flags: tuple[str, ...] = ()) -> str:  # type: ignore[no-untyped-def]

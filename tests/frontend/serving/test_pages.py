@@ -18,10 +18,10 @@ from svcproxy.frontend.serving.pages import encode_token, listing_check
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import RunningFrontend
-from tests.test_engine import endpoint, service, slice_
-from tests.test_grpcurl import GRPCURL
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.frontend import RunningFrontend
+from tests.support.grpcurl import GRPCURL
+from tests.support.objects import endpoint, service, slice_
 
 NOTE = "n" * 400  # an svcproxy.io/ annotation: every service port carries it (options)
 

@@ -16,9 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-from tests.test_apiserver_source import cluster_ip_service, endpoint_slice, node
+from tests.frontend.sources.test_apiserver_source import cluster_ip_service, endpoint_slice, node
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.waiting import wait_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -104,8 +104,8 @@ def test_a_lost_apiserver_is_reported_while_the_state_is_served(  # type: ignore
 
 def test_a_chained_frontend_reports_its_lost_upstream(frontend_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from svcproxy.frontend.main import FrontendOptions
-    from tests.conftest import RunningFrontend
-    from tests.test_stream import copy_examples
+    from tests.support.examples import copy_examples
+    from tests.support.frontend import RunningFrontend
 
     up = RunningFrontend(FrontendOptions(manifests=copy_examples(tmp_path),
                                          listen=f"unix://{tmp_path}/up.sock",

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
-from pathlib import Path
 
 import grpc
 
@@ -14,26 +12,8 @@ from svcproxy.model import Protocol, ServicePortKey
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.test_engine import endpoint, slice_
-
-EXAMPLES = Path(__file__).parent.parent / "examples" / "cluster"
-WEB = ServicePortKey("shop", "web", "http", Protocol.TCP)
-
-
-def web_slice(n: int, port: int = 8080) -> dict:
-    eps = [endpoint(f"10.244.{i // 250}.{i % 250 + 1}", node="node-a") for i in range(n)]
-    return slice_("web-abc12", "web", eps, ns="shop", port=port)
-
-
-def stub(fe) -> pb_grpc.NodeStateServiceStub:  # type: ignore[no-untyped-def]
-    return pb_grpc.NodeStateServiceStub(grpc.insecure_channel(fe.opts.listen))
-
-
-def copy_examples(tmp_path: Path) -> Path:
-    d = tmp_path / "manifests"
-    shutil.copytree(EXAMPLES, d)
-    return d
+from tests.support.examples import WEB, copy_examples, read_batch, stub, web_slice
+from tests.support.waiting import wait_for
 
 
 def test_snapshot_then_batches_match_get_node_state(frontend_factory, tmp_path) -> None:
@@ -60,13 +40,6 @@ def test_snapshot_then_batches_match_get_node_state(frontend_factory, tmp_path) 
         client.stop()
 
 
-def read_batch(stream) -> list[pb.WatchEvent]:  # type: ignore[no-untyped-def]
-    out = []
-    for ev in stream:
-        out.append(ev)
-        if not ev.more:
-            return out
-    raise AssertionError("stream ended")
 
 
 def test_resume_gets_only_what_was_missed(frontend_factory, tmp_path) -> None:

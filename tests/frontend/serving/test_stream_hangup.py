@@ -18,9 +18,10 @@ from svcproxy.frontend.serving import hangup, limits
 from svcproxy.frontend.serving.limits import StreamLimits
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import RunningFrontend, wait_for
-from tests.test_stream import copy_examples, read_batch
-from tests.test_stream_limits import SMALL_WINDOW, bulk
+from tests.frontend.serving.test_stream_limits import SMALL_WINDOW, bulk
+from tests.support.examples import copy_examples, read_batch
+from tests.support.frontend import RunningFrontend
+from tests.support.waiting import wait_for
 
 STREAMS = 100  # --max-streams-per-peer's default
 

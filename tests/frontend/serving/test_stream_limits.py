@@ -25,9 +25,9 @@ from svcproxy.sdk import client as sdk_client
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.test_engine import endpoint, service, slice_
-from tests.test_stream import copy_examples, read_batch
+from tests.support.examples import copy_examples, read_batch
+from tests.support.objects import endpoint, service, slice_
+from tests.support.waiting import wait_for
 
 # A client that takes in at most HTTP/2's initial 64 KiB window per stream while it does
 # not read (no bandwidth probing to grow it), each channel its own connection.
@@ -312,8 +312,8 @@ def test_kubernetes_node_names_are_accepted(name: str) -> None:
 
 def test_stream_workers_share_the_caps_and_feed_snapshots_by_message(tmp_path) -> None:
     from svcproxy.frontend.main import FrontendOptions
-    from tests.conftest import RunningFrontend
-    from tests.test_stream_workers import own_connection
+    from tests.frontend.serving.test_stream_workers import own_connection
+    from tests.support.frontend import RunningFrontend
 
     fe = RunningFrontend(FrontendOptions(
         manifests=copy_examples(tmp_path), listen="127.0.0.1:0", metrics_bind_address="",
@@ -359,8 +359,8 @@ def exposed(sample: str, **labels: str) -> float:
 
 def test_stream_workers_counts_are_in_the_main_process_metrics(tmp_path) -> None:
     from svcproxy.frontend.main import FrontendOptions
-    from tests.conftest import RunningFrontend
-    from tests.test_stream_workers import serving_pids
+    from tests.frontend.serving.test_stream_workers import serving_pids
+    from tests.support.frontend import RunningFrontend
 
     streams, extra = 16, 8
     fe = RunningFrontend(FrontendOptions(

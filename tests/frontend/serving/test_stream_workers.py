@@ -19,8 +19,9 @@ from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import RunningFrontend, wait_for
-from tests.test_stream import WEB, copy_examples, read_batch, web_slice
+from tests.support.examples import WEB, copy_examples, read_batch, web_slice
+from tests.support.frontend import RunningFrontend
+from tests.support.waiting import wait_for
 
 CONNECTIONS = 24
 

@@ -12,8 +12,8 @@ import pytest
 from svcproxy.frontend.serving.access.auth import AuthConfig
 from svcproxy.frontend.serving.server import TLSFiles
 from svcproxy.sdk.client import NodeStateClient
-from tests.conftest import wait_for
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.waiting import wait_for
 
 
 def openssl(*args: str, cwd: Path) -> None:

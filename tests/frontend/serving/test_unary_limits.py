@@ -24,9 +24,9 @@ from svcproxy.frontend.serving.limits import (
 from svcproxy.frontend.serving.server import MAX_REQUEST_BYTES
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import wait_for
-from tests.test_stream import copy_examples
-from tests.test_stream_limits import SMALL_WINDOW, bulk, exposed
+from tests.frontend.serving.test_stream_limits import SMALL_WINDOW, bulk, exposed
+from tests.support.examples import copy_examples
+from tests.support.waiting import wait_for
 
 # No refill during a test: a peer has exactly ``burst`` calls.
 NO_REFILL = 1e-6
@@ -86,7 +86,7 @@ def test_the_rate_is_per_client_address(frontend_factory, tmp_path) -> None:
 def test_the_rate_holds_across_stream_workers(tmp_path) -> None:
     """Unary calls to a worker are answered by the main process, which counts them."""
     from svcproxy.frontend.main import FrontendOptions
-    from tests.conftest import RunningFrontend
+    from tests.support.frontend import RunningFrontend
 
     fe = RunningFrontend(FrontendOptions(
         manifests=copy_examples(tmp_path), listen="127.0.0.1:0", metrics_bind_address="",

@@ -23,7 +23,7 @@ from svcproxy.frontend.sources.apiserver import (
 from svcproxy.frontend.sources.apiserver_backoff import Backoff, BackoffPolicy
 from svcproxy.frontend.sources.apiserver_resources import object_ref
 from svcproxy.frontend.sources.events import KINDS, Delete, Event, RawObject, Replace, Upsert
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 
 TOKEN = "s3cret"
 FAST = BackoffPolicy(initial=0.05, cap=0.5)

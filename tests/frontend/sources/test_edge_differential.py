@@ -1,6 +1,6 @@
 """Differential tests against Kubernetes' rules: generated Services, EndpointSlices and
 Nodes go through the stand-in apiserver (its model of kube-apiserver v1.28's validation
-and allocators, tests/kubemodel.py) and through svcproxy's manifest source. Property:
+and allocators, tests/support/kubemodel.py) and through svcproxy's manifest source. Property:
 what the model stores is served (a slice's endpoints reach the node's records), what it
 refuses is refused alone (the other objects are served) and logged. Then the same edge
 values through a real client's POST, the apiserver source, GetNodeState, Watch and the
@@ -26,10 +26,10 @@ from svcproxy.frontend.sources import intake
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
-from tests import kubemodel
-from tests.conftest import wait_for
-from tests.fakeapiserver import FakeApiserver
-from tests.hostile import endpoint_slice, node, service
+from tests.support import kubemodel
+from tests.support.fakeapiserver import FakeApiserver
+from tests.support.hostile import endpoint_slice, node, service
+from tests.support.waiting import wait_for
 
 WEB = ServicePortKey("shop", "web", "http", Protocol.TCP)
 API = ServicePortKey("shop", "api", "http", Protocol.TCP)
@@ -267,8 +267,8 @@ def test_edge_values_a_client_posts_reach_get_node_state_watch_and_the_sdk(
 
     from svcproxy.frontend.sources.apiserver import load_api_client
     from svcproxy.sdk.client import NodeStateClient
-    from tests.churn import SlowWatcher, get_node_state, sdk_state
-    from tests.fakeapiserver import write_kubeconfig
+    from tests.support.churn import SlowWatcher, get_node_state, sdk_state
+    from tests.support.fakeapiserver import write_kubeconfig
 
     api = FakeApiserver(token="t")
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, "t")

@@ -4,7 +4,6 @@ each field's example is handled (honoured, degraded, ignored) as the table says.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +12,10 @@ from svcproxy.frontend.sources.edge_fields import DEGRADED, FIELDS, EdgeField, m
 from svcproxy.frontend.sources.intake import field_label
 from svcproxy.frontend.sources.kubevalidation import validate
 from svcproxy.frontend.store.objects import parse_endpoint_slice, parse_node, parse_service
-from tests.hostile import endpoint_slice, node, service, set_path
+from tests.support.hostile import endpoint_slice, node, service, set_path
+from tests.support.paths import REPO
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "edge-fields.md"
+PAGE = REPO / "docs" / "edge-fields.md"
 BASE = {"Service": service, "EndpointSlice": endpoint_slice, "Node": node}
 PARSE: dict[str, Any] = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice,
                          "Node": parse_node}

@@ -27,9 +27,9 @@ from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import object_key, validate
 from svcproxy.frontend.sources.manifests import ManifestLimits, ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
-from tests.conftest import wait_for
-from tests.hostile import ANY_OBJECT, endpoint_slice, node, service, set_path
-from tests.test_stream import copy_examples
+from tests.support.examples import copy_examples
+from tests.support.hostile import ANY_OBJECT, endpoint_slice, node, service, set_path
+from tests.support.waiting import wait_for
 
 WEB = ServicePortKey("shop", "web", "http", Protocol.TCP)
 TRIGGER = "endpoints.kubernetes.io/last-change-trigger-time"
@@ -428,10 +428,10 @@ def test_limit_flags_reach_the_options_and_bad_values_say_what_to_do() -> None:
 
 def test_apiserver_objects_pass_the_same_rules_and_a_year_one_trigger_time_stops_nothing(
         frontend_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-    from tests.test_apiserver_source import cluster_ip_service
-    from tests.test_apiserver_source import endpoint_slice as api_slice
-    from tests.test_apiserver_source import node as api_node
+    from tests.frontend.sources.test_apiserver_source import cluster_ip_service
+    from tests.frontend.sources.test_apiserver_source import endpoint_slice as api_slice
+    from tests.frontend.sources.test_apiserver_source import node as api_node
+    from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 
     api = FakeApiserver(token="t")
     try:

@@ -26,7 +26,7 @@ from svcproxy.model import (
     ServicePortState,
     ServiceType,
 )
-from tests.hostile import (
+from tests.support.hostile import (
     ANY_OBJECT,
     HOSTILE_VALUES,
     endpoint_slice,

@@ -15,7 +15,7 @@ import yaml
 from svcproxy.frontend.sources import manifests
 from svcproxy.frontend.sources.events import Event, Upsert
 from svcproxy.frontend.sources.manifests import ManifestSource
-from tests.hostile import endpoint_slice
+from tests.support.hostile import endpoint_slice
 
 SIZE = 40
 

@@ -17,8 +17,8 @@ from svcproxy.frontend.sources import intake
 from svcproxy.frontend.sources.events import Event, Replace
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
-from tests.conftest import wait_for
-from tests.test_stream import WEB, copy_examples
+from tests.support.examples import WEB, copy_examples
+from tests.support.waiting import wait_for
 
 API = ServicePortKey("shop", "api", "http", Protocol.TCP)
 

@@ -36,7 +36,7 @@ from svcproxy.frontend.store.objects import (
 )
 from svcproxy.frontend.store.store import Store
 from svcproxy.model import Protocol, normalize_cidr, normalize_ip, parse_ip
-from tests.hostile import endpoint_slice, spoiled
+from tests.support.hostile import endpoint_slice, spoiled
 
 OCTET = st.one_of(st.integers(0, 300).map(str), st.sampled_from(["00", "01", "007", "256", ""]))
 IPV4ISH = st.lists(OCTET, min_size=3, max_size=5).map(".".join)

@@ -15,9 +15,10 @@ from svcproxy.frontend.sources.events import Delete, Upsert
 from svcproxy.model import ServicePortKey, ServicePortState
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.conftest import RunningFrontend, wait_for
-from tests.test_engine import endpoint, node, service, slice_
-from tests.test_stream import copy_examples, web_slice
+from tests.support.examples import copy_examples, web_slice
+from tests.support.frontend import RunningFrontend
+from tests.support.objects import endpoint, node, service, slice_
+from tests.support.waiting import wait_for
 
 NODES = ("node-a", "node-b", "node-z", "")
 

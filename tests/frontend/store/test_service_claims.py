@@ -17,8 +17,8 @@ from svcproxy.frontend.sources.events import Delete, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
-from tests.conftest import wait_for
-from tests.hostile import endpoint_slice, node, service, set_path
+from tests.support.hostile import endpoint_slice, node, service, set_path
+from tests.support.waiting import wait_for
 
 
 def refused(claim: str) -> float:
@@ -128,10 +128,10 @@ def test_the_stand_in_apiservers_allocator_and_the_manifests_agree(
     """The apiserver's allocator refuses the later Service (422, already allocated) and
     the frontend serves the earlier; the same objects from manifests end the same way
     (the later one's port refused, logged and counted)."""
-    from tests.fakeapiserver import FakeApiserver, write_kubeconfig
-    from tests.test_apiserver_source import cluster_ip_service
-    from tests.test_apiserver_source import endpoint_slice as api_slice
-    from tests.test_apiserver_source import node as api_node
+    from tests.frontend.sources.test_apiserver_source import cluster_ip_service
+    from tests.frontend.sources.test_apiserver_source import endpoint_slice as api_slice
+    from tests.frontend.sources.test_apiserver_source import node as api_node
+    from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 
     objs = [api_node("n1"),
             created(cluster_ip_service("old", "10.96.0.10"), "2026-01-01T00:00:00Z"),

@@ -11,7 +11,7 @@ from svcproxy.frontend.sources.events import Delete, RawObject, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.objects import EndpointSlice
 from svcproxy.frontend.store.store import Store
-from tests.test_engine import endpoint, node, service, slice_
+from tests.support.objects import endpoint, node, service, slice_
 
 WEB = ("default", "web")
 

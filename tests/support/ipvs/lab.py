@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from tests.lab.netns import enter, sysctl
-from tests.lab.topology import Namespaces, addresses, default_routes, veth
+from tests.support.lab.netns import enter, sysctl
+from tests.support.lab.topology import Namespaces, addresses, default_routes, veth
 
 T = TypeVar("T")
 POD_PORT = 8080

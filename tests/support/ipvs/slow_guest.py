@@ -3,7 +3,7 @@ shared scenario suite's waits (process start-up, local mode's cold start and sta
 comparison, a --cleanup process, "eventually", the default wait for an answer) are
 stretched; explicit timeouts (those that check for drops) are kept.
 
-Loaded with ``-p tests.ipvs.slow_guest`` by tests/test_ipvs_vm.py; only wait
+Loaded with ``-p tests.support.ipvs.slow_guest`` by tests/backends/ipvs/test_ipvs_vm.py; only wait
 bounds change, never what the tests assert. The factor comes from
 SVCPROXY_IPVS_GUEST_TIME_SCALE (default 8).
 
@@ -43,8 +43,8 @@ def _stretch(function: Callable[..., Any], name: str, scale: float = SCALE) -> N
 
 
 def pytest_configure() -> None:
-    from tests.lab import processes
-    from tests.netns import harness
+    from tests.support.lab import processes
+    from tests.support.netns import harness
 
     # A process's start (the frontend's socket) took over 120 s in the guest at load 12.
     _stretch(processes.wait_for_path, "timeout", SCALE * 2.5)

@@ -6,7 +6,7 @@
 answers the backend's dumps with them; ``StandInIpset`` keeps the sets ``ipset restore``
 input makes and prints them as ``ipset save``. iptables input is recorded, not run.
 What these check is the backend's own logic (what it sends, when it reads back);
-real packets are checked in the IPVS guest (tests/test_ipvs_vm.py).
+real packets are checked in the IPVS guest (tests/backends/ipvs/test_ipvs_vm.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The stand-in apiserver (tests/fakeapiserver.py) inside a lab namespace, holding the objects
+"""The stand-in apiserver (tests/support/fakeapiserver.py) in a lab namespace, holding the objects
 the lab's manifest files hold: what the frontend reads from the files, a backend in local
 mode lists and watches over the real protocol."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from tests.fakeapiserver import FakeApiserver, write_kubeconfig
+from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 
 from .manifests import Doc
 from .netns import call_in

@@ -16,7 +16,7 @@ class BackendCase:
     name: str
     extra_args: tuple[str, ...] = ()
     # Balances at the socket: node1's processes (and probes from node1 and its pods) run
-    # in a cgroup the lab makes (tests/netns/socket_level.py).
+    # in a cgroup the lab makes (tests/support/netns/socket_level.py).
     socket_level: bool = False
     # Scenario (test function name) -> why it does not apply to this backend.
     not_applicable: tuple[tuple[str, str], ...] = ()

@@ -1,6 +1,6 @@
 """Two frontend replicas and the nft backend on node1, for failover with real packets.
 
-The standard lab (tests/netns/harness.py) with a second frontend on the same manifests;
+The standard lab (tests/support/netns/harness.py) with a second frontend on the same manifests;
 the backend is given both (``--api unix://a,unix://b``). ``kill`` sends SIGKILL to the
 replica the backend streams from, changes a Service while it is down, and measures how
 long until the backend streams from the other replica (its log) and until the change
@@ -15,10 +15,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from tests.lab import manifests as m
-from tests.lab.processes import Process, backend_argv, frontend, wait_for_path
-from tests.netns.backends import BackendCase
-from tests.netns.harness import NODE, ScenarioLab
+from tests.support.lab import manifests as m
+from tests.support.lab.processes import Process, backend_argv, frontend, wait_for_path
+from tests.support.netns.backends import BackendCase
+from tests.support.netns.harness import NODE, ScenarioLab
 
 STEADY = ("failover-steady", ("10.96.7.1",), ("pod-a", "pod-b"))
 CHANGED = ("failover-changed", ("10.96.7.2",))

@@ -23,21 +23,21 @@ from typing import TypeVar
 import grpc
 import pytest
 
-from tests.lab import manifests
-from tests.lab.apiserver import LabApiserver
-from tests.lab.client import Summary, probe, summarize
-from tests.lab.echo import EchoServer
-from tests.lab.netns import LabError
-from tests.lab.nodestate import differences, node_state
-from tests.lab.plan import SERVER_PORTS, LabSpec, standard_spec
-from tests.lab.processes import (
+from tests.support.lab import manifests
+from tests.support.lab.apiserver import LabApiserver
+from tests.support.lab.client import Summary, probe, summarize
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import LabError
+from tests.support.lab.nodestate import differences, node_state
+from tests.support.lab.plan import SERVER_PORTS, LabSpec, standard_spec
+from tests.support.lab.processes import (
     Process,
     backend_argv,
     frontend,
     local_backend_argv,
     wait_for_path,
 )
-from tests.lab.topology import Lab, Namespaces
+from tests.support.lab.topology import Lab, Namespaces
 
 from . import leftovers
 from .backends import BackendCase

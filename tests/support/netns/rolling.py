@@ -1,7 +1,7 @@
 """A rolling update with real packets: two nodes with the nft backend, clients making new
 connections all along, an endpoint made terminating and its server then stopped.
 
-The standard lab (tests/netns/harness.py) runs the frontend and node1's backend; node2
+The standard lab (tests/support/netns/harness.py) runs the frontend and node1's backend; node2
 gets a backend of its own. Service ``roll`` has pod-a (node1) and pod-c (node2). Two
 probers make new connections all along: the client pod through the ClusterIP (node1's
 rules) and an external client through node2's NodePort (node2's rules). ``roll_out``
@@ -22,12 +22,12 @@ import grpc
 
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
-from tests.lab import manifests as m
-from tests.lab.echo import EchoServer
-from tests.lab.plan import SERVER_PORTS
-from tests.lab.processes import SVCPROXY, Process, backend_argv
-from tests.netns.backends import BackendCase
-from tests.netns.harness import NODE, ScenarioLab
+from tests.support.lab import manifests as m
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.plan import SERVER_PORTS
+from tests.support.lab.processes import SVCPROXY, Process, backend_argv
+from tests.support.netns.backends import BackendCase
+from tests.support.netns.harness import NODE, ScenarioLab
 
 CLUSTER_IP = "10.96.9.1"
 NODE_PORT = 30990

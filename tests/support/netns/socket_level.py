@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.client import Reply
+from tests.support.lab.client import Reply
+from tests.support.paths import REPO
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PROBER = r'''
 import json, sys
 from dataclasses import asdict
-from tests.lab.client import probe
+from tests.support.lab.client import probe
 print("ready", flush=True)
 for line in sys.stdin:
     c = json.loads(line)
