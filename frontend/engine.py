@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from svcproxy.frontend.computation.records import ServiceRecords
-from svcproxy.frontend.gctuning import collector_paused, settle_long_lived_state
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, Changelog, ViewBounds
 from svcproxy.frontend.publication.snapshots import Snapshots
+from svcproxy.frontend.runtime.gctuning import collector_paused, settle_long_lived_state
 from svcproxy.frontend.sources.events import Event
 from svcproxy.frontend.store.store import Store
 

@@ -14,8 +14,8 @@ import grpc
 from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet.service import FleetService
-from svcproxy.frontend.gctuning import paused_until
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds
+from svcproxy.frontend.runtime.gctuning import paused_until
 from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import StreamLimits

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.computation.compute import EMPTY_BASE, NodeClassCache, service_base
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.store.store import ObjKey, Store
 from svcproxy.model import ServicePortKey, ServicePortState
 

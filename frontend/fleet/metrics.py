@@ -2,7 +2,7 @@
 
 from prometheus_client import Gauge, Histogram
 
-from svcproxy.frontend.metrics import counter
+from svcproxy.frontend.runtime.metrics import counter
 
 # kubeproxy_network_programming_duration_seconds' buckets (svcproxy/agent/metrics.py), so
 # the cluster-wide and the per-node latency compare bucket by bucket; not imported from

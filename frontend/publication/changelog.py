@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from svcproxy.convert import DIGEST_MASK
-from svcproxy.frontend import metrics
 from svcproxy.frontend.computation.compute import NodeClassCache
 from svcproxy.frontend.computation.records import ServiceRecords
-from svcproxy.frontend.gctuning import collector_paused
 from svcproxy.frontend.publication.digests import Digests, add_digest, node_delta, nodes_term
 from svcproxy.frontend.publication.encoding import SWEEP_FLOOR, RecordEncoder
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.publication.wire import WireOp, delete_node, diff_with_digest, set_node
+from svcproxy.frontend.runtime import metrics
+from svcproxy.frontend.runtime.gctuning import collector_paused
 from svcproxy.frontend.store.store import ObjKey, Store, Touched, node_info
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.publication.changelog import Changelog
 from svcproxy.frontend.publication.views import NodeView
 from svcproxy.frontend.publication.wire import (
@@ -18,6 +17,7 @@ from svcproxy.frontend.publication.wire import (
     chunk_events,
     set_node,
 )
+from svcproxy.frontend.runtime import metrics
 from svcproxy.model import ServicePortState
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from svcproxy.frontend.metrics import counter
+from svcproxy.frontend.runtime.metrics import counter
 from svcproxy.frontend.serving.hangup import Remote, close_connections, remote_of
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svcproxy.frontend import metrics
-from svcproxy.frontend.loophistogram import Counts
+from svcproxy.frontend.runtime import metrics
+from svcproxy.frontend.runtime.loophistogram import Counts
 
 # (counter name, its sample's labels) -> a count.
 Counted = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.serving.limits import (
     FAILED,
     STALLED,

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import RawObject
 from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.kube_verdict import Problem, Verdict, shortened

@@ -17,7 +17,7 @@ import math
 
 import msgspec
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.store.objects import Service, SvcPort
 
 log = logging.getLogger("svcproxy.frontend.engine")

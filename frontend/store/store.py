@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import (
     KINDS,
     Delete,

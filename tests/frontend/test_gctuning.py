@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from svcproxy.frontend.gctuning import paused_until
+from svcproxy.frontend.runtime.gctuning import paused_until
 
 
 def test_no_collection_until_synced_then_as_before() -> None:

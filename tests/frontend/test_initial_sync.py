@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.computation import compute
 from svcproxy.frontend.computation import records as records_module
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Replace
 
 NODES = [{"metadata": {"name": f"n{i}", "labels": {"topology.kubernetes.io/zone": f"z{i % 3}"}}}

@@ -3,7 +3,7 @@ shipped to the main process, which serves /metrics)."""
 
 from prometheus_client import Gauge
 
-from svcproxy.frontend.metrics import counter
+from svcproxy.frontend.runtime.metrics import counter
 
 REFUSALS = counter("svcproxy_frontend_api_refusals_total",
                    "Calls refused, by gRPC status (UNAUTHENTICATED, PERMISSION_DENIED) and "

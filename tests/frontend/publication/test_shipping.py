@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, Counter
 
 import svcproxy.frontend.main  # noqa: F401 - every frontend module, so every metric
-from svcproxy.frontend import metrics
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.serving import limits, shipping
 from svcproxy.frontend.serving.access import auth_metrics
 

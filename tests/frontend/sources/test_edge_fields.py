@@ -55,7 +55,7 @@ def test_each_example_is_served_as_the_table_says(entry: EdgeField) -> None:
 
 
 def test_a_degraded_field_is_logged_naming_object_and_field_and_counted(caplog) -> None:  # type: ignore[no-untyped-def]
-    from svcproxy.frontend import metrics
+    from svcproxy.frontend.runtime import metrics
     from svcproxy.frontend.sources.intake import Intake
 
     counter = metrics.DEGRADED_FIELDS.labels("EndpointSlice", "ports[].port")

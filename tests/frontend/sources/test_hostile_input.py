@@ -18,10 +18,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.computation import records as records_module
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.publication import changelog as changelog_module
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Event, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kubevalidation import object_key, validate

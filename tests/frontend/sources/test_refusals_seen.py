@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources import intake
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from svcproxy.frontend import metrics
 from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource

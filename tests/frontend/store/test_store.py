@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from svcproxy.frontend import metrics
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, RawObject, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.objects import EndpointSlice

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from svcproxy.frontend.loophistogram import LoopHistogram
+from svcproxy.frontend.runtime.loophistogram import LoopHistogram
 
 # The frontend's counters by name, for the stream workers' counts to find them.
 COUNTERS: dict[str, Counter] = {}
