@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,8 @@ from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_contex
 from .layout import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
 from .loader import Layout, Programs, remove_pins
 from .plan import Plan
-from .tables import MapDrift, Tables, WriteReport
+from .sock_destroy import UDP, removed_endpoints, terminate_removed
+from .tables import Applied, MapDrift, Tables, WriteReport
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -57,6 +58,7 @@ class EbpfBackend(Backend):
         self.last_drift: MapDrift | None = None  # what the last periodic resync found
         self.drift_repairs = 0
         self._failure_counter: object = None
+        self.sockets_destroyed = 0  # connected UDP sockets of removed endpoints
 
     def start(self) -> EbpfBackend:
         """Load the programs (adopting pinned maps and links) and attach them."""
@@ -106,16 +108,28 @@ class EbpfBackend(Backend):
             periodic = changes.reason == "periodic" and tables.applied is not None
             if periodic:
                 self._repair_drift(tables)
+            before = _udp_slots(tables.applied or {}, tables.applied or {})
             writes = tables.full(desired, reread=not periodic)
         else:
             touched = self.plan.update(state.services, changes.services, node_ips)
             diff = {fe.pack(): self.plan.entries.get(fe) for fe in touched}
             planned = time.perf_counter()
+            before = _udp_slots(tables.applied or {}, diff)
             writes = tables.apply(diff)
+        self._terminate_removed(tables, before)
         self.node_ips = node_ips
         self.last_sync_full = full
         self.last = SyncReport(full, len(state.services), writes, planned - start,
                                time.perf_counter() - planned)
+
+    def _terminate_removed(self, tables: Tables,
+                           before: dict[bytes, tuple[bytes, ...] | None]) -> None:
+        """Destroy the connected UDP sockets whose endpoint the sync just removed."""
+        assert self.programs is not None and tables.applied is not None
+        removed = removed_endpoints(before, _udp_slots(tables.applied, before))
+        if removed:
+            self.sockets_destroyed += terminate_removed(self.programs.maps[MAP_REVNAT],
+                                                        self.layout.cgroup, removed)
 
     def _repair_drift(self, tables: Tables) -> None:
         """Find what someone else changed in the maps (``Tables.verify``) and count it;
@@ -156,6 +170,19 @@ class EbpfBackend(Backend):
             "(logged with their name)", registry=registry)  # type: ignore[arg-type]
         backend = self
 
+        class Destroyed(Collector):
+            def collect(self) -> Iterator[Metric]:
+                from prometheus_client.core import CounterMetricFamily
+
+                family = CounterMetricFamily(
+                    "svcproxy_ebpf_udp_sockets_destroyed",
+                    "Connected UDP sockets destroyed because their endpoint left the "
+                    "service they were balanced for")
+                family.add_metric([], backend.sockets_destroyed)
+                yield family
+
+        registry.register(Destroyed())  # type: ignore[attr-defined]
+
         class MapSizes(Collector):
             def collect(self) -> Iterator[Metric]:
                 yield from backend.collect_map_metrics()
@@ -183,3 +210,14 @@ class EbpfBackend(Backend):
                 capacity.add_metric([name], programs.capacity(name))
         yield entries
         yield capacity
+
+
+def _udp_slots(applied: Mapping[bytes, Applied], keys: Iterable[bytes]) -> dict[
+        bytes, tuple[bytes, ...] | None]:
+    """The endpoint slots of the UDP service keys among ``keys`` (None: no entry)."""
+    found: dict[bytes, tuple[bytes, ...] | None] = {}
+    for key in keys:
+        if key[18] == UDP:
+            have = applied.get(key)
+            found[key] = have.slots if have is not None else None
+    return found

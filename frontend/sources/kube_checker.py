@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from svcproxy.frontend.sources.kube_addresses import (
+from svcproxy.frontend.edge.addresses import (
     cidr_family,
     cluster_ip_problem,
     endpoint_ip_problem,

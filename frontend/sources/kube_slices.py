@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from svcproxy.frontend.sources.kube_addresses import ALLOWED_IPV4
+from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
 from svcproxy.frontend.sources.kube_checker import (
     PROTOCOLS,
     Checker,

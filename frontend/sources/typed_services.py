@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from svcproxy.frontend.sources.kube_addresses import CANONICAL_IPV4, FORBIDDEN_IPV4
+from svcproxy.frontend.edge.addresses import CANONICAL_IPV4, FORBIDDEN_IPV4
 from svcproxy.frontend.sources.kube_checker import PROTOCOLS
 from svcproxy.frontend.sources.kube_limits import ObjectLimits
 from svcproxy.frontend.sources.kube_names import (

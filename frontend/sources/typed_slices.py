@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from svcproxy.frontend.sources.kube_addresses import ALLOWED_IPV4
+from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
 from svcproxy.frontend.sources.kube_checker import PROTOCOLS
 from svcproxy.frontend.sources.kube_limits import ObjectLimits
 from svcproxy.frontend.sources.kube_names import (

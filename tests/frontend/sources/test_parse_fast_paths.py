@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.computation.compute import merge_endpoints
-from svcproxy.frontend.sources import kube_slices
-from svcproxy.frontend.sources.events import RawObject, Replace
-from svcproxy.frontend.sources.intake import Intake
-from svcproxy.frontend.sources.kube_addresses import (
+from svcproxy.frontend.edge.addresses import (
     ALLOWED_IPV4,
     CANONICAL_IPV4,
     FORBIDDEN_IPV4,
     ipv4_problem,
 )
+from svcproxy.frontend.sources import kube_slices
+from svcproxy.frontend.sources.events import RawObject, Replace
+from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kube_limits import ObjectLimits, _walk
 from svcproxy.frontend.sources.kube_services import validate_service
 from svcproxy.frontend.sources.kube_slices import _plain_ipv4_endpoint, validate_endpoint_slice
