@@ -1,6 +1,8 @@
 """Who may wait for the fleet: a pod, by its own audience-bound token reviewed by the
 stand-in apiserver through the official client, only for its own addresses; a cluster
-reader for anything; the real ``svcproxy wait`` with --api-token-file."""
+reader for anything; the real ``svcproxy wait`` with --api-token-file. Only the node
+agents' ServiceAccounts (--node-service-accounts) are node identities: a workload's
+token is refused Watch, GetNodeState and Report, by raw calls and by the real backend."""
 
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import pytest
 # Imported here: the official client's models take seconds on a loaded machine, more than
 # the frontend's start may (its token reviewer imports them).
 import svcproxy.frontend.serving.access.tokenreview  # noqa: F401
-from svcproxy.frontend.serving.access.auth import AuthConfig
+from svcproxy.frontend.serving.access.auth import AuthConfig, parse_node_service_accounts
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.support.examples import copy_examples
 from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 from tests.support.fleet_lab import SVCPROXY
+from tests.support.waiting import wait_for
 
 AUDIENCE = "svcproxy"
 POD_IP, OTHER_IP = "10.244.1.10", "10.244.1.11"
@@ -100,3 +103,97 @@ def test_a_cluster_reader_waits_for_anything_and_the_cli_sends_its_token(
     denied = subprocess.run([*base, "--endpoint-gone", OTHER_IP], capture_output=True,
                             text=True, timeout=60)
     assert denied.returncode == 2 and "PERMISSION_DENIED" in denied.stderr, denied.stderr
+
+
+def agent_pod(api: FakeApiserver, name: str = "backend-a") -> dict[str, Any]:
+    return api.create("Pod", {"metadata": {"name": name, "namespace": "svcproxy"},
+                              "spec": {"nodeName": "node-a"},
+                              "status": {"podIP": "192.0.2.2", "podIPs": [{"ip": "192.0.2.2"}]}})
+
+
+Status = tuple[grpc.StatusCode, str]
+
+
+def node_calls(target: str, token: str, node: str = "node-a") -> dict[str, Status]:
+    """Watch, GetNodeState and Report for ``node`` with ``token``: each one's status."""
+    bearer = (("authorization", f"Bearer {token}"),)
+    got: dict[str, Status] = {}
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.NodeStateServiceStub(channel)
+        calls = {
+            "Watch": lambda: next(stub.Watch(pb.WatchRequest(node_name=node), timeout=10,
+                                             metadata=bearer)),
+            "GetNodeState": lambda: stub.GetNodeState(
+                pb.GetNodeStateRequest(node_name=node), timeout=10, metadata=bearer),
+            "Report": lambda: stub.Report(pb.NodeReport(node_name=node, backend="x"),
+                                          timeout=10, metadata=bearer),
+        }
+        for method, call in calls.items():
+            try:
+                call()
+                got[method] = (grpc.StatusCode.OK, "")
+            except grpc.RpcError as err:
+                got[method] = (err.code(), err.details() or "")
+    return got
+
+
+def test_a_workload_pods_token_is_no_node_identity(fe, api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+    workload = api.tokens.issue("shop", "web", audiences=(AUDIENCE,), pod=web_pod(api))
+    for method, (code, said) in node_calls(fe.opts.listen, workload).items():
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code, said)
+        assert "pod shop/web-1" in said and "--node-service-accounts" in said, said
+        assert "may only WaitFleet for its own pod's addresses" in said
+    assert waited(fe, workload, endpoint_gone=POD_IP) == (grpc.StatusCode.OK, "")
+    # The agents' ServiceAccount (deploy/'s) on the same node is that node.
+    agent = api.tokens.issue("svcproxy", "svcproxy-backend", audiences=(AUDIENCE,),
+                             pod=agent_pod(api))
+    assert {m: c for m, (c, _) in node_calls(fe.opts.listen, agent).items()} == {
+        "Watch": grpc.StatusCode.OK, "GetNodeState": grpc.StatusCode.OK,
+        "Report": grpc.StatusCode.OK}
+    assert node_calls(fe.opts.listen, agent, "node-b")["Report"][0] == \
+        grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_real_backend_with_a_workload_token_is_refused(fe, api: FakeApiserver,
+                                                         tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    token_file = tmp_path / "workload-token"
+    token_file.write_text(api.tokens.issue("shop", "web", audiences=(AUDIENCE,),
+                                           pod=web_pod(api)))
+    log = tmp_path / "backend.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [SVCPROXY, "backend", "dump", "--api", fe.opts.listen, "--node-name", "node-a",
+             "--api-token-file", str(token_file), "--min-sync-period", "0",
+             "--healthz-bind-address", "", "--metrics-bind-address", ""],
+            stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: "PERMISSION_DENIED" in log.read_text(errors="replace"), timeout=60)
+        assert "--node-service-accounts" in log.read_text(errors="replace")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert fleet_nodes(fe, api) == {}, "nothing of node-a was served or reported"
+
+
+def fleet_nodes(fe, api: FakeApiserver) -> dict[str, pb.FleetNode]:  # type: ignore[no-untyped-def]
+    """The fleet as a cluster reader reads it."""
+    reader = api.tokens.issue("tools", "ops", audiences=(AUDIENCE,))
+    with grpc.insecure_channel(fe.opts.listen) as channel:
+        answer = pb_grpc.NodeStateServiceStub(channel).GetFleet(
+            pb.GetFleetRequest(), timeout=10,
+            metadata=(("authorization", f"Bearer {reader}"),))
+    return {n.node_name: n for n in answer.nodes}
+
+
+def test_node_service_accounts_names_the_agents(frontend_factory, tmp_path: Path,
+                                                api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, "frontend-token")
+    fe = frontend_factory(copy_examples(tmp_path), auth=AuthConfig(
+        token_audience=AUDIENCE, token_kubeconfig=str(kubeconfig), token_cache_ttl=0.3,
+        node_service_accounts=parse_node_service_accounts("shop:web")))
+    web = api.tokens.issue("shop", "web", audiences=(AUDIENCE,), pod=web_pod(api))
+    assert {c for c, _ in node_calls(fe.opts.listen, web).values()} == {grpc.StatusCode.OK}
+    agent = api.tokens.issue("svcproxy", "svcproxy-backend", audiences=(AUDIENCE,),
+                             pod=agent_pod(api))
+    assert node_calls(fe.opts.listen, agent)["Watch"][0] == grpc.StatusCode.PERMISSION_DENIED
+
