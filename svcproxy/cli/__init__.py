@@ -380,13 +380,13 @@ def _version() -> str:
 
 
 def _status_parser(sub: argparse._SubParsersAction) -> None:
-    from svcproxy.fleet_cli import status_parser
+    from svcproxy.cli.fleet import status_parser
 
     status_parser(sub)
 
 
 def _wait_parser(sub: argparse._SubParsersAction) -> None:
-    from svcproxy.fleet_cli import wait_parser
+    from svcproxy.cli.fleet import wait_parser
 
     wait_parser(sub)
 
@@ -435,6 +435,3 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
