@@ -1,0 +1,186 @@
+"""``--ebpf-dsr`` with real packets in the two-node lab: the packet backend runs on node1
+and node2 (eth0 and the pods' bridge br0 each); a NodePort on node1 whose endpoint is
+on node2 reaches the pod with the LAN client's own address (externalTrafficPolicy
+Cluster), and the reply goes from node2 straight to the client with the service's
+address and port as its source.
+
+The lab's namespaces, the bpffs mount, the pins and the links (on devices of
+namespaces made here) are removed at the end, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from svcproxy.backends.ebpf.packet_backend import PacketBackend
+from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
+from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+)
+from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.support.lab.client import probe, summarize
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import call_in, ns_exec
+from tests.support.lab.plan import standard_spec
+from tests.support.lab.topology import Lab
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("ip") is None:
+        return "needs iproute2"
+    if not OBJECT.exists():
+        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
+    return ""
+
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+
+SPEC = standard_spec()
+NODES = ("node1", "node2")
+NODE1 = SPEC.node("node1")
+CLIENT = SPEC.clients[0]
+PODS = {p.name: p for p in SPEC.pods}
+
+
+def node_port(name: str, port: int, pods: list[str], node: str, proto: str = "TCP",
+              family: int = 4) -> ServicePortState:
+    """A NodePort service ``port`` -> 8080 on ``pods`` as ``node``'s backend gets it."""
+    key = ServicePortKey("default", name, "p", Protocol(proto))
+    cip = f"10.96.9.{port % 200}" if family == 4 else f"fd00:96::9:{port % 200:x}"
+    svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=port, has_endpoints=True,
+                      type=ServiceType.NODE_PORT)
+    eps = {}
+    for pod in pods:
+        spec = PODS[pod]
+        ip = spec.ipv4 if family == 4 else spec.ipv6
+        here = spec.node.name == node
+        eps[ip] = Endpoint(ip, 8080, is_local=here, node_name=spec.node.name, internal=True,
+                           external=True, cluster=True, local=here)
+    return ServicePortState(svc, eps)
+
+
+class World:
+    """The lab, echo servers, a bpffs, and a DSR packet backend on each node."""
+
+    def __init__(self) -> None:
+        self.lab = Lab(spec=SPEC)
+        self.bpffs = Path(tempfile.mkdtemp(prefix="spdsr-"))
+        self.mounted = False
+        self.servers: list[EchoServer] = []
+        self.backends: dict[str, PacketBackend] = {}
+        self.services: list[tuple[str, int, list[str], str, int]] = []
+
+    def start(self, dsr: bool = True) -> World:
+        self.lab.build()
+        for name in ("pod-a", "pod-c", "pod-d"):
+            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
+        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
+        self.mounted = True
+        for node in NODES:
+            spec = SPEC.node(node)
+            config = NodeConfig(node_name=node, node_ips=(spec.ipv4, spec.ipv6))
+            layout = PacketLayout(self.bpffs / node, ("eth0", "br0"), dsr=dsr)
+            self.backends[node] = PacketBackend(config, layout)
+        return self
+
+    def stop(self) -> None:
+        try:
+            for node, backend in self.backends.items():
+                call_in(self.lab.ns(node), backend.cleanup)
+        finally:
+            for server in self.servers:
+                server.stop()
+            if self.mounted:
+                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+            self.lab.destroy()
+
+    def add(self, name: str, port: int, pods: list[str], proto: str = "TCP",
+            family: int = 4) -> None:
+        """The service on every node, as each node's backend gets it (full syncs)."""
+        self.services.append((name, port, pods, proto, family))
+        for node, backend in self.backends.items():
+            records = [node_port(*s[:3], node, *s[3:]) for s in self.services]
+            state = NodeState(node, len(self.services), None, {r.key: r for r in records})
+            call_in(self.lab.ns(node), backend.sync, state,
+                    Changes(frozenset(state.services), full=True))
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World()
+    try:
+        w.start()
+        yield w
+    finally:
+        w.stop()
+
+
+def _rx_packets(ns: str, device: str) -> int:
+    return int(ns_exec(ns, "cat", f"/sys/class/net/{device}/statistics/rx_packets"))
+
+
+def _exchange(host: str, port: int, count: int) -> list[str]:
+    """``count`` datagrams over one connected UDP socket: who answered each."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.settimeout(2)
+        s.connect((host, port))
+        answers = []
+        for _ in range(count):
+            s.send(b"ping\n")
+            answers.append(s.recv(256).decode().split()[0])
+        return answers
+
+
+@pytest.mark.parametrize("proto,family", [("tcp", 4), ("udp", 4), ("tcp", 6), ("udp", 6)])
+def test_the_pod_sees_the_client_and_replies_come_from_the_service(
+        world: World, proto: str, family: int) -> None:
+    port = 30200 + 10 * family + (proto == "udp")
+    world.add(f"dsr-{proto}{family}", port, ["pod-c"], proto.upper(), family)
+    host = NODE1.ipv4 if family == 4 else NODE1.ipv6
+    got = summarize(probe(world.lab.ns(CLIENT.name), proto, host, port, 8))
+    # Every answer reached a socket connected to node1's NodePort: its source was the
+    # service's address and port; the pod saw the client itself (no SNAT, eTP Cluster).
+    assert got.names == Counter({"pod-c": 8}), got
+    assert got.sources == {CLIENT.ipv4 if family == 4 else CLIENT.ipv6}, got
+
+
+def test_replies_skip_the_ingress_node(world: World) -> None:
+    """50 datagrams and their answers: node1's eth0 receives the 50 requests (and a
+    little ARP), not the 50 answers, which go from node2 to the client."""
+    world.add("dsr-direct", 30250, ["pod-d"], "UDP")
+    client = world.lab.ns(CLIENT.name)
+    assert call_in(client, _exchange, NODE1.ipv4, 30250, 1) == ["pod-d"]
+    before = _rx_packets(world.lab.ns("node1"), "eth0")
+    assert call_in(client, _exchange, NODE1.ipv4, 30250, 50) == ["pod-d"] * 50
+    received = _rx_packets(world.lab.ns("node1"), "eth0") - before
+    assert 50 <= received < 75, received
+    flows = [line for line in packet_dump_lines(world.bpffs / "node1", samples=1000)
+             if line.startswith("flow 17") and ":30250 " in line]
+    assert flows and not any(" via " in line for line in flows), flows  # not SNATed
+
+
+def test_a_client_behind_the_node_is_snated_as_without_dsr(world: World) -> None:
+    """A pod of node1 (outside any socket program) reaching the NodePort through br0:
+    its reply would come back over another path, so it is SNATed, as without DSR."""
+    world.add("dsr-pod", 30260, ["pod-c"])
+    got = summarize(probe(world.lab.ns("client"), "tcp", NODE1.ipv4, 30260, 5))
+    assert got.names == Counter({"pod-c": 5}) and got.sources == {NODE1.ipv4}, got

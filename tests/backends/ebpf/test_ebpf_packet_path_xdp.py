@@ -1,0 +1,254 @@
+"""``--ebpf-xdp generic`` with real packets in the two-node lab: the XDP program on
+node1's eth0 and br0 (veths and a bridge: generic mode) forwards NodePort flows from the
+LAN to endpoints on node2 (DNAT + SNAT) and their replies, its counters say so; a local
+endpoint is left to tc; a device where XDP cannot attach is logged once and served by
+tc; a restart adopts the links; cleanup removes them and their pins.
+
+The senders' veths write whole checksums (tests.support.lab.checksums), so a packet
+XDP rewrote with a wrong checksum is dropped by its receiver. Everything made (the
+lab's namespaces, the bpffs mount, pins, links on the lab's devices) is removed at the
+end, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from svcproxy.backends.ebpf import libbpf, xdp
+from svcproxy.backends.ebpf.packet_backend import PacketBackend
+from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
+from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
+from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+)
+from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.support.lab.checksums import tx_checksums_off
+from tests.support.lab.client import probe, summarize
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import call_in, ip, ns_exec
+from tests.support.lab.plan import standard_spec
+from tests.support.lab.topology import Lab, Namespaces
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("ip") is None or shutil.which("bpftool") is None:
+        return "needs iproute2 and bpftool"
+    if not OBJECT.exists():
+        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
+    return ""
+
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+
+SPEC = standard_spec()
+NODE1 = SPEC.node("node1")
+CLIENT = SPEC.clients[0]
+PODS = {p.name: p for p in SPEC.pods}
+SENDERS = (CLIENT.name, "client", "pod-a", "pod-c", "pod-d")
+
+
+def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
+              family: int = 4) -> ServicePortState:
+    """A NodePort service ``port`` -> 8080 on ``pods``, as node1's backend gets it."""
+    key = ServicePortKey("default", name, "p", Protocol(proto))
+    cip = f"10.96.8.{port % 200}" if family == 4 else f"fd00:96::8:{port % 200:x}"
+    svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=port, has_endpoints=True,
+                      type=ServiceType.NODE_PORT)
+    eps = {}
+    for pod in pods:
+        spec = PODS[pod]
+        ip_ = spec.ipv4 if family == 4 else spec.ipv6
+        here = spec.node.name == "node1"
+        eps[ip_] = Endpoint(ip_, 8080, is_local=here, node_name=spec.node.name,
+                            internal=True, external=True, cluster=True, local=here)
+    return ServicePortState(svc, eps)
+
+
+class World:
+    """The lab (whole checksums from its senders), echo servers, a bpffs, and the packet
+    backend on node1 with XDP in generic mode."""
+
+    def __init__(self) -> None:
+        self.lab = Lab(spec=SPEC)
+        self.bpffs = Path(tempfile.mkdtemp(prefix="spxdp-"))
+        self.mounted = False
+        self.servers: list[EchoServer] = []
+        self.backend: PacketBackend | None = None
+        self.services: dict[ServicePortKey, ServicePortState] = {}
+
+    def start(self) -> World:
+        self.lab.build()
+        for name in SENDERS:
+            tx_checksums_off(self.lab.ns(name))
+        for name in ("pod-a", "pod-c", "pod-d"):
+            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
+        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
+        self.mounted = True
+        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
+        self.backend = PacketBackend(config, self.layout())
+        return self
+
+    def layout(self) -> PacketLayout:
+        return PacketLayout(self.bpffs / "pins", ("eth0", "br0"), xdp="generic")
+
+    def stop(self) -> None:
+        try:
+            if self.backend is not None:
+                call_in(self.lab.ns("node1"), self.backend.cleanup)
+        finally:
+            for server in self.servers:
+                server.stop()
+            if self.mounted:
+                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+            self.lab.destroy()
+
+    def set(self, record: ServicePortState) -> None:
+        self.services[record.key] = record
+        assert self.backend is not None
+        state = NodeState("node1", len(self.services), None, dict(self.services))
+        call_in(self.lab.ns("node1"), self.backend.sync, state,
+                Changes(frozenset({record.key})))
+
+    def stats(self) -> Counter[str]:
+        assert self.backend is not None and self.backend.programs is not None
+        return Counter(xdp.read_stats(self.backend.programs.maps[MAP_XDP_STATS].fd))
+
+    def xdp_links(self) -> dict[str, int]:
+        """Pinned XDP link name -> link id."""
+        found = {}
+        for path in sorted((self.bpffs / "pins" / "tc").glob("link_*_xdp_*")):
+            fd = libbpf.obj_get(str(path))
+            try:
+                found[path.name] = int(xdp._info(fd).id)
+            finally:
+                os.close(fd)
+        return found
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World()
+    try:
+        w.start()
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.mark.parametrize("proto,family", [("tcp", 4), ("udp", 4), ("tcp", 6), ("udp", 6)])
+def test_node_port_to_another_node_is_forwarded_in_xdp(
+        world: World, proto: str, family: int) -> None:
+    port = 30300 + 10 * family + (proto == "udp")
+    world.set(node_port(f"xdp-{proto}{family}", port, ["pod-c", "pod-d"], proto.upper(),
+                        family))
+    host = NODE1.ipv4 if family == 4 else NODE1.ipv6
+    client = world.lab.ns(CLIENT.name)
+    # The first flow teaches node1 its neighbours (tc resolves them); then XDP has all.
+    assert summarize(probe(client, proto, host, port, 1)).answered
+    before = world.stats()
+    got = summarize(probe(client, proto, host, port, 10))
+    after = world.stats()
+    assert sum(got.names.values()) == 10 and got.answered <= {"pod-c", "pod-d"}, got
+    assert got.sources == {host}, "SNATed to node1's address, as with tc"
+    assert after["new"] - before["new"] == 10, (before, after)  # every new flow in XDP
+    assert after["reply"] - before["reply"] >= 10, (before, after)  # and every answer
+
+
+def test_a_local_endpoint_is_left_to_tc(world: World) -> None:
+    world.set(node_port("xdp-local", 30330, ["pod-a"]))
+    before = world.stats()
+    got = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30330, 5))
+    after = world.stats()
+    assert got.names == Counter({"pod-a": 5}), got
+    assert after["new"] == before["new"] and after["pass"] > before["pass"], (before, after)
+
+
+def test_metrics_dump_and_the_device_say_generic(world: World) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    assert world.backend is not None
+    world.backend.register_metrics(registry)
+    text = generate_latest(registry).decode()
+    for device in ("eth0", "br0"):
+        assert f'svcproxy_ebpf_xdp_attached{{device="{device}",mode="generic"}} 1.0' in text
+    assert 'svcproxy_ebpf_xdp_packets_total{action="new"}' in text, text
+    lines = list(packet_dump_lines(world.bpffs / "pins"))
+    assert "xdp eth0: generic mode" in lines and "xdp br0: generic mode" in lines, lines
+    assert any(line.startswith("# xdp packets: ") for line in lines), lines
+    assert "xdpgeneric" in ip(world.lab.ns("node1"), "-d", "link", "show", "eth0")
+
+
+def test_a_device_without_native_xdp_is_logged_once_and_served_by_tc(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """--ebpf-xdp native: a bridge has no native XDP: one warning, its tc links attached,
+    the veth beside it runs XDP natively."""
+    spaces = Namespaces()
+    ns = spaces.add_ns("nat")
+    backend = PacketBackend(NodeConfig(node_name="nat"),
+                            PacketLayout(world.bpffs / "nat", ("eth0", "brx"), xdp="native"))
+    try:
+        ip(ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+        ip(ns, "link", "add", "brx", "type", "bridge")
+        for device in ("eth0", "peer0", "brx"):
+            ip(ns, "link", "set", device, "up")
+        with caplog.at_level(logging.WARNING, logger="svcproxy.backends.ebpf.xdp"):
+            for revision in (1, 2):
+                call_in(ns, backend.sync, NodeState("nat", revision, None, {}),
+                        Changes(frozenset(), full=True))
+        warnings = [r.getMessage() for r in caplog.records if "brx" in r.getMessage()]
+        assert len(warnings) == 1 and "tc programs serve it alone" in warnings[0], warnings
+        assert backend.programs is not None
+        assert backend.programs.xdp_modes == {"eth0": "native", "brx": ""}
+        assert set(backend.programs.attached) == {"eth0", "brx"}
+        pins = world.bpffs / "nat" / "tc"
+        assert (pins / "link_brx_ingress").exists() and (pins / "link_eth0_xdp_native").exists()
+    finally:
+        call_in(ns, backend.cleanup)
+        spaces.destroy()
+
+
+def test_a_restart_adopts_the_xdp_links(world: World) -> None:
+    links = world.xdp_links()
+    assert set(links) == {"link_eth0_xdp_generic", "link_br0_xdp_generic"}, links
+    assert world.backend is not None
+    again = PacketBackend(world.backend.config, world.layout())
+    call_in(world.lab.ns("node1"), again.start)
+    try:
+        assert world.xdp_links() == links, "the same links, the program switched in place"
+    finally:
+        again.close()
+    world.set(node_port("xdp-after", 30350, ["pod-c"], "UDP"))
+    got = summarize(probe(world.lab.ns(CLIENT.name), "udp", NODE1.ipv4, 30350, 3))
+    assert got.names == Counter({"pod-c": 3}), got
+
+
+def test_cleanup_removes_the_xdp_programs_and_pins(world: World) -> None:
+    links = world.xdp_links()
+    assert world.backend is not None
+    call_in(world.lab.ns("node1"), world.backend.cleanup)
+    assert not (world.bpffs / "pins").exists()
+    for link in links.values():
+        shown = subprocess.run(["bpftool", "link", "show", "id", str(link)],
+                               capture_output=True, text=True)
+        assert shown.returncode != 0, shown.stdout
+    for device in ("eth0", "br0"):
+        assert "xdp" not in ns_exec(world.lab.ns("node1"), "ip", "-d", "link", "show", device)
