@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from . import libbpf
 from .libbpf import BpfError, Map
-from .packet_layout import CT_FORWARD, CT_KEY, CT_REPLY, CT_TIMEOUTS, CT_TIMEOUTS_SECTION, CT_VAL
+from .packet_layout import CT_FORWARD, CT_TIMEOUTS, CT_TIMEOUTS_SECTION
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -103,17 +103,14 @@ class GcResult:
 
 
 def _reply_key_of(key: bytes, value: bytes) -> bytes:
-    """The reply entry a forward entry's rewrite leads to."""
-    *_, proto, family, _dir, _ = CT_KEY.unpack(key)
-    saddr, daddr, sport, dport, *_ = CT_VAL.unpack(value)
-    return CT_KEY.pack(daddr, saddr, dport, sport, proto, family, CT_REPLY, 0)
+    """The reply entry a forward entry's rewrite leads to (byte slices of CT_KEY/CT_VAL:
+    this runs for every entry of the map)."""
+    return value[16:32] + value[:16] + value[34:36] + value[32:34] + key[36:38] + b"\x01\x00"
 
 
 def _forward_key_of(key: bytes, value: bytes) -> bytes:
     """The forward entry of the flow a reply entry belongs to (its rewrite, reversed)."""
-    *_, proto, family, _dir, _ = CT_KEY.unpack(key)
-    saddr, daddr, sport, dport, *_ = CT_VAL.unpack(value)
-    return CT_KEY.pack(daddr, saddr, dport, sport, proto, family, CT_FORWARD, 0)
+    return value[16:32] + value[:16] + value[34:36] + value[32:34] + key[36:38] + b"\x00\x00"
 
 
 def expired_entries(entries: dict[bytes, bytes], timeouts: CtTimeouts,
@@ -122,17 +119,19 @@ def expired_entries(entries: dict[bytes, bytes], timeouts: CtTimeouts,
     stay (pure). A forward entry expires when idle past its state's lifetime; a reply
     entry with its flow's forward entry (which every reply refreshes), or, when that
     entry is gone or now leads elsewhere, when idle past its protocol's first lifetime."""
-    lifetime = timeouts.lifetime
+    limits: dict[tuple[int, int], int] = {}
     dead: list[bytes] = []
     alive_forward: set[bytes] = set()
     replies: list[tuple[bytes, bytes]] = []
     for key, value in entries.items():
-        proto, direction = key[36], key[38]
-        if direction != CT_FORWARD:
+        if key[38] != CT_FORWARD:
             replies.append((key, value))
             continue
-        state, last = value[37], int.from_bytes(value[48:56], "little")
-        if now_ns - last > lifetime(proto, state) * 1_000_000_000:
+        kind = (key[36], value[37])
+        limit = limits.get(kind)
+        if limit is None:
+            limit = limits[kind] = now_ns - timeouts.lifetime(*kind) * 1_000_000_000
+        if int.from_bytes(value[48:56], "little") < limit:
             dead.append(key)
         else:
             alive_forward.add(key)
@@ -144,7 +143,7 @@ def expired_entries(entries: dict[bytes, bytes], timeouts: CtTimeouts,
                 dead.append(key)
             continue
         last = int.from_bytes(value[48:56], "little")
-        if now_ns - last > lifetime(key[36], 0) * 1_000_000_000:
+        if now_ns - last > timeouts.lifetime(key[36], 0) * 1_000_000_000:
             dead.append(key)
     return dead, len(alive_forward)
 
@@ -156,9 +155,12 @@ def gc_pass(ct: Map, timeouts: CtTimeouts) -> GcResult:
     now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns's clock
     entries = ct.read_all()
     dead, flows = expired_entries(entries, timeouts, now_ns)
+    lib, fd = libbpf.lib(), ct.fd
+    lookup, delete = lib.bpf_map_lookup_elem, lib.bpf_map_delete_elem
+    buf = ctypes.create_string_buffer(ct.value_size)
     removed = 0
-    for key in dead:
-        if ct.lookup(key) == entries[key] and ct.delete(key):
+    for key in dead:  # each judged again just before its delete: microseconds apart
+        if lookup(fd, key, buf) == 0 and buf.raw == entries[key] and delete(fd, key) == 0:
             removed += 1
     return GcResult(flows, removed, time.monotonic() - started)
 

@@ -1,0 +1,138 @@
+"""What a balanced socket keeps of its endpoint, with real sockets: a client process in
+the test's cgroup and network namespace holds a connected UDP socket and a TCP
+connection to services; when their endpoint leaves the service, the UDP socket is
+destroyed (its next call fails; Cilium's terminatePodConnections) and the TCP
+connection is left alone. And ClientIP affinity holds across a service's addresses.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from svcproxy.backends.ebpf.layout import MAP_AFFINITY
+from svcproxy.model import SessionAffinity
+from tests.backends.ebpf.test_ebpf_sockets import (
+    EPS4,
+    NODE_IP,
+    World,
+    pytestmark,
+    service,
+)
+
+__all__ = ["pytestmark"]
+
+# What a destroyed UDP socket's next send() gets: it is disconnected (EDESTADDRREQ), or
+# the error the destroy left (ECONNABORTED).
+DESTROYED = (errno.EDESTADDRREQ, errno.ECONNABORTED)
+
+# One JSON command per line, one JSON answer per line; sockets held by id.
+HOLDER = r'''
+import json, socket, sys
+held = {}
+def ask(s):
+    try:
+        s.send(b"hello\n")
+        return {"name": s.recv(2048).decode().split()[0]}
+    except OSError as e:
+        return {"errno": e.errno or 0, "error": str(e)}
+for line in sys.stdin:
+    c = json.loads(line)
+    if c["op"] == "ready":
+        out = {"ok": True}
+    elif c["op"] == "open":
+        kind = socket.SOCK_DGRAM if c["proto"] == "udp" else socket.SOCK_STREAM
+        s = socket.socket(socket.AF_INET, kind)
+        s.settimeout(3)
+        s.connect((c["host"], 80))
+        held[c["id"]] = s
+        out = ask(s) if kind == socket.SOCK_DGRAM else {
+            "name": s.recv(2048).decode().split()[0]}
+    else:
+        out = ask(held[c["id"]])
+    print(json.dumps(out), flush=True)
+'''
+
+
+class Holder:
+    """A process in the cgroup and namespace of ``world`` that keeps its sockets open."""
+
+    def __init__(self, world: World) -> None:
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", world.ns, sys.executable, "-u", "-c", HOLDER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        Path(world.cgroup / "cgroup.procs").write_text(f"{self.proc.pid}\n")
+        assert self.call(op="ready") == {"ok": True}
+
+    def call(self, **command: Any) -> Any:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "the holder process died"
+        return json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World()
+    try:
+        w.start()
+        yield w
+    finally:
+        w.stop()
+
+
+def test_udp_socket_of_a_removed_endpoint_is_destroyed_tcp_is_left(world: World) -> None:
+    pair = EPS4[:2]
+    world.set(service("dns", ("10.96.5.1",), pair, proto="UDP"))
+    world.set(service("web", ("10.96.5.2",), pair))
+    holder = Holder(world)
+    try:
+        udp = holder.call(op="open", id="u", proto="udp", host="10.96.5.1")["name"]
+        tcp = holder.call(op="open", id="t", proto="tcp", host="10.96.5.2")["name"]
+        assert holder.call(op="ask", id="u") == {"name": udp}, "a connected socket's endpoint"
+        world.set(service("dns", ("10.96.5.1",), [e for e in pair if e != udp], proto="UDP"))
+        world.set(service("web", ("10.96.5.2",), [e for e in pair if e != tcp]))
+        # The removed endpoint still answers: without the destroy the socket would
+        # keep talking to it. Destroyed (and so disconnected), its next send fails.
+        got = holder.call(op="ask", id="u")
+        assert got.get("errno") in DESTROYED, f"the UDP socket of the removed endpoint: {got}"
+        again = holder.call(op="open", id="u2", proto="udp", host="10.96.5.1")
+        assert again == {"name": next(e for e in pair if e != udp)}, again
+        # TCP keeps its connection to the removed endpoint (its own timeouts decide).
+        assert holder.call(op="ask", id="t") == {"name": tcp}
+        assert world.backend is not None and world.backend.sockets_destroyed == 1
+    finally:
+        holder.stop()
+
+
+def test_affinity_holds_across_the_services_addresses(world: World) -> None:
+    """A pod that reached endpoint A through the ClusterIP is sent to A through the
+    NodePort and the externalIP of the same service, as kube-proxy keeps affinity."""
+    world.set(service("sticky", ("10.96.5.3",), EPS4, node_port=30200,
+                      external_ips=("192.168.77.20",),
+                      session_affinity=SessionAffinity.CLIENT_IP,
+                      session_affinity_timeout=10800))
+    assert world.backend is not None and world.backend.programs is not None and world.client
+    affinity = world.backend.programs.maps[MAP_AFFINITY]
+    for _round in range(3):
+        affinity.delete_many([k for k, _ in affinity.items()])
+        first = world.client.names("tcp", "10.96.5.3", count=1)
+        assert len(first) == 1 and set(first) <= set(EPS4), first
+        chosen = next(iter(first))
+        for host, port in ((NODE_IP, 30200), ("192.168.77.20", 80), ("10.96.5.3", 80)):
+            got = world.client.names("tcp", host, port, count=3)
+            assert got == Counter({chosen: 3}), (host, port, chosen, got)
