@@ -73,7 +73,7 @@ class OldClient(NodeStateClient):
 
 def decode(cls: type[NodeStateClient], msgs: list[bytes]) -> tuple[float, NodeStateClient]:
     """CPU seconds to parse (as gRPC does) and apply one snapshot, the cyclic collector
-    paused as the agent pauses it for a cold start (svcproxy/agent/collector.py)."""
+    paused as the agent pauses it for a cold start (svcproxy/collector.py)."""
     client = cls("127.0.0.1:1", "node-0")
     gc.collect()
     gc.disable()

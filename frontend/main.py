@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from svcproxy.agent.collector import resume_collector_after_start
+from svcproxy.collector import resume_collector_after_start
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds

@@ -53,7 +53,7 @@ async def paused_until(event: asyncio.Event) -> None:
     """No cyclic collection until ``event`` is set (or this task is cancelled): for the
     whole initial load, as the sources' threads decode the listing while the loop
     parses it (``collector_paused`` covers only the loop's part). ``svcproxy frontend``
-    pauses it earlier, from its start (svcproxy/agent/collector.py); this covers a
+    pauses it earlier, from its start (svcproxy/collector.py); this covers a
     Frontend made in a process that did not."""
     was = gc.isenabled()
     gc.disable()

@@ -18,9 +18,9 @@ import time
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2
 
-from svcproxy.agent.httpserve import Response, RoutedServer, parse_bind_address
 from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.serving.access import auth_metrics
+from svcproxy.httpserve import Response, RoutedServer, parse_bind_address
 
 log = logging.getLogger(__name__)
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from prometheus_client import Counter
 
 from svcproxy.agent.health import HealthStatus, ProxyHealth
-from svcproxy.agent.httpserve import Response, RoutedServer
 from svcproxy.agent.metrics import AgentMetrics
+from svcproxy.httpserve import Response, RoutedServer
 from svcproxy.model import ServicePortKey
 
 REFUSED_SHOWN = 50  # refused service ports listed in /healthz (the count is always whole)

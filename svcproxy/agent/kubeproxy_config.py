@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from svcproxy.agent.durations import parse_duration
+from svcproxy.durations import parse_duration
 from svcproxy.model import ip_family, normalize_cidr
 
 GROUP = "kubeproxy.config.k8s.io"

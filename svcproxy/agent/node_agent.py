@@ -7,14 +7,12 @@ import shutil
 from collections.abc import Callable
 from typing import TypeVar
 
-from svcproxy.agent.collector import resume_collector_after_start
 from svcproxy.agent.config import NodeConfig
 from svcproxy.agent.conntrack_cli import ConntrackCleaner
 from svcproxy.agent.conntrack_netlink import Ctnetlink
 from svcproxy.agent.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler
 from svcproxy.agent.health import ProxyHealth
 from svcproxy.agent.healthz import HealthzServer
-from svcproxy.agent.httpserve import BIND_RETRY_INTERVAL, BindRetry
 from svcproxy.agent.metrics import AgentMetrics, node_families
 from svcproxy.agent.metrics_server import MetricsServer
 from svcproxy.agent.node_context import ContextResolver
@@ -22,6 +20,8 @@ from svcproxy.agent.runner import AfterSync, SyncRunner
 from svcproxy.agent.service_health import ServiceHealthServer
 from svcproxy.agent.source import StateSource
 from svcproxy.agent.unknown_node import UnknownNode
+from svcproxy.collector import resume_collector_after_start
+from svcproxy.httpserve import BIND_RETRY_INTERVAL, BindRetry
 from svcproxy.model import ServicePortKey
 from svcproxy.sdk.backend import Backend, NodeState
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.httpserve import BackgroundHTTPServer, Response, Route
+from svcproxy.httpserve import BackgroundHTTPServer, Response, Route
 from svcproxy.sdk.backend import NodeState
 
 log = logging.getLogger(__name__)

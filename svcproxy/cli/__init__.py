@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from svcproxy.agent.collector import pause_collector_for_start
+from svcproxy.collector import pause_collector_for_start
 
 if TYPE_CHECKING:
     from svcproxy.frontend.main import FrontendOptions

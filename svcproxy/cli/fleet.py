@@ -20,7 +20,7 @@ from typing import IO
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from svcproxy.agent.durations import parse_duration
+from svcproxy.durations import parse_duration
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from svcproxy.agent.addresses import node_port_ips, primary_node_ips
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.durations import parse_duration
 from svcproxy.convert import node_to_pb, state_to_pb
+from svcproxy.durations import parse_duration
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     Endpoint,

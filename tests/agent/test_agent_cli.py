@@ -24,7 +24,7 @@ from svcproxy.agent.addresses import (
 )
 from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.durations import parse_duration
+from svcproxy.durations import parse_duration
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from tests.support.lab.netns import ip, ns_exec
 from tests.support.lab.topology import Namespaces, addresses, veth

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from svcproxy.agent import collector
+from svcproxy import collector
 from svcproxy.agent.config import NodeConfig
 from svcproxy.model import NodeInfo
 from svcproxy.sdk.backend import NodeState

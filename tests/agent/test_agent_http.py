@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.httpserve import BackgroundHTTPServer, Response, parse_bind_address
 from svcproxy.agent.node_agent import NodeAgent
+from svcproxy.httpserve import BackgroundHTTPServer, Response, parse_bind_address
 from svcproxy.model import (
     Endpoint,
     NodeInfo,
