@@ -119,8 +119,8 @@ class Reporter:
     def applied(self, state: NodeState, changes: Changes) -> None:
         """The backend applied ``state``: its report replaces any not sent yet."""
         taken = self.client.taken
-        if taken is None or taken.revision != state.revision:
-            return  # not the client's state (another source): nothing to say of it
+        if self.client.cluster or taken is None or taken.revision != state.revision:
+            return  # the cluster's state, or another source's: no node's to report
         report = build_report(self.client.node_name, state, changes, self.backend,
                               taken.epoch, taken.digest, time.time())
         with self._cond:
