@@ -110,8 +110,8 @@ def start_apiserver(args: argparse.Namespace, kubeconfig: Path) -> subprocess.Po
 
 
 async def cold_start(kubeconfig: Path, sock: Path, profile: bool, sync_only: bool) -> None:
-    from svcproxy.frontend.engine import Engine
     from svcproxy.frontend.main import Frontend, FrontendOptions
+    from svcproxy.frontend.pipeline.engine import Engine
 
     in_submit = [0.0, 0]
     submit = Engine.submit

@@ -39,7 +39,7 @@ from typing import Any
 import grpc
 from bench_frontend import _channel_option, _revision, _rss_mb, make_cluster, pct
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.serving.limits import StreamLimits
 from svcproxy.frontend.serving.server import NodeStateServicer, start_server
 from svcproxy.sdk.client import CHANNEL_OPTIONS

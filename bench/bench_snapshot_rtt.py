@@ -21,7 +21,7 @@ from contextlib import suppress
 import grpc
 from bench_frontend import _revision, make_cluster
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.serving.server import start_server
 from svcproxy.sdk.client import CHANNEL_OPTIONS
 from svcproxy.v1 import nodestate_pb2 as pb

@@ -309,7 +309,7 @@ def svg(samples: list[dict[str, Any]], warmup: float, title: str, path: Path) ->
 def cpu_child(changes: int, bounded: bool) -> None:
     """Apply ``changes`` changes of the world to an in-process engine (watched views, a
     snapshot of one every 20 changes, as new streams take them)."""
-    from svcproxy.frontend.engine import Engine
+    from svcproxy.frontend.pipeline.engine import Engine
     from svcproxy.frontend.publication.changelog import ViewBounds
     from svcproxy.frontend.sources.events import Replace, Upsert
 

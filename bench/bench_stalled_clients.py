@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.snapshots import Snapshots
 from svcproxy.frontend.publication.wire import MESSAGE_BYTES, chunk_events
 from svcproxy.frontend.serving.limits import StreamLimits

@@ -38,7 +38,7 @@ from typing import Any
 
 import grpc
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.serving.limits import StreamLimits, UnaryRates
 from svcproxy.frontend.serving.server import NodeStateServicer, start_server
 from svcproxy.frontend.sources.events import Upsert

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from svcproxy.collector import resume_collector_after_start
-from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet.service import FleetService
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds
 from svcproxy.frontend.runtime.gctuning import paused_until
 from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen

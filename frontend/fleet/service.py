@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from svcproxy.convert import key_to_pb
-from svcproxy.frontend.engine import Engine
 from svcproxy.frontend.fleet import metrics
 from svcproxy.frontend.fleet.conditions import (
     ViewLike,
@@ -31,6 +30,7 @@ from svcproxy.frontend.fleet.latency import ClusterLatency
 from svcproxy.frontend.fleet.model import TROUBLED, Fleet, NodeRecord, Served, State
 from svcproxy.frontend.fleet.reports import MAX_NODES, ReportRates, check_report
 from svcproxy.frontend.fleet.waits import DEFAULT_LOST_AFTER, Progress, Wait
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.validation import check_filters, check_node_name, invalid

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from svcproxy.convert import node_to_pb
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import _varint
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.validation import check_filters, check_node_name, invalid

@@ -18,7 +18,7 @@ import time
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.httpserve import Response, RoutedServer, parse_bind_address
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.process import BaseProcess
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
 from svcproxy.frontend.serving import shipping
 from svcproxy.frontend.serving.access.guard import CallGuard

@@ -161,7 +161,7 @@ class FakeCluster:
         return self
 
     async def _start(self) -> None:
-        from svcproxy.frontend.engine import Engine
+        from svcproxy.frontend.pipeline.engine import Engine
         from svcproxy.frontend.serving.server import start_server
         from svcproxy.frontend.sources.events import Replace
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from svcproxy.frontend.computation import compute
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, Replace, Upsert
 from svcproxy.frontend.store.objects import ParseError, parse_endpoint_slice, parse_service

@@ -98,7 +98,7 @@ def test_the_apiserver_is_asked_before_the_rest_is_imported(tmp_path: Path) -> N
         fake.close()
     modules = set(json.loads(seen.read_text()))
     assert "kubernetes.client" in modules
-    early = modules & {"grpc", "prometheus_client", "svcproxy.frontend.engine",
+    early = modules & {"grpc", "prometheus_client", "svcproxy.frontend.pipeline.engine",
                        "svcproxy.frontend.main"}
     assert not early, f"imported before the apiserver was asked: {sorted(early)}"
 

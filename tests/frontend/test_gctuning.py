@@ -31,7 +31,7 @@ def test_no_collection_until_synced_then_as_before() -> None:
 def test_the_initial_load_leaves_next_to_no_cyclic_garbage() -> None:
     """The state is frozen at sync without a collection first (one over 10,000 services
     cost 0.6 s): whatever the load leaves in reference cycles would stay for good."""
-    from svcproxy.frontend.engine import Engine
+    from svcproxy.frontend.pipeline.engine import Engine
     from svcproxy.frontend.sources.events import Replace
     from tests.frontend.test_initial_sync import NODES, cluster
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from svcproxy.frontend.computation import compute
 from svcproxy.frontend.computation import records as records_module
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Replace
 

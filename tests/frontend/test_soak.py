@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import ViewBounds
 from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.sources.events import Replace, Upsert

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from svcproxy.convert import node_from_pb, state_from_pb
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.sources.events import Replace
 from svcproxy.model import ServicePortKey, ServicePortState
 from svcproxy.sdk.client import EPOCH_KEY, NodeStateClient, open_channel, server_epoch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.sources.events import Replace
 from svcproxy.model import Protocol, ServicePortKey
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, TooManyViews, ViewBounds
 from svcproxy.frontend.publication.views import charge
 from svcproxy.frontend.serving.limits import Refused

@@ -39,7 +39,7 @@ from hypothesis import event as noted
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from svcproxy.convert import digest_term, node_to_pb, state_to_pb
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication import snapshots as snapshots_module
 from svcproxy.frontend.publication import views as views_module
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds

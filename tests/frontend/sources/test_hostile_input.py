@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.computation import records as records_module
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication import changelog as changelog_module
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Event, Replace, Upsert

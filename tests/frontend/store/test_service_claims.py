@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from svcproxy.frontend.engine import Engine
+from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, Replace, Upsert
 from svcproxy.frontend.sources.intake import Intake
