@@ -62,38 +62,111 @@ def _rss() -> int:
     return 0
 
 
-def _report(frontends: list[Any], interval: float, applied: list[int]) -> None:
-    """Every ``interval`` seconds one JSON line of what the frontend holds."""
+def _mallinfo() -> dict[str, int]:
+    """glibc's heap: bytes in use, free inside the arenas (fragmentation), mmapped."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    info = libc.mallinfo2()
+    return {"heap_used": info.uordblks, "heap_free": info.fordblks, "mmapped": info.hblkhd,
+            "arenas_bytes": info.arena}
+
+
+def _rss_by_mapping() -> dict[str, int]:
+    """RSS by kind of mapping (/proc/self/smaps): glibc's main heap, anonymous 1 MiB
+    mappings (Python's object arenas: pymalloc's stats are hidden under tracemalloc), other
+    anonymous memory (glibc's thread arenas, large blocks, stacks), files (code)."""
+    out = {"rss_heap": 0, "rss_pyarenas": 0, "rss_anon": 0, "rss_files": 0}
+    kind = "rss_files"
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=6)
+            if "-" in first[0] and not first[0].endswith(":"):
+                low, high = (int(x, 16) for x in first[0].split("-"))
+                name = first[5].strip() if len(first) > 5 else ""
+                kind = ("rss_heap" if name == "[heap]" else "rss_files" if name
+                        else "rss_pyarenas" if high - low == 1 << 20 else "rss_anon")
+            elif first[0] == "Rss:":
+                out[kind] += int(first[1]) * 1024
+    return out
+
+
+def _diagnose(out: Any, base: Any, counts: dict[str, int], group: str) -> None:
+    """Where allocations grew since the baseline (by ``group``), and which types."""
+    import gc
     import tracemalloc
+    from collections import Counter
+
+    now = tracemalloc.take_snapshot()
+    for stat in now.compare_to(base, group)[:15]:
+        print(stat, file=out)
+        if group == "traceback":
+            for line in stat.traceback.format()[-12:]:
+                print("   ", line, file=out)
+    types = Counter(type(o).__name__ for o in gc.get_objects())
+    grew = sorted(((n - counts.get(t, 0), t) for t, n in types.items()), reverse=True)[:15]
+    print("gc objects", sum(types.values()), "grew:", grew, file=out)
+    print("----", file=out, flush=True)
+
+
+def _report(frontends: list[Any], interval: float, applied: list[int]) -> None:
+    """Every ``interval`` seconds one JSON line of what the frontend holds.
+
+    Diagnostics by the environment: SOAK_TOP (a file) gets, every sample after
+    SOAK_BASE seconds (300), where allocations grew since the sample at SOAK_BASE
+    (grouped by traceback with SOAK_FRAMES > 1) and which object types grew;
+    SOAK_TRIM=1 calls malloc_trim(0) before each sample (RSS before it is kept)."""
+    import ctypes
+    import gc
+    import tracemalloc
+    from collections import Counter
 
     start = time.monotonic()
-    top = os.environ.get("SOAK_TOP")  # a file: where allocations grew, between samples
-    last = tracemalloc.take_snapshot() if top else None
+    top = os.environ.get("SOAK_TOP")
+    base_at = float(os.environ.get("SOAK_BASE", "300"))
+    group = "traceback" if tracemalloc.get_traceback_limit() > 1 else "lineno"
+    trim = os.environ.get("SOAK_TRIM") == "1"
+    base: Any = None
+    counts: dict[str, int] = {}
     while True:
         time.sleep(interval)
         if not frontends:
             continue
-        if top and last is not None:
-            now = tracemalloc.take_snapshot()
+        t = time.monotonic() - start
+        extra: dict[str, Any] = {}
+        if trim:
+            extra["rss_untrimmed"] = _rss()
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        if top and base is None and t >= base_at:
+            base = tracemalloc.take_snapshot()
+            counts = dict(Counter(type(o).__name__ for o in gc.get_objects()))
+        elif top and base is not None:
             with open(top, "a") as out:
-                for stat in now.compare_to(last, "lineno")[:12]:
-                    print(stat, file=out)
-                print("----", file=out)
-            last = now
+                print(f"t={t:.0f}s", file=out)
+                _diagnose(out, base, counts, group)
         log = frontends[0].engine.changelog
         views = list(log.views.values())
         print(json.dumps({
-            "t": time.monotonic() - start, "rss": _rss(), "applied": applied[0],
+            "t": t, "rss": _rss(), "applied": applied[0],
             "traced": tracemalloc.get_traced_memory()[0], "revision": log.revision,
             "encoder": log.digests.encoder.sizes(), "sweeps": log.digests.encoder.sweeps,
             "views": len(views), "history_bytes": log.history_bytes,
-            "history_ops": sum(v.history_ops for v in views)}), flush=True)
+            "history_ops": sum(v.history_ops for v in views),
+            "history_batches": sum(len(v.history) for v in views), **_mallinfo(),
+            **_rss_by_mapping(),
+            "gc_objects": len(gc.get_objects()), **extra}), flush=True)
 
 
 def child(argv: list[str], interval: float, unbounded: bool) -> int:
     import tracemalloc
 
-    tracemalloc.start(1)
+    tracemalloc.start(int(os.environ.get("SOAK_FRAMES", "1")))
     from svcproxy import cli
     from svcproxy.frontend import main as frontend_main
     from svcproxy.frontend.sources.events import Upsert
@@ -202,6 +275,8 @@ def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
     target = f"unix://{tmp / 'api.sock'}"
     flags = ["--kubeconfig", str(kubeconfig), "--listen", target, "--metrics-bind-address",
              "", "--unary-qps-per-peer", "0"] + (UNBOUNDED if args.unbounded else [])
+    if args.history_max_bytes:
+        flags += ["--history-max-bytes", str(args.history_max_bytes)]
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", "--interval", str(args.interval)]
         + (["--unbounded"] if args.unbounded else []) + ["--", *flags],
@@ -244,7 +319,16 @@ def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
                   f"(behind {world.changes - sample['applied']:5d})  "
                   f"encoder {sum(enc.values()):7d} entries ({sample['sweeps']} sweeps)  "
                   f"views {sample['views']:4d}  history {sample['history_bytes'] / 2**20:6.1f}"
-                  f" MB / {sample['history_ops']} ops", flush=True)
+                  f" MB / {sample['history_ops']} ops  malloc used "
+                  f"{sample['heap_used'] / 2**20:.1f} free {sample['heap_free'] / 2**20:.1f}"
+                  f" mmapped {sample['mmapped'] / 2**20:.1f} MB  rss: heap "
+                  f"{sample['rss_heap'] / 2**20:.1f} arenas "
+                  f"{sample['rss_pyarenas'] / 2**20:.1f} anon "
+                  f"{sample['rss_anon'] / 2**20:.1f} files "
+                  f"{sample['rss_files'] / 2**20:.1f} MB  batches "
+                  f"{sample['history_batches']}"
+                  + (f"  rss before malloc_trim {sample['rss_untrimmed'] / 2**20:.1f} MB"
+                     if "rss_untrimmed" in sample else ""), flush=True)
             if time.monotonic() >= end:
                 break
     finally:
@@ -372,6 +456,9 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=10.0, help="minutes before the slope")
     p.add_argument("--json", type=Path, help="write the samples here")
     p.add_argument("--svg", type=Path, help="plot RSS and allocated memory here")
+    p.add_argument("--history-max-bytes", type=int, default=0,
+                   help="the frontend's --history-max-bytes (0: its default); small, "
+                   "the histories are full soon")
     p.add_argument("--unbounded", action="store_true", help="the frontend without bounds")
     p.add_argument("--cpu", action="store_true", help="CPU per change, bounds on and off")
     p.add_argument("--changes", type=int, default=400)

@@ -1,14 +1,18 @@
 """What the frontend keeps is bounded by what is live, not by history (issue 28).
 
 Each test churns a fixed world (tests/support/soak.py: rollouts, readiness flips, new IPs) and
-checks one bound: the encoder's caches, the histories' bytes, the views.
+checks one bound: the encoder's caches, the histories' bytes, the views, the queue from the
+sources.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import multiprocessing
 import sys
+import threading
+import tracemalloc
 
 import pytest
 
@@ -18,9 +22,12 @@ from svcproxy.frontend.publication.views import charge
 from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.serving.server import NodeStateServicer
+from svcproxy.frontend.serving.worker import ParentLink
+from svcproxy.frontend.serving.workers import StreamWorkers
 from svcproxy.frontend.sources.events import Replace, Upsert
 from svcproxy.v1 import nodestate_pb2 as pb
 from tests.support.soak import Rollouts
+from tests.support.waiting import wait_for
 
 
 def _engine(world: Rollouts, bounds: ViewBounds = DEFAULT_BOUNDS) -> Engine:
@@ -208,3 +215,100 @@ def test_a_watch_for_a_new_name_past_max_views_is_resource_exhausted_saying_what
     with pytest.raises(TooManyViews):
         engine.changelog.view("node-y")
     assert engine.changelog.views.keys() == {"node-0", "node-1", "node-2"}
+
+
+def test_a_views_history_holds_no_more_memory_than_it_is_charged() -> None:
+    """The byte budget bounds what a history really holds: batches of one change (a loop
+    that keeps up) cost their entry and list besides their ops. Uncharged, a full
+    history grew as batches merged while the loop was behind were replaced by single
+    ones (the soak's late growth)."""
+    world = Rollouts(services=20, endpoints=3, nodes=4)
+    engine = _engine(world)
+    view = engine.changelog.watch("node-0")
+    _churn(engine, world, 50)
+    view.clear_history(view.revision)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        _churn(engine, world, 2000)
+        gc.collect()
+        charged, batches = view.history_bytes, len(view.history)
+        held = tracemalloc.get_traced_memory()[0]
+        view.clear_history(view.revision)
+        gc.collect()
+        held -= tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert batches > 1000  # mostly one change a batch
+    assert 0 < held <= charged, (held, charged)
+
+
+def test_a_source_faster_than_the_loop_waits_for_it_and_no_event_is_dropped() -> None:
+    """The source -> engine queue is bounded: past ``queue_events`` a source thread waits
+    until the loop drains (backpressure), and every event it handed over is applied."""
+    world = Rollouts(services=10, endpoints=3, nodes=4)
+    engine = _engine(world)
+    engine.queue_events = 16
+    view = engine.changelog.watch("node-0")
+    loop = engine.loop = asyncio.new_event_loop()
+    steps = [world.step() for _ in range(100)]
+    drained: list[int] = []
+    submit = engine.submit
+
+    def counted(events: list[Upsert]) -> None:
+        drained.append(len(events))
+        submit(events)
+
+    engine.submit = counted  # type: ignore[method-assign,assignment]
+
+    def source() -> None:
+        for obj in steps:
+            engine.submit_threadsafe([Upsert("EndpointSlice", obj)])
+
+    thread = threading.Thread(target=source, daemon=True)
+    thread.start()
+
+    async def until_the_source_is_done() -> None:
+        while thread.is_alive():
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
+
+    try:
+        wait_for(lambda: engine.sources_waiting or not thread.is_alive())
+        assert thread.is_alive(), "the source handed 100 batches to a loop that is busy"
+        loop.run_until_complete(asyncio.wait_for(until_the_source_is_done(), 60))
+    finally:
+        thread.join(60)
+        loop.close()
+    assert sum(drained) == 100 and max(drained) <= 16
+    fresh = _engine(world)
+    assert view.records == fresh.changelog.state("node-0")[1]
+    assert view.digest == engine.changelog.digests.of(view)
+
+
+def test_a_stream_workers_copy_of_a_view_keeps_no_more_than_the_main_view() -> None:
+    """A stream worker's copy of a view is bounded by the same eighth of
+    --history-max-bytes as the main process's view, not by a size of its own."""
+    world = Rollouts(services=30, endpoints=5, nodes=4)
+    budget = 80_000
+    engine = _engine(world, ViewBounds(history_bytes=budget))
+    config = StreamWorkers(engine, 2, "unix:///nowhere", None).config
+    main = engine.changelog.watch("node-0")
+    here, there = multiprocessing.Pipe()
+    link = ParentLink(here, config.history, config.view_history_bytes)
+    loop = asyncio.new_event_loop()
+    try:
+        link._pending[1] = (loop.create_future(), "watch", ("node-0", "peer"))
+        link._on_message(("reply", 1, (main.revision, [], 0)))
+        copy = link.views["node-0"]
+        engine.changelog.listeners.append(lambda revision, changed: link._on_message(
+            ("publish", revision, {n: (ops, None) for n, ops in changed.items()})))
+        first = copy.history_start
+        for _ in range(400):
+            _churn(engine, world, 1)
+            assert copy.history_bytes <= budget // 8
+    finally:
+        loop.close()
+        here.close()
+        there.close()
+    assert copy.history_start > first and copy.revision == main.revision
