@@ -1,21 +1,29 @@
 """Cluster-wide network programming latency: simulated nodes watching and reporting.
 
     .venv/bin/python bench/bench_fleet_latency.py [--nodes 100] [--procs 4] [--changes 20]
+        [--light] [--interval 2]
 
 A frontend process on a manifest directory (examples/cluster and a Service ``lat``);
 ``--nodes`` simulated nodes in ``--procs`` processes, each a real NodeStateClient whose
 every state is applied at once (a no-op backend) and reported by the SDK's Reporter
-(default --report-min-interval 1 s). ``--changes`` times, 2 s apart, the EndpointSlice of
-``lat`` is rewritten; each node notes when it applied each change (its trigger time, the
-frontend's). Prints, over the changes: the per-node latency (trigger -> that node
-applied, every node's), the cluster-wide latency (trigger -> the last node applied),
-both p50 / p99, and the frontend's svcproxy_frontend_cluster_programming_latency_seconds
-(count, mean) as a cross-check.
+(default --report-min-interval 1 s). With ``--light`` a node is one asyncio Watch stream
+instead (all of a process's nodes on one loop, two threads less per node: 1,000 fit two
+cores), which notes the trigger times of the ServicePorts its batches set and reports
+each complete batch as the Reporter does (the batch's revision, epoch and digest, at most
+once a second, the newest replacing one not sent). ``--changes`` times, ``--interval``
+seconds apart, the EndpointSlice of ``lat`` is rewritten; each node notes when it
+applied each change (its trigger time, the frontend's). Prints, over the changes: the
+per-node latency (trigger -> that node applied, every node's), the cluster-wide latency
+(trigger -> the last node applied), both p50 / p99, the frontend's
+svcproxy_frontend_cluster_programming_latency_seconds (count, mean) as a cross-check, and
+the frontend's CPU over the changes (per report it accepted, per node and change) and
+while nothing changes (per node and second).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import shutil
 import socket
@@ -104,20 +112,102 @@ def nodes_main(api: str, names: list[str], out: mp.Queue, stop: mp.Event) -> Non
     out.put(applied)
 
 
+def light_main(api: str, names: list[str], out: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type-arg]
+    """One process's simulated nodes as asyncio streams (``--light``)."""
+    applied: list[tuple[str, float, float]] = []
+
+    async def main() -> None:
+        channels = [grpc.aio.insecure_channel(api) for _ in range(8)]
+        tasks = [asyncio.ensure_future(light_node(pb_grpc.NodeStateServiceStub(
+            channels[i % len(channels)]), name, applied)) for i, name in enumerate(names)]
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in channels:
+            await channel.close()
+
+    asyncio.run(main())
+    out.put(applied)
+
+
+async def light_node(stub: pb_grpc.NodeStateServiceStub, name: str,
+                     applied: list[tuple[str, float, float]]) -> None:
+    """Watch ``name``; each complete batch is applied at once and reported as the SDK's
+    Reporter does (at most once a second, the newest replacing one not sent)."""
+    call = stub.Watch(pb.WatchRequest(node_name=name))
+    epoch = str(dict(await call.initial_metadata() or ()).get("svcproxy-epoch", ""))
+    seen: set[float] = set()
+    triggers: list[float] = []
+    newest: list[pb.NodeReport] = []
+    wake = asyncio.Event()
+    sender = asyncio.ensure_future(light_reports(stub, newest, wake))
+    try:
+        async for event in call:
+            for op in event.ops:
+                kind = op.WhichOneof("op")
+                port = (op.set_service if kind == "set_service" else
+                        op.replace_service.service if kind == "replace_service" else None)
+                if port is not None and port.HasField("trigger_time"):
+                    triggers.append(port.trigger_time.ToNanoseconds() / 1e9)
+            if event.more:
+                continue
+            now = time.time()
+            for trigger in triggers:
+                if trigger not in seen:
+                    seen.add(trigger)
+                    applied.append((name, trigger, now))
+            triggers.clear()
+            report = pb.NodeReport(node_name=name, revision=event.revision, epoch=epoch,
+                                   backend="bench-light", backend_version="0")
+            if event.HasField("digest"):
+                report.digest = event.digest
+            report.applied_time.FromNanoseconds(int(now * 1e9))
+            newest[:] = [report]
+            wake.set()
+    finally:
+        sender.cancel()
+
+
+async def light_reports(stub: pb_grpc.NodeStateServiceStub, newest: list[pb.NodeReport],
+                        wake: asyncio.Event) -> None:
+    """Send the newest report whenever there is one, at most once a second."""
+    while True:
+        await wake.wait()
+        wake.clear()
+        report = newest.pop()
+        started = time.monotonic()
+        try:
+            await stub.Report(report, timeout=30)
+        except grpc.aio.AioRpcError:
+            pass
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+
+
 def fleet_applied(stub: pb_grpc.NodeStateServiceStub) -> int:
     return stub.GetFleet(pb.GetFleetRequest(page_size=5000),
                          timeout=30).nodes_by_state["NODE_APPLIED"]
 
 
-def histogram(port: int) -> tuple[float, float]:
+def histogram(port: int) -> tuple[float, float, float]:
+    """(count, sum) of the cluster latency histogram, and the reports accepted."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
     values = {}
     for line in text.decode().splitlines():
         if line.startswith("svcproxy_frontend_cluster_programming_latency_seconds_"):
             name, _, value = line.partition(" ")
             values[name.split("{")[0]] = float(value)
+        if line.startswith('svcproxy_frontend_fleet_reports_total{result="accepted"}'):
+            values["accepted"] = float(line.rpartition(" ")[2])
     base = "svcproxy_frontend_cluster_programming_latency_seconds_"
-    return values.get(base + "count", 0.0), values.get(base + "sum", 0.0)
+    return (values.get(base + "count", 0.0), values.get(base + "sum", 0.0),
+            values.get("accepted", 0.0))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # CLK_TCK
 
 
 def pct(values: list[float], p: float) -> float:
@@ -130,6 +220,13 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--changes", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between two changes (default %(default)s)")
+    parser.add_argument("--quiet", type=float, default=10.0,
+                        help="seconds with every node connected and nothing changing, "
+                        "for the frontend's idle CPU per node (default %(default)s)")
+    parser.add_argument("--light", action="store_true",
+                        help="simulated nodes as asyncio streams, not SDK clients")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     manifests = work / "m"
@@ -140,11 +237,13 @@ def main() -> int:
     frontend = subprocess.Popen(
         [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
          "--listen", api, "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
-         "--unary-qps-per-peer", "0"], stderr=subprocess.DEVNULL)
+         "--unary-qps-per-peer", "0", "--max-streams-per-peer", str(args.nodes + 100),
+         "--max-streams", str(args.nodes + 100)], stderr=subprocess.DEVNULL)
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
     names = [f"sim-{i:04}" for i in range(args.nodes)]
-    procs = [ctx.Process(target=nodes_main, args=(api, names[i::args.procs], out, stop))
+    target = light_main if args.light else nodes_main
+    procs = [ctx.Process(target=target, args=(api, names[i::args.procs], out, stop))
              for i in range(args.procs)]
     try:
         channel = grpc.insecure_channel(api)
@@ -155,10 +254,15 @@ def main() -> int:
         deadline = time.monotonic() + 300
         while fleet_applied(stub) < args.nodes and time.monotonic() < deadline:
             time.sleep(0.5)
+        idle = cpu_seconds(frontend.pid)
+        time.sleep(args.quiet)
+        idle = cpu_seconds(frontend.pid) - idle
         before, started = histogram(metrics_port), time.time()
+        cpu_before = cpu_seconds(frontend.pid)
         for generation in range(1, args.changes + 1):
             write(manifests, generation)
-            time.sleep(2.0)
+            time.sleep(args.interval)
+        cpu = cpu_seconds(frontend.pid) - cpu_before
         deadline = time.monotonic() + 60
         while fleet_applied(stub) < args.nodes and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -185,6 +289,13 @@ def main() -> int:
         mean = f"{total / count * 1e3:.0f} ms" if count else "-"
         print(f"frontend's histogram: {count:.0f} observations, mean {mean} "
               "(trigger -> last node's report received)")
+        reports = after[2] - before[2]
+        print(f"frontend CPU over the changes: {cpu:.1f} s, {reports:.0f} reports accepted: "
+              f"{cpu / max(reports, 1) * 1e6:.0f} us per report (its stream writes "
+              f"included), {cpu / (args.nodes * args.changes) * 1e6:.0f} us per node and "
+              f"change, {cpu / (args.changes * args.interval) * 100:.0f}% of a core")
+        print(f"frontend CPU with every node connected and nothing changing: "
+              f"{idle / args.quiet / args.nodes * 1e6:.1f} us per node and second")
     finally:
         stop.set()
         for proc in procs:
