@@ -305,7 +305,10 @@ class WorkerSide:
         self.to_worker = self.worker.pipe = SentPipe()  # type: ignore[assignment]
         self.workers._workers[1] = self.worker
         engine.changelog.listeners.append(self.workers._on_publish)
-        self.link = ParentLink(None, engine.changelog.history_limit)  # type: ignore[arg-type]
+        # The worker's copies keep what the main views keep (with tiny bounds: tiny).
+        config = self.workers.config
+        self.link = ParentLink(None, config.history,  # type: ignore[arg-type]
+                               config.view_history_bytes)
         self.to_main = self.link.pipe = SentPipe()  # type: ignore[assignment]
         self.loop = asyncio.new_event_loop()
 
