@@ -121,6 +121,8 @@ def _frontend_limit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
+    from svcproxy.frontend.serving.access.auth import DEFAULT_NODE_SERVICE_ACCOUNTS
+
     g = p.add_argument_group("authentication, authorization and readiness")
     g.add_argument("--token-audience", metavar="AUD",
                    help="accept ServiceAccount tokens (authorization: Bearer) issued for this "
@@ -136,6 +138,13 @@ def _frontend_auth_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated users or groups that may read every node, ListNodes "
                    "and WatchCluster (tools, and frontends chained with --upstream); a node "
                    "identity reads only its own node, anything else nothing")
+    g.add_argument("--node-service-accounts", default=DEFAULT_NODE_SERVICE_ACCOUNTS,
+                   metavar="NAMESPACE:NAME,...",
+                   help="the node agents' ServiceAccounts: a pod-bound token of one of them "
+                   "is the identity of its pod's node (Watch, GetNodeState and Report for "
+                   "that node); any other pod's token may only WaitFleet for its own pod's "
+                   "addresses; empty: no token is a node identity (node certificates still "
+                   "are) (default %(default)s, the accounts deploy/ runs agents as)")
     g.add_argument("--insecure-allow-anonymous", action="store_true",
                    help="serve everything to unauthenticated callers on a non-loopback "
                    "--listen (without it the frontend refuses to start there unless "
@@ -346,7 +355,11 @@ def _view_bounds(args: argparse.Namespace) -> ViewBounds:
 
 
 def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:
-    from svcproxy.frontend.serving.access.auth import AuthConfig, check_listen
+    from svcproxy.frontend.serving.access.auth import (
+        AuthConfig,
+        check_listen,
+        parse_node_service_accounts,
+    )
 
     client_certs = bool(args.tls_client_ca)
     if client_certs and not tls:
@@ -357,10 +370,14 @@ def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:
     except ValueError as err:
         raise SystemExit(f"svcproxy: refusing to start: {err}") from err
     readers = frozenset(filter(None, (n.strip() for n in args.cluster_readers.split(","))))
+    try:
+        node_accounts = parse_node_service_accounts(args.node_service_accounts)
+    except ValueError as err:
+        raise SystemExit(f"svcproxy: {err}") from err
     return AuthConfig(client_certs=client_certs, token_audience=args.token_audience or None,
                       token_kubeconfig=args.authentication_kubeconfig or args.kubeconfig,
                       token_cache_ttl=args.token_cache_ttl, cluster_readers=readers,
-                      allow_anonymous=anonymous)
+                      node_service_accounts=node_accounts, allow_anonymous=anonymous)
 
 
 def _run_backend(args: argparse.Namespace) -> int:

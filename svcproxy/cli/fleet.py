@@ -1,10 +1,11 @@
 """``svcproxy status`` and ``svcproxy wait``: what every node applied, read from a frontend.
 
 ``status`` pages through GetFleet and prints nodes by state, the slowest nodes, the
-nodes whose digest disagrees and the refused service ports (``--output json``: the
-fleet as the API says it). ``wait`` follows WaitFleet until the state asked for is
-applied on every counted node (exit 0), or exits 1 at ``--timeout`` naming the nodes
-still behind (2 when the frontend refused the request).
+nodes whose digest disagrees and the refused service ports, and with ``--service`` on
+how many nodes each of its service ports' and endpoints' current decision is applied
+(``--output json``: the fleet as the API says it). ``wait`` follows WaitFleet until
+the state asked for is applied on every counted node (exit 0), or exits 1 at
+``--timeout`` naming the nodes still behind (2 when the frontend refused the request).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def status_parser(sub: argparse._SubParsersAction) -> None:
     add_connection_arguments(p)
     p.add_argument("--node", default="", metavar="NAME", help="only this node")
     p.add_argument("--service", default="", metavar="[NAMESPACE/]NAME",
-                   help="also count, per service port of this Service, the nodes that "
-                   "applied its current decision")
+                   help="also count, per service port of this Service and per endpoint of "
+                   "it, the connected nodes holding it that applied its current decision")
     p.add_argument("--output", "-o", choices=("table", "json"), default="table",
                    help="table (default) or json (every node, as GetFleet answers)")
     p.set_defaults(func=run_status)
@@ -199,9 +200,18 @@ def print_status(fleet: pb.Fleet, out: IO[str]) -> None:
            [(key, f"{len(names)} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})",
              reason[:80]) for key, (names, reason) in sorted(refused.items())])
     if fleet.services:
-        _table(out, "Service ports", ("SERVICE PORT", "NODES", "APPLIED", "REFUSED"),
-               [(_key(p.service), str(p.nodes), str(p.applied_nodes), str(p.refused_nodes))
-                for p in fleet.services])
+        print_progress(fleet, out)
+
+
+def print_progress(fleet: pb.Fleet, out: IO[str]) -> None:
+    """Per service port, and per endpoint of it: on how many of the connected, reporting
+    nodes that hold it its current decision is applied."""
+    _table(out, "Service ports", ("SERVICE PORT", "NODES", "APPLIED", "REFUSED"),
+           [(_key(p.service), str(p.nodes), str(p.applied_nodes), str(p.refused_nodes))
+            for p in fleet.services])
+    _table(out, "Endpoints", ("SERVICE PORT", "ENDPOINT", "NODES", "APPLIED"),
+           [(_key(p.service), e.ip, str(e.nodes), str(e.applied_nodes))
+            for p in fleet.services for e in p.endpoints])
 
 
 # ---- wait -----------------------------------------------------------------

@@ -23,6 +23,7 @@ from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.support.examples import copy_examples
 from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 from tests.support.fleet_lab import SVCPROXY
+from tests.support.paths import REPO
 from tests.support.waiting import wait_for
 
 AUDIENCE = "svcproxy"
@@ -197,3 +198,29 @@ def test_node_service_accounts_names_the_agents(frontend_factory, tmp_path: Path
                              pod=agent_pod(api))
     assert node_calls(fe.opts.listen, agent)["Watch"][0] == grpc.StatusCode.PERMISSION_DENIED
 
+
+
+def test_the_default_node_service_accounts_are_those_deploy_runs_agents_as() -> None:
+    import yaml
+
+    from svcproxy.cli import _frontend_auth, build_parser
+
+    accounts = set()
+    for path in sorted((REPO / "deploy").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "DaemonSet":
+                spec = doc["spec"]["template"]["spec"]
+                accounts.add(f"system:serviceaccount:{doc['metadata']['namespace']}:"
+                             f"{spec['serviceAccountName']}")
+    assert len(accounts) == 2  # svcproxy's DaemonSets' and kubeadm's kube-proxy's
+    flags = ["frontend", "--manifests", "m", "--token-audience", AUDIENCE]
+    assert _frontend_auth(build_parser().parse_args(flags), None).node_service_accounts == \
+        accounts == AuthConfig().node_service_accounts
+    none = _frontend_auth(build_parser().parse_args([*flags, "--node-service-accounts="]),
+                          None)
+    assert none.node_service_accounts == frozenset()
+    for bad in ("svcproxy", "svcproxy:", ":backend", "Svcproxy:backend", "a:b:c",
+                "system:serviceaccount:svcproxy:svcproxy-backend"):
+        with pytest.raises(SystemExit, match="is not NAMESPACE:NAME"):
+            _frontend_auth(build_parser().parse_args([*flags, "--node-service-accounts",
+                                                      bad]), None)

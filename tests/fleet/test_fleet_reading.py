@@ -54,6 +54,14 @@ def test_status_table_and_json(two_nodes) -> None:  # type: ignore[no-untyped-de
     refused = table.split("Refused service ports")[1]
     assert re.search(r"shop/web:http/TCP\s+1 \(node-b\)\s+" + REASON, refused)
     assert re.search(r"shop/web:metrics/TCP\s+2\s+2\s+1", table.split("Service ports\n")[1])
+    # Per endpoint of each port: on how many of the nodes holding it its decision is applied.
+    endpoints = table.split("Endpoints\n")[1]
+    for ip in ("10.244.1.10", "10.244.1.11", "10.244.2.10"):
+        assert re.search(rf"shop/web:http/TCP\s+{ip}\s+2\s+2", endpoints), endpoints
+    progress = json.loads(status(api, "--service", "shop/web", "--output", "json"))["services"]
+    http = next(p for p in progress if p["service"]["port_name"] == "http")
+    assert {e["ip"]: (e["nodes"], e["applied_nodes"]) for e in http["endpoints"]} == {
+        "10.244.1.10": (2, 2), "10.244.1.11": (2, 2), "10.244.2.10": (2, 2)}
     answer = json.loads(status(api, "--output", "json"))
     assert answer["nodes_by_state"]["NODE_APPLIED"] == 2
     by_name = {n["node_name"]: n for n in answer["nodes"]}
