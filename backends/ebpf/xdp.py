@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 PROGRAM = "spp_xdp"
 STATS_MAP = "spp_xdp_stats"
-STATS = ("reply", "forward", "new", "pass")  # XDP_STAT_* in bpf/xdp.h
+STATS = ("reply", "forward", "new", "pass", "picked")  # XDP_STAT_* in bpf/xdp.h
 MODES = ("off", "auto", "native", "generic")
 ATTACH_XDP = 37  # enum bpf_attach_type BPF_XDP
 LINK_TYPE_XDP = 6
@@ -177,7 +177,8 @@ def metrics(modes: dict[str, str], stats_fd: int) -> Iterator[Metric]:
         attached.add_metric([device, mode or "none"], 1 if mode else 0)
     packets = CounterMetricFamily("svcproxy_ebpf_xdp_packets",
                                   "Packets the XDP program handled, by what it did (reply, "
-                                  "forward, new: sent on by XDP; pass: left to the tc programs)",
+                                  "forward, new: sent on by XDP; picked: a new flow picked and "
+                                  "tracked, then passed to tc; pass: left to tc)",
                                   labels=["action"])
     for action, count in read_stats(stats_fd).items():
         packets.add_metric([action], count)

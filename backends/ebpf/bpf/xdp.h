@@ -7,27 +7,34 @@
  *
  * - a reply of a flow SNATed to this node: reverse-SNAT and reverse-DNAT, out to the
  *   client (XDP_TX on the device it came by, else a redirect);
- * - a packet of a tracked flow to an endpoint on another node (SNATed): DNAT + SNAT, out
- *   to the endpoint;
- * - a new flow to a NodePort, externalIP or VIP whose pick is an endpoint on another
- *   node: the endpoint picked (random or Maglev), a NAT port claimed, both entries
- *   written as the tc program writes them, out.
+ * - a packet of a tracked SNATed flow: DNAT + SNAT, out to the endpoint;
+ * - a new flow to a service address: the endpoint picked (random or Maglev) and the
+ *   flow written in spp_ct as new_flow() in tc writes it; a SNATed one is sent on here,
+ *   the rest (a local endpoint's DNAT: delivery needs the stack; DSR; a neighbour to
+ *   resolve) passes to tc, which finds the flow tracked and carries on, so each flow is
+ *   picked once (a second pick in tc would skew the endpoints' shares).
  *
- * Everything else passes to the stack unchanged and is served by the tc programs, which
- * follow: local endpoints (delivery needs the stack), DSR, REJECT answers, source
- * ranges, affinity, a route without a known neighbour, IP options and extension
- * headers. Checksums are updated incrementally, so they must be whole on the wire (as a
- * NIC receives them; a veth whose peer offloads checksums delivers partial ones).
+ * Everything else passes to the stack unchanged and is served by the tc programs:
+ * REJECT answers, drops, source ranges, affinity, IP options and extension headers.
+ * Checksums are updated incrementally, so they must be whole in the packet (as a NIC
+ * receives them; a veth whose peer offloads checksums delivers partial ones).
  */
 #ifndef SVCPROXY_XDP_H
 #define SVCPROXY_XDP_H
+
+/* Whether a new flow to a local endpoint is SNATed (new_flow()'s rule), where
+ * svcproxy_tc.bpf.c does not name it. */
+#ifndef SNAT_LOCAL
+#define SNAT_LOCAL(sv) ((sv)->flags & F_MASQ)
+#endif
 
 /* Per-CPU counters of what the XDP program did (svcproxy_ebpf_xdp_packets_total). */
 #define XDP_STAT_REPLY 0    /* a reply reversed and sent to the client */
 #define XDP_STAT_FORWARD 1  /* a tracked flow's packet sent to its endpoint */
 #define XDP_STAT_NEW 2      /* a new flow to a remote endpoint */
 #define XDP_STAT_PASS 3     /* left to the stack and the tc programs */
-#define XDP_STATS 4
+#define XDP_STAT_PICKED 4   /* a new flow picked and tracked here, carried on by tc */
+#define XDP_STATS 5
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -56,6 +63,7 @@ struct xdp_scratch {
 	__u32 from[9];
 	__u32 to[9];
 	__u32 snat[4];
+	struct ct_val rv;
 };
 
 struct {
@@ -166,10 +174,10 @@ static __always_inline void xdp_rewrite(struct xdp_pkt *x, struct xdp_scratch *s
 	x->ports[1] = v->dport;
 }
 
-/* The route to ``daddr`` from ``saddr`` in ``s->fib``: 0 with the MACs, or -1 (no
- * route, no known neighbour: left to tc, which can resolve it). */
-static __always_inline int xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
-				     const __u32 *saddr, const __u32 *daddr)
+/* The route to ``daddr`` from ``saddr`` in ``s->fib``: bpf_fib_lookup's result (only
+ * BPF_FIB_LKUP_RET_SUCCESS gives the MACs; without a known neighbour tc resolves it). */
+static __always_inline long xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
+				      const __u32 *saddr, const __u32 *daddr)
 {
 	struct bpf_fib_lookup *fib = &s->fib;
 
@@ -185,7 +193,16 @@ static __always_inline int xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
 		copy_addr(fib->ipv6_src, saddr);
 		copy_addr(fib->ipv6_dst, daddr);
 	}
-	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0) == BPF_FIB_LKUP_RET_SUCCESS ? 0 : -1;
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+/* The device the route to ``daddr`` leaves by (0: no route), as route_oif() in tc. */
+static __always_inline __u32 xdp_oif(struct xdp_md *ctx, struct xdp_scratch *s,
+				     const __u32 *daddr)
+{
+	long rc = xdp_route(ctx, s, s->p.saddr, daddr);
+
+	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? s->fib.ifindex : 0;
 }
 
 /* Rewrite to ``s->fv`` and send out by the route in ``s->fib``, counted as ``what``. */
@@ -205,48 +222,75 @@ static __always_inline int xdp_send(struct xdp_md *ctx, struct xdp_pkt *x,
 	return xdp_count(what, bpf_redirect(s->fib.ifindex, 0));
 }
 
-/* A new flow to a remote endpoint, written as new_flow() in tc writes it, in
- * ``s->fv``; -1: left to tc. */
-static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_scratch *s)
+/* A new flow, picked and written in spp_ct as new_flow() in tc writes it (``s->fv``, the
+ * forward entry). XDP_TX/XDP_REDIRECT when this program sends it on (SNATed, the route
+ * known), XDP_PASS when tc carries on from the entries (a local endpoint's DNAT, DSR, a
+ * neighbour to resolve: tc finds the flow tracked, so the one pick holds), -1 when tc
+ * decides alone (REJECT, drop, affinity, source ranges: before any pick). */
+static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_pkt *x,
+					struct xdp_scratch *s)
 {
 	struct pkt *p = &s->p;
 	struct svc_val *sv = &s->sv;
 	struct ct_val *fv = &s->fv;
+	struct ct_key rk = {};
 	struct ep_val ep;
 	struct dev_val *dev;
 	__u32 oif;
 	__u64 now = bpf_ktime_get_ns();
+	long rc;
 	__u16 port;
 
 	if (sv->flags & (F_REFUSE | F_AFFINITY | F_RANGES) || !sv->count)
 		return -1;
-	if (pick(&s->sk, sv, flow_hash(p), &ep) || ep.family != p->family ||
-	    (ep.flags & EP_LOCAL))
-		return -1;
-	if (xdp_route(ctx, s, p->saddr, ep.addr))
-		return -1;
-	oif = s->fib.ifindex;
-	dev = bpf_map_lookup_elem(&spp_devices, &oif);
-	if (dsr_enabled && (sv->flags & F_MASQ) && dev)
-		return -1; /* maybe DSR: tc decides */
-	copy_addr(s->snat, p->daddr);
-	if (dev && p->family == 4 && dev->addr4)
-		s->snat[0] = dev->addr4;
-	else if (dev && p->family == 6 && (dev->addr6[0] | dev->addr6[1] | dev->addr6[2] |
-					   dev->addr6[3]))
-		copy_addr(s->snat, dev->addr6);
-	if (nat_port(p, &ep, s->snat, now, &port))
+	if (pick(&s->sk, sv, flow_hash(p), &ep) || ep.family != p->family)
 		return -1;
 	__builtin_memset(fv, 0, sizeof(*fv));
 	copy_addr(fv->daddr, ep.addr);
 	fv->dport = ep.port;
 	fv->set_id = sv->set_id;
-	copy_addr(fv->saddr, s->snat);
-	fv->sport = port;
-	fv->flags = CT_SNAT;
-	ct_seen(fv, p, 0, now);
+	copy_addr(fv->saddr, p->saddr);
+	fv->sport = p->sport;
+	fv->last_ns = now;
+	rc = xdp_route(ctx, s, p->saddr, ep.addr);
+	oif = rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? s->fib.ifindex : 0;
+	dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
+	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
+	    !(SNAT_LOCAL(sv) && dev)) {
+		struct ct_val *rv = &s->rv;
+
+		__builtin_memset(rv, 0, sizeof(*rv));
+		copy_addr(rv->saddr, p->daddr);
+		rv->sport = p->dport;
+		copy_addr(rv->daddr, p->saddr);
+		rv->dport = p->sport;
+		rv->last_ns = now;
+		ct_tuple(&rk, ep.addr, p->saddr, ep.port, p->sport, p, CT_REPLY);
+		bpf_map_update_elem(&spp_ct, &rk, rv, BPF_ANY);
+		rc = -1; /* the stack delivers it: tc DNATs it from the entry */
+	} else if (dsr_enabled && (sv->flags & F_MASQ) && !(ep.flags & EP_LOCAL) && dev &&
+		   xdp_oif(ctx, s, p->saddr) == oif) {
+		fv->flags = CT_DSR; /* tc wraps it in Geneve (dsr.h) */
+		rc = -1;
+	} else {
+		copy_addr(s->snat, p->daddr);
+		if (dev && p->family == 4 && dev->addr4)
+			s->snat[0] = dev->addr4;
+		else if (dev && p->family == 6 && (dev->addr6[0] | dev->addr6[1] |
+						   dev->addr6[2] | dev->addr6[3]))
+			copy_addr(s->snat, dev->addr6);
+		if (nat_port(p, &ep, s->snat, now, &port))
+			return XDP_DROP; /* as tc: no NAT port free */
+		copy_addr(fv->saddr, s->snat);
+		fv->sport = port;
+		fv->flags = CT_SNAT;
+		if (dsr_enabled && rc == BPF_FIB_LKUP_RET_SUCCESS)
+			rc = xdp_route(ctx, s, p->saddr, ep.addr); /* the DSR check used s->fib */
+	}
 	bpf_map_update_elem(&spp_ct, &s->k, fv, BPF_ANY);
-	return 0;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return XDP_PASS;
+	return xdp_send(ctx, x, s, XDP_STAT_NEW);
 }
 
 SEC("xdp")
@@ -259,6 +303,7 @@ int spp_xdp(struct xdp_md *ctx)
 	struct svc_val *svp;
 	struct pkt *p;
 	__u64 now;
+	int verdict;
 
 	if (!s)
 		return XDP_PASS;
@@ -274,7 +319,7 @@ int spp_xdp(struct xdp_md *ctx)
 	found = bpf_map_lookup_elem(&spp_ct, &s->k);
 	if (found && (found->flags & CT_SNAT)) {
 		s->fv = *found;
-		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr))
+		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS)
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);
 		found->last_ns = now;
 		ct_reply_seen(p, &s->fv, now, &s->k);
@@ -303,15 +348,18 @@ int spp_xdp(struct xdp_md *ctx)
 		if (!(found->flags & CT_SNAT))
 			return xdp_count(XDP_STAT_PASS, XDP_PASS); /* local or DSR: tc */
 		s->fv = *found;
-		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr))
+		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS)
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);
 		ct_seen(found, p, 0, now);
 		keep_reply(p, &s->fv, now);
 		return xdp_send(ctx, &x, s, XDP_STAT_FORWARD);
 	}
-	if (xdp_new_flow(ctx, s))
+	verdict = xdp_new_flow(ctx, &x, s);
+	if (verdict == XDP_PASS)
+		return xdp_count(XDP_STAT_PICKED, XDP_PASS);
+	if (verdict < 0)
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
-	return xdp_send(ctx, &x, s, XDP_STAT_NEW);
+	return verdict;
 }
 
 #endif

@@ -1,8 +1,9 @@
 """``--ebpf-xdp generic`` with real packets in the two-node lab: the XDP program on
 node1's eth0 and br0 (veths and a bridge: generic mode) forwards NodePort flows from the
-LAN to endpoints on node2 (DNAT + SNAT) and their replies, its counters say so; a local
-endpoint is left to tc; a device where XDP cannot attach is logged once and served by
-tc; a restart adopts the links; cleanup removes them and their pins.
+LAN to endpoints on node2 (DNAT + SNAT) and their replies, its counters say so; local
+endpoints are served as by tc, each flow picked once; a device where XDP cannot attach
+is logged once and served by tc; a restart adopts the links; cleanup removes them and
+their pins.
 
 The senders' veths write whole checksums (tests.support.lab.checksums), so a packet
 XDP rewrote with a wrong checksum is dropped by its receiver. Everything made (the
@@ -20,6 +21,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +37,7 @@ from svcproxy.model import (
     ServicePortKey,
     ServicePortState,
     ServiceType,
+    TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
 from tests.support.lab.checksums import tx_checksums_off
@@ -65,12 +68,12 @@ SENDERS = (CLIENT.name, "client", "pod-a", "pod-c", "pod-d")
 
 
 def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
-              family: int = 4) -> ServicePortState:
+              family: int = 4, **extra: Any) -> ServicePortState:
     """A NodePort service ``port`` -> 8080 on ``pods``, as node1's backend gets it."""
     key = ServicePortKey("default", name, "p", Protocol(proto))
     cip = f"10.96.8.{port % 200}" if family == 4 else f"fd00:96::8:{port % 200:x}"
     svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=port, has_endpoints=True,
-                      type=ServiceType.NODE_PORT)
+                      type=ServiceType.NODE_PORT, **extra)
     eps = {}
     for pod in pods:
         spec = PODS[pod]
@@ -172,13 +175,39 @@ def test_node_port_to_another_node_is_forwarded_in_xdp(
     assert after["reply"] - before["reply"] >= 10, (before, after)  # and every answer
 
 
-def test_a_local_endpoint_is_left_to_tc(world: World) -> None:
+def test_a_local_endpoint_masqueraded_is_sent_by_xdp_to_the_pods_bridge(world: World) -> None:
+    """externalTrafficPolicy Cluster: SNATed to br0's address (as tc does, br0 carrying
+    the programs) and redirected to br0 by XDP."""
     world.set(node_port("xdp-local", 30330, ["pod-a"]))
+    client = world.lab.ns(CLIENT.name)
+    assert summarize(probe(client, "tcp", NODE1.ipv4, 30330, 1)).answered
     before = world.stats()
-    got = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30330, 5))
+    got = summarize(probe(client, "tcp", NODE1.ipv4, 30330, 5))
     after = world.stats()
-    assert got.names == Counter({"pod-a": 5}), got
-    assert after["new"] == before["new"] and after["pass"] > before["pass"], (before, after)
+    assert got.names == Counter({"pod-a": 5}) and got.sources == {NODE1.gateways[0]}, got
+    assert after["new"] - before["new"] == 5, (before, after)
+
+
+def test_external_traffic_policy_local_is_picked_in_xdp_and_delivered_by_tc(
+        world: World) -> None:
+    """DNAT only (the client's address kept): XDP picks and tracks the flow, the stack
+    delivers it after tc's rewrite."""
+    world.set(node_port("xdp-etp", 30331, ["pod-a"],
+                        external_traffic_policy=TrafficPolicy.LOCAL))
+    before = world.stats()
+    got = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30331, 5))
+    after = world.stats()
+    assert got.names == Counter({"pod-a": 5}) and got.sources == {CLIENT.ipv4}, got
+    assert after["picked"] - before["picked"] == 5 and after["new"] == before["new"]
+
+
+def test_each_flow_is_picked_once(world: World) -> None:
+    """A local and a remote endpoint share 400 new flows evenly: a flow XDP picked is not
+    picked again by tc (which would give the remote one about 3 in 4)."""
+    world.set(node_port("xdp-share", 30332, ["pod-a", "pod-c"]))
+    got = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30332, 400))
+    assert sum(got.names.values()) == 400, got
+    assert 130 <= got.names["pod-c"] <= 270, got.names
 
 
 def test_metrics_dump_and_the_device_say_generic(world: World) -> None:
