@@ -60,18 +60,24 @@ class EndpointSets(Map):
         self.have: set[int] = {int.from_bytes(k, "little") for k in _keys(tables)}
 
     def write_table(self, set_id: int, slots: Iterable[bytes]) -> None:
-        table = maglev.build([endpoint_name(s) for s in slots], self.size)
-        self.tables.update(set_id.to_bytes(4, "little"), maglev.pack(table))
-        self.have.add(set_id)
+        self.write_tables({set_id: tuple(slots)})
+
+    def write_tables(self, sets: Mapping[int, tuple[bytes, ...]]) -> None:
+        """The table of each set, built once per distinct endpoint list (the sets of a
+        service port's addresses hold the same endpoints)."""
+        names = {set_id: tuple(endpoint_name(s) for s in slots) for set_id, slots in sets.items()}
+        built = maglev.tables(names.values(), self.size)
+        for set_id, of in names.items():
+            self.tables.update(set_id.to_bytes(4, "little"), built[of])
+            self.have.add(set_id)
 
     def update_many(self, keys: list[bytes], values: list[bytes]) -> None:
         self.slots.update_many(keys, values)
         sets: dict[int, list[bytes]] = {}
         for key, value in zip(keys, values, strict=True):
             sets.setdefault(int.from_bytes(key[:4], "little"), []).append(value)
-        for set_id, slots in sets.items():
-            if tuple(slots) in self.maglev_sets:
-                self.write_table(set_id, slots)
+        self.write_tables({set_id: tuple(slots) for set_id, slots in sets.items()
+                           if tuple(slots) in self.maglev_sets})
 
     def delete_many(self, keys: list[bytes]) -> None:
         self.slots.delete_many(keys)
@@ -166,6 +172,9 @@ class PacketBackend(Backend):
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         node_ips = self._node_ips(state)
+        # --masquerade-all as the node context (the frontend's) holds it.
+        masquerade_all = (state.context or resolve_context(self.config, state.node)
+                          ).masquerade_all
         self.start(node_ips)
         tables, sets, programs = self.tables, self.sets, self.programs
         assert tables is not None and sets is not None and programs is not None
@@ -176,11 +185,12 @@ class PacketBackend(Backend):
             self._write_devices(programs.maps[MAP_DEVICES])
         gone = self._write_ranges(state, changes)
         self._write_cluster_ips(state, changes)
-        full = changes.full or tables.applied is None or node_ips != self.node_ips
+        renew = node_ips != self.node_ips or masquerade_all != self.plan.masquerade_all
+        full = changes.full or tables.applied is None or renew
         touched: Mapping[bytes, Entry | None]
         if full:
-            if node_ips != self.node_ips:
-                self.plan = PacketPlan(self.algorithm, self.on_reject)
+            if renew:
+                self.plan = PacketPlan(self.algorithm, self.on_reject, masquerade_all)
             self.plan.update(state.services, set(state.services) | set(self.plan.records),
                              node_ips)
             desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}

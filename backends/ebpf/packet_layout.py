@@ -17,6 +17,7 @@ from .layout import EP_KEY, EP_VAL, SVC_KEY, SVC_VAL, _addr, _ip
 F_MAGLEV = 4  # next to layout.F_AFFINITY and F_REFUSE: pick by the set's Maglev table
 F_RANGES = 8  # loadBalancerSourceRanges: only the sources in spp_ranges get through
 F_MASQ = 16  # external traffic with externalTrafficPolicy Cluster: SNATed, local endpoints too
+F_MASQ_ALL = 32  # --masquerade-all: ClusterIP traffic from outside SNATed too (never DSR)
 EP_LOCAL = 1
 CT_FORWARD, CT_REPLY = 0, 1
 CT_SNAT = 1

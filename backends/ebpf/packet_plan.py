@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
 from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend
-from .packet_layout import F_MAGLEV, F_MASQ, F_RANGES, pack_endpoint, pack_range
+from .packet_layout import F_MAGLEV, F_MASQ, F_MASQ_ALL, F_RANGES, pack_endpoint, pack_range
 from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan, affinity_id
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,10 @@ def algorithm(state: ServicePortState, default: str) -> str:
 
 
 def packet_entries(state: ServicePortState, node_ips: Iterable[str],
-                   default_algorithm: str = "random") -> dict[Frontend, Entry]:
-    """The tc entries of one service port."""
+                   default_algorithm: str = "random",
+                   masquerade_all: bool = False) -> dict[Frontend, Entry]:
+    """The tc entries of one service port; ``masquerade_all`` (the node context's
+    --masquerade-all) SNATs ClusterIP traffic from outside to local endpoints too."""
     svc = state.service
     proto = svc.key.protocol.value
     if proto not in PROTOCOLS:
@@ -65,7 +67,9 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         has = svc.has_endpoints and bool(eps)
         if mine := [fe for fe in cips if _of(fe.ip, family)]:
             # A ClusterIP routed to the node from outside: the internal endpoints.
-            inside = _entry([e for e in eps if e.internal], here, has, flags, timeout, sid)
+            masq_all = F_MASQ_ALL if masquerade_all else 0
+            inside = _entry([e for e in eps if e.internal], here, has, flags | masq_all,
+                            timeout, sid)
             result.update(dict.fromkeys(mine, inside))
         mine = [fe for fe in fronts if _of(fe.ip, family)]
         vips = [fe for fe in ranged if _of(fe.ip, family)]
@@ -118,14 +122,17 @@ class PacketPlan(Plan):
     """The socket path's Plan (claims, per-record recomputation) over ``packet_entries``."""
 
     def __init__(self, default_algorithm: str,
-                 on_reject: Callable[[ServicePortKey], None] = lambda _key: None) -> None:
+                 on_reject: Callable[[ServicePortKey], None] = lambda _key: None,
+                 masquerade_all: bool = False) -> None:
         super().__init__(on_reject)
         self.default_algorithm = default_algorithm
+        self.masquerade_all = masquerade_all
 
     def _entries(self, record: ServicePortState, node_ips: tuple[str, ...]) -> dict[
             Frontend, Entry]:
         try:
-            entries = packet_entries(record, node_ips, self.default_algorithm)
+            entries = packet_entries(record, node_ips, self.default_algorithm,
+                                     self.masquerade_all)
             for fe in entries:
                 fe.pack()
             return entries

@@ -39,6 +39,10 @@
 #define F_MAGLEV 4
 #define F_RANGES 8 /* loadBalancerSourceRanges: only sources in spp_ranges get through */
 #define F_MASQ 16  /* traffic from outside with externalTrafficPolicy Cluster: SNATed */
+#define F_MASQ_ALL 32 /* --masquerade-all, ClusterIPs from outside: SNATed, never DSR */
+/* Is a new flow of this service to a local endpoint SNATed (when ``dev``, the device
+ * toward the endpoint, carries the programs and so sees its replies)? */
+#define SNAT_LOCAL(sv) ((sv)->flags & (F_MASQ | F_MASQ_ALL))
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -846,7 +850,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	 * masquerade of external traffic with externalTrafficPolicy Cluster) a local
 	 * endpoint behind a device carrying the programs, which then sees its replies. */
 	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
-	    !((sv->flags & F_MASQ) && dev)) {
+	    !(SNAT_LOCAL(sv) && dev)) {
 		struct ct_val rv = {};
 
 		copy_addr(rv.saddr, p->daddr);

@@ -36,7 +36,7 @@ from svcproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
-from svcproxy.sdk import Changes, NodeConfig, NodeState
+from svcproxy.sdk import Changes, NodeConfig, NodeContext, NodeState, resolve_context
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
@@ -111,10 +111,10 @@ class World:
         self.services.pop(key, None)
         self.sync(Changes(frozenset({key})))
 
-    def sync(self, changes: Changes) -> None:
+    def sync(self, changes: Changes, context: NodeContext | None = None) -> None:
         self.revision += 1
         assert self.backend is not None
-        state = NodeState("node1", self.revision, None, dict(self.services))
+        state = NodeState("node1", self.revision, None, dict(self.services), context)
         self.in_node(self.backend.sync, state, changes)
 
     def tcp(self, port: int, count: int = 12) -> Any:
@@ -222,6 +222,26 @@ def test_cluster_ip_routed_to_the_node_from_outside(world: World) -> None:
     for proto, port in (("tcp", 81), ("udp", 80)):
         lacking = summarize(probe(world.lab.ns(CLIENT.name), proto, "10.96.7.1", port, 2))
         assert lacking.errors == Counter({"refused": 2}), (proto, port, lacking)
+
+
+def test_masquerade_all_snats_cluster_ip_traffic_from_outside(world: World) -> None:
+    """--masquerade-all, as the node context holds it: ClusterIP traffic routed to the
+    node from the LAN reaches a local endpoint from the address of the device toward it
+    (the pods' bridge), as kube-proxy masquerades it; without it the client's own."""
+    world.set(node_port("masq-all", 0, ["pod-a"], cip="10.96.7.2", type=ServiceType.CLUSTER_IP))
+    kept = summarize(probe(world.lab.ns(CLIENT.name), "tcp", "10.96.7.2", 80, 5))
+    assert kept.names == Counter({"pod-a": 5}) and kept.sources == {CLIENT.ipv4}, kept
+    _forget_flows(world)
+    config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6),
+                        masquerade_all=True)
+    world.sync(Changes(frozenset(world.services), full=True),
+               context=resolve_context(config, None))
+    try:
+        got = summarize(probe(world.lab.ns(CLIENT.name), "tcp", "10.96.7.2", 80, 5))
+        assert got.names == Counter({"pod-a": 5}) and got.sources == {NODE1.gateways[0]}, got
+    finally:
+        _forget_flows(world)
+        world.sync(Changes(frozenset(world.services), full=True))
 
 
 def test_endpoints_on_both_nodes_and_a_change(world: World) -> None:
