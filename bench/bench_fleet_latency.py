@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -113,13 +114,16 @@ def nodes_main(api: str, names: list[str], out: mp.Queue, stop: mp.Event) -> Non
 
 
 def light_main(api: str, names: list[str], out: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type-arg]
-    """One process's simulated nodes as asyncio streams (``--light``)."""
+    """One process's simulated nodes as asyncio streams (``--light``); puts what they
+    applied and their reports' outcomes by status."""
     applied: list[tuple[str, float, float]] = []
+    outcomes: Counter[str] = Counter()
 
     async def main() -> None:
         channels = [grpc.aio.insecure_channel(api) for _ in range(8)]
         tasks = [asyncio.ensure_future(light_node(pb_grpc.NodeStateServiceStub(
-            channels[i % len(channels)]), name, applied)) for i, name in enumerate(names)]
+            channels[i % len(channels)]), name, applied, outcomes))
+            for i, name in enumerate(names)]
         while not stop.is_set():
             await asyncio.sleep(0.2)
         for task in tasks:
@@ -129,11 +133,11 @@ def light_main(api: str, names: list[str], out: mp.Queue, stop: mp.Event) -> Non
             await channel.close()
 
     asyncio.run(main())
-    out.put(applied)
+    out.put((applied, dict(outcomes)))
 
 
 async def light_node(stub: pb_grpc.NodeStateServiceStub, name: str,
-                     applied: list[tuple[str, float, float]]) -> None:
+                     applied: list[tuple[str, float, float]], outcomes: Counter[str]) -> None:
     """Watch ``name``; each complete batch is applied at once and reported as the SDK's
     Reporter does (at most once a second, the newest replacing one not sent)."""
     call = stub.Watch(pb.WatchRequest(node_name=name))
@@ -142,7 +146,7 @@ async def light_node(stub: pb_grpc.NodeStateServiceStub, name: str,
     triggers: list[float] = []
     newest: list[pb.NodeReport] = []
     wake = asyncio.Event()
-    sender = asyncio.ensure_future(light_reports(stub, newest, wake))
+    sender = asyncio.ensure_future(light_reports(stub, newest, wake, outcomes))
     try:
         async for event in call:
             for op in event.ops:
@@ -171,8 +175,9 @@ async def light_node(stub: pb_grpc.NodeStateServiceStub, name: str,
 
 
 async def light_reports(stub: pb_grpc.NodeStateServiceStub, newest: list[pb.NodeReport],
-                        wake: asyncio.Event) -> None:
-    """Send the newest report whenever there is one, at most once a second."""
+                        wake: asyncio.Event, outcomes: Counter[str]) -> None:
+    """Send the newest report whenever there is one, at most once a second; count each
+    one's outcome."""
     while True:
         await wake.wait()
         wake.clear()
@@ -180,8 +185,9 @@ async def light_reports(stub: pb_grpc.NodeStateServiceStub, newest: list[pb.Node
         started = time.monotonic()
         try:
             await stub.Report(report, timeout=30)
-        except grpc.aio.AioRpcError:
-            pass
+            outcomes["OK"] += 1
+        except grpc.aio.AioRpcError as err:
+            outcomes[err.code().name] += 1
         await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 
 
@@ -269,8 +275,13 @@ def main() -> int:
         after = histogram(metrics_port)
         stop.set()
         applied: list[tuple[str, float, float]] = []
+        outcomes: Counter[str] = Counter()
         for _ in procs:
-            applied.extend(out.get(timeout=60))
+            got = out.get(timeout=60)
+            if isinstance(got, tuple):  # --light: and the reports' outcomes
+                got, counts = got
+                outcomes.update(counts)
+            applied.extend(got)
         by_trigger: dict[float, list[float]] = {}
         for _node, trigger, at in applied:
             by_trigger.setdefault(trigger, []).append(at - trigger)
@@ -290,6 +301,8 @@ def main() -> int:
         print(f"frontend's histogram: {count:.0f} observations, mean {mean} "
               "(trigger -> last node's report received)")
         reports = after[2] - before[2]
+        if outcomes:
+            print(f"simulated nodes' reports (whole run): {dict(outcomes)}")
         print(f"frontend CPU over the changes: {cpu:.1f} s, {reports:.0f} reports accepted: "
               f"{cpu / max(reports, 1) * 1e6:.0f} us per report (its stream writes "
               f"included), {cpu / (args.nodes * args.changes) * 1e6:.0f} us per node and "
