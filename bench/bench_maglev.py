@@ -5,9 +5,16 @@ long the tables take to build. Pure Python, no root.
    one endpoint removed: how many flows now map to another endpoint, with Maglev and
    with a random pick (what a flow whose connection-tracking entry is gone gets from the
    ``random`` algorithm: a fresh draw over the remaining endpoints).
-2. The tables of ``--services`` service ports x 10 endpoints, built one by one.
+2. The tables of ``--services`` service ports x 10 endpoints as the backend writes them:
+   each service port has ``--addresses`` frontends (ClusterIP, NodePort on each node
+   address, externalIPs), each its own endpoint set in the maps; ``maglev.tables`` builds
+   one table per distinct endpoint list. Also the build of every set on its own with the
+   former builder (list, then ``pack``), for comparison on a subset. CPU seconds
+   (``time.process_time``): on a shared machine the wall clock says more about the
+   neighbours.
 
 Usage: .venv/bin/python bench/bench_maglev.py [--size 16381] [--services 10000]
+       [--addresses 4] [--compare 200]
 """
 
 from __future__ import annotations
@@ -41,13 +48,27 @@ def flows_moved(size: int, flows: int, endpoints: int, seed: int) -> tuple[float
     return moved_maglev / flows, moved_random / flows
 
 
-def build_time(size: int, services: int, endpoints: int) -> float:
-    sets = [[f"10.{s >> 8 & 255}.{s & 255}.{e}:8080".encode() for e in range(endpoints)]
+def endpoint_sets(services: int, endpoints: int) -> list[list[bytes]]:
+    return [[f"10.{s >> 8 & 255}.{s & 255}.{e}:8080".encode() for e in range(endpoints)]
             for s in range(services)]
-    start = time.perf_counter()
+
+
+def build_time(size: int, services: int, endpoints: int, addresses: int) -> float:
+    """CPU seconds to build the tables of every set the maps hold, as the backend does."""
+    sets = [eps for eps in endpoint_sets(services, endpoints) for _ in range(addresses)]
+    start = time.process_time()
+    built = maglev.tables(sets, size)
+    assert len(built) == services
+    return time.process_time() - start
+
+
+def build_time_one_by_one(size: int, services: int, endpoints: int, addresses: int) -> float:
+    """CPU seconds of the former way: every set's table built and packed on its own."""
+    sets = [eps for eps in endpoint_sets(services, endpoints) for _ in range(addresses)]
+    start = time.process_time()
     for eps in sets:
-        maglev.build(eps, size)
-    return time.perf_counter() - start
+        b"".join(i.to_bytes(2, "little") for i in maglev.build(eps, size))
+    return time.process_time() - start
 
 
 def main() -> None:
@@ -56,14 +77,23 @@ def main() -> None:
     parser.add_argument("--services", type=int, default=10000)
     parser.add_argument("--flows", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--addresses", type=int, default=4)
+    parser.add_argument("--compare", type=int, default=200)
     args = parser.parse_args()
     for seed in range(args.rounds):
         m, r = flows_moved(args.size, args.flows, 10, seed)
         print(f"table {args.size}, 1 of 10 endpoints removed: {m:.1%} of {args.flows} flows "
               f"moved with maglev (goal <= 12%), {r:.1%} with random")
-    seconds = build_time(args.size, args.services, 10)
-    print(f"{args.services} service ports x 10 endpoints, table {args.size}: built in "
-          f"{seconds:.1f} s ({seconds / args.services * 1000:.2f} ms each)")
+    n, k = args.services, args.addresses
+    seconds = build_time(args.size, n, 10, k)
+    print(f"{n} service ports x {k} addresses x 10 endpoints, table {args.size}: "
+          f"{n} tables built in {seconds:.1f} s CPU ({seconds / n * 1000:.2f} ms each)")
+    if args.compare:
+        m = args.compare
+        new, old = build_time(args.size, m, 10, k), build_time_one_by_one(args.size, m, 10, k)
+        print(f"{m} service ports x {k} addresses: {new:.2f} s CPU now, {old:.2f} s one set "
+              f"at a time as before ({old / new:.1f} x; {old / m / k * 1000:.2f} ms a set, "
+              f"extrapolated to {n}: {old / m * n:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ What follows from it, and what ``tests/backends/ebpf/test_maglev.py`` checks:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import sys
+from array import array
+from collections.abc import Iterable, MutableSequence, Sequence
 
 SIZES = (251, 1021, 4093, 16381, 65521)  # primes offered by --ebpf-maglev-table-size
 DEFAULT_SIZE = 16381
@@ -55,37 +57,65 @@ def build(names: Sequence[bytes], size: int = DEFAULT_SIZE) -> list[int]:
     the order the caller indexes them; the turns go by sorted name, so the table
     depends on the set of names only. An empty ``names`` gives an empty table.
     """
+    entry = [0] * size if names else []
+    _populate(names, size, entry)
+    return entry
+
+
+def _populate(names: Sequence[bytes], size: int, entry: MutableSequence[int]) -> None:
+    """Fill ``entry`` (``size`` slots) as Pseudocode 1 does: ``size // n`` full rounds of
+    turns, then the first ``size % n`` turns of one more."""
     if not is_prime(size):
         raise ValueError(f"the Maglev table size must be a prime, not {size}")
     if not names:
-        return []
+        return
     order = sorted(range(len(names)), key=names.__getitem__)
     if len({names[i] for i in order}) != len(order):
         raise ValueError("endpoint names must be distinct")
     perms = [offset_skip(names[i], size) for i in order]
-    entry = [-1] * size
+    taken = bytearray(size)
     # Each endpoint's next candidate slot (the slot itself, advanced by its skip).
     cand = [offset for offset, _ in perms]
-    skips = [skip for _, skip in perms]
-    filled = 0
-    while True:
-        for turn, index in enumerate(order):
-            c, skip = cand[turn], skips[turn]
-            while entry[c] >= 0:
+    turns = [(turn, skip, index)
+             for turn, ((_, skip), index) in enumerate(zip(perms, order, strict=True))]
+    rounds, extra = divmod(size, len(order))
+    for last in [False] * rounds + [True]:
+        for turn, skip, index in turns[:extra] if last else turns:
+            c = cand[turn]
+            while taken[c]:
                 c += skip
                 if c >= size:
                     c -= size
+            taken[c] = 1
             entry[c] = index
             c += skip
             cand[turn] = c - size if c >= size else c
-            filled += 1
-            if filled == size:
-                return entry
+
+
+def table(names: Sequence[bytes], size: int = DEFAULT_SIZE) -> bytes:
+    """``pack(build(names, size))``, built straight into the packed form."""
+    entry = array("H", bytes(2 * size)) if names else array("H")
+    _populate(names, size, entry)
+    if sys.byteorder == "big":
+        entry.byteswap()
+    return entry.tobytes()
+
+
+def tables(name_sets: Iterable[Sequence[bytes]],
+           size: int = DEFAULT_SIZE) -> dict[tuple[bytes, ...], bytes]:
+    """The packed table of each distinct list of names, keyed by it: one build per
+    endpoint set however many service addresses (ClusterIP, NodePorts, externalIPs,
+    VIPs) share it."""
+    wanted = dict.fromkeys(tuple(names) for names in name_sets)
+    return {names: table(names, size) for names in wanted}
 
 
 def pack(table: Sequence[int]) -> bytes:
     """The table as the BPF map holds it: one little-endian u16 slot index per entry."""
-    return b"".join(i.to_bytes(2, "little") for i in table)
+    packed = array("H", table)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def flow_hash(saddr: bytes, daddr: bytes, sport: int, dport: int, proto: int) -> int:

@@ -86,3 +86,19 @@ def test_flow_hash_is_spread_and_fixed() -> None:
     assert min(buckets.values()) > 300, buckets
     assert maglev.flow_hash(bytes(16), bytes(16), 1, 2, 6) == maglev.flow_hash(
         bytes(16), bytes(16), 1, 2, 6)
+
+
+def test_packed_tables_are_built_once_per_endpoint_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend writes one table per endpoint set, and a service port's addresses
+    (ClusterIP, NodePorts, externalIPs) each have a set of the same endpoints: the
+    tables are built once per distinct list, and are the packed build."""
+    a = [f"10.244.1.{i}:8080".encode() for i in range(5)]
+    b = [f"10.244.2.{i}:8080".encode() for i in range(3)]
+    assert maglev.table(a, SIZE) == maglev.pack(maglev.build(a, SIZE))
+    built: list[tuple[bytes, ...]] = []
+    real = maglev.table
+    monkeypatch.setattr(maglev, "table", lambda names, size: built.append(tuple(names))
+                        or real(names, size))
+    got = maglev.tables([a, b, a, list(a), b], SIZE)
+    assert sorted(built) == sorted([tuple(a), tuple(b)])
+    assert got == {tuple(a): real(a, SIZE), tuple(b): real(b, SIZE)}
