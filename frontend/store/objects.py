@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
+from svcproxy.frontend.edge import rfc3339
 from svcproxy.frontend.edge.addresses import CANONICAL_IPV4, kube_cidr
-from svcproxy.frontend.store import rfc3339
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,

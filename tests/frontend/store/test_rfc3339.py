@@ -11,8 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from svcproxy.frontend.edge import rfc3339
 from svcproxy.frontend.sources.kube_slices import trigger_time_problem
-from svcproxy.frontend.store import rfc3339
 from svcproxy.frontend.store.objects import parse_time
 from svcproxy.wirevalues import LATEST, TIMESTAMP_MAX, TIMESTAMP_MIN, timestamp_parts
 
