@@ -169,6 +169,7 @@ class PacketPrograms:
                 ifindex = socket.if_nametoindex(device)
             except OSError:
                 self.attached.pop(device, None)
+                self.xdp_modes.pop(device, None)
                 continue
             if self.attached.get(device) != ifindex:
                 self._attach_device(self._obj, device, ifindex)

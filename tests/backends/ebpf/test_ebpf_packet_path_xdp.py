@@ -250,6 +250,9 @@ def test_a_device_without_native_xdp_is_logged_once_and_served_by_tc(
         assert set(backend.programs.attached) == {"eth0", "brx"}
         pins = world.bpffs / "nat" / "tc"
         assert (pins / "link_brx_ingress").exists() and (pins / "link_eth0_xdp_native").exists()
+        ip(ns, "link", "del", "brx")
+        call_in(ns, backend.sync, NodeState("nat", 3, None, {}), Changes(frozenset()))
+        assert backend.programs.xdp_modes == {"eth0": "native"}, "a device gone is no row"
     finally:
         call_in(ns, backend.cleanup)
         spaces.destroy()
