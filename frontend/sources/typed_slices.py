@@ -12,6 +12,7 @@ import time
 import msgspec
 
 from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
+from svcproxy.frontend.edge.metadata import NAME, Meta, decoded, metadata_ok
 from svcproxy.frontend.sources.kube_checker import PROTOCOLS
 from svcproxy.frontend.sources.kube_limits import ObjectLimits
 from svcproxy.frontend.sources.kube_names import (
@@ -28,7 +29,6 @@ from svcproxy.frontend.sources.kube_slices import (
     TRIGGER_TIME_ANNOTATION,
     trigger_time_problem,
 )
-from svcproxy.frontend.sources.typed_metadata import NAME, Meta, decoded, metadata_ok
 from svcproxy.frontend.store.objects import (
     EndpointSlice,
     SliceEndpoint,
