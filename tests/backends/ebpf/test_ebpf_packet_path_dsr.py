@@ -87,7 +87,7 @@ class World:
         self.backends: dict[str, PacketBackend] = {}
         self.services: list[tuple[str, int, list[str], str, int]] = []
 
-    def start(self, dsr: bool = True) -> World:
+    def start(self, xdp: str = "off") -> World:
         self.lab.build()
         for name in ("pod-a", "pod-c", "pod-d"):
             self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
@@ -96,7 +96,7 @@ class World:
         for node in NODES:
             spec = SPEC.node(node)
             config = NodeConfig(node_name=node, node_ips=(spec.ipv4, spec.ipv6))
-            layout = PacketLayout(self.bpffs / node, ("eth0", "br0"), dsr=dsr)
+            layout = PacketLayout(self.bpffs / node, ("eth0", "br0"), dsr=True, xdp=xdp)
             self.backends[node] = PacketBackend(config, layout)
         return self
 
@@ -184,3 +184,23 @@ def test_a_client_behind_the_node_is_snated_as_without_dsr(world: World) -> None
     world.add("dsr-pod", 30260, ["pod-c"])
     got = summarize(probe(world.lab.ns("client"), "tcp", NODE1.ipv4, 30260, 5))
     assert got.names == Counter({"pod-c": 5}) and got.sources == {NODE1.ipv4}, got
+
+
+def test_with_xdp_the_flow_is_picked_in_xdp_and_sent_in_geneve_by_tc() -> None:
+    """--ebpf-xdp generic next to --ebpf-dsr: XDP picks the endpoint and tracks the flow
+    as DSR, tc wraps it in Geneve; the pod still sees the client."""
+    from svcproxy.backends.ebpf import xdp
+    from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
+
+    w = World()
+    try:
+        w.start(xdp="generic")
+        w.add("dsr-xdp", 30280, ["pod-c", "pod-d"])
+        got = summarize(probe(w.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30280, 10))
+        assert sum(got.names.values()) == 10 and got.sources == {CLIENT.ipv4}, got
+        programs = w.backends["node1"].programs
+        assert programs is not None
+        stats = xdp.read_stats(programs.maps[MAP_XDP_STATS].fd)
+        assert stats["picked"] >= 10 and stats["new"] == 0, stats
+    finally:
+        w.stop()
