@@ -166,7 +166,8 @@ def _report(frontends: list[Any], interval: float, applied: list[int]) -> None:
 def child(argv: list[str], interval: float, unbounded: bool) -> int:
     import tracemalloc
 
-    tracemalloc.start(int(os.environ.get("SOAK_FRAMES", "1")))
+    if os.environ.get("SOAK_TRACEMALLOC") != "0":  # --no-tracemalloc: RSS as in production
+        tracemalloc.start(int(os.environ.get("SOAK_FRAMES", "1")))
     from svcproxy import cli
     from svcproxy.frontend import main as frontend_main
     from svcproxy.frontend.sources.events import Upsert
@@ -277,9 +278,10 @@ def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
              "", "--unary-qps-per-peer", "0"] + (UNBOUNDED if args.unbounded else [])
     if args.history_max_bytes:
         flags += ["--history-max-bytes", str(args.history_max_bytes)]
+    env = os.environ | ({"SOAK_TRACEMALLOC": "0"} if args.no_tracemalloc else {})
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", "--interval", str(args.interval)]
-        + (["--unbounded"] if args.unbounded else []) + ["--", *flags],
+        + (["--unbounded"] if args.unbounded else []) + ["--", *flags], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     samples: list[dict[str, Any]] = []
     stop = threading.Event()
@@ -459,6 +461,9 @@ def main() -> None:
     p.add_argument("--history-max-bytes", type=int, default=0,
                    help="the frontend's --history-max-bytes (0: its default); small, "
                    "the histories are full soon")
+    p.add_argument("--no-tracemalloc", action="store_true",
+                   help="the frontend without tracemalloc (its own tables live in malloc's "
+                   "heap): RSS as in production, no Python-allocated figure")
     p.add_argument("--unbounded", action="store_true", help="the frontend without bounds")
     p.add_argument("--cpu", action="store_true", help="CPU per change, bounds on and off")
     p.add_argument("--changes", type=int, default=400)
