@@ -18,10 +18,10 @@ import argparse
 import subprocess
 import time
 
-from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
-from svcproxy.agent.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler, stale_flows
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack_netlink import Ctnetlink, Flow
+from svcproxy.sdk.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler, stale_flows
 
 NS = "svcp-bench-ct"
 PYROUTE2_SAMPLE = 1000

@@ -39,9 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
 
 HERE = Path(__file__).resolve()
 PYTHON = sys.executable

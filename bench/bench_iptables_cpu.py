@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_iptables import make_state, pct, with_one_change  # noqa: E402
 
-from svcproxy.agent.config import NodeConfig  # noqa: E402
 from svcproxy.sdk.backend import Changes  # noqa: E402
+from svcproxy.sdk.config import NodeConfig  # noqa: E402
 from tests.support.iptables_fakes import RecordingIptables, stand_in  # noqa: E402
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from svcproxy.agent.config import NodeConfig  # noqa: E402
 from svcproxy.model import Endpoint, ServicePortState  # noqa: E402
 from svcproxy.sdk.backend import Backend, Changes, NodeState  # noqa: E402
+from svcproxy.sdk.config import NodeConfig  # noqa: E402
 from tests.support.ipvs.states import endpoint, node_state, port_state  # noqa: E402
 from tests.support.lab.netns import enter  # noqa: E402
 

@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from endpoint_swap import swap_one_endpoint  # noqa: E402
 
-from svcproxy.agent.health import ProxyHealth  # noqa: E402
-from svcproxy.agent.node_context import ContextResolver  # noqa: E402
-from svcproxy.agent.runner import SyncRunner  # noqa: E402
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.backends.nft.libnft import LibNftRunner  # noqa: E402
 from svcproxy.sdk import Backend, Changes, NodeState  # noqa: E402
+from svcproxy.sdk.health import ProxyHealth  # noqa: E402
+from svcproxy.sdk.node_context import ContextResolver  # noqa: E402
+from svcproxy.sdk.runner import SyncRunner  # noqa: E402
 from svcproxy.sdk.testing import FakeSource  # noqa: E402
 from tests.support.nft_fixtures import CONFIG, big_state, pod_ip  # noqa: E402
 

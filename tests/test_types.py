@@ -34,7 +34,7 @@ def test_the_product_type_checks(tmp_path: Path) -> None:
 
 def test_a_step_of_the_wrong_shape_is_caught(tmp_path: Path) -> None:
     misuse = tmp_path / "misuse.py"
-    misuse.write_text("from svcproxy.agent.runner import AfterSync\n"
+    misuse.write_text("from svcproxy.sdk.runner import AfterSync\n"
                       "steps: list[AfterSync] = [lambda old, new: None]\n")
     errors = mypy(tmp_path, str(misuse))
     assert errors and all("misuse.py:2: error" in e for e in errors), errors

@@ -4,7 +4,7 @@ from prometheus_client import Gauge, Histogram
 
 from svcproxy.frontend.runtime.metrics import counter
 
-# kubeproxy_network_programming_duration_seconds' buckets (svcproxy/agent/metrics.py), so
+# kubeproxy_network_programming_duration_seconds' buckets (svcproxy/sdk/metrics.py), so
 # the cluster-wide and the per-node latency compare bucket by bucket; not imported from
 # there: the agent's modules bring the SDK's package, which the frontend never loads.
 NETWORK_PROGRAMMING_BUCKETS = (

@@ -310,14 +310,14 @@ def backend_namespace(config: dict[str, Any], backend: str, parser: argparse.Arg
     ns.bind_address_hard_fail = config["bindAddressHardFail"]
     bind = config["bindAddress"]
     if bind not in ("0.0.0.0", "::") and hasattr(ns, "node_ip") and not ns.node_ip:
-        from svcproxy.agent.addresses import discover_node_ips
+        from svcproxy.sdk.addresses import discover_node_ips
 
         ns.node_ip = (bind, *(ip for ip in discover_node_ips() if ip != bind))
     return ns
 
 
 def _cidrs(text: str, field: str) -> tuple[str, ...]:
-    from svcproxy.agent.cli import cidr_list
+    from svcproxy.sdk.agent import cidr_list
 
     try:
         return cidr_list(text)
@@ -427,9 +427,9 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
 def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
                 rest: list[str], local: LocalFrontend | None) -> int:
     """Set the backend up and run it, following ``local``'s frontend when given."""
-    from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
-    from svcproxy.agent.metrics_server import set_configz
-    from svcproxy.agent.node_agent import programs_dataplane
+    from svcproxy.sdk.agent import add_agent_arguments, config_from_args, run_agent
+    from svcproxy.sdk.metrics_server import set_configz
+    from svcproxy.sdk.node_agent import programs_dataplane
     from svcproxy.sdk.plugins import installed_backends
 
     set_configz(GROUP, config_document(config))
@@ -483,7 +483,7 @@ def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | Non
 def _cleanup_of(name: str, config: dict[str, Any], installed: Mapping[str, Any],
                 node_config: Any) -> Callable[[], None] | None:
     """Backend ``name``'s cleanup under ``config`` (None when it is not installed)."""
-    from svcproxy.agent.cli import add_agent_arguments
+    from svcproxy.sdk.agent import add_agent_arguments
 
     if name not in installed:
         return None

@@ -9,15 +9,9 @@ in an unprivileged container; values already right are not written again).
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
-
-from svcproxy.sdk.sysctls import ip_families, mode_sysctls
-
-log = logging.getLogger(__name__)
 
 _CT = "net/netfilter/nf_conntrack_"
 
@@ -26,6 +20,10 @@ def wanted_sysctls(config: dict[str, Any], backend: str, cpus: int,
                    families: Sequence[int] = (4,)) -> dict[str, str]:
     """/proc/sys paths and values for ``backend`` under ``config`` (kube-proxy's rules):
     the mode's and the conntrack section's."""
+    # Imported here: the configuration is read before local mode starts its listing, and
+    # the SDK (which loads the node agent) only after that.
+    from svcproxy.sdk.sysctls import mode_sysctls
+
     wanted = mode_sysctls(backend, families,
                           localhost_nodeports=config["iptables"]["localhostNodePorts"],
                           strict_arp=config["ipvs"]["strictARP"])
@@ -42,38 +40,9 @@ def wanted_sysctls(config: dict[str, Any], backend: str, cpus: int,
     return wanted
 
 
-def apply_sysctls(wanted: dict[str, str], root: Path = Path("/proc/sys")) -> list[str]:
-    """Write the values that differ; returns one line per sysctl that could not be set.
-    nf_conntrack_max is only raised, as kube-proxy does."""
-    failures = []
-    for name, value in wanted.items():
-        path = root / name
-        try:
-            current = path.read_text().strip()
-            if current == value or (name.endswith("nf_conntrack_max")
-                                    and int(current) >= int(value)):
-                continue
-            path.write_text(value)
-            log.info("Set sysctl %s=%s (was %s)", name.replace("/", "."), value, current)
-        except OSError as err:
-            failures.append(f"{name.replace('/', '.')}={value}: {err.strerror or err}")
-    return failures
-
-
-def set_sysctls(wanted: Mapping[str, str], root: Path = Path("/proc/sys")) -> list[str]:
-    """``apply_sysctls``, each failure logged (bridge netfilter's as missing br_netfilter);
-    returns the failures."""
-    failures = apply_sysctls(dict(wanted), root)
-    for line in failures:
-        if line.startswith("net.bridge."):
-            log.info("sysctl not set: %s (br_netfilter not loaded): pod-to-service traffic "
-                     "whose endpoint is on the same bridge may not be de-NATed", line)
-        else:
-            log.warning("sysctl not set: %s (run --init-only in a privileged init container, "
-                        "or run privileged)", line)
-    return failures
-
-
 def set_mode_sysctls(config: dict[str, Any], backend: str) -> list[str]:
-    """Apply wanted_sysctls for this machine; failures are logged and returned."""
+    """Apply wanted_sysctls for this machine (the SDK's ``set_sysctls``); failures are
+    logged and returned."""
+    from svcproxy.sdk.sysctls import ip_families, set_sysctls
+
     return set_sysctls(wanted_sysctls(config, backend, os.cpu_count() or 1, ip_families()))

@@ -255,7 +255,7 @@ def _load_backend(installed: InstalledBackend) -> BackendPlugin | str:
 
 
 def _backend_parsers(sub: argparse._SubParsersAction) -> None:
-    from svcproxy.agent.cli import add_agent_arguments
+    from svcproxy.sdk.agent import add_agent_arguments
     from svcproxy.sdk.plugins import installed_backends, plugin_help
 
     p = sub.add_parser("backend", help="run a backend on this node (no NAME: list them)",
@@ -381,7 +381,7 @@ def _frontend_auth(args: argparse.Namespace, tls: object) -> AuthConfig:
 
 
 def _run_backend(args: argparse.Namespace) -> int:
-    from svcproxy.agent.cli import config_from_args, run_agent
+    from svcproxy.sdk.agent import config_from_args, run_agent
 
     module = args.backend_module
     if isinstance(module, str):

@@ -32,7 +32,10 @@ What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md
   ``TooManyRefused`` (find what a batch's failure refuses), ``describe_service_port``;
 * kernel helpers: ``netlink`` (messages and attributes as bytes) and ``rtnetlink``
   (addresses, default routes, interface indexes), as modules;
-* ``svcproxy.sdk.testing``: a real frontend in-process, fed Kubernetes objects.
+* the node agent itself (``agent``, ``node_agent``, ``runner``, ``healthz``, ``metrics``,
+  ``service_health``, ``conntrack_*``): the modules ``run_agent`` runs, inside the SDK so
+  that it imports nothing above it;
+* ``svcproxy.sdk.testing``: ``FakeSource``, a backend under the real sync runner.
 
 ``API_VERSION`` is (major, minor): a name of ``__all__`` is removed or changes meaning
 only with a new major version; additions raise the minor version.
@@ -40,10 +43,6 @@ only with a new major version; additions raise the minor version.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from svcproxy.agent.addresses import node_port_ips, primary_node_ips
-from svcproxy.agent.config import NodeConfig
 from svcproxy.convert import node_to_pb, state_to_pb
 from svcproxy.durations import parse_duration
 from svcproxy.model import (
@@ -68,8 +67,11 @@ from svcproxy.sdk import (
     rtnetlink,  # the module: this namespace's addresses and default routes
     run,  # the module: run.run(backend, client)
 )
+from svcproxy.sdk.addresses import node_port_ips, primary_node_ips
+from svcproxy.sdk.agent import add_agent_arguments, cidr_list, config_from_args, run_agent
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.client import NodeStateClient, WatchRefused, tls_credentials
+from svcproxy.sdk.config import NodeConfig
 from svcproxy.sdk.context import (
     IPTABLES_MODES,
     FamilyContext,
@@ -90,18 +92,7 @@ from svcproxy.sdk.refusals import (
 from svcproxy.sdk.refusals import describe as describe_service_port
 from svcproxy.sdk.stages import Applied, Delta, Drift, StagedBackend
 
-if TYPE_CHECKING:
-    from svcproxy.agent.cli import add_agent_arguments, cidr_list, config_from_args, run_agent
-
 API_VERSION = (1, 4)
-
-# The node agent imports this package's modules, so its names load on first use.
-_AGENT_NAMES = {
-    "add_agent_arguments": "svcproxy.agent.cli",
-    "cidr_list": "svcproxy.agent.cli",
-    "config_from_args": "svcproxy.agent.cli",
-    "run_agent": "svcproxy.agent.cli",
-}
 
 __all__ = [
     "API_VERSION",
@@ -161,17 +152,3 @@ __all__ = [
     "tls_credentials",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _AGENT_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.model import NodeInfo, normalize_ip, of_family
+from svcproxy.sdk.config import NodeConfig
 from svcproxy.sdk.sysctls import mode_sysctls
 
 __all__ = ["IPTABLES_MODES", "FamilyContext", "LocalTraffic", "NodeContext", "ProxyMode",

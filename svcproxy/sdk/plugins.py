@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Protocol, runtime_checkable
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.sdk.backend import Backend
+from svcproxy.sdk.config import NodeConfig
 
 __all__ = ["ENTRY_POINT_GROUP", "BackendPlugin", "InstalledBackend", "installed_backends"]
 

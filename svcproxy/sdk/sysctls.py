@@ -7,7 +7,8 @@ backend writes /proc/sys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROUTE_LOCALNET = "net/ipv4/conf/all/route_localnet"
@@ -51,3 +52,37 @@ def ip_families(root: Path = Path("/proc/sys")) -> tuple[int, ...]:
     except OSError:
         return (4,)
     return (4,) if off else (4, 6)
+
+log = logging.getLogger(__name__)
+
+
+def apply_sysctls(wanted: dict[str, str], root: Path = Path("/proc/sys")) -> list[str]:
+    """Write the values that differ; returns one line per sysctl that could not be set.
+    nf_conntrack_max is only raised, as kube-proxy does."""
+    failures = []
+    for name, value in wanted.items():
+        path = root / name
+        try:
+            current = path.read_text().strip()
+            if current == value or (name.endswith("nf_conntrack_max")
+                                    and int(current) >= int(value)):
+                continue
+            path.write_text(value)
+            log.info("Set sysctl %s=%s (was %s)", name.replace("/", "."), value, current)
+        except OSError as err:
+            failures.append(f"{name.replace('/', '.')}={value}: {err.strerror or err}")
+    return failures
+
+
+def set_sysctls(wanted: Mapping[str, str], root: Path = Path("/proc/sys")) -> list[str]:
+    """``apply_sysctls``, each failure logged (bridge netfilter's as missing br_netfilter);
+    returns the failures."""
+    failures = apply_sysctls(dict(wanted), root)
+    for line in failures:
+        if line.startswith("net.bridge."):
+            log.info("sysctl not set: %s (br_netfilter not loaded): pod-to-service traffic "
+                     "whose endpoint is on the same bridge may not be de-NATed", line)
+        else:
+            log.warning("sysctl not set: %s (run --init-only in a privileged init container, "
+                        "or run privileged)", line)
+    return failures

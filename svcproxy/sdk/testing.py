@@ -267,8 +267,8 @@ class RunningBackend:
 
     def __init__(self, cluster: FakeCluster, backend: Backend, node_name: str,
                  min_sync_period: float, sync_period: float) -> None:
-        from svcproxy.agent.health import ProxyHealth
-        from svcproxy.agent.runner import SyncRunner
+        from svcproxy.sdk.health import ProxyHealth
+        from svcproxy.sdk.runner import SyncRunner
 
         self.cluster = cluster
         self.backend = backend

@@ -12,10 +12,10 @@ import sys
 import threading
 from pathlib import Path
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.dump.backend import DumpBackend
 from svcproxy.httpserve import BackgroundHTTPServer, BindRetry, Response
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent
 from svcproxy.sdk.testing import FakeSource
 from tests.support.lab.processes import stop
 from tests.support.waiting import wait_for

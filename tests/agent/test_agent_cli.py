@@ -15,17 +15,17 @@ import time
 
 import pytest
 
-from svcproxy.agent.addresses import (
+from svcproxy.durations import parse_duration
+from svcproxy.sdk.addresses import (
     DefaultRoute,
     InterfaceAddress,
     node_port_ips,
     order_node_ips,
     primary_node_ips,
 )
-from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
-from svcproxy.agent.config import NodeConfig
-from svcproxy.durations import parse_duration
+from svcproxy.sdk.agent import add_agent_arguments, config_from_args, run_agent
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
 from tests.support.lab.netns import ip, ns_exec
 from tests.support.lab.topology import Namespaces, addresses, veth
 from tests.support.paths import REPO
@@ -177,7 +177,7 @@ def test_node_ips_are_discovered_in_the_current_netns() -> None:
         addresses(ns, "eth0", "10.50.0.5/24", "10.50.0.9/24", "fd50::5/64")
         ip(ns, "route", "add", "default", "via", "10.50.0.1", "src", "10.50.0.9")
         out = ns_exec(ns, sys.executable, "-c",
-                      "from svcproxy.agent.addresses import discover_node_ips; "
+                      "from svcproxy.sdk.addresses import discover_node_ips; "
                       "print(','.join(discover_node_ips()))", timeout=30).strip()
         assert out == "10.50.0.9,10.50.0.5,fd50::5"
     finally:
@@ -215,7 +215,7 @@ def free_port() -> int:
 
 AGENT = textwrap.dedent("""
     import argparse, logging, sys
-    from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
+    from svcproxy.sdk.agent import add_agent_arguments, config_from_args, run_agent
     from svcproxy.sdk.backend import Backend
 
     class Quiet(Backend):

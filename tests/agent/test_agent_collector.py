@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from svcproxy import collector
-from svcproxy.agent.config import NodeConfig
 from svcproxy.model import NodeInfo
 from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.config import NodeConfig
 from tests.support.paths import REPO
 from tests.support.running_agent import dump_agent
 from tests.support.waiting import wait_for

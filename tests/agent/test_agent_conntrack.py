@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-from svcproxy.agent.conntrack import (
-    ConntrackEntry,
-    ConntrackFilter,
-    matches,
-    stale_conntrack_filters,
-)
-from svcproxy.agent.conntrack_cli import ConntrackCleaner, conntrack_args, parse_entries
 from svcproxy.model import (
     Endpoint,
     LoadBalancerIngress,
@@ -19,6 +12,13 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack import (
+    ConntrackEntry,
+    ConntrackFilter,
+    matches,
+    stale_conntrack_filters,
+)
+from svcproxy.sdk.conntrack_cli import ConntrackCleaner, conntrack_args, parse_entries
 
 UDP = Protocol.UDP
 DNS = ServicePortKey("kube-system", "dns", "dns", UDP)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from svcproxy.agent.conntrack_cli import ConntrackCleaner, ConntrackCLI
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack_cli import ConntrackCleaner, ConntrackCLI
 from tests.support.lab.netns import ip, ns_exec, sysctl
 from tests.support.lab.topology import Namespaces, addresses, default_routes, veth
 

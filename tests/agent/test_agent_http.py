@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.httpserve import BackgroundHTTPServer, Response, parse_bind_address
 from svcproxy.model import (
     Endpoint,
@@ -27,6 +25,8 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent
 from svcproxy.sdk.testing import FakeSource
 from tests.support.running_agent import running
 from tests.support.waiting import wait_for

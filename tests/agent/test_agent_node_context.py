@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.node_context import ContextResolver
-from svcproxy.agent.runner import SyncRunner
 from svcproxy.model import NodeInfo, Protocol, ServicePortKey
 from svcproxy.sdk import resolve_context
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.node_context import ContextResolver
+from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
 from tests.support.waiting import wait_for
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.runner import SyncRunner
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
 from tests.support.waiting import wait_for
 

@@ -10,10 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.node_agent import NodeAgent
-from svcproxy.agent.service_health import ServiceHealthServer, health_check_body
 from svcproxy.model import (
     Endpoint,
     Protocol,
@@ -24,6 +20,10 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.node_agent import NodeAgent
+from svcproxy.sdk.service_health import ServiceHealthServer, health_check_body
 from svcproxy.sdk.testing import FakeSource
 from tests.support import running_agent
 from tests.support.waiting import wait_for

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.dump.backend import DumpBackend
 from svcproxy.sdk.client import NodeStateClient
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent
 from tests.support.examples import copy_examples
 from tests.support.running_agent import running
 from tests.support.waiting import wait_for

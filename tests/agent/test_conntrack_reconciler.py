@@ -10,11 +10,11 @@ import threading
 import time
 from collections.abc import Iterable
 
-from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
-from svcproxy.agent.conntrack_reconciler import ConntrackReconciler, stale_flows
-from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack_netlink import Ctnetlink, Flow
+from svcproxy.sdk.conntrack_reconciler import ConntrackReconciler, stale_flows
+from svcproxy.sdk.metrics import AgentMetrics
 from tests.agent.test_agent_conntrack_netns import PODS, SERVICE_IP, Lab, dnat_to, lab, service
 from tests.support.waiting import wait_for
 
@@ -98,7 +98,7 @@ def test_reconciler_deletes_a_stale_flow_from_before_it_started(lab: Lab) -> Non
 
 
 def test_entries_parse_back_in_both_families() -> None:
-    from svcproxy.agent.conntrack_netlink import add_message, parse_flow
+    from svcproxy.sdk.conntrack_netlink import add_message, parse_flow
 
     for f in (flow("10.96.0.10", 53, "10.244.1.5"),
               Flow(6, 132, "fd00::1", "fd00:96::a", 40000, 5000, "fd00:244::5"),

@@ -170,7 +170,7 @@ def test_local_mode_lists_before_the_backend_is_set_up(tmp_path: Path) -> None:
     lines = "".join(out.stderr).splitlines()
     connect = next(i for i, line in enumerate(lines) if "Starting new HTTP connection" in line)
     agent = next(i for i, line in enumerate(lines) if line.startswith("import time:")
-                 and line.endswith(" svcproxy.agent.node_agent"))
+                 and line.endswith(" svcproxy.sdk.node_agent"))
     assert connect < agent, "the backend's modules were imported before the listing began"
 
 
@@ -194,7 +194,7 @@ def test_local_mode_with_an_unusable_kubeconfig_exits_naming_it(tmp_path: Path) 
 START_IMPORTS = """
 import json, sys
 from pathlib import Path
-from svcproxy.agent.addresses import discover_node_ips
+from svcproxy.sdk.addresses import discover_node_ips
 from svcproxy.frontend.main import Frontend, FrontendOptions
 from svcproxy.frontend.sources.apiserver import load_api_client
 from svcproxy.sdk.context import interface_addresses

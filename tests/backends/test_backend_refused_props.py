@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables import names as ipt_names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.ipvs.backend import IpvsBackend
@@ -36,6 +35,7 @@ from svcproxy.model import (
     SessionAffinity,
 )
 from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
 from svcproxy.sdk.refusals import Refusals, invalid_values, isolate, isolate_versions
 from tests.support.lab.netns import ns_exec
 from tests.support.netns.harness import netns_or_skip

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.nfacct import COUNTERS, INVALID_DROPPED, LOCALHOST_NODEPORTS, Nfacct
 from svcproxy.backends.ipvs import ipsets as S
@@ -24,6 +23,7 @@ from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
 from tests.support.lab.netns import call_in
 from tests.support.lab.processes import SVCPROXY
 from tests.support.netns.harness import missing_requirements, scratch_netns

@@ -169,7 +169,7 @@ def test_a_wait_counts_reporting_nodes_and_lost_ones_only_for_a_while() -> None:
 
 
 def test_the_cluster_latency_has_the_per_node_latencys_buckets() -> None:
-    from svcproxy.agent.metrics import NETWORK_PROGRAMMING_BUCKETS as PER_NODE
     from svcproxy.frontend.fleet.metrics import NETWORK_PROGRAMMING_BUCKETS as CLUSTER
+    from svcproxy.sdk.metrics import NETWORK_PROGRAMMING_BUCKETS as PER_NODE
 
     assert CLUSTER == PER_NODE

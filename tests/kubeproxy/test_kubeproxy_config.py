@@ -94,8 +94,8 @@ def test_kubeadm_default_gets_kube_proxy_defaults() -> None:
 def test_tuned_ipvs_maps_onto_the_ipvs_backend() -> None:
     c = load("ipvs-tuned.yaml")
     parser = argparse.ArgumentParser()
-    from svcproxy.agent.cli import add_agent_arguments
     from svcproxy.backends.ipvs import cli as ipvs_cli
+    from svcproxy.sdk.agent import add_agent_arguments
 
     add_agent_arguments(parser)
     ipvs_cli.add_arguments(parser)
@@ -209,7 +209,7 @@ def test_a_cidr_with_whitespace_inside_a_netmask_or_no_length_is_refused(
         field: str, cidr: str) -> None:
     """As kube-proxy's netutils.ParseCIDRSloppy refuses them; the node agent's flags
     read CIDRs with the same function (svcproxy.model.normalize_cidr)."""
-    from svcproxy.agent.cli import cidr_list
+    from svcproxy.sdk.agent import cidr_list
 
     with pytest.raises(ConfigError, match="is not a valid CIDR"):
         load_config(BASE + field.format(cidr))
@@ -221,8 +221,8 @@ def test_a_cidr_with_whitespace_inside_a_netmask_or_no_length_is_refused(
 def test_a_cidr_is_read_as_kube_proxy_reads_it(field: str) -> None:
     """IPv4 octets with leading zeros (ParseCIDRSloppy) are accepted and passed on
     canonical; whitespace around a CIDR is dropped, as around a list item."""
-    from svcproxy.agent.cli import add_agent_arguments
     from svcproxy.backends.ipvs import cli as ipvs_cli
+    from svcproxy.sdk.agent import add_agent_arguments
 
     parser = argparse.ArgumentParser()
     add_agent_arguments(parser)
@@ -480,7 +480,7 @@ def test_version_takes_kube_proxys_values(argv: list[str], code: int, printed: b
 def test_the_files_hostname_override_is_lower_cased_as_kube_proxy_does() -> None:
     """kube-proxy's node name is GetHostname(hostnameOverride): trimmed and lower-cased
     (Node objects' names are), from the file as from the flag."""
-    from svcproxy.agent.cli import add_agent_arguments
+    from svcproxy.sdk.agent import add_agent_arguments
 
     c = load_config("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                     "kind: KubeProxyConfiguration\nhostnameOverride: ' Worker-7 '\n")

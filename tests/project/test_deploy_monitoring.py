@@ -11,8 +11,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import svcproxy.frontend.main  # noqa: F401 - every frontend metric is made on import
-from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.sdk.backend import Backend, Changes, NodeState
+from svcproxy.sdk.metrics import AgentMetrics
 from tests.support.paths import REPO
 
 DEPLOY = REPO / "deploy"

@@ -15,7 +15,6 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from svcproxy.agent.metrics import NETWORK_PROGRAMMING_BUCKETS, SYNC_BUCKETS, AgentMetrics
 from svcproxy.sdk import (
     Backend,
     Changes,
@@ -28,6 +27,7 @@ from svcproxy.sdk import (
     ServicePortState,
     ServiceType,
 )
+from svcproxy.sdk.metrics import NETWORK_PROGRAMMING_BUCKETS, SYNC_BUCKETS, AgentMetrics
 from tests.support.netns.harness import netns_or_skip
 
 EXP = "exponential(0.001, 2, 15)"
@@ -166,7 +166,7 @@ def test_process_metrics_are_served_as_kube_proxys_are() -> None:
 
 
 def test_a_sync_is_recorded_for_each_family_of_the_node() -> None:
-    from svcproxy.agent.metrics import node_families
+    from svcproxy.sdk.metrics import node_families
 
     assert node_families(["192.0.2.1", "2001:db8::1"]) == ("IPv4", "IPv6")
     assert node_families(["2001:db8::1"]) == ("IPv6",)

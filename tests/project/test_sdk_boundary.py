@@ -39,10 +39,10 @@ def test_backend_imports_only_the_sdk_and_itself(name: str) -> None:
 
 def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from svcproxy.model import Endpoint\nimport svcproxy.agent.cli\n"
+    bad.write_text("from svcproxy.model import Endpoint\nimport svcproxy.sdk.agent\n"
                    "from svcproxy.sdk import Backend\nfrom . import names\n")
     assert [m for _, m in svcproxy_imports(bad)] == [
-        "svcproxy.model", "svcproxy.agent.cli", "svcproxy.sdk"]
+        "svcproxy.model", "svcproxy.sdk.agent", "svcproxy.sdk"]
 
 
 def test_every_built_in_is_registered() -> None:

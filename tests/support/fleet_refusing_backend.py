@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from svcproxy.agent.cli import add_agent_arguments, config_from_args, run_agent
+from svcproxy.sdk.agent import add_agent_arguments, config_from_args, run_agent
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.refusals import Refusals
 

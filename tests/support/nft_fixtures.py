@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.model import (
     Endpoint,
     LoadBalancerIngress,
@@ -14,6 +13,7 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk import NodeState
+from svcproxy.sdk.config import NodeConfig
 
 CONFIG = NodeConfig(
     node_name="node1",

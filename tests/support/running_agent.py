@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.dump.backend import DumpBackend
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent
 from svcproxy.sdk.testing import FakeSource
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.ebpf.compose import Composed
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.model import NodeInfo
 from svcproxy.sdk import Backend, Changes, NodeContext, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent
 from svcproxy.sdk.testing import FakeSource
 from tests.support.nft_fixtures import CONFIG
 

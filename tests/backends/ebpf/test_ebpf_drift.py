@@ -16,8 +16,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.runner import SyncRunner
 from svcproxy.backends.ebpf import libbpf
 from svcproxy.backends.ebpf.backend import EbpfBackend
 from svcproxy.backends.ebpf.layout import (
@@ -30,6 +28,8 @@ from svcproxy.backends.ebpf.layout import (
 )
 from svcproxy.backends.ebpf.loader import SIZES
 from svcproxy.sdk import Backend, Changes, NodeState
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
 from tests.backends.ebpf.test_ebpf_sockets import EPS4, World, pytestmark, service
 

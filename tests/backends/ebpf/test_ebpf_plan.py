@@ -277,9 +277,9 @@ def test_node_ports_answer_on_the_node_contexts_listed_addresses(tmp_path) -> No
     """NodePorts on every address (no CIDR for the family): the node IPs and the other
     addresses the agent found on the node's interfaces, as IPVS names them; never
     loopback; with CIDRs, the addresses inside them."""
-    from svcproxy.agent.config import NodeConfig
     from svcproxy.backends.ebpf.backend import EbpfBackend
     from svcproxy.sdk import NodeState, resolve_context
+    from svcproxy.sdk.config import NodeConfig
 
     config = NodeConfig("n1", node_ips=("192.0.2.10", "fd00::10"))
     backend = EbpfBackend(config, loader.Layout(pin_dir=tmp_path, cgroup=tmp_path))

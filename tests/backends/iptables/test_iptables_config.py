@@ -6,7 +6,6 @@ import argparse
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables import cli
 from svcproxy.backends.iptables.backend import IptablesBackend
 from svcproxy.backends.iptables.familyconfig import (
@@ -17,6 +16,7 @@ from svcproxy.backends.iptables.familyconfig import (
 )
 from svcproxy.model import NodeInfo
 from svcproxy.sdk import ProxyMode, resolve_context
+from svcproxy.sdk.config import NodeConfig
 
 NODE = NodeConfig("n1", cluster_cidrs=("10.244.0.0/16", "fd00:244::/48"),
                   node_ips=("192.168.1.5", "10.0.0.5", "fd00:1::5"))

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.runner import SyncRunner
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
 from tests.backends.iptables.test_iptables_netns import (
     Lab,

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.iptables import backend as backend_module
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.tool import IptablesError
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent
 from svcproxy.sdk.testing import FakeSource
 from tests.support.iptables_fakes import FakeNfacct, RecordingIptables, stand_in
 

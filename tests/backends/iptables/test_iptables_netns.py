@@ -20,8 +20,6 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_context import ContextResolver
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.model import (
@@ -33,6 +31,8 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk.backend import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_context import ContextResolver
 from tests.support.lab.netns import call_in, ip, ns_exec, sysctl
 from tests.support.lab.topology import Namespaces, addresses, default_routes, veth
 from tests.support.waiting import wait_for

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
 from tests.support.lab.netns import ns_exec
 from tests.support.netns.harness import netns_or_skip
 

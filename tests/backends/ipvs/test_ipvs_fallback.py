@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from svcproxy.agent.cli import add_agent_arguments, config_from_args
-from svcproxy.agent.node_agent import NodeAgent
 from svcproxy.backends.ipvs import cli as ipvs_cli
+from svcproxy.sdk.agent import add_agent_arguments, config_from_args
+from svcproxy.sdk.node_agent import NodeAgent
 from svcproxy.sdk.testing import FakeSource
 
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]

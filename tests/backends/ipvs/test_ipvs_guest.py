@@ -14,8 +14,6 @@ from dataclasses import replace
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_context import ContextResolver
 from svcproxy.backends.ipvs import genl, system
 from svcproxy.backends.ipvs import ipsets as S
 from svcproxy.backends.ipvs import rules as R
@@ -24,6 +22,8 @@ from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
 from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
 from svcproxy.model import ServiceType, SessionAffinity
 from svcproxy.sdk import NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_context import ContextResolver
 from tests.support.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
 from tests.support.ipvs.states import changed, endpoint, full, node_state, port_state
 from tests.support.lab.netns import ns_exec

@@ -15,12 +15,12 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs.backend import IpvsBackend, SyncError
 from svcproxy.backends.ipvs.netlink import Failure, Request
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.config import NodeConfig
 from tests.support.ipvs.standin import StandInIpvs, stand_in
 
 CONFIG = NodeConfig("node1", cluster_cidrs=("10.244.0.0/16",), node_ips=("10.100.0.1",))

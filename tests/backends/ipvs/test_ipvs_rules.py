@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs import cli
 from svcproxy.backends.ipvs import ipsets as S
 from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.options import IpvsOptions, OptionError
+from svcproxy.sdk.config import NodeConfig
 
 POD_CIDR = R.LocalDetect(cidrs=("10.244.0.0/16",))
 

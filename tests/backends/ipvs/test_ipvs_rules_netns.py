@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.agent.config import NodeConfig
 from svcproxy.backends.ipvs import ipsets as S
 from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
+from svcproxy.sdk.config import NodeConfig
 from tests.support.lab.netns import call_in
 from tests.support.netns.harness import netns_or_skip
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.runner import SyncRunner
 from svcproxy.backends.nft import names
 from svcproxy.backends.nft.apply import NftRunner
 from svcproxy.backends.nft.backend import NftBackend
 from svcproxy.model import ServiceType, SessionAffinity
 from svcproxy.sdk import Changes, NodeState
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
 from tests.backends.nft.test_nft_kernel import kernel_content
 from tests.support.lab.netns import ns_exec

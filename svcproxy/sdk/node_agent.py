@@ -7,23 +7,23 @@ import shutil
 from collections.abc import Callable
 from typing import TypeVar
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.conntrack_cli import ConntrackCleaner
-from svcproxy.agent.conntrack_netlink import Ctnetlink
-from svcproxy.agent.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.healthz import HealthzServer
-from svcproxy.agent.metrics import AgentMetrics, node_families
-from svcproxy.agent.metrics_server import MetricsServer
-from svcproxy.agent.node_context import ContextResolver
-from svcproxy.agent.runner import AfterSync, SyncRunner
-from svcproxy.agent.service_health import ServiceHealthServer
-from svcproxy.agent.source import StateSource
-from svcproxy.agent.unknown_node import UnknownNode
 from svcproxy.collector import resume_collector_after_start
 from svcproxy.httpserve import BIND_RETRY_INTERVAL, BindRetry
 from svcproxy.model import ServicePortKey
 from svcproxy.sdk.backend import Backend, NodeState
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.conntrack_cli import ConntrackCleaner
+from svcproxy.sdk.conntrack_netlink import Ctnetlink
+from svcproxy.sdk.conntrack_reconciler import MIN_INTERVAL, ConntrackReconciler
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.healthz import HealthzServer
+from svcproxy.sdk.metrics import AgentMetrics, node_families
+from svcproxy.sdk.metrics_server import MetricsServer
+from svcproxy.sdk.node_context import ContextResolver
+from svcproxy.sdk.runner import AfterSync, SyncRunner
+from svcproxy.sdk.service_health import ServiceHealthServer
+from svcproxy.sdk.source import StateSource
+from svcproxy.sdk.unknown_node import UnknownNode
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from svcproxy.agent.health import ProxyHealth
-from svcproxy.agent.metrics import AgentMetrics
-from svcproxy.agent.source import StateSource
 from svcproxy.model import NodeInfo, ServicePortKey
 from svcproxy.sdk.backend import Backend, Changes, NodeState
 from svcproxy.sdk.context import NodeContext
+from svcproxy.sdk.health import ProxyHealth
+from svcproxy.sdk.metrics import AgentMetrics
+from svcproxy.sdk.source import StateSource
 
 log = logging.getLogger(__name__)
 

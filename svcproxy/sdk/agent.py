@@ -14,14 +14,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from svcproxy.agent.addresses import discover_node_ips
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.node_agent import NodeAgent, default_conntrack_cleaner, programs_dataplane
 from svcproxy.collector import pause_collector_for_start
 from svcproxy.durations import parse_duration
 from svcproxy.httpserve import BIND_RETRY_INTERVAL, parse_bind_address
 from svcproxy.model import normalize_cidr, normalize_ip
+from svcproxy.sdk.addresses import discover_node_ips
 from svcproxy.sdk.backend import Backend
+from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.node_agent import NodeAgent, default_conntrack_cleaner, programs_dataplane
 
 if TYPE_CHECKING:
     from svcproxy.sdk.credentials import ClientTLS, TokenFile

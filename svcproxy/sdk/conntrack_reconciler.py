@@ -9,9 +9,9 @@ reconciler does). A flow towards a service IP:port or node port is stale when
 * it was not DNATed (the service had no endpoint: rejected or blackholed) and the service
   port now has serving endpoints.
 
-Flows the per-change rules name (svcproxy.agent.conntrack: a deleted service port, an
+Flows the per-change rules name (svcproxy.sdk.conntrack: a deleted service port, an
 endpoint that stopped serving) are deleted too. The decision is pure (``stale_flows``);
-the table is read and written over ctnetlink (svcproxy.agent.conntrack_netlink).
+the table is read and written over ctnetlink (svcproxy.sdk.conntrack_netlink).
 
 A run dumps the whole table (0.3-0.8 s at 10,000 entries), so it is rate-limited as
 kube-proxy's is by its sync rate: the first sync reconciles at once, in the sync (flows
@@ -33,16 +33,16 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Protocol as TypingProtocol
 
-from svcproxy.agent.conntrack import (
+from svcproxy.model import Protocol, ServicePortKey, ip_family
+from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack import (
     CLEANED_PROTOCOLS,
     ConntrackEntry,
     ConntrackFilter,
     matches,
     stale_conntrack_filters,
 )
-from svcproxy.agent.conntrack_netlink import Ctnetlink, Flow
-from svcproxy.model import Protocol, ServicePortKey, ip_family
-from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack_netlink import Ctnetlink, Flow
 
 log = logging.getLogger(__name__)
 

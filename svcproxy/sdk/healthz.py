@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import Counter
 
-from svcproxy.agent.health import HealthStatus, ProxyHealth
-from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.httpserve import Response, RoutedServer
 from svcproxy.model import ServicePortKey
+from svcproxy.sdk.health import HealthStatus, ProxyHealth
+from svcproxy.sdk.metrics import AgentMetrics
 
 REFUSED_SHOWN = 50  # refused service ports listed in /healthz (the count is always whole)
 _HEADERS = (("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"))

@@ -11,9 +11,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from svcproxy.agent.health import ProxyHealth
 from svcproxy.httpserve import BackgroundHTTPServer, Response, Route
 from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.health import ProxyHealth
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import Protocol as TypingProtocol
 
-from svcproxy.agent.conntrack import (
+from svcproxy.model import Protocol, ServicePortKey
+from svcproxy.sdk.backend import NodeState
+from svcproxy.sdk.conntrack import (
     ConntrackEntry,
     ConntrackFilter,
     matches,
     stale_conntrack_filters,
 )
-from svcproxy.model import Protocol, ServicePortKey
-from svcproxy.sdk.backend import NodeState
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from svcproxy.agent.config import NodeConfig
-from svcproxy.agent.iptables_mode import detect_iptables
-from svcproxy.agent.kubeproxy_sysctls import set_sysctls
 from svcproxy.model import NodeInfo
 from svcproxy.sdk.backend import Backend
+from svcproxy.sdk.config import NodeConfig
 from svcproxy.sdk.context import (
     IPTABLES_MODES,
     NodeContext,
@@ -19,7 +17,8 @@ from svcproxy.sdk.context import (
     interface_addresses,
     resolve_context,
 )
-from svcproxy.sdk.sysctls import ip_families
+from svcproxy.sdk.iptables_mode import detect_iptables
+from svcproxy.sdk.sysctls import ip_families, set_sysctls
 
 log = logging.getLogger(__name__)
 

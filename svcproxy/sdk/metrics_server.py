@@ -8,8 +8,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from svcproxy.agent.metrics import AgentMetrics
 from svcproxy.httpserve import Response, RoutedServer
+from svcproxy.sdk.metrics import AgentMetrics
 
 # /configz's configurations by name (component-base's configz registry): what the process
 # runs with, set once it is known.
