@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from svcproxy.convert import key_from_pb
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.fleet.model import Report
-from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.validation import check_node_name, invalid
 from svcproxy.v1 import nodestate_pb2 as pb
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from svcproxy.frontend.serving.limits import Refused
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.serving.pipe import Message
 from svcproxy.frontend.serving.validation import Malformed, invalid, parse
 from svcproxy.v1 import nodestate_pb2 as pb

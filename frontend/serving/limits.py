@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.runtime.metrics import counter
 from svcproxy.frontend.serving.hangup import Remote, close_connections, remote_of
 
@@ -57,8 +58,6 @@ UNARY_REFUSED = counter("svcproxy_frontend_unary_refused_total",
                         "yet reached their budget (total, peer), or because their client "
                         "address called more often than --unary-qps-per-peer allows "
                         "(rate), by cap.", ["cap"])
-INVALID = counter("svcproxy_frontend_invalid_requests_total",
-                  "Requests refused with INVALID_ARGUMENT, by method.", ["method"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,24 +74,6 @@ class StreamLimits:
     # Off unless given (tests poll GetNodeState); the command line's default is on.
     unary_qps_per_peer: float = 0.0
     unary_burst_per_peer: int = 20
-
-
-class Refused(Exception):
-    """A call refused with a status; picklable, so a stream worker gets it whole."""
-
-    def __init__(self, code: str, message: str, delay: float = 0.0) -> None:
-        super().__init__(code, message, delay)
-        self.code_name = code
-        self.message = message
-        # How long the call's process holds the refusal back (RefusalDelay).
-        self.delay = delay
-
-    @property
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode[self.code_name]
-
-    async def abort(self, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(self.code, self.message)
 
 
 def peer_address(peer: str) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 
 import grpc
 
-from svcproxy.frontend.serving.limits import INVALID, PeerLog, peer_address
+from svcproxy.frontend.admission.refusals import INVALID
+from svcproxy.frontend.serving.limits import PeerLog, peer_address
 
 _NONE = object()
 

@@ -22,16 +22,15 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from svcproxy.frontend.admission.refusals import INVALID, Refused
 from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import TooManyViews
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import (
-    INVALID,
     AnswerBudget,
     RefusalDelay,
-    Refused,
     StallWatch,
     StreamLimits,
     StreamSlots,

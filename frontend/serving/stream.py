@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.serving.limits import (
     FAILED,
     STALLED,
-    Refused,
     StallWatch,
     WriteClock,
     stalled_status,

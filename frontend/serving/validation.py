@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from svcproxy.frontend.serving.limits import INVALID, Refused
+from svcproxy.frontend.admission.refusals import INVALID, Refused
 from svcproxy.frontend.sources.kube_names import DNS1035_LABEL, DNS1123_LABEL
 from svcproxy.frontend.sources.kube_verdict import shown
 

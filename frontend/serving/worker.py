@@ -20,6 +20,7 @@ from typing import cast
 import grpc
 from grpc_health.v1 import _async as health_aio
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.publication.views import VIEW_HISTORY_BYTES, NodeView
 from svcproxy.frontend.runtime.gctuning import tune_for_streaming
 from svcproxy.frontend.serving.access.guard import CallGuard
@@ -27,7 +28,6 @@ from svcproxy.frontend.serving.fleet_streams import FleetFeeds, LinkClosed
 from svcproxy.frontend.serving.limits import (
     AnswerBudget,
     RefusalDelay,
-    Refused,
     StallWatch,
     StreamLimits,
     WriteClock,

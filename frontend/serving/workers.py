@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.process import BaseProcess
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
 from svcproxy.frontend.serving import shipping
 from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.fleet_streams import FleetRelay
-from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pipe import Message, Pipe
 from svcproxy.frontend.serving.server import REQUESTS, NodeStateServicer, TLSFiles
 from svcproxy.frontend.serving.validation import Malformed, invalid, parse

@@ -9,9 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.fleet import service as fleet_service
 from svcproxy.frontend.fleet.reports import check_report
-from svcproxy.frontend.serving.limits import Refused, StreamLimits
+from svcproxy.frontend.serving.limits import StreamLimits
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.fleet.test_fleet_reports import report_code

@@ -16,10 +16,10 @@ import tracemalloc
 
 import pytest
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, TooManyViews, ViewBounds
 from svcproxy.frontend.publication.views import charge
-from svcproxy.frontend.serving.limits import Refused
 from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.serving.server import NodeStateServicer
 from svcproxy.frontend.serving.worker import ParentLink

@@ -13,11 +13,11 @@ import time
 import grpc
 import pytest
 
+from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.serving.access.auth import AuthConfig
 from svcproxy.frontend.serving.limits import (
     MAX_REFUSAL_DELAY,
     PeerLog,
-    Refused,
     StreamLimits,
     UnaryRates,
 )
