@@ -45,7 +45,8 @@ FIELDS: tuple[EdgeField, ...] = (
     EdgeField("Service", "metadata.annotations", HONOURED,
               "topology-mode / topology-aware-hints, svcproxy.io/* options; a lone "
               "surrogate (a YAML escape) read as U+FFFD, as Go's decoder stores it",
-              "ValidateAnnotations (qualified-name keys, 256 KiB)"),
+              "ValidateAnnotations (qualified-name keys, 256 KiB); ValidateService: "
+              "topology-mode equal to topology-aware-hints when both are set"),
     EdgeField("Service", "metadata.creationTimestamp", HONOURED,
               "orders Services claiming one ClusterIP:port or nodePort (the later is "
               "refused for that port)", "set by the apiserver; allocators refuse the later"),
@@ -53,8 +54,9 @@ FIELDS: tuple[EdgeField, ...] = (
               "supportedServiceType"),
     EdgeField("Service", "spec.clusterIP(s)", HONOURED,
               "an IPv4-mapped address is read as its IPv4 address (Go's To4)",
-              "ValidateService: IsValidIP (ParseIPSloppy), at most 2 of different families, "
-              "clusterIPs[0] = clusterIP; the allocator's range (no unspecified, loopback, "
+              "ValidateServiceClusterIPsRelatedFields: IsValidIP (ParseIPSloppy), at most 2 "
+              "of different families, clusterIPs[0] = clusterIP, clusterIPs only with "
+              "clusterIP; none for ExternalName; the allocator's range (no unspecified, loopback, "
               "link-local, multicast or broadcast address: no service CIDR holds one)",
               ("spec", {"clusterIP": "::ffff:10.96.0.10", "clusterIPs": ["::ffff:10.96.0.10"],
                         "ports": [{"port": 80}]})),
@@ -75,16 +77,26 @@ FIELDS: tuple[EdgeField, ...] = (
     EdgeField("Service", "spec.sessionAffinity(Config)", HONOURED, "",
               "supportedSessionAffinityType, validateClientIPAffinityConfig (1-86400 s)"),
     EdgeField("Service", "spec.internalTrafficPolicy", HONOURED, "", "Cluster or Local"),
-    EdgeField("Service", "spec.externalTrafficPolicy", HONOURED, "", "Cluster or Local"),
-    EdgeField("Service", "spec.healthCheckNodePort", HONOURED, "", "IsValidPortNum"),
+    EdgeField("Service", "spec.externalTrafficPolicy", HONOURED, "",
+              "validateServiceExternalTrafficPolicy: Cluster or Local, only on NodePort, "
+              "LoadBalancer or a ClusterIP with externalIPs (ExternallyAccessible)"),
+    EdgeField("Service", "spec.healthCheckNodePort", HONOURED, "",
+              "validateServiceExternalTrafficPolicy: IsValidPortNum, only with type "
+              "LoadBalancer and externalTrafficPolicy Local (NeedsHealthCheck)"),
     EdgeField("Service", "spec.loadBalancerSourceRanges", HONOURED,
               "IPv4-mapped ranges of length 96+ are the IPv4 range they map (as Go matches)",
-              "GetLoadBalancerSourceRanges (ParseCIDRSloppy, spaces trimmed)",
-              ("spec.loadBalancerSourceRanges", ["::ffff:192.168.1.0/120"])),
+              "ValidateService: only with type LoadBalancer; GetLoadBalancerSourceRanges "
+              "(ParseCIDRSloppy, spaces trimmed)",
+              ("spec", {"type": "LoadBalancer", "clusterIP": "10.96.0.10",
+                        "clusterIPs": ["10.96.0.10"], "ports": [{"port": 80}],
+                        "loadBalancerSourceRanges": ["::ffff:192.168.1.0/120"]})),
     EdgeField("Service", "spec.trafficDistribution", HONOURED, "",
               "PreferClose, PreferSameZone, PreferSameNode (v1.30+)"),
     EdgeField("Service", "spec.ipFamilies, spec.ipFamilyPolicy", IGNORED,
-              "a cluster IP's family is its own", "validateIPFamilies, ipFamilyPolicy enum"),
+              "a cluster IP's family is its own", "ValidateServiceClusterIPsRelatedFields "
+              "(IPv4/IPv6, no repeat, each its cluster IP's family), ipFamilyPolicy enum, "
+              "SingleStack with one IP and one family (alloc.go initIPFamilyFields); none "
+              "for ExternalName"),
     EdgeField("Service", "spec.externalName", IGNORED, "ExternalName is not proxied",
               "ValidateDNS1123Subdomain (a trailing dot allowed)"),
     EdgeField("Service", "status.loadBalancer.ingress[].ip", HONOURED, "",

@@ -53,34 +53,38 @@ def check_size(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS,
     return None
 
 
-def _walk(value: dict[Any, Any] | list[Any], depth: int, budget: list[int],
+def _walk(root: dict[Any, Any] | list[Any], depth: int, budget: list[int],
           limits: ObjectLimits) -> None:
-    """``check_size``'s visit of one container (a module function: a nested recursive
-    one is a reference cycle, left for the cyclic collector once per object checked)."""
-    if depth > limits.max_depth:
-        raise _TooBig(_DEEP(limits.max_depth))
-    spent = 2
-    if type(value) is dict:
-        try:
-            spent += sum(map(len, value)) + 3 * len(value)
-        except TypeError:  # a key that is not text (YAML allows numbers...)
-            spent += sum(len(k) + 3 if type(k) is str else 8 for k in value)
-        children: Any = value.values()
-    else:
-        children = value
-    for child in children:
-        kind = type(child)
-        if kind is str:
-            spent += len(child) + 2
-        elif kind is dict or kind is list or isinstance(child, dict | list):
-            _walk(child, depth + 1, budget, limits)
+    """``check_size``'s visit of ``root`` and every container in it, each paying its own
+    size from ``budget``: a loop over a stack, so any depth the limit allows is walked
+    (Python's recursion stops near 1,000 levels)."""
+    stack: list[tuple[Any, int]] = [(root, depth)]
+    while stack:
+        value, level = stack.pop()
+        if level > limits.max_depth:
+            raise _TooBig(_DEEP(limits.max_depth))
+        spent = 2
+        if type(value) is dict:
+            try:
+                spent += sum(map(len, value)) + 3 * len(value)
+            except TypeError:  # a key that is not text (YAML allows numbers...)
+                spent += sum(len(k) + 3 if type(k) is str else 8 for k in value)
+            children: Any = value.values()
         else:
-            spent += len(child) if isinstance(child, bytes) else 8
-    budget[0] -= spent
-    if budget[0] < 0:
-        raise _TooBig(Problem("", "too_large", f"larger than {limits.max_object_bytes} "
-                              "bytes once expanded (--max-object-bytes; YAML aliases "
-                              "count each time they are used)"))
+            children = value
+        for child in children:
+            kind = type(child)
+            if kind is str:
+                spent += len(child) + 2
+            elif kind is dict or kind is list or isinstance(child, dict | list):
+                stack.append((child, level + 1))
+            else:
+                spent += len(child) if isinstance(child, bytes) else 8
+        budget[0] -= spent
+        if budget[0] < 0:
+            raise _TooBig(Problem("", "too_large", f"larger than {limits.max_object_bytes} "
+                                  "bytes once expanded (--max-object-bytes; YAML aliases "
+                                  "count each time they are used)"))
 
 
 def _DEEP(max_depth: int) -> Problem:  # noqa: N802 - reads as the constant problem it is

@@ -22,6 +22,8 @@ TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
 IP_MODES = ("VIP", "Proxy")
 IP_FAMILIES = ("IPv4", "IPv6")
 IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
+TOPOLOGY_MODE = "service.kubernetes.io/topology-mode"
+TOPOLOGY_HINTS = "service.kubernetes.io/topology-aware-hints"
 
 
 def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
@@ -40,17 +42,13 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
     for i, ip in enumerate(c.items(spec.get("externalIPs"), "spec.externalIPs")):
         c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")  # IsValidIP, ValidateNonSpecialIP
     _affinity(c, spec)
-    # validateServiceInternalTrafficFieldsValue, validateServiceExternalTrafficPolicy,
-    # validateServiceTrafficDistribution (PreferClose v1.30; PreferSame* v1.33), and
-    # healthCheckNodePort's IsValidPortNum (0: none).
+    # validateServiceInternalTrafficFieldsValue, validateServiceTrafficDistribution
+    # (PreferClose v1.30; PreferSame* v1.33).
     c.enum(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
-    c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
     c.enum(spec.get("trafficDistribution"), "spec.trafficDistribution", TRAFFIC_DISTRIBUTIONS)
-    c.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", allow_zero=True)
-    # service.GetLoadBalancerSourceRanges: ParseCIDRSloppy of each, spaces trimmed.
-    for i, cidr in enumerate(c.items(spec.get("loadBalancerSourceRanges"),
-                                     "spec.loadBalancerSourceRanges")):
-        check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
+    _external_traffic(c, spec, stype)
+    _source_ranges(c, spec, stype)
+    _topology_annotations(c, obj)
     if stype == "ExternalName":  # ValidateDNS1123Subdomain of the name less a trailing dot
         name = spec.get("externalName")
         if isinstance(name, str) and name.endswith("."):
@@ -66,17 +64,23 @@ def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
     clusterIPs[0] = clusterIP); True for a headless service. The addresses no service
     CIDR can hold (``cluster_ip_problem``) are refused as the allocator would refuse
     them (ipallocator: ErrNotInRange): with manifests no range is known."""
+    if stype == "ExternalName":
+        _external_name_ips(c, spec)
+        return False
     single = c.string(spec.get("clusterIP"), "spec.clusterIP")
     single_family = c.ip(single, "spec.clusterIP", "cluster") \
         if single and single != "None" else 0
     ips = c.items(spec.get("clusterIPs"), "spec.clusterIPs", limit=2)
     values = ips or ([single] if single else [])
+    if ips and not single:
+        c.err("spec.clusterIPs", "invalid_value", "must be empty when spec.clusterIP is not "
+              "specified (set both, clusterIPs[0] equal to clusterIP)")
     if values and values[0] == "None":
         if len(values) > 1:
             c.err("spec.clusterIPs", "invalid_value", "'None' must be the only value")
         if stype in ("NodePort", "LoadBalancer"):
             c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
-        _ip_families(c, spec, [])
+        _ip_families(c, spec, [], len(values))
         return True
     families = [c.ip(ip, f"spec.clusterIPs[{i}]", "cluster") if ip != single
                 else single_family for i, ip in enumerate(ips)]
@@ -85,17 +89,30 @@ def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
     if single and ips and ips[0] != single:
         c.err("spec.clusterIPs[0]", "invalid_value", f"{shown(ips[0])} must be the same as "
               f"spec.clusterIP {shown(single)}")
-    if stype != "ExternalName":
-        _ip_families(c, spec, families or [single_family])
+    _ip_families(c, spec, families or [single_family], len(values))
     return False
 
 
-def _ip_families(c: Checker, spec: dict[str, Any], families: list[int]) -> None:
+def _external_name_ips(c: Checker, spec: dict[str, Any]) -> None:
+    """ValidateService's ExternalName case: no clusterIP(s) (normalizeClusterIPs copies
+    clusterIP into clusterIPs first), no ipFamilies, no ipFamilyPolicy."""
+    c.string(spec.get("clusterIP"), "spec.clusterIP")
+    if spec.get("clusterIP") or c.items(spec.get("clusterIPs"), "spec.clusterIPs"):
+        c.err("spec.clusterIPs", "forbidden", "may not be set for ExternalName services")
+    if c.items(spec.get("ipFamilies"), "spec.ipFamilies"):
+        c.err("spec.ipFamilies", "forbidden", "may not be set for ExternalName services")
+    if spec.get("ipFamilyPolicy") is not None:
+        c.err("spec.ipFamilyPolicy", "forbidden", "may not be set for ExternalName services")
+
+
+def _ip_families(c: Checker, spec: dict[str, Any], families: list[int], ips: int) -> None:
     """ipFamilies (IPv4, IPv6, no repeat), each the family of the cluster IP at its index
     in ``families`` (0: none to match), and ipFamilyPolicy (svcproxy reads neither: a
-    cluster IP's family is its own)."""
+    cluster IP's family is its own), SingleStack holding one of ``ips`` cluster IPs and
+    one family (registry/core/service/storage/alloc.go, initIPFamilyFields)."""
     seen: set[str] = set()
-    for i, name in enumerate(c.items(spec.get("ipFamilies"), "spec.ipFamilies")):
+    names = c.items(spec.get("ipFamilies"), "spec.ipFamilies")
+    for i, name in enumerate(names):
         where = f"spec.ipFamilies[{i}]"
         if name not in IP_FAMILIES:
             c.err(where, "invalid_value", f"{shown(name)} is not one of IPv4, IPv6")
@@ -106,7 +123,10 @@ def _ip_families(c: Checker, spec: dict[str, Any], families: list[int]) -> None:
             c.err(f"spec.clusterIPs[{i}]", "ip_family", f"is not an {name} address as "
                   f"spec.ipFamilies[{i}] says")
         seen.add(name)
-    c.enum(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy", IP_FAMILY_POLICIES)
+    policy = c.enum(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy", IP_FAMILY_POLICIES)
+    if policy == "SingleStack" and (ips == 2 or len(names) == 2):
+        c.err("spec.ipFamilyPolicy", "invalid_value", "must be RequireDualStack or "
+              "PreferDualStack when two cluster IPs or IP families are given")
 
 
 def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool) -> None:
@@ -184,3 +204,47 @@ def _lb_status(c: Checker, status: Any) -> None:
         if ing.get("ip") not in (None, ""):
             c.ip(ing.get("ip"), f"{where}.ip")
             c.enum(ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
+
+
+def _external_traffic(c: Checker, spec: dict[str, Any], stype: str) -> None:
+    """validateServiceExternalTrafficPolicy: externalTrafficPolicy only on a service
+    reachable from outside (apiservice.ExternallyAccessible: NodePort, LoadBalancer, or
+    ClusterIP with externalIPs; unset there is Cluster, SetDefaults_Service), and
+    healthCheckNodePort (IsValidPortNum; 0 none) only with type LoadBalancer and policy
+    Local (apiservice.NeedsHealthCheck); unset there the allocator picks one."""
+    policy = c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
+    external = stype in ("NodePort", "LoadBalancer") or (
+        stype == "ClusterIP" and bool(spec.get("externalIPs")))
+    if spec.get("externalTrafficPolicy") not in (None, "") and not external:
+        c.err("spec.externalTrafficPolicy", "invalid_value", "may only be set for "
+              "externally-accessible services (NodePort, LoadBalancer, externalIPs)")
+    hc = c.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", allow_zero=True)
+    if hc and not (stype == "LoadBalancer" and policy == "Local"):
+        c.err("spec.healthCheckNodePort", "invalid_value", "may only be set when type is "
+              "LoadBalancer and externalTrafficPolicy is Local")
+
+
+def _source_ranges(c: Checker, spec: dict[str, Any], stype: str) -> None:
+    """ValidateService: loadBalancerSourceRanges only with type LoadBalancer, each a CIDR
+    once spaces are trimmed (service.GetLoadBalancerSourceRanges: ParseCIDRSloppy). The
+    annotation of the same name is not read, so not checked."""
+    ranges = c.items(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    if ranges and stype != "LoadBalancer":
+        c.err("spec.loadBalancerSourceRanges", "forbidden", "may only be used when type "
+              "is LoadBalancer")
+    for i, cidr in enumerate(ranges):
+        check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
+
+
+def _topology_annotations(c: Checker, obj: dict[str, Any]) -> None:
+    """ValidateService: service.kubernetes.io/topology-mode must equal the deprecated
+    topology-aware-hints annotation when both are set."""
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict):
+        return
+    mode = annotations.get(TOPOLOGY_MODE)
+    hints = annotations.get(TOPOLOGY_HINTS)
+    if mode is not None and hints is not None and mode != hints:
+        c.err(f"metadata.annotations.{TOPOLOGY_MODE}", "invalid_value",
+              f"{shown(mode)} must match annotations[{TOPOLOGY_HINTS}] when both are set")

@@ -88,11 +88,14 @@ class _Refused(Exception):
 
 def _graph_problem(root: yaml.Node, limits: ManifestLimits) -> Problem | None:
     """Why a document must not be built (its aliases expand too much, it nests too deep
-    or it refers to itself), found before anything is built from it; None if it may."""
+    or it refers to itself), found before anything is built from it; None if it may.
+    A loop over a stack of open nodes, so any depth the limit allows is walked."""
     expanded: dict[int, int] = {}
     active: set[int] = set()
+    stack: list[list[Any]] = []  # [node, depth, its parts left, nodes so far]
 
-    def walk(node: yaml.Node, depth: int) -> int:
+    def enter(node: yaml.Node, depth: int) -> int | None:
+        """The expanded size of ``node`` when known now, else None (pushed to walk)."""
         if depth > limits.max_depth:
             raise _Refused(Problem("", "too_deep", f"nested deeper than {limits.max_depth} "
                                    "levels (--max-object-depth)"))
@@ -102,23 +105,38 @@ def _graph_problem(root: yaml.Node, limits: ManifestLimits) -> Problem | None:
         if id(node) in active:
             raise _Refused(Problem("", "malformed", "a YAML alias refers to the node that "
                                    "holds it"))
-        count = 1
-        if isinstance(node, yaml.SequenceNode | yaml.MappingNode):
-            active.add(id(node))
-            for child in node.value:
-                for part in child if isinstance(child, tuple) else (child,):
-                    count += walk(part, depth + 1)
-                    if count - len(expanded) > limits.max_alias_expansion:
-                        raise _Refused(Problem(
-                            "", "too_large", "YAML aliases expand it by more than "
-                            f"{limits.max_alias_expansion} nodes (--manifest-max-alias-"
-                            "expansion); write the objects out instead"))
-            active.discard(id(node))
-        expanded[id(node)] = count
-        return count
+        if not isinstance(node, yaml.SequenceNode | yaml.MappingNode):
+            expanded[id(node)] = 1
+            return 1
+        active.add(id(node))
+        parts = itertools.chain.from_iterable(
+            child if isinstance(child, tuple) else (child,) for child in node.value)
+        stack.append([node, depth, parts, 1])
+        return None
+
+    def add(frame: list[Any], count: int) -> None:
+        frame[3] += count
+        if frame[3] - len(expanded) > limits.max_alias_expansion:
+            raise _Refused(Problem(
+                "", "too_large", "YAML aliases expand it by more than "
+                f"{limits.max_alias_expansion} nodes (--manifest-max-alias-"
+                "expansion); write the objects out instead"))
 
     try:
-        walk(root, 0)
+        enter(root, 0)
+        while stack:
+            frame = stack[-1]
+            part = next(frame[2], None)
+            if part is None:
+                stack.pop()
+                active.discard(id(frame[0]))
+                expanded[id(frame[0])] = frame[3]
+                if stack:
+                    add(stack[-1], frame[3])
+                continue
+            count = enter(part, frame[1] + 1)
+            if count is not None:
+                add(frame, count)
     except _Refused as refused:
         return refused.problem
     return None

@@ -137,6 +137,8 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
             spec.ipFamilyPolicy not in _FAMILY_POLICIES or \
             spec.healthCheckNodePort is not None and not 0 <= spec.healthCheckNodePort <= 65535:
         return None
+    if _cross_field(spec, stype, meta.annotations):  # the general path says why
+        return None
     cluster_ips = _cluster_ips(spec, stype)
     if cluster_ips is None:
         return None
@@ -164,6 +166,20 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
         options=tuple(sorted((k, v) for k, v in annotations.items()
                              if k.startswith(OPTION_PREFIX))) if annotations else (),
         created=parse_time(meta.creationTimestamp))
+
+
+def _cross_field(spec: _Spec, stype: str, annotations: dict[str, str] | None) -> bool:
+    """Whether one of ValidateService's cross-field rules (kube_services) may refuse it:
+    externalTrafficPolicy where not reachable from outside, healthCheckNodePort without
+    LoadBalancer and Local, clusterIPs without clusterIP, the two topology annotations
+    disagreeing."""
+    external = stype != "ClusterIP" or bool(spec.externalIPs)
+    notes = annotations or {}
+    return bool(spec.externalTrafficPolicy and not external
+                or spec.healthCheckNodePort and not (
+                    stype == "LoadBalancer" and spec.externalTrafficPolicy == "Local")
+                or spec.clusterIPs and not spec.clusterIP
+                or len({notes[a] for a in TOPOLOGY_ANNOTATIONS if a in notes}) > 1)
 
 
 def _cluster_ips(spec: _Spec, stype: str) -> tuple[str, ...] | None:

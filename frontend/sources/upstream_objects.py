@@ -35,6 +35,7 @@ def service_object(records: list[ServicePortState]) -> Obj:
     svc = records[0].service
     spec: Obj = {
         "type": str(svc.type), "clusterIPs": list(svc.cluster_ips),
+        "clusterIP": svc.cluster_ips[0] if svc.cluster_ips else None,
         "ports": [{"name": r.key.port_name, "protocol": str(r.key.protocol),
                    "port": r.service.port, "nodePort": r.service.node_port or None}
                   for r in records],

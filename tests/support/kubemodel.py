@@ -198,7 +198,19 @@ def service_causes(obj: dict[str, Any]) -> Causes:
            for i, v in enumerate(c.array(spec.get("clusterIPs"), "spec.clusterIPs"))]
     if ips and cluster_ip and ips[0] != cluster_ip:
         c.add("spec.clusterIPs[0]", "must match clusterIP")
-    ips = ips or ([cluster_ip] if cluster_ip else [])
+    if ips and not cluster_ip and stype != "ExternalName":
+        c.add("spec.clusterIPs", "must be empty when clusterIP is not specified")
+    ips = ips or ([cluster_ip] if cluster_ip else [])  # strategy's normalizeClusterIPs
+    families_given = c.array(spec.get("ipFamilies"), "spec.ipFamilies")
+    policy = c.string(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy")
+    if stype == "ExternalName":
+        for key, given in (("clusterIPs", ips), ("ipFamilies", families_given),
+                           ("ipFamilyPolicy", policy is not None)):
+            if given:
+                c.add(f"spec.{key}", "may not be set for ExternalName services")
+        ips = []
+    elif policy == "SingleStack" and (len(ips) == 2 or len(families_given) == 2):
+        c.add("spec.ipFamilyPolicy", "must be dual-stack for two IPs or families (alloc.go)")
     headless = bool(ips) and ips[0] == "None"
     if len(ips) > 2:
         c.add("spec.clusterIPs", "at most two")
@@ -280,6 +292,25 @@ def service_causes(obj: dict[str, Any]) -> Causes:
         value = c.string(spec.get(key), f"spec.{key}")
         if value and value not in ("Cluster", "Local"):
             c.add(f"spec.{key}", "not supported")
+    # validateServiceExternalTrafficPolicy, after SetDefaults_Service (Cluster where
+    # ExternallyAccessible) and the allocator (a health check port where needed).
+    etp = c.string(spec.get("externalTrafficPolicy"), "etp") or ""
+    reachable = stype in ("NodePort", "LoadBalancer") or (
+        stype == "ClusterIP" and bool(spec.get("externalIPs")))
+    if etp and not reachable:
+        c.add("spec.externalTrafficPolicy", "may only be set for externally-accessible services")
+    hc = c.int32(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort") or 0
+    if hc and not (stype == "LoadBalancer" and etp == "Local"):
+        c.add("spec.healthCheckNodePort", "only for LoadBalancer with Local")
+    elif hc and not is_valid_port_num(hc):
+        c.add("spec.healthCheckNodePort", "not a port number")
+    if spec.get("loadBalancerSourceRanges") and stype != "LoadBalancer":
+        c.add("spec.loadBalancerSourceRanges", "may only be used when type is LoadBalancer")
+    notes = c.obj(c.obj(obj.get("metadata"), "metadata").get("annotations"), "annotations")
+    mode = notes.get("service.kubernetes.io/topology-mode")
+    hints = notes.get("service.kubernetes.io/topology-aware-hints")
+    if mode is not None and hints is not None and mode != hints:
+        c.add("metadata.annotations", "topology-mode must match topology-aware-hints")
     for i, raw in enumerate(c.array(spec.get("loadBalancerSourceRanges"), "ranges")):
         for part in (c.string(raw, f"spec.loadBalancerSourceRanges[{i}]") or "").split(","):
             if part.strip() and not parse_cidr(part.strip()):

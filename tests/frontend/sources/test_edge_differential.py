@@ -108,6 +108,35 @@ SERVICE_MUTATIONS = st.one_of(
         st.sampled_from([None, 0, 1, 86400, 86401, -1])),
     st.builds(at, st.sampled_from(["spec.internalTrafficPolicy", "spec.externalTrafficPolicy"]),
               st.sampled_from([None, "", "Cluster", "Local", "local"])),
+    # ValidateService's cross-field rules: by type, externalTrafficPolicy (externally
+    # reachable only), healthCheckNodePort (LoadBalancer + Local only),
+    # loadBalancerSourceRanges (LoadBalancer only), with or without externalIPs.
+    st.builds(lambda stype, etp, hc, ranges, ips: _compose(
+        at("spec.type", stype), at("spec.externalTrafficPolicy", etp),
+        at("spec.healthCheckNodePort", hc), at("spec.loadBalancerSourceRanges", ranges),
+        at("spec.externalIPs", ips)),
+        st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]),
+        st.sampled_from([None, "Cluster", "Local"]), st.sampled_from([None, 0, 30100]),
+        st.sampled_from([None, [], ["10.0.0.0/8"]]), st.sampled_from([None, ["192.0.2.7"]])),
+    # ExternalName: no cluster IPs, families or family policy.
+    st.builds(lambda ip, families, policy: _compose(
+        at("spec.type", "ExternalName"), at("spec.externalName", "db.example.com"),
+        at("spec.clusterIP", ip), at("spec.clusterIPs", [ip] if ip else None),
+        at("spec.ipFamilies", families), at("spec.ipFamilyPolicy", policy)),
+        st.sampled_from([None, "", "10.96.0.10", "None"]),
+        st.sampled_from([None, [], ["IPv4"]]), st.sampled_from([None, "SingleStack"])),
+    # ipFamilyPolicy against the cluster IPs and families given; clusterIPs alone.
+    st.builds(lambda ips, families, policy: _compose(
+        at("spec.clusterIPs", ips), at("spec.ipFamilies", families),
+        at("spec.ipFamilyPolicy", policy)),
+        st.sampled_from([["10.96.0.10"], ["10.96.0.10", "fd00:10:96::a"]]),
+        st.sampled_from([None, ["IPv4"], ["IPv4", "IPv6"]]),
+        st.sampled_from([None, "SingleStack", "PreferDualStack", "RequireDualStack"])),
+    st.just(at("spec.clusterIP", None)),  # clusterIPs without clusterIP
+    st.builds(lambda mode, hints: at("metadata.annotations", {
+        k: v for k, v in (("service.kubernetes.io/topology-mode", mode),
+                          ("service.kubernetes.io/topology-aware-hints", hints)) if v}),
+        st.sampled_from([None, "Auto", "auto"]), st.sampled_from([None, "Auto", "Disabled"])),
 )
 NODE_MUTATIONS = st.one_of(
     st.builds(at, st.just("metadata.name"), TEXT),
@@ -226,8 +255,39 @@ def test_slices_the_model_stores_are_served_and_those_it_refuses_refused_alone(
     check("EndpointSlice", obj)
 
 
+# One example per cross-field rule of ValidateService (and the allocator's family
+# policy), refused by the model, and what each rule allows, stored: checked at every
+# run, whatever hypothesis draws.
+CROSS_FIELD = [
+    [_compose(at("spec.externalIPs", ["192.0.2.7"]), at("spec.externalTrafficPolicy", "Local"))],
+    [_compose(at("spec.type", "LoadBalancer"), at("spec.externalTrafficPolicy", "Local"),
+              at("spec.healthCheckNodePort", 30100),
+              at("spec.loadBalancerSourceRanges", ["10.0.0.0/8"]))],
+    [_compose(at("spec.type", "ExternalName"), at("spec.externalName", "db.example.com"),
+              at("spec.clusterIP", None), at("spec.clusterIPs", None))],
+    [at("spec.externalTrafficPolicy", "Cluster")],  # a ClusterIP without externalIPs
+    [at("spec.healthCheckNodePort", 30100)],  # not LoadBalancer + Local
+    [at("spec.loadBalancerSourceRanges", ["10.0.0.0/8"])],  # not LoadBalancer
+    [at("spec.clusterIP", None)],  # clusterIPs without clusterIP
+    [_compose(at("spec.clusterIPs", ["10.96.0.10", "fd00:10:96::a"]),
+              at("spec.ipFamilyPolicy", "SingleStack"))],
+    [_compose(at("spec.type", "ExternalName"), at("spec.externalName", "db.example.com"))],
+    [at("metadata.annotations", {"service.kubernetes.io/topology-mode": "Auto",
+                                 "service.kubernetes.io/topology-aware-hints": "auto"})],
+]
+
+
+def _with_examples(cases: list[list[Mutation]]) -> Callable[[Any], Any]:
+    def wrap(test: Any) -> Any:
+        for case in reversed(cases):
+            test = example(case)(test)
+        return test
+    return wrap
+
+
 @COMMON
 @given(st.lists(SERVICE_MUTATIONS, min_size=1, max_size=3))
+@_with_examples(CROSS_FIELD)
 def test_services_the_model_stores_are_served_and_those_it_refuses_refused_alone(
         mutations: list[Mutation]) -> None:
     obj = service()

@@ -124,13 +124,24 @@ REFUSED_SERVICES = [
     ("metadata.annotations", {"svcproxy.io/x": "é" * 140_000}, "too_large"),
     ("status.loadBalancer.ingress", [{"ip": "nope"}], "invalid_ip"),
     ("status.loadBalancer.ingress", [{"ip": "192.0.2.1", "ipMode": "Tunnel"}], "invalid_value"),
+    # ValidateService's cross-field rules (the base service is a ClusterIP one)
+    ("spec.externalTrafficPolicy", "Cluster", "invalid_value"),
+    ("spec.healthCheckNodePort", 30100, "invalid_value"),
+    ("spec.clusterIP", None, "invalid_value"),  # clusterIPs without clusterIP
+    ("spec.ipFamilies", ["IPv4", "IPv6"], "invalid_value"),  # SingleStack below
+    ("metadata.annotations", {"service.kubernetes.io/topology-mode": "Auto",
+                              "service.kubernetes.io/topology-aware-hints": "Disabled"},
+     "invalid_value"),
 ]
 
 
 @pytest.mark.parametrize("path,value,reason", REFUSED_SERVICES,
                          ids=[f"{p}={v!r:.30}" for p, v, _ in REFUSED_SERVICES])
 def test_services_kubernetes_refuses_are_refused(path: str, value: Any, reason: str) -> None:
-    verdict = validate_service(set_path(service(), path, value))
+    # loadBalancerSourceRanges: on a LoadBalancer, the one type that may carry them
+    base = service(type="LoadBalancer") if "SourceRanges" in path else \
+        service(ipFamilyPolicy="SingleStack") if path == "spec.ipFamilies" else service()
+    verdict = validate_service(set_path(base, path, value))
     assert not verdict.ok
     assert verdict.errors[0].reason == reason, verdict.summary()
     assert verdict.errors[0].field and verdict.summary()

@@ -391,7 +391,8 @@ def _typed_service_and_general(data: bytes, limits: ObjectLimits) -> Service | N
 
 @pytest.mark.parametrize("obj", [TYPED_SERVICE, PLAIN_SERVICE, dict(
     PLAIN_SERVICE, spec={"clusterIP": "None", "clusterIPs": ["None"]}), dict(
-    PLAIN_SERVICE, spec={"clusterIPs": ["10.0.0.1"], "ports": [{"port": 1, "targetPort": 0}],
+    PLAIN_SERVICE, spec={"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"],
+                         "ports": [{"port": 1, "targetPort": 0}],
                          "sessionAffinity": "ClientIP", "type": "NodePort"}, status=None)])
 def test_a_listed_service_of_the_common_shape_takes_the_typed_path(obj: Any) -> None:
     assert _typed_service_and_general(json.dumps(obj).encode(), ObjectLimits()) is not None
