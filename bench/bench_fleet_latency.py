@@ -212,8 +212,16 @@ def histogram(port: int) -> tuple[float, float, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # CLK_TCK
+    """CPU seconds of process ``pid`` and its children (the stream workers)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            total += (int(fields[11]) + int(fields[12])) / 100  # CLK_TCK
+    return total
 
 
 def pct(values: list[float], p: float) -> float:
@@ -231,6 +239,8 @@ def main() -> int:
     parser.add_argument("--quiet", type=float, default=10.0,
                         help="seconds with every node connected and nothing changing, "
                         "for the frontend's idle CPU per node (default %(default)s)")
+    parser.add_argument("--stream-workers", type=int, default=1,
+                        help="the frontend's --stream-workers (default %(default)s)")
     parser.add_argument("--light", action="store_true",
                         help="simulated nodes as asyncio streams, not SDK clients")
     args = parser.parse_args()
@@ -244,7 +254,8 @@ def main() -> int:
         [sys.executable, "-m", "svcproxy.cli", "frontend", "--manifests", str(manifests),
          "--listen", api, "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
          "--unary-qps-per-peer", "0", "--max-streams-per-peer", str(args.nodes + 100),
-         "--max-streams", str(args.nodes + 100)], stderr=subprocess.DEVNULL)
+         "--max-streams", str(args.nodes + 100), "--stream-workers", str(args.stream_workers)],
+        stderr=subprocess.DEVNULL)
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
     names = [f"sim-{i:04}" for i in range(args.nodes)]
