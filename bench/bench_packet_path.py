@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from svcproxy.backends.ebpf.packet_backend import PacketBackend  # noqa: E402
-from svcproxy.backends.ebpf.packet_loader import PacketLayout  # noqa: E402
+from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout  # noqa: E402
 from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.model import (  # noqa: E402
@@ -115,9 +115,9 @@ def measure(lab: Lab, connects: int, datagrams: int) -> tuple[float, float, floa
     return connects / elapsed, lat[len(lat) // 2], lat[int(len(lat) * 0.99)], udp
 
 
-def make(name: str, config: NodeConfig, fs: Path, lab: Lab) -> Backend:
+def make(name: str, config: NodeConfig, fs: Path, lab: Lab, obj: Path) -> Backend:
     if name in ("tc", "xdp"):
-        return PacketBackend(config, PacketLayout(fs / "pins", ("eth0",),
+        return PacketBackend(config, PacketLayout(fs / "pins", ("eth0",), object_path=obj,
                                                   xdp="generic" if name == "xdp" else "off"))
     return NftBackend(config, NftRunner(("ip", "netns", "exec", lab.ns("node1"))),
                       families=(4,))
@@ -135,6 +135,8 @@ def main() -> None:
     parser.add_argument("--datagrams", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--dataplanes", default="tc,xdp,nft")
+    parser.add_argument("--object", type=Path, default=OBJECT,
+                        help="the tc/XDP object to load (default: the built one)")
     args = parser.parse_args()
     names = args.dataplanes.split(",")
     lab = Lab(spec=SPEC)
@@ -157,7 +159,7 @@ def main() -> None:
             for round_ in range(args.rounds):
                 # Rotate which goes first, so load drift hits all alike.
                 for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                    backend = make(name, config, fs, lab)
+                    backend = make(name, config, fs, lab, args.object)
                     t0 = time.perf_counter()
                     run(lab, backend, state)
                     loaded = time.perf_counter() - t0

@@ -73,6 +73,7 @@ struct dsr_scratch {
 	__u32 oif;
 	__u32 inner;
 	long rc;
+	__u64 now;
 };
 
 struct {
@@ -103,8 +104,11 @@ static __always_inline __u16 ip4_check(struct iphdr *ip)
 	return fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
 }
 
-/* Before a DSR flow's packet is DNATed: remember the service the client addressed. */
-static __always_inline void dsr_remember(const struct pkt *p)
+/* Before a DSR flow's packet is DNATed: remember the service the client addressed. The
+ * answers never pass this node, so its forward entry (``found``, none for a new flow)
+ * counts as answered from the client's second packet on (TCP: anything but a bare SYN):
+ * the client keeps talking, it got them; its lifetime is then an answered flow's. */
+static __always_inline void dsr_remember(const struct pkt *p, struct ct_val *found)
 {
 	__u32 zero = 0;
 	struct dsr_scratch *x = bpf_map_lookup_elem(&spp_dsr_scratch, &zero);
@@ -113,6 +117,9 @@ static __always_inline void dsr_remember(const struct pkt *p)
 		copy_addr(x->svc, p->daddr);
 		x->svc_port = p->dport;
 	}
+	if (found && !(found->state & CTS_REPLIED) &&
+	    (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN))
+		found->state |= CTS_REPLIED;
 }
 
 /* The (DNATed) packet of a flow in DSR: wrapped in Geneve to the node the route to its
@@ -207,6 +214,38 @@ static __noinline int dsr_forward(struct __sk_buff *skb, const struct pkt *p)
 	return bpf_redirect_neigh(x->oif, &x->nh, sizeof(x->nh), 0);
 }
 
+/* The flow's forward entry on the endpoint's node (client -> service, rewritten to the
+ * endpoint: what a packet to the service here would get anyway), so that it has a state
+ * and lifetimes like any flow: the client's packets (``l4``: where the inner L4 header
+ * starts after the outer headers) and the endpoint's answers (ct_reply_seen in
+ * spp_egress) keep it, and the GC judges the reply entry by it. */
+static __always_inline void dsr_track(struct __sk_buff *skb, struct dsr_scratch *x, __u32 l4)
+{
+	struct pkt *in = &x->in;
+	struct ct_val *fv;
+
+	if (in->proto == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN + l4 + 13, &in->tcp_flags, 1))
+		return;
+	in->sport = x->ports[0];
+	in->dport = x->ports[1];
+	__builtin_memset(&x->rk, 0, sizeof(x->rk));
+	ct_tuple(&x->rk, in->saddr, x->g.addr, in->sport, x->g.port, in, CT_FORWARD);
+	fv = bpf_map_lookup_elem(&spp_ct, &x->rk);
+	if (fv) {
+		ct_seen(fv, in, 0, x->now);
+		return;
+	}
+	__builtin_memset(&x->rv, 0, sizeof(x->rv));
+	copy_addr(x->rv.saddr, in->saddr);
+	x->rv.sport = in->sport;
+	copy_addr(x->rv.daddr, in->daddr);
+	x->rv.dport = in->dport;
+	x->rv.last_ns = x->now;
+	ct_seen(&x->rv, in, 0, x->now);
+	bpf_map_update_elem(&spp_ct, &x->rk, &x->rv, BPF_ANY);
+}
+
 /* A Geneve packet carrying our option: remember the service for the reply, take the
  * outer headers off and let the stack deliver the client's packet. The verdict, or -1
  * for any other packet. */
@@ -281,8 +320,10 @@ static __noinline int dsr_decap(struct __sk_buff *skb)
 	x->rv.sport = g->port;
 	copy_addr(x->rv.daddr, in->saddr);
 	x->rv.dport = x->ports[0];
-	x->rv.last_ns = bpf_ktime_get_ns();
+	x->now = bpf_ktime_get_ns();
+	x->rv.last_ns = x->now;
 	bpf_map_update_elem(&spp_ct, &x->rk, &x->rv, BPF_ANY);
+	dsr_track(skb, x, outer + l3);
 	if (bpf_skb_adjust_room(skb, -(__s32)outer, BPF_ADJ_ROOM_MAC, 0))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;

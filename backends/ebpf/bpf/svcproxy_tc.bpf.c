@@ -966,7 +966,7 @@ int spp_ingress(struct __sk_buff *skb)
 			return verdict;
 	}
 	if (fv.flags & CT_DSR)
-		dsr_remember(&p);
+		dsr_remember(&p, found);
 	rewrite(skb, &p, &fv);
 	if (fv.flags & CT_DSR)
 		return dsr_forward(skb, &p);

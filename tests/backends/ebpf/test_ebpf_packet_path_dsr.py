@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from svcproxy.backends.ebpf.ct_gc import gc_pass
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
+from svcproxy.backends.ebpf.packet_layout import MAP_CT
 from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
 from svcproxy.model import (
     Endpoint,
@@ -176,6 +178,56 @@ def test_replies_skip_the_ingress_node(world: World) -> None:
     flows = [line for line in packet_dump_lines(world.bpffs / "node1", samples=1000)
              if line.startswith("flow 17") and ":30250 " in line]
     assert flows and not any(" via " in line for line in flows), flows  # not SNATed
+
+
+def _flow_entries(backend: PacketBackend, client_port: int) -> dict[bytes, bytes]:
+    """The spp_ct entries of the flow from the client's ``client_port``."""
+    assert backend.programs is not None
+    port = client_port.to_bytes(2, "big")
+    return {k: v for k, v in backend.programs.maps[MAP_CT].read_all().items()
+            if port in (k[32:34], k[34:36])}
+
+
+def _age(backend: PacketBackend, entries: dict[bytes, bytes], seconds: int) -> None:
+    """Make each entry look ``seconds`` older (its last packet's time moved back)."""
+    assert backend.programs is not None
+    for key, value in entries.items():
+        last = int.from_bytes(value[48:56], "little") - seconds * 1_000_000_000
+        backend.programs.maps[MAP_CT].update(key, value[:48] + last.to_bytes(8, "little"))
+
+
+def test_an_answered_flow_lives_as_one_on_both_nodes(world: World) -> None:
+    """Neither node sees both directions of a DSR flow, yet it is an answered flow on
+    each (UDP: 120 s, not 30): idle 60 s, a GC pass on both nodes keeps it, and its
+    next datagram reaches the same pod."""
+    world.add("dsr-idle", 30290, ["pod-c", "pod-d"], "UDP")
+
+    def talk() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(2)
+        s.bind((CLIENT.ipv4, 47123))
+        s.connect((NODE1.ipv4, 30290))
+        return s
+
+    sock = call_in(world.lab.ns(CLIENT.name), talk)
+    try:
+        answers = [_ask(sock) for _ in range(3)]
+        assert len(set(answers)) == 1, answers
+        for node, backend in world.backends.items():
+            entries = _flow_entries(backend, 47123)
+            assert entries, node
+            _age(backend, entries, 60)
+            assert backend.programs is not None
+            gc_pass(backend.programs.maps[MAP_CT], backend.layout.ct_timeouts)
+            assert _flow_entries(backend, 47123).keys() == entries.keys(), node
+        assert _ask(sock) == answers[0]
+    finally:
+        sock.close()
+
+
+def _ask(sock: socket.socket) -> str:
+    sock.send(b"ping\n")
+    return sock.recv(256).decode().split()[0]
 
 
 def test_a_client_behind_the_node_is_snated_as_without_dsr(world: World) -> None:
