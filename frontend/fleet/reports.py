@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from svcproxy.convert import key_from_pb
 from svcproxy.frontend.admission.refusals import Refused
+from svcproxy.frontend.admission.validation import check_node_name, invalid
 from svcproxy.frontend.fleet.model import Report
-from svcproxy.frontend.serving.validation import check_node_name, invalid
 from svcproxy.v1 import nodestate_pb2 as pb
 
 METHOD = "Report"

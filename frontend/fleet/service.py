@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from svcproxy.convert import key_to_pb
 from svcproxy.frontend.admission.refusals import Refused
+from svcproxy.frontend.admission.validation import check_filters, check_node_name, invalid
 from svcproxy.frontend.fleet import metrics
 from svcproxy.frontend.fleet.conditions import (
     ViewLike,
@@ -33,7 +34,6 @@ from svcproxy.frontend.fleet.reports import MAX_NODES, ReportRates, check_report
 from svcproxy.frontend.fleet.waits import DEFAULT_LOST_AFTER, Progress, Wait
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
-from svcproxy.frontend.serving.validation import check_filters, check_node_name, invalid
 from svcproxy.model import ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb
 

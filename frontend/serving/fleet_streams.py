@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from svcproxy.frontend.admission.refusals import Refused
+from svcproxy.frontend.admission.validation import Malformed, invalid, parse
 from svcproxy.frontend.serving.pipe import Message
-from svcproxy.frontend.serving.validation import Malformed, invalid, parse
 from svcproxy.v1 import nodestate_pb2 as pb
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Closing the TCP connections of streams the frontend ended for not reading.
+"""Closing the connections of streams the frontend ended for not reading.
 
 grpc.aio gives a server no way to cancel one call at the HTTP/2 level (no RST_STREAM):
 a stream's status (``context.abort``, ``set_code``, or the handler cancelled) goes out
@@ -9,10 +9,13 @@ frontend shuts down its own socket of the stream's TCP connection, gRPC core the
 fails every call on it, the client sees UNAVAILABLE at once and reconnects (the SDK
 resumes from its revision), and the ended calls finish, which frees their slots.
 
-A peer is found by the remote address of the sockets this process holds
+A TCP peer is found by the remote address of the sockets this process holds
 (``/proc/self/fd``), each looked at through a duplicate of its descriptor, so the
 socket shut down is the one matched even if gRPC closes that descriptor meanwhile.
-Unix socket clients have no address to tell them apart: they are not closed.
+Unix socket clients have no address to tell them apart (gRPC names each "unix:", and
+says nothing of the connection a call came on): when one of their streams is ended,
+every connection accepted on the frontend's unix sockets is closed (``UNIX``), and
+each of those clients reconnects and resumes (the SDK does it from its revision).
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from collections.abc import Collection
 log = logging.getLogger(__name__)
 
 Remote = tuple[str, int]
+UNIX: Remote = ("unix:", 0)  # every client of the frontend's unix sockets
 
 
 def remote_of(peer: str) -> Remote | None:
     """The TCP remote end of ``context.peer()`` ("ipv4:10.0.0.1:4242" -> ("10.0.0.1",
-    4242)); None for a unix socket client or anything else."""
+    4242)); ``UNIX`` for a unix socket client; None for anything else."""
     kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return UNIX
     if kind not in ("ipv4", "ipv6"):
         return None
     host, _, port = rest.rpartition(":")
@@ -50,8 +56,10 @@ def _normal(host: str) -> str:
 
 
 def close_connections(remotes: Collection[Remote]) -> int:
-    """Shut down every TCP socket of this process whose remote end is in ``remotes``;
-    how many were."""
+    """Shut down every TCP socket of this process whose remote end is in ``remotes``
+    (and, with ``UNIX`` among them, every unix stream socket accepted on a named
+    socket: the frontend's clients); how many were."""
+    unix = UNIX in remotes
     closed = 0
     fds = "/proc/self/fd"
     for name in os.listdir(fds):
@@ -62,14 +70,25 @@ def close_connections(remotes: Collection[Remote]) -> int:
         except OSError:
             continue
         try:
-            if (sock.type == socket.SOCK_STREAM
-                    and sock.family in (socket.AF_INET, socket.AF_INET6)):
+            if sock.type != socket.SOCK_STREAM:
+                continue
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
                 host, port = sock.getpeername()[:2]
                 if (_normal(host), port) in remotes:
                     sock.shutdown(socket.SHUT_RDWR)
                     closed += 1
+            elif unix and sock.family == socket.AF_UNIX and _accepted(sock):
+                sock.shutdown(socket.SHUT_RDWR)
+                closed += 1
         except OSError:
             pass  # not connected (a listening socket), or already gone
         finally:
             sock.close()  # the duplicate only
     return closed
+
+
+def _accepted(sock: socket.socket) -> bool:
+    """Whether a unix socket is a connection a listening named socket accepted (its
+    own name is the listener's; a client's socket has none, a listener accepts)."""
+    return bool(sock.getsockname()) and not sock.getsockopt(socket.SOL_SOCKET,
+                                                             socket.SO_ACCEPTCONN)

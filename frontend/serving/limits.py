@@ -11,7 +11,7 @@ a message its client does not read:
 - ``StallWatch`` ends a stream whose write has not completed for ``write_timeout``
   seconds with UNAVAILABLE: the client is told to resume from its revision. gRPC
   cannot send that status past the message the client does not read, so
-  HANG_UP_GRACE seconds later the stream's TCP connection is closed (hangup.py): the
+  HANG_UP_GRACE seconds later the stream's connection is closed (hangup.py): the
   client sees UNAVAILABLE at once and the call, and so its slot, is finished.
 - ``AnswerBudget`` bounds the bytes of unary answers (a GetNodeState page is up to
   3 MiB) that gRPC holds until their clients read them, per peer and in all; beyond it a
@@ -46,7 +46,8 @@ STALLED = counter("svcproxy_frontend_watch_stalled_total",
                   "Watch streams ended because their client read nothing for "
                   "--stream-write-timeout seconds, stream workers' included.")
 HUNG_UP = counter("svcproxy_frontend_watch_connections_closed_total",
-                  "TCP connections closed because a Watch stream on them was ended for "
+                  "Connections (TCP, or unix socket) closed because a Watch stream on them "
+                  "was ended for "
                   "reading nothing (--stream-write-timeout; gRPC cannot end one stream its "
                   "client does not read), stream workers' included.")
 FAILED = counter("svcproxy_frontend_watch_failed_total",
@@ -364,9 +365,10 @@ class StallWatch:
         closed = await asyncio.get_running_loop().run_in_executor(
             None, close_connections, remotes)
         HUNG_UP.inc(closed)
-        log.warning("closed %d TCP connection(s) of %d client(s) whose streams were ended "
+        log.warning("closed %d connection(s) of %d client(s) whose streams were ended "
                     "for reading nothing (--stream-write-timeout): gRPC cannot end one "
-                    "stream its client does not read; they reconnect and resume", closed,
+                    "stream its client does not read (nor tell unix socket clients apart: "
+                    "all of those are closed); they reconnect and resume", closed,
                     len(remotes))
 
 

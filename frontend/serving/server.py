@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from svcproxy.frontend.admission.refusals import INVALID, Refused
+from svcproxy.frontend.admission.validation import Malformed, check_since, invalid, parse
 from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import TooManyViews
@@ -42,7 +43,6 @@ from svcproxy.frontend.serving.oversized import RequestSizeInterceptor
 from svcproxy.frontend.serving.pages import PAGE_BYTES, NodeStatePages
 from svcproxy.frontend.serving.reflection import enable_reflection
 from svcproxy.frontend.serving.stream import Messages, WatchServicer, write_stream
-from svcproxy.frontend.serving.validation import Malformed, check_since, invalid, parse
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 import grpc
 
 from svcproxy.frontend.admission.refusals import Refused
+from svcproxy.frontend.admission.validation import check_node_name
 from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.serving.limits import (
@@ -27,7 +28,6 @@ from svcproxy.frontend.serving.limits import (
     WriteClock,
     stalled_status,
 )
-from svcproxy.frontend.serving.validation import check_node_name
 from svcproxy.v1 import nodestate_pb2 as pb
 
 Messages = Iterable[bytes] | AsyncIterator[bytes]

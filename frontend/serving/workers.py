@@ -28,6 +28,7 @@ from functools import partial
 from multiprocessing.process import BaseProcess
 
 from svcproxy.frontend.admission.refusals import Refused
+from svcproxy.frontend.admission.validation import Malformed, invalid, parse
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import WireOp
 from svcproxy.frontend.serving import shipping
@@ -35,7 +36,6 @@ from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.fleet_streams import FleetRelay
 from svcproxy.frontend.serving.pipe import Message, Pipe
 from svcproxy.frontend.serving.server import REQUESTS, NodeStateServicer, TLSFiles
-from svcproxy.frontend.serving.validation import Malformed, invalid, parse
 from svcproxy.frontend.serving.worker import WorkerConfig, worker_main
 
 log = logging.getLogger(__name__)

@@ -139,7 +139,7 @@ class NodeStateClient:
         # Fixed credentials, or ClientTLS re-read on reconnect when the files change.
         self.credentials = credentials
         self.token = token
-        # The epoch of the replica our revision came from (see frontend/serving/epoch.py).
+        # The epoch of the replica our revision came from (see frontend/admission/epoch.py).
         self.epoch: str | None = None
         self.cluster = cluster
         self.max_backoff = max_backoff

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from svcproxy.frontend.serving.epoch import EPOCH_KEY
+from svcproxy.frontend.admission.epoch import EPOCH_KEY
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk.client import NodeStateClient, server_epoch
 from svcproxy.v1 import nodestate_pb2 as pb

@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from svcproxy.frontend.admission.validation import Malformed, parse
 from svcproxy.frontend.serving.access import auth_metrics
 from svcproxy.frontend.serving.access.auth import Authenticator, Identity, Unauthenticated
 from svcproxy.frontend.serving.access.pod_waits import wait_refusal
-from svcproxy.frontend.serving.validation import Malformed, parse
 from svcproxy.v1 import nodestate_pb2 as pb
 
 log = logging.getLogger(__name__)

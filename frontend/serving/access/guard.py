@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from svcproxy.frontend.admission.epoch import EpochInterceptor, new_epoch
 from svcproxy.frontend.serving.access.auth import AuthConfig, Authenticator
 from svcproxy.frontend.serving.access.authz import AuthInterceptor
-from svcproxy.frontend.serving.epoch import EpochInterceptor, new_epoch
 
 
 @dataclass(frozen=True, slots=True)

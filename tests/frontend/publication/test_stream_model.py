@@ -39,6 +39,7 @@ from hypothesis import event as noted
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from svcproxy.convert import digest_term, node_to_pb, state_to_pb
+from svcproxy.frontend.admission.epoch import EPOCH_KEY, EpochInterceptor, new_epoch
 from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication import snapshots as snapshots_module
@@ -53,7 +54,6 @@ from svcproxy.frontend.publication.wire import (
     replace_service,
     set_node,
 )
-from svcproxy.frontend.serving.epoch import EPOCH_KEY, EpochInterceptor, new_epoch
 from svcproxy.frontend.serving.pages import NodeStatePages
 from svcproxy.frontend.serving.worker import ParentLink, SnapshotFeed
 from svcproxy.frontend.serving.workers import StreamWorkers, _Worker

@@ -17,10 +17,10 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from svcproxy.frontend.admission.refusals import Refused
+from svcproxy.frontend.admission.validation import _SUBDOMAIN, check_node_name
 from svcproxy.frontend.publication.wire import MESSAGE_BYTES
 from svcproxy.frontend.serving import limits
 from svcproxy.frontend.serving.limits import StreamLimits, peer_address
-from svcproxy.frontend.serving.validation import _SUBDOMAIN, check_node_name
 from svcproxy.frontend.sources.events import Upsert
 from svcproxy.sdk import client as sdk_client
 from svcproxy.sdk.client import NodeStateClient

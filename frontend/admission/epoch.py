@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from svcproxy.frontend.serving.validation import Malformed
+from svcproxy.frontend.admission.validation import Malformed
 from svcproxy.v1 import nodestate_pb2 as pb
 
 EPOCH_KEY = "svcproxy-epoch"
