@@ -391,3 +391,24 @@ def test_affinity_holds_across_the_services_addresses(world: World) -> None:
         for host, port in ((NODE1.ipv4, 30122), ("192.168.60.20", 80), ("10.96.7.50", 80)):
             got = summarize(probe(client, "tcp", host, port, 3))
             assert got.names == Counter({chosen: 3}), (host, port, chosen, got)
+
+
+def test_gc_metrics(world: World) -> None:
+    """The backend's GC (what its thread runs) counts passes, removed entries and flows."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    world.set(node_port("gc-metrics", 30125, ["pod-c"], proto="UDP"))
+    ct = _ct(world)
+    with _udp(world.lab.ns(CLIENT.name), 46300, 30125) as sock:
+        assert _ask(sock) == "pod-c"
+    _rewrite(ct, _forward_key(46300, 30125, socket.IPPROTO_UDP), age_s=TIMEOUTS.udp_stream + 1)
+    assert world.backend is not None and world.backend.ct_gc is not None
+    world.backend.ct_gc.run_once()
+    registry = CollectorRegistry()
+    world.backend.register_metrics(registry)
+    values = {line.split()[0]: float(line.split()[1])
+              for line in generate_latest(registry).decode().splitlines()
+              if line.startswith("svcproxy_ebpf_tc_ct_")}
+    assert values["svcproxy_ebpf_tc_ct_gc_runs_total"] >= 1, values
+    assert values["svcproxy_ebpf_tc_ct_gc_expired_entries_total"] >= 2, values
+    assert values["svcproxy_ebpf_tc_ct_flows"] == world.backend.ct_gc.last.flows, values
