@@ -261,7 +261,8 @@ def summary(samples: list[dict[str, Any]], warmup: float) -> dict[str, float]:
     return {"rss_mb_per_hour": slope([(s["t"] / 3600, s["rss"] / mb) for s in after]),
             "traced_mb_per_hour": slope([(s["t"] / 3600, s["traced"] / mb) for s in after]),
             "rss_end_over_warmup": samples[-1]["rss"] / after[0]["rss"],
-            "traced_end_over_warmup": samples[-1]["traced"] / after[0]["traced"],
+            "traced_end_over_warmup": (samples[-1]["traced"] / after[0]["traced"]
+                                       if after[0]["traced"] else 0.0),  # --no-tracemalloc
             "minutes": samples[-1]["t"] / 60}
 
 
