@@ -224,3 +224,42 @@ def test_the_default_node_service_accounts_are_those_deploy_runs_agents_as() -> 
         with pytest.raises(SystemExit, match="is not NAMESPACE:NAME"):
             _frontend_auth(build_parser().parse_args([*flags, "--node-service-accounts",
                                                       bad]), None)
+
+
+def test_the_same_rules_through_stream_workers(frontend_factory, tmp_path: Path,
+                                               api: FakeApiserver) -> None:  # type: ignore[no-untyped-def]
+    from tests.frontend.serving.test_stream_workers import own_connection, serving_pids
+
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, "frontend-token")
+    fe = frontend_factory(copy_examples(tmp_path), listen="127.0.0.1:0", stream_workers=2,
+                          auth=AuthConfig(token_audience=AUDIENCE,
+                                          token_kubeconfig=str(kubeconfig)))
+    workers = fe.frontend.workers
+    wait_for(lambda: len(workers.pids) == 1 and workers.pids[0] is not None, timeout=30)
+    bearer = (("authorization", "Bearer " + api.tokens.issue(
+        "shop", "web", audiences=(AUDIENCE,), pod=web_pod(api))),)
+    target = f"127.0.0.1:{fe.frontend.port}"
+    channels: list[grpc.Channel] = []
+    try:
+        # Connections until the worker holds one (the kernel spreads them; at most 40).
+        while len(channels) < 40 and not (channels and set(workers.pids) & serving_pids(
+                fe.frontend.port)):
+            channels.append(own_connection(target))
+            grpc.channel_ready_future(channels[-1]).result(timeout=30)
+        assert set(workers.pids) & serving_pids(fe.frontend.port), "no connection on the worker"
+        for channel in channels:
+            stub = pb_grpc.NodeStateServiceStub(channel)
+            own = list(stub.WaitFleet(pb.WaitFleetRequest(endpoint_gone=POD_IP), timeout=30,
+                                      metadata=bearer))
+            assert own[-1].done
+            with pytest.raises(grpc.RpcError) as other:
+                list(stub.WaitFleet(pb.WaitFleetRequest(endpoint_gone=OTHER_IP), timeout=30,
+                                    metadata=bearer))
+            assert other.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            with pytest.raises(grpc.RpcError) as watch:
+                next(stub.Watch(pb.WatchRequest(node_name="node-a"), timeout=30,
+                                metadata=bearer))
+            assert watch.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        for channel in channels:
+            channel.close()
