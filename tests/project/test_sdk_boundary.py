@@ -9,6 +9,7 @@ import pytest
 
 import svcproxy.sdk
 import svcproxy.sdk.testing
+import svcproxy.testing
 from svcproxy.sdk.plugins import installed_backends
 from tests.support.paths import REPO
 
@@ -80,4 +81,5 @@ def test_names_are_stable_within_the_major_version() -> None:
     assert not missing, f"removed without a new major API_VERSION: {sorted(missing)}"
     added = set(svcproxy.sdk.__all__) - STABLE_V1
     assert not added or minor > 0, f"added {sorted(added)}: raise API_VERSION's minor"
-    assert set(svcproxy.sdk.testing.__all__) >= {"FakeCluster", "FakeSource"}
+    assert set(svcproxy.sdk.testing.__all__) >= {"FakeSource"}
+    assert set(svcproxy.testing.__all__) >= {"FakeCluster"}  # needs the frontend: not the SDK

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from svcproxy.sdk.plugins import ENTRY_POINT_GROUP, installed_backends
-from svcproxy.sdk.testing import FakeCluster
+from svcproxy.testing import FakeCluster
 from tests.sdk.test_sdk_testing import WEB
 from tests.support.lab.processes import stop
 

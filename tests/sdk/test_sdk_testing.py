@@ -1,4 +1,5 @@
-"""svcproxy.sdk.testing and svcproxy.sdk.run: the real frontend in-process, fed YAML."""
+"""svcproxy.testing, svcproxy.sdk.testing and svcproxy.sdk.run: the real frontend
+in-process, fed YAML."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from svcproxy.sdk import Backend, Changes, NodeState, NodeStateClient, ServicePortKey
 from svcproxy.sdk.run import run
-from svcproxy.sdk.testing import FakeCluster, objects_of
+from svcproxy.sdk.testing import objects_of
+from svcproxy.testing import FakeCluster
 from tests.support.waiting import wait_for
 
 WEB = """
