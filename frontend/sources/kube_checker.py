@@ -15,6 +15,7 @@ from svcproxy.frontend.edge.addresses import (
     ipv4_cluster_problem,
     ipv4_problem,
 )
+from svcproxy.frontend.edge.verdict import Verdict, shown
 from svcproxy.frontend.sources.kube_limits import ObjectLimits, check_size
 from svcproxy.frontend.sources.kube_names import (
     DNS1123_LABEL,
@@ -24,7 +25,6 @@ from svcproxy.frontend.sources.kube_names import (
     is_qualified_name,
     matches,
 )
-from svcproxy.frontend.sources.kube_verdict import Verdict, shown
 from svcproxy.model import parse_ip, parse_ipv4
 from svcproxy.wirevalues import REPLACE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from svcproxy.frontend.sources.kube_verdict import Problem
+from svcproxy.frontend.edge.verdict import Problem
 
 
 @dataclass(frozen=True, slots=True)

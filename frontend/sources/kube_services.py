@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from svcproxy.frontend.edge.verdict import Verdict, shown
 from svcproxy.frontend.sources.kube_checker import (
     Checker,
     check_app_protocol,
@@ -13,7 +14,6 @@ from svcproxy.frontend.sources.kube_checker import (
 )
 from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.kube_names import DNS1035_LABEL, is_port_name
-from svcproxy.frontend.sources.kube_verdict import Verdict, shown
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 POLICIES = ("Cluster", "Local")

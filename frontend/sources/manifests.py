@@ -37,9 +37,9 @@ from typing import Any
 
 import yaml
 
+from svcproxy.frontend.edge.verdict import Problem
 from svcproxy.frontend.sources.events import KINDS, Delete, Event, Replace, Sink, Upsert
 from svcproxy.frontend.sources.intake import refuse_file
-from svcproxy.frontend.sources.kube_verdict import Problem
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".yaml", ".yml", ".json")
