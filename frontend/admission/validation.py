@@ -9,8 +9,8 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from svcproxy.frontend.admission.refusals import INVALID, Refused
+from svcproxy.frontend.edge.names import DNS1035_LABEL, DNS1123_LABEL
 from svcproxy.frontend.edge.verdict import shown
-from svcproxy.frontend.sources.kube_names import DNS1035_LABEL, DNS1123_LABEL
 
 M = TypeVar("M", bound=Message)
 

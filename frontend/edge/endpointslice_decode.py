@@ -13,14 +13,14 @@ import msgspec
 
 from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
 from svcproxy.frontend.edge.metadata import NAME, Meta, decoded, metadata_ok
-from svcproxy.frontend.sources.kube_checker import PROTOCOLS
-from svcproxy.frontend.sources.kube_limits import ObjectLimits
-from svcproxy.frontend.sources.kube_names import (
+from svcproxy.frontend.edge.names import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     is_app_protocol,
     matches,
 )
+from svcproxy.frontend.sources.kube_checker import PROTOCOLS
+from svcproxy.frontend.sources.kube_limits import ObjectLimits
 from svcproxy.frontend.sources.kube_slices import (
     MAX_ENDPOINT_ADDRESSES,
     MAX_SLICE_ENDPOINTS,

@@ -12,15 +12,15 @@ import msgspec
 
 from svcproxy.frontend.edge.addresses import CANONICAL_IPV4, FORBIDDEN_IPV4
 from svcproxy.frontend.edge.metadata import Meta, decoded, metadata_ok
-from svcproxy.frontend.sources.kube_checker import PROTOCOLS
-from svcproxy.frontend.sources.kube_limits import ObjectLimits
-from svcproxy.frontend.sources.kube_names import (
+from svcproxy.frontend.edge.names import (
     DNS1035_LABEL,
     DNS1123_LABEL,
     is_app_protocol,
     is_port_name,
     matches,
 )
+from svcproxy.frontend.sources.kube_checker import PROTOCOLS
+from svcproxy.frontend.sources.kube_limits import ObjectLimits
 from svcproxy.frontend.sources.kube_services import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
 from svcproxy.frontend.store.objects import (
     OPTION_PREFIX,

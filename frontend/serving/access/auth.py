@@ -98,7 +98,7 @@ def parse_node_service_accounts(text: str) -> frozenset[str]:
     """``--node-service-accounts``: comma-separated NAMESPACE:NAME (as ``kubectl create
     rolebinding --serviceaccount`` takes them), as the user names their tokens carry
     (``system:serviceaccount:NAMESPACE:NAME``); ValueError saying what is wrong."""
-    from svcproxy.frontend.sources.kube_names import DNS1123_LABEL, DNS1123_SUBDOMAIN
+    from svcproxy.frontend.edge.names import DNS1123_LABEL, DNS1123_SUBDOMAIN
 
     names = set()
     for item in filter(None, (part.strip() for part in text.split(","))):
