@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.node import validate_node
 from svcproxy.frontend.edge.verdict import Verdict
-from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.kube_services import validate_service
 from svcproxy.frontend.sources.kube_slices import validate_endpoint_slice
 

@@ -20,11 +20,11 @@ from typing import Any, TypeAlias
 import msgspec
 
 from svcproxy.frontend.edge.endpointslice_decode import decode_slice
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.validation import object_key, validate
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shortened
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import RawObject
-from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.store.objects import (
     EndpointSlice,

@@ -15,6 +15,7 @@ from svcproxy.frontend.edge.addresses import (
     ipv4_cluster_problem,
     ipv4_problem,
 )
+from svcproxy.frontend.edge.limits import ObjectLimits, check_size
 from svcproxy.frontend.edge.names import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
@@ -24,7 +25,6 @@ from svcproxy.frontend.edge.names import (
     matches,
 )
 from svcproxy.frontend.edge.verdict import Verdict, shown
-from svcproxy.frontend.sources.kube_limits import ObjectLimits, check_size
 from svcproxy.model import parse_ip, parse_ipv4
 from svcproxy.wirevalues import REPLACE
 

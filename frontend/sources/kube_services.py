@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.names import DNS1035_LABEL, is_port_name
 from svcproxy.frontend.edge.verdict import Verdict, shown
 from svcproxy.frontend.sources.kube_checker import (
@@ -13,7 +14,6 @@ from svcproxy.frontend.sources.kube_checker import (
     check_cidrs,
     check_object,
 )
-from svcproxy.frontend.sources.kube_limits import DEFAULT_LIMITS, ObjectLimits
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 POLICIES = ("Cluster", "Local")

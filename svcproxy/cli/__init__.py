@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from svcproxy.collector import pause_collector_for_start
 
 if TYPE_CHECKING:
+    from svcproxy.frontend.edge.limits import ObjectLimits
     from svcproxy.frontend.main import FrontendOptions
     from svcproxy.frontend.publication.changelog import ViewBounds
     from svcproxy.frontend.serving.access.auth import AuthConfig
     from svcproxy.frontend.sources.apiserver_early import Listing
-    from svcproxy.frontend.sources.kube_limits import ObjectLimits
     from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
 
@@ -184,7 +184,7 @@ def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
 
 def _object_limits(args: argparse.Namespace) -> ObjectLimits:
     """--max-object-* and --max-name-length (every limit flag checked)."""
-    from svcproxy.frontend.sources.kube_limits import ObjectLimits
+    from svcproxy.frontend.edge.limits import ObjectLimits
 
     sizes = (args.max_object_bytes, args.max_name_length, args.manifest_max_file_bytes)
     if min(sizes) < 1 or args.manifest_max_alias_expansion < 0 or \

@@ -20,10 +20,10 @@ from svcproxy.frontend.edge.addresses import (
     ipv4_problem,
 )
 from svcproxy.frontend.edge.endpointslice_decode import decode_slice
+from svcproxy.frontend.edge.limits import ObjectLimits, _walk
 from svcproxy.frontend.sources import kube_slices
 from svcproxy.frontend.sources.events import RawObject, Replace
 from svcproxy.frontend.sources.intake import Intake
-from svcproxy.frontend.sources.kube_limits import ObjectLimits, _walk
 from svcproxy.frontend.sources.kube_services import validate_service
 from svcproxy.frontend.sources.kube_slices import _plain_ipv4_endpoint, validate_endpoint_slice
 from svcproxy.frontend.sources.typed_services import decode_service
