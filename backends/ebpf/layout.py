@@ -21,7 +21,9 @@ EP_VAL = struct.Struct("=16s2sBB")
 F_AFFINITY = 1
 F_REFUSE = 2
 PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP}
-PROTOCOL_NAMES = {v: k.lower() for k, v in PROTOCOLS.items()}
+# The packet path (tc) serves SCTP too; the socket programs see no SCTP socket.
+PACKET_PROTOCOLS = {**PROTOCOLS, "SCTP": 132}
+PROTOCOL_NAMES = {v: k.lower() for k, v in PACKET_PROTOCOLS.items()}
 
 MAP_SERVICES = "sp_services"
 MAP_ENDPOINTS = "sp_endpoints"
@@ -43,7 +45,7 @@ def _addr(ip: str) -> tuple[bytes, int]:
 @lru_cache(maxsize=1 << 17)
 def pack_frontend(ip: str, port: int, proto: str) -> bytes:
     raw, family = _addr(ip)
-    return SVC_KEY.pack(raw, port.to_bytes(2, "big"), PROTOCOLS[proto], family)
+    return SVC_KEY.pack(raw, port.to_bytes(2, "big"), PACKET_PROTOCOLS[proto], family)
 
 
 @lru_cache(maxsize=1 << 18)

@@ -298,7 +298,8 @@ class PacketBackend(Backend):
             for name, (count, size) in counts.items():
                 entries.add_metric([name], count)
                 capacity.add_metric([name], size)
-            for device in layout.devices:
+            pods = [d for d in programs.attached if d not in layout.devices]
+            for device in (*layout.devices, *pods):
                 for hook in HOOKS:
                     attached.add_metric([device, hook], 1 if device in programs.attached else 0)
         yield entries

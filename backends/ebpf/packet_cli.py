@@ -8,7 +8,7 @@ from pathlib import Path
 
 from svcproxy.sdk import NodeConfig, parse_duration
 
-from . import maglev, xdp
+from . import maglev, pod_devices, xdp
 from .ct_gc import CtTimeouts
 from .loader import LoadError
 from .packet_backend import PacketBackend
@@ -52,6 +52,13 @@ def add_packet_arguments(parser: argparse._ArgumentGroup) -> None:
         "--ebpf-devices", type=_devices, default=(), metavar="DEV[,DEV...]",
         help="with --ebpf-packet-path bpf: the devices whose traffic the tc programs serve "
         "(default: those holding the node IPs)")
+    parser.add_argument(
+        "--ebpf-pod-devices", type=pod_devices.patterns, default=(), metavar="PATTERN[,...]",
+        help="with --ebpf-packet-path bpf: also attach the tc programs to every device whose "
+        "name matches (shell-style, e.g. 'cali*' or 'lxc*': each pod's host-side veth, as "
+        "Calico's eBPF dataplane does), so what the socket programs cannot take - "
+        "processes outside --ebpf-cgroup, SCTP - is served as it enters the node; devices "
+        "that appear later are attached at the next sync (default: none)")
     parser.add_argument(
         "--ebpf-lb-algorithm", choices=LB_ALGORITHMS, default="random",
         help="with --ebpf-packet-path bpf: how a new flow from outside picks its endpoint: "
@@ -130,7 +137,7 @@ def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBacken
                           max_services=args.ebpf_max_services,
                           max_endpoints=args.ebpf_max_endpoints,
                           max_flows=args.ebpf_max_flows, dsr=args.ebpf_dsr,
-                          xdp=args.ebpf_xdp,
+                          xdp=args.ebpf_xdp, pod_devices=args.ebpf_pod_devices,
                           ct_timeouts=ct_timeouts(args))
     backend = PacketBackend(config, layout, args.ebpf_lb_algorithm,
                             gc_interval=args.ebpf_ct_gc_interval)

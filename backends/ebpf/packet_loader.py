@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import libbpf, rodata, xdp
+from . import libbpf, pod_devices, rodata, xdp
 from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
@@ -53,6 +53,7 @@ class PacketLayout:
     ct_timeouts: CtTimeouts = CtTimeouts()  # --conntrack-*: lifetimes per protocol and state
     dsr: bool = False  # --ebpf-dsr: remote endpoints' flows sent in Geneve (bpf/dsr.h)
     xdp: str = "off"  # --ebpf-xdp: off, auto, native or generic (xdp.py)
+    pod_devices: tuple[str, ...] = ()  # --ebpf-pod-devices: name patterns (pod_devices.py)
 
     @property
     def dir(self) -> Path:
@@ -159,12 +160,17 @@ class PacketPrograms:
                          f"pin path {name}")
 
     def refresh(self) -> list[str]:
-        """Attach the programs to every named device that is here and not attached yet
-        (one that appeared, or was made again: its old links went with it); returns
-        those."""
+        """Attach the programs to every named device, and every device matching
+        ``--ebpf-pod-devices``, that is here and not attached yet (one that appeared, or
+        was made again: its old links went with it); returns those."""
         assert self._obj is not None
         done = []
-        for device in self.layout.devices:
+        named = self.layout.devices
+        pods = pod_devices.matching(self.layout.pod_devices, named)
+        for device in [d for d in self.attached if d not in named and d not in pods]:
+            self.attached.pop(device)
+        pod_devices.sweep(self.layout.dir, self.layout.pod_devices, pods)
+        for device in (*named, *pods):
             try:
                 ifindex = socket.if_nametoindex(device)
             except OSError:
@@ -190,8 +196,9 @@ class PacketPrograms:
                                     "links (Linux 6.6); use --ebpf-packet-path nft on this "
                                     "node") from None
                 raise LoadError(f"attaching tc {hook} to {device}: {err.strerror}") from None
-        self.xdp_modes[device] = xdp.serve(obj, self.layout.dir, device, ifindex,
-                                           self.layout.xdp)
+        if device in self.layout.devices:  # not on pods' devices (--ebpf-pod-devices)
+            self.xdp_modes[device] = xdp.serve(obj, self.layout.dir, device, ifindex,
+                                               self.layout.xdp)
 
     def _attach(self, device: str, hook: str, prog_fd: int, ifindex: int,
                 attach_type: int) -> None:

@@ -1,6 +1,6 @@
 """What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
 
-Rows served so far, TCP and UDP, IPv4 and IPv6: ClusterIPs routed to the node (with
+Rows served so far, TCP, UDP and SCTP, IPv4 and IPv6: ClusterIPs routed to the node (with
 the endpoints marked ``internal``), NodePorts on the node's NodePort addresses,
 externalIPs and load-balancer VIPs (ipMode VIP; with loadBalancerSourceRanges
 only their sources get through), with the endpoints the frontend marked ``external`` (so
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
-from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend
+from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, Frontend
 from .packet_layout import F_MAGLEV, F_MASQ, F_MASQ_ALL, F_RANGES, pack_endpoint, pack_range
 from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan, affinity_id
 
@@ -41,7 +41,7 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
     --masquerade-all) SNATs ClusterIP traffic from outside to local endpoints too."""
     svc = state.service
     proto = svc.key.protocol.value
-    if proto not in PROTOCOLS:
+    if proto not in PACKET_PROTOCOLS:
         return {}
     if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
         raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
@@ -94,7 +94,7 @@ def source_ranges(state: ServicePortState) -> set[bytes]:
     svc = state.service
     proto = svc.key.protocol.value
     keys: set[bytes] = set()
-    if proto not in PROTOCOLS or not svc.load_balancer_source_ranges:
+    if proto not in PACKET_PROTOCOLS or not svc.load_balancer_source_ranges:
         return keys
     for vip in svc.vip_ingress_ips():
         for cidr in svc.load_balancer_source_ranges:

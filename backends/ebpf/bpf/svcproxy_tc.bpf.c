@@ -24,6 +24,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "sctp.h"
+
 #define AF_INET 2
 #define AF_INET6 10
 #ifndef IPPROTO_ICMPV6
@@ -255,7 +257,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	} else {
 		return -1;
 	}
-	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
 		return -1;
 	if (bpf_skb_load_bytes(skb, p->l4, ports, sizeof(ports)))
 		return -1;
@@ -264,7 +266,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	p->proto = proto;
 	if (proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4 + 13, &p->tcp_flags, 1))
 		return -1;
-	p->csum = p->l4 + (proto == IPPROTO_TCP ? 16 : 6);
+	p->csum = p->l4 + (proto == IPPROTO_TCP ? 16 : proto == IPPROTO_UDP ? 6 : SCTP_CSUM_OFF);
 	p->l4flags = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	return 0;
 }
@@ -284,7 +286,8 @@ static __always_inline void copy_addr(__u32 *to, const __u32 *from)
 
 #include "ct.h"
 
-/* Rewrite the source (daddr 0) or destination address, checksums included. */
+/* Rewrite the source (daddr 0) or destination address, checksums included (SCTP's
+ * covers no address: see sctp.h). */
 static __always_inline void set_addr(struct __sk_buff *skb, struct pkt *p, int daddr,
 				     const __u32 *new)
 {
@@ -295,13 +298,16 @@ static __always_inline void set_addr(struct __sk_buff *skb, struct pkt *p, int d
 	if (same_addr(old, want))
 		return;
 	if (p->family == 4) {
-		bpf_l4_csum_replace(skb, p->csum, old[0], want[0], BPF_F_PSEUDO_HDR | 4 | p->l4flags);
+		if (p->proto != IPPROTO_SCTP)
+			bpf_l4_csum_replace(skb, p->csum, old[0], want[0],
+					    BPF_F_PSEUDO_HDR | 4 | p->l4flags);
 		bpf_l3_csum_replace(skb, ETH_HLEN + 10, old[0], want[0], 4);
 		bpf_skb_store_bytes(skb, ETH_HLEN + (daddr ? 16 : 12), want, 4, 0);
 	} else {
 		__s64 diff = bpf_csum_diff(old, 16, want, 16, 0);
 
-		bpf_l4_csum_replace(skb, p->csum, 0, diff, BPF_F_PSEUDO_HDR | p->l4flags);
+		if (p->proto != IPPROTO_SCTP)
+			bpf_l4_csum_replace(skb, p->csum, 0, diff, BPF_F_PSEUDO_HDR | p->l4flags);
 		bpf_skb_store_bytes(skb, ETH_HLEN + (daddr ? 24 : 8), want, 16, 0);
 	}
 	copy_addr(old, want);
@@ -313,7 +319,8 @@ static __always_inline void set_port(struct __sk_buff *skb, struct pkt *p, int d
 
 	if (old == new)
 		return;
-	bpf_l4_csum_replace(skb, p->csum, old, new, 2 | p->l4flags);
+	if (p->proto != IPPROTO_SCTP)
+		bpf_l4_csum_replace(skb, p->csum, old, new, 2 | p->l4flags);
 	bpf_skb_store_bytes(skb, p->l4 + (dport ? 2 : 0), &new, 2, 0);
 	if (dport)
 		p->dport = new;
@@ -323,10 +330,14 @@ static __always_inline void set_port(struct __sk_buff *skb, struct pkt *p, int d
 
 static __always_inline void rewrite(struct __sk_buff *skb, struct pkt *p, const struct ct_val *v)
 {
+	int ports = p->sport != v->sport || p->dport != v->dport;
+
 	set_addr(skb, p, 0, v->saddr);
 	set_addr(skb, p, 1, v->daddr);
 	set_port(skb, p, 0, v->sport);
 	set_port(skb, p, 1, v->dport);
+	if (ports && p->proto == IPPROTO_SCTP)
+		sctp_csum(skb, p->l4); /* the ports are in SCTP's CRC32c */
 }
 
 static __always_inline void fib_params(struct bpf_fib_lookup *fib, struct __sk_buff *skb,

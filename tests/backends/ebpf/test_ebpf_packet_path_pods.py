@@ -1,0 +1,308 @@
+"""``--ebpf-pod-devices`` and SCTP on the packet path, with real packets in the two-node
+lab: node1's tc programs on its ``eth0`` and on every device named ``sppv*`` (a pod's
+host-side veth, Calico-style: the pod routed through it, no bridge).
+
+SCTP: this machine's kernel has no SCTP sockets, so the SCTP packets are crafted here
+(an INIT and an INIT ACK, CRC32c computed here) and sent and read with raw IP sockets in
+the namespaces. What is proven: the program rewrites an SCTP packet's addresses and ports
+(DNAT, SNAT with a NAT port, and the reverse of both on the reply) and writes the CRC32c
+a receiving kernel checks (``sctp_rcv`` drops a packet whose CRC32c is wrong). What is
+not: an SCTP association between real sockets (no SCTP stack here), multi-homing (an
+endpoint's other addresses in its INIT chunk are not rewritten, as kube-proxy's NAT
+leaves them too).
+
+Everything made here (namespaces, veths, the bpffs mount, pins, links) is removed at
+the end, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from svcproxy.backends.ebpf.packet_backend import PacketBackend
+from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.model import (
+    Endpoint,
+    Protocol,
+    ServicePort,
+    ServicePortKey,
+    ServicePortState,
+    ServiceType,
+)
+from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.support.lab.client import probe, summarize
+from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import call_in, ip
+from tests.support.lab.plan import standard_spec
+from tests.support.lab.topology import Lab, addresses, veth
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("ip") is None:
+        return "needs iproute2"
+    if not OBJECT.exists():
+        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
+    return ""
+
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+
+SPEC = standard_spec()
+NODE1, CLIENT = SPEC.node("node1"), SPEC.clients[0]
+PODS = {p.name: p for p in SPEC.pods}
+POD_IP, POD_GATEWAY, POD_DEVICE = "10.244.1.200", "169.254.1.1", "sppv0"
+IPPROTO_SCTP = 132
+
+
+class World:
+    """The lab, echo servers in pod-a (node1) and pod-c (node2), and the packet backend
+    on node1 with ``eth0`` and the pattern ``sppv*``."""
+
+    def __init__(self) -> None:
+        self.lab = Lab(spec=SPEC)
+        self.bpffs = Path(tempfile.mkdtemp(prefix="sptcp-"))
+        self.mounted = False
+        self.servers: list[EchoServer] = []
+        self.backend: PacketBackend | None = None
+        self.services: dict[ServicePortKey, ServicePortState] = {}
+        self.revision = 0
+
+    def start(self) -> World:
+        self.lab.build()
+        for name in ("pod-a", "pod-c"):
+            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
+        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
+        self.mounted = True
+        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
+        layout = PacketLayout(self.bpffs / "pins", ("eth0",), pod_devices=("sppv*",))
+        self.backend = PacketBackend(config, layout)
+        return self
+
+    def stop(self) -> None:
+        try:
+            if self.backend is not None:
+                call_in(self.node, self.backend.cleanup)
+        finally:
+            for server in self.servers:
+                server.stop()
+            if self.mounted:
+                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
+            shutil.rmtree(self.bpffs, ignore_errors=True)
+            self.lab.destroy()
+
+    @property
+    def node(self) -> str:
+        return self.lab.ns("node1")
+
+    def set(self, record: ServicePortState) -> None:
+        self.services[record.key] = record
+        self.sync()
+
+    def sync(self) -> None:
+        self.revision += 1
+        assert self.backend is not None
+        state = NodeState("node1", self.revision, None, dict(self.services))
+        call_in(self.node, self.backend.sync, state, Changes(frozenset(self.services)))
+
+    def add_pod(self, name: str = "podv") -> str:
+        """A pod routed through its own veth ``sppv0`` (Calico-style: a /32, its gateway
+        an address of the node's end), made now; returns its namespace."""
+        ns = self.lab.add_ns(name)
+        veth(ns, "eth0", self.node, POD_DEVICE)
+        addresses(ns, "eth0", f"{POD_IP}/32")
+        ip(ns, "route", "add", POD_GATEWAY, "dev", "eth0")
+        ip(ns, "route", "add", "default", "via", POD_GATEWAY, "dev", "eth0", "onlink")
+        addresses(self.node, POD_DEVICE, f"{POD_GATEWAY}/32")
+        ip(self.node, "route", "add", f"{POD_IP}/32", "dev", POD_DEVICE)
+        return ns
+
+    def pins(self) -> set[str]:
+        return {p.name for p in (self.bpffs / "pins" / "tc").glob("link_*")}
+
+
+def service(name: str, pods: list[str], proto: str = "TCP", node_port: int = 0,
+            cip: str = "") -> ServicePortState:
+    """A service ``cip``:80 (and ``node_port``) -> 8080 on ``pods``."""
+    key = ServicePortKey("default", name, "p", Protocol(proto))
+    svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=node_port,
+                      has_endpoints=bool(pods),
+                      type=ServiceType.NODE_PORT if node_port else ServiceType.CLUSTER_IP)
+    eps = {}
+    for pod in pods:
+        spec = PODS[pod]
+        local = spec.node.name == "node1"
+        eps[(spec.ipv4, 8080)] = Endpoint(spec.ipv4, 8080, ready=True, serving=True,
+                                          is_local=local, internal=True, external=True,
+                                          cluster=True, local=local)
+    return ServicePortState(svc, eps)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World()
+    try:
+        w.start()
+        yield w
+    finally:
+        w.stop()
+
+
+def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: World) -> None:
+    """A pod outside the cgroup, on a veth made after the start, reaches a ClusterIP
+    (local endpoint: DNAT, its own address kept) and a NodePort (remote endpoint: SNATed
+    to node1); its device's pins go with it."""
+    world.set(service("pods-cip", ["pod-a"], cip="10.96.8.1"))
+    world.set(service("pods-np", ["pod-c"], node_port=30180, cip="10.96.8.3"))
+    assert not any(POD_DEVICE in p for p in world.pins())
+    pod = world.add_pod()
+    world.sync()  # the next sync attaches what matches the pattern
+    assert {f"link_{POD_DEVICE}_ingress", f"link_{POD_DEVICE}_egress"} <= world.pins()
+    cip = summarize(probe(pod, "tcp", "10.96.8.1", 80, 5))
+    assert cip.names == Counter({"pod-a": 5}) and cip.sources == {POD_IP}, cip
+    nodeport = summarize(probe(pod, "tcp", NODE1.ipv4, 30180, 5))
+    assert nodeport.names == Counter({"pod-c": 5}) and nodeport.sources == {NODE1.ipv4}, \
+        nodeport
+    ip(world.node, "link", "del", POD_DEVICE)
+    world.sync()
+    assert not any(POD_DEVICE in p for p in world.pins()), world.pins()
+    world.lab.created.remove(pod)
+    subprocess.run(["ip", "netns", "del", pod], check=True)
+
+
+# --- SCTP, crafted -------------------------------------------------------------------
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        table.append(c)
+    return table
+
+
+CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """RFC 9260 appendix B's CRC32c (Castagnoli), as sctp_rcv checks it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_is_the_standard_one() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+
+
+@dataclass(frozen=True, slots=True)
+class Sctp:
+    """One SCTP packet as a receiver sees it: its addresses, ports, tag, chunk type,
+    and whether its CRC32c is right."""
+
+    source: str
+    destination: str
+    sport: int
+    dport: int
+    tag: int
+    chunk: int
+    crc_ok: bool
+
+
+def sctp_packet(sport: int, dport: int, tag: int, chunk: int) -> bytes:
+    """An SCTP packet with one INIT (1) or INIT ACK (2) chunk, its CRC32c filled in as
+    Linux writes it (little-endian)."""
+    body = struct.pack("!BBHIIHHI", chunk, 0, 20, 0x1234567, 65535, 1, 1, 42)
+    header = struct.pack("!HHI", sport, dport, tag) + bytes(4)
+    crc = crc32c(header + body)
+    return header[:8] + struct.pack("<I", crc) + body
+
+
+def parse_sctp(packet: bytes) -> Sctp:
+    ihl = (packet[0] & 0x0F) * 4
+    src, dst = socket.inet_ntoa(packet[12:16]), socket.inet_ntoa(packet[16:20])
+    sctp = packet[ihl:]
+    sport, dport, tag = struct.unpack("!HHI", sctp[:8])
+    (crc,) = struct.unpack("<I", sctp[8:12])
+    crc_ok = crc32c(sctp[:8] + bytes(4) + sctp[12:]) == crc
+    return Sctp(src, dst, sport, dport, tag, sctp[12], crc_ok)
+
+
+def raw_socket(ns: str) -> socket.socket:
+    """A raw IPv4 socket for SCTP in ``ns`` (it stays in ``ns``); 3 s timeout."""
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_SCTP)
+        s.settimeout(3)
+        return s
+    sock: socket.socket = call_in(ns, make)
+    return sock
+
+
+def receive(sock: socket.socket, dport: int) -> Sctp:
+    """The next SCTP packet to ``dport`` that ``sock`` reads (others are skipped)."""
+    for _ in range(50):
+        got = parse_sctp(sock.recv(65535))
+        if got.dport == dport:
+            return got
+    raise AssertionError(f"no SCTP packet to port {dport}")
+
+
+def exchange(client_ns: str, host: str, port: int, endpoint_ns: str,
+             sport: int) -> tuple[Sctp, Sctp]:
+    """An INIT from ``client_ns`` to ``host``:``port``, what the endpoint received; then
+    the endpoint's INIT ACK to where it came from, what the client received."""
+    client, endpoint = raw_socket(client_ns), raw_socket(endpoint_ns)
+    try:
+        client.sendto(sctp_packet(sport, port, 0, 1), (host, 0))
+        arrived = receive(endpoint, 8080)
+        answer = sctp_packet(8080, arrived.sport, 0x1234567, 2)
+        endpoint.sendto(answer, (arrived.source, 0))
+        back = receive(client, sport)
+        return arrived, back
+    finally:
+        client.close()
+        endpoint.close()
+
+
+def test_sctp_cluster_ip_from_a_pod_device(world: World) -> None:
+    """SCTP from a pod outside the cgroup (the socket programs see no SCTP) to a ClusterIP:
+    DNATed to the local endpoint, reversed on its way back, CRC32c right both ways."""
+    pod = world.lab.ns("podv-sctp")
+    if pod not in world.lab.created:
+        ip(world.node, "link", "del", POD_DEVICE, check=False)
+        pod = world.add_pod("podv-sctp")
+    world.set(service("sctp-cip", ["pod-a"], proto="SCTP", cip="10.96.8.2"))
+    arrived, back = exchange(pod, "10.96.8.2", 80, world.lab.ns("pod-a"), 40001)
+    assert (arrived.source, arrived.destination) == (POD_IP, PODS["pod-a"].ipv4), arrived
+    assert (arrived.sport, arrived.dport, arrived.chunk) == (40001, 8080, 1), arrived
+    assert arrived.crc_ok, "the endpoint's kernel would drop it: CRC32c wrong after DNAT"
+    assert (back.source, back.destination, back.sport, back.dport) == (
+        "10.96.8.2", POD_IP, 80, 40001), back
+    assert back.chunk == 2 and back.tag == 0x1234567 and back.crc_ok, back
+
+
+def test_sctp_node_port_to_an_endpoint_on_another_node(world: World) -> None:
+    """SCTP from the LAN to a NodePort whose endpoint is on node2: DNAT + SNAT to node1
+    (a NAT port), the reply reversed to the client from the NodePort, CRC32c right."""
+    world.set(service("sctp-np", ["pod-c"], proto="SCTP", node_port=30181, cip="10.96.8.4"))
+    client = world.lab.ns(CLIENT.name)
+    arrived, back = exchange(client, NODE1.ipv4, 30181, world.lab.ns("pod-c"), 40002)
+    assert (arrived.source, arrived.destination) == (NODE1.ipv4, PODS["pod-c"].ipv4), arrived
+    assert arrived.dport == 8080 and arrived.sport >= 32768 and arrived.crc_ok, arrived
+    assert (back.source, back.destination, back.sport, back.dport) == (
+        NODE1.ipv4, CLIENT.ipv4, 30181, 40002), back
+    assert back.crc_ok, back
