@@ -12,6 +12,7 @@ import time
 import msgspec
 
 from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
+from svcproxy.frontend.edge.checker import PROTOCOLS
 from svcproxy.frontend.edge.limits import ObjectLimits
 from svcproxy.frontend.edge.metadata import NAME, Meta, decoded, metadata_ok
 from svcproxy.frontend.edge.names import (
@@ -20,7 +21,6 @@ from svcproxy.frontend.edge.names import (
     is_app_protocol,
     matches,
 )
-from svcproxy.frontend.sources.kube_checker import PROTOCOLS
 from svcproxy.frontend.sources.kube_slices import (
     MAX_ENDPOINT_ADDRESSES,
     MAX_SLICE_ENDPOINTS,

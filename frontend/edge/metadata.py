@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import msgspec
 
+from svcproxy.frontend.edge.checker import MAX_ANNOTATIONS_BYTES
 from svcproxy.frontend.edge.limits import ObjectLimits
 from svcproxy.frontend.edge.names import (
     DNS1123_LABEL,
@@ -19,7 +20,6 @@ from svcproxy.frontend.edge.names import (
     is_qualified_name,
     matches,
 )
-from svcproxy.frontend.sources.kube_checker import MAX_ANNOTATIONS_BYTES
 
 # ``check_size`` counts at most 8 per byte of JSON (a scalar is 8, text its length, a
 # key its length + 3, a container 2), with room for the kind and apiVersion a listed

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from svcproxy.frontend.edge.checker import Checker, check_cidrs, check_object
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.names import QUALIFIED, is_qualified_name, matches
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
-from svcproxy.frontend.sources.kube_checker import Checker, check_cidrs, check_object
 from svcproxy.model import parse_ip
 
 NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.names import DNS1035_LABEL, is_port_name
-from svcproxy.frontend.edge.verdict import Verdict, shown
-from svcproxy.frontend.sources.kube_checker import (
+from svcproxy.frontend.edge.checker import (
     Checker,
     check_app_protocol,
     check_cidrs,
     check_object,
 )
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
+from svcproxy.frontend.edge.names import DNS1035_LABEL, is_port_name
+from svcproxy.frontend.edge.verdict import Verdict, shown
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 POLICIES = ("Cluster", "Local")

@@ -7,15 +7,15 @@ from typing import Any
 
 from svcproxy.frontend.edge import rfc3339
 from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
-from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.names import DNS1123_SUBDOMAIN, QUALIFIED, is_fqdn, matches
-from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
-from svcproxy.frontend.sources.kube_checker import (
+from svcproxy.frontend.edge.checker import (
     PROTOCOLS,
     Checker,
     check_app_protocol,
     check_object,
 )
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
+from svcproxy.frontend.edge.names import DNS1123_SUBDOMAIN, QUALIFIED, is_fqdn, matches
+from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
 
 MAX_SLICE_ENDPOINTS = 1000
 MAX_SLICE_PORTS = 20000

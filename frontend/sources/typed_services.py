@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from svcproxy.frontend.edge.addresses import CANONICAL_IPV4, FORBIDDEN_IPV4
+from svcproxy.frontend.edge.checker import PROTOCOLS
 from svcproxy.frontend.edge.limits import ObjectLimits
 from svcproxy.frontend.edge.metadata import Meta, decoded, metadata_ok
 from svcproxy.frontend.edge.names import (
@@ -20,7 +21,6 @@ from svcproxy.frontend.edge.names import (
     is_port_name,
     matches,
 )
-from svcproxy.frontend.sources.kube_checker import PROTOCOLS
 from svcproxy.frontend.sources.kube_services import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
 from svcproxy.frontend.store.objects import (
     OPTION_PREFIX,
