@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.frontend.computation.compute import NodeClassCache, service_base  # noqa: E402
 from svcproxy.frontend.computation.selection import categorize, categorize_by_family  # noqa: E402
-from svcproxy.frontend.store.objects import (  # noqa: E402
+from svcproxy.frontend.edge.objects import (  # noqa: E402
     EndpointSlice,
     Service,
     parse_endpoint_slice,

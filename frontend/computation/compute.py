@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from svcproxy.frontend.computation.selection import categorize_by_family
-from svcproxy.frontend.store.objects import EndpointSlice, Service, SliceEndpoint, SvcPort
+from svcproxy.frontend.edge.objects import EndpointSlice, Service, SliceEndpoint, SvcPort
 from svcproxy.model import Endpoint, ServicePort, ServicePortKey, ServicePortState, ServiceType
 
 Winners = dict[str, tuple[SliceEndpoint, int]]

@@ -21,6 +21,12 @@ from svcproxy.frontend.edge.names import (
     is_app_protocol,
     matches,
 )
+from svcproxy.frontend.edge.objects import (
+    EndpointSlice,
+    SliceEndpoint,
+    SlicePort,
+    parse_time,
+)
 from svcproxy.frontend.sources.kube_slices import (
     MAX_ENDPOINT_ADDRESSES,
     MAX_SLICE_ENDPOINTS,
@@ -28,12 +34,6 @@ from svcproxy.frontend.sources.kube_slices import (
     SERVICE_NAME_LABEL,
     TRIGGER_TIME_ANNOTATION,
     trigger_time_problem,
-)
-from svcproxy.frontend.store.objects import (
-    EndpointSlice,
-    SliceEndpoint,
-    SlicePort,
-    parse_time,
 )
 from svcproxy.model import Protocol
 

@@ -20,9 +20,9 @@ from hashlib import blake2b
 from svcproxy.convert import node_to_pb
 from svcproxy.frontend.admission.refusals import Refused
 from svcproxy.frontend.admission.validation import check_filters, check_node_name, invalid
+from svcproxy.frontend.edge.objects import Node
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.wire import _varint
-from svcproxy.frontend.store.objects import Node
 from svcproxy.frontend.store.store import node_info
 from svcproxy.model import ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb

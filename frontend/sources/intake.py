@@ -21,12 +21,7 @@ import msgspec
 
 from svcproxy.frontend.edge.endpointslice_decode import decode_slice
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.validation import object_key, validate
-from svcproxy.frontend.edge.verdict import Problem, Verdict, shortened
-from svcproxy.frontend.runtime import metrics
-from svcproxy.frontend.sources.events import RawObject
-from svcproxy.frontend.sources.typed_services import decode_service
-from svcproxy.frontend.store.objects import (
+from svcproxy.frontend.edge.objects import (
     EndpointSlice,
     Node,
     ParseError,
@@ -35,6 +30,11 @@ from svcproxy.frontend.store.objects import (
     parse_node,
     parse_service,
 )
+from svcproxy.frontend.edge.validation import object_key, validate
+from svcproxy.frontend.edge.verdict import Problem, Verdict, shortened
+from svcproxy.frontend.runtime import metrics
+from svcproxy.frontend.sources.events import RawObject
+from svcproxy.frontend.sources.typed_services import decode_service
 
 log = logging.getLogger("svcproxy.frontend.engine")
 Parsed: TypeAlias = Service | EndpointSlice | Node

@@ -21,8 +21,7 @@ from svcproxy.frontend.edge.names import (
     is_port_name,
     matches,
 )
-from svcproxy.frontend.sources.kube_services import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
-from svcproxy.frontend.store.objects import (
+from svcproxy.frontend.edge.objects import (
     OPTION_PREFIX,
     SERVICE_PROXY_NAME_LABEL,
     TOPOLOGY_ANNOTATIONS,
@@ -30,6 +29,7 @@ from svcproxy.frontend.store.objects import (
     SvcPort,
     parse_time,
 )
+from svcproxy.frontend.sources.kube_services import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,

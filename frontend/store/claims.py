@@ -17,8 +17,8 @@ import math
 
 import msgspec
 
+from svcproxy.frontend.edge.objects import Service, SvcPort
 from svcproxy.frontend.runtime import metrics
-from svcproxy.frontend.store.objects import Service, SvcPort
 
 log = logging.getLogger("svcproxy.frontend.engine")
 ObjKey = tuple[str, str]

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from svcproxy.frontend.edge.objects import EndpointSlice, Node, Service
 from svcproxy.frontend.edge.validation import object_key
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import (
@@ -26,7 +27,6 @@ from svcproxy.frontend.sources.events import (
 )
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.claims import UNALLOCATED, Claims
-from svcproxy.frontend.store.objects import EndpointSlice, Node, Service
 from svcproxy.model import NodeInfo
 
 log = logging.getLogger(__name__)

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from svcproxy.frontend.computation import compute
+from svcproxy.frontend.edge.objects import ParseError, parse_endpoint_slice, parse_service
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, Replace, Upsert
-from svcproxy.frontend.store.objects import ParseError, parse_endpoint_slice, parse_service
 from svcproxy.model import Protocol, ServicePortKey
 from svcproxy.v1 import nodestate_pb2 as pb
 from tests.support.objects import KEY, endpoint, engine_with, node, service, slice_

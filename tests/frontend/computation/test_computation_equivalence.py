@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.computation.compute import NodeClassCache, service_base
-from svcproxy.frontend.store.objects import (
+from svcproxy.frontend.edge.objects import (
     EndpointSlice,
     Service,
     SliceEndpoint,

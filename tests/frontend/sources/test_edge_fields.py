@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from svcproxy.frontend.edge.objects import parse_endpoint_slice, parse_node, parse_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.sources.edge_fields import DEGRADED, FIELDS, EdgeField, markdown
 from svcproxy.frontend.sources.intake import field_label
-from svcproxy.frontend.store.objects import parse_endpoint_slice, parse_node, parse_service
 from tests.support.hostile import endpoint_slice, node, service, set_path
 from tests.support.paths import REPO
 

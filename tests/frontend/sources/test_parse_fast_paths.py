@@ -21,19 +21,19 @@ from svcproxy.frontend.edge.addresses import (
 )
 from svcproxy.frontend.edge.endpointslice_decode import decode_slice
 from svcproxy.frontend.edge.limits import ObjectLimits, _walk
-from svcproxy.frontend.sources import kube_slices
-from svcproxy.frontend.sources.events import RawObject, Replace
-from svcproxy.frontend.sources.intake import Intake
-from svcproxy.frontend.sources.kube_services import validate_service
-from svcproxy.frontend.sources.kube_slices import _plain_ipv4_endpoint, validate_endpoint_slice
-from svcproxy.frontend.sources.typed_services import decode_service
-from svcproxy.frontend.store.objects import (
+from svcproxy.frontend.edge.objects import (
     Service,
     SvcPort,
     canonical_ip,
     parse_endpoint_slice,
     parse_service,
 )
+from svcproxy.frontend.sources import kube_slices
+from svcproxy.frontend.sources.events import RawObject, Replace
+from svcproxy.frontend.sources.intake import Intake
+from svcproxy.frontend.sources.kube_services import validate_service
+from svcproxy.frontend.sources.kube_slices import _plain_ipv4_endpoint, validate_endpoint_slice
+from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.store.store import Store
 from svcproxy.model import Protocol, normalize_cidr, normalize_ip, parse_ip
 from tests.support.hostile import endpoint_slice, spoiled
