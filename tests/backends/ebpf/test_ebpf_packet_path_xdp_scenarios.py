@@ -19,6 +19,7 @@ from tests.backends import test_scenarios as shared
 from tests.backends.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
 from tests.backends.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
 from tests.support.lab.checksums import tx_checksums_off
+from tests.support.lab.netns import ns_exec
 from tests.support.netns.backends import _EBPF_NO_NAT, BackendCase
 from tests.support.netns.harness import ScenarioLab
 
@@ -48,3 +49,11 @@ def _attached(lab: ScenarioLab) -> None:
     log = lab.agent.tail(100000) if lab.agent is not None else ""
     for device in ("eth0", "br0"):
         assert f"XDP program attached to {device} in generic mode" in log, log
+
+
+def test_after_cleanup_no_device_of_the_node_runs_xdp(lab: ScenarioLab) -> None:
+    """Runs after the shared cleanup row (``svcproxy backend ebpf --cleanup``)."""
+    assert lab.agent is None, "the cleanup row ran before this one"
+    for device in ("eth0", "br0"):
+        shown = ns_exec(lab.lab.ns("node1"), "ip", "-d", "link", "show", device)
+        assert "xdp" not in shown, shown
