@@ -22,6 +22,7 @@ from svcproxy.backends.ebpf.layout import MAP_AFFINITY
 from svcproxy.model import SessionAffinity
 from tests.backends.ebpf.test_ebpf_sockets import (
     EPS4,
+    EPS6,
     NODE_IP,
     World,
     pytestmark,
@@ -50,7 +51,7 @@ for line in sys.stdin:
         out = {"ok": True}
     elif c["op"] == "open":
         kind = socket.SOCK_DGRAM if c["proto"] == "udp" else socket.SOCK_STREAM
-        s = socket.socket(socket.AF_INET, kind)
+        s = socket.socket(socket.AF_INET6 if ":" in c["host"] else socket.AF_INET, kind)
         s.settimeout(3)
         s.connect((c["host"], 80))
         held[c["id"]] = s
@@ -95,26 +96,30 @@ def world() -> Iterator[World]:
         w.stop()
 
 
-def test_udp_socket_of_a_removed_endpoint_is_destroyed_tcp_is_left(world: World) -> None:
-    pair = EPS4[:2]
-    world.set(service("dns", ("10.96.5.1",), pair, proto="UDP"))
-    world.set(service("web", ("10.96.5.2",), pair))
+@pytest.mark.parametrize("family", [4, 6])
+def test_udp_socket_of_a_removed_endpoint_is_destroyed_tcp_is_left(world: World,
+                                                                   family: int) -> None:
+    pair = EPS4[:2] if family == 4 else EPS6[:2]
+    dns, web = ("10.96.5.1", "10.96.5.2") if family == 4 else ("fd00:96::5:1", "fd00:96::5:2")
+    world.set(service(f"dns{family}", (dns,), pair, proto="UDP"))
+    world.set(service(f"web{family}", (web,), pair))
+    destroyed = world.backend.sockets_destroyed if world.backend else 0
     holder = Holder(world)
     try:
-        udp = holder.call(op="open", id="u", proto="udp", host="10.96.5.1")["name"]
-        tcp = holder.call(op="open", id="t", proto="tcp", host="10.96.5.2")["name"]
+        udp = holder.call(op="open", id="u", proto="udp", host=dns)["name"]
+        tcp = holder.call(op="open", id="t", proto="tcp", host=web)["name"]
         assert holder.call(op="ask", id="u") == {"name": udp}, "a connected socket's endpoint"
-        world.set(service("dns", ("10.96.5.1",), [e for e in pair if e != udp], proto="UDP"))
-        world.set(service("web", ("10.96.5.2",), [e for e in pair if e != tcp]))
+        world.set(service(f"dns{family}", (dns,), [e for e in pair if e != udp], proto="UDP"))
+        world.set(service(f"web{family}", (web,), [e for e in pair if e != tcp]))
         # The removed endpoint still answers: without the destroy the socket would
         # keep talking to it. Destroyed (and so disconnected), its next send fails.
         got = holder.call(op="ask", id="u")
         assert got.get("errno") in DESTROYED, f"the UDP socket of the removed endpoint: {got}"
-        again = holder.call(op="open", id="u2", proto="udp", host="10.96.5.1")
+        again = holder.call(op="open", id="u2", proto="udp", host=dns)
         assert again == {"name": next(e for e in pair if e != udp)}, again
         # TCP keeps its connection to the removed endpoint (its own timeouts decide).
         assert holder.call(op="ask", id="t") == {"name": tcp}
-        assert world.backend is not None and world.backend.sockets_destroyed == 1
+        assert world.backend is not None and world.backend.sockets_destroyed == destroyed + 1
     finally:
         holder.stop()
 
