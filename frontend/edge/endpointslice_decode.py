@@ -13,6 +13,14 @@ import msgspec
 
 from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
 from svcproxy.frontend.edge.checker import PROTOCOLS
+from svcproxy.frontend.edge.endpointslice import (
+    MAX_ENDPOINT_ADDRESSES,
+    MAX_SLICE_ENDPOINTS,
+    MAX_SLICE_PORTS,
+    SERVICE_NAME_LABEL,
+    TRIGGER_TIME_ANNOTATION,
+    trigger_time_problem,
+)
 from svcproxy.frontend.edge.limits import ObjectLimits
 from svcproxy.frontend.edge.metadata import NAME, Meta, decoded, metadata_ok
 from svcproxy.frontend.edge.names import (
@@ -26,14 +34,6 @@ from svcproxy.frontend.edge.objects import (
     SliceEndpoint,
     SlicePort,
     parse_time,
-)
-from svcproxy.frontend.sources.kube_slices import (
-    MAX_ENDPOINT_ADDRESSES,
-    MAX_SLICE_ENDPOINTS,
-    MAX_SLICE_PORTS,
-    SERVICE_NAME_LABEL,
-    TRIGGER_TIME_ANNOTATION,
-    trigger_time_problem,
 )
 from svcproxy.model import Protocol
 

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from svcproxy.frontend.edge.endpointslice import MAX_SLICE_ENDPOINTS
 from svcproxy.frontend.edge.objects import (
     SERVICE_NAME_LABEL,
     TO_BE_DELETED_TAINT,
     TRIGGER_TIME_ANNOTATION,
 )
-from svcproxy.frontend.sources.kube_slices import MAX_SLICE_ENDPOINTS
 from svcproxy.model import (
     Endpoint,
     NodeInfo,

@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.computation.compute import merge_endpoints
+from svcproxy.frontend.edge import endpointslice
 from svcproxy.frontend.edge.addresses import (
     ALLOWED_IPV4,
     CANONICAL_IPV4,
     FORBIDDEN_IPV4,
     ipv4_problem,
 )
+from svcproxy.frontend.edge.endpointslice import _plain_ipv4_endpoint, validate_endpoint_slice
 from svcproxy.frontend.edge.endpointslice_decode import decode_slice
 from svcproxy.frontend.edge.limits import ObjectLimits, _walk
 from svcproxy.frontend.edge.objects import (
@@ -28,11 +30,9 @@ from svcproxy.frontend.edge.objects import (
     parse_endpoint_slice,
     parse_service,
 )
-from svcproxy.frontend.sources import kube_slices
 from svcproxy.frontend.sources.events import RawObject, Replace
 from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.kube_services import validate_service
-from svcproxy.frontend.sources.kube_slices import _plain_ipv4_endpoint, validate_endpoint_slice
 from svcproxy.frontend.sources.typed_services import decode_service
 from svcproxy.frontend.store.store import Store
 from svcproxy.model import Protocol, normalize_cidr, normalize_ip, parse_ip
@@ -191,8 +191,8 @@ def test_a_plain_endpoints_size_bound_is_never_below_the_walks_count(ep: Any) ->
 def test_a_slice_of_plain_endpoints_gets_the_general_verdict(obj: Any,
                                                              limits: ObjectLimits) -> None:
     fast = validate_endpoint_slice(obj, limits)
-    with patch.object(kube_slices, "_plain_endpoints", return_value=None), \
-            patch.object(kube_slices, "_plain_ipv4_endpoint", return_value=0):
+    with patch.object(endpointslice, "_plain_endpoints", return_value=None), \
+            patch.object(endpointslice, "_plain_ipv4_endpoint", return_value=0):
         general = validate_endpoint_slice(obj, limits)
     assert (fast.errors, fast.warnings) == (general.errors, general.warnings)
 

@@ -12,8 +12,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.edge import rfc3339
+from svcproxy.frontend.edge.endpointslice import trigger_time_problem
 from svcproxy.frontend.edge.objects import parse_time
-from svcproxy.frontend.sources.kube_slices import trigger_time_problem
 from svcproxy.wirevalues import LATEST, TIMESTAMP_MAX, TIMESTAMP_MIN, timestamp_parts
 
 EPOCH = datetime(1970, 1, 1)
