@@ -30,11 +30,11 @@ from svcproxy.frontend.edge.objects import (
     parse_node,
     parse_service,
 )
+from svcproxy.frontend.edge.service_decode import decode_service
 from svcproxy.frontend.edge.validation import object_key, validate
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shortened
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import RawObject
-from svcproxy.frontend.sources.typed_services import decode_service
 
 log = logging.getLogger("svcproxy.frontend.engine")
 Parsed: TypeAlias = Service | EndpointSlice | Node
