@@ -29,7 +29,7 @@ from svcproxy.frontend.edge.objects import (
     SvcPort,
     parse_time,
 )
-from svcproxy.frontend.sources.kube_services import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
+from svcproxy.frontend.edge.service import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,

@@ -18,8 +18,8 @@ from typing import Any
 from svcproxy.frontend.edge.endpointslice import validate_endpoint_slice
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.node import validate_node
+from svcproxy.frontend.edge.service import validate_service
 from svcproxy.frontend.edge.verdict import Verdict
-from svcproxy.frontend.sources.kube_services import validate_service
 
 VALIDATORS: dict[str, Callable[[Any, ObjectLimits], Verdict]] = {
     "Service": validate_service, "EndpointSlice": validate_endpoint_slice,

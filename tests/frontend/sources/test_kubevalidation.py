@@ -13,9 +13,9 @@ from svcproxy.frontend.edge.endpointslice import _plain_ipv4_endpoint, validate_
 from svcproxy.frontend.edge.limits import ObjectLimits, check_size
 from svcproxy.frontend.edge.node import validate_node
 from svcproxy.frontend.edge.objects import parse_endpoint_slice, parse_node, parse_service
+from svcproxy.frontend.edge.service import validate_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.publication.wire import replace_service, set_node
-from svcproxy.frontend.sources.kube_services import validate_service
 from svcproxy.frontend.sources.upstream_objects import service_objects
 from svcproxy.frontend.store.store import node_info
 from svcproxy.model import (
