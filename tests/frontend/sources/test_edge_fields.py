@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from svcproxy.frontend.edge.fields import DEGRADED, FIELDS, EdgeField, markdown
 from svcproxy.frontend.edge.objects import parse_endpoint_slice, parse_node, parse_service
 from svcproxy.frontend.edge.validation import validate
-from svcproxy.frontend.sources.edge_fields import DEGRADED, FIELDS, EdgeField, markdown
 from svcproxy.frontend.sources.intake import field_label
 from tests.support.hostile import endpoint_slice, node, service, set_path
 from tests.support.paths import REPO
@@ -24,7 +24,7 @@ PARSE: dict[str, Any] = {"Service": parse_service, "EndpointSlice": parse_endpoi
 def test_the_page_holds_the_codes_table() -> None:
     assert markdown() in PAGE.read_text(), (
         "docs/edge-fields.md is out of date: regenerate its table with "
-        "`.venv/bin/python -m svcproxy.frontend.sources.edge_fields`")
+        "`.venv/bin/python -m svcproxy.frontend.edge.fields`")
 
 
 def test_every_kind_and_handling_is_listed_once() -> None:

@@ -4,7 +4,7 @@ it (honoured, degraded how, ignored) and the Kubernetes rule its validation mirr
 The table is declarative: docs/edge-fields.md holds ``markdown()`` verbatim (a test
 compares them) and each example is checked against the validator and the parser, so
 the page, the code and the tests say the same thing. Regenerate the page's table with
-``python -m svcproxy.frontend.sources.edge_fields``.
+``python -m svcproxy.frontend.edge.fields``.
 """
 
 from __future__ import annotations
