@@ -32,7 +32,7 @@ from svcproxy.frontend.edge.objects import (
 )
 from svcproxy.frontend.edge.service_decode import decode_service
 from svcproxy.frontend.edge.validation import object_key, validate
-from svcproxy.frontend.edge.verdict import Problem, Verdict, shortened
+from svcproxy.frontend.edge.verdict import Verdict, shortened
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import RawObject
 
@@ -156,10 +156,3 @@ def field_label(where: str) -> str:
     """A field's path without its indexes (endpoints[3].zone: endpoints[].zone), the
     degraded-fields metric's bounded label."""
     return _INDEX.sub("[]", where)
-
-
-def refuse_file(source: str, where: str, problem: Problem | str) -> None:
-    """Count and log a manifest file (or document) that yields no object."""
-    reason = problem.reason if isinstance(problem, Problem) else "unparsable"
-    metrics.REJECTED_OBJECTS.labels(source, "File", reason).inc()
-    log.error("skipping %s: %s", where, problem)

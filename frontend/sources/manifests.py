@@ -38,10 +38,12 @@ from typing import Any
 import yaml
 
 from svcproxy.frontend.edge.verdict import Problem
+from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import KINDS, Delete, Event, Replace, Sink, Upsert
-from svcproxy.frontend.sources.intake import refuse_file
 
 log = logging.getLogger(__name__)
+# Where every refused object and file is logged (intake.py's logger).
+refusals_log = logging.getLogger("svcproxy.frontend.engine")
 SUFFIXES = (".yaml", ".yml", ".json")
 API_VERSIONS = {"Service": "v1", "Node": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
 SOURCE = "manifests"
@@ -79,6 +81,13 @@ class Fingerprint:
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def refuse_file(source: str, where: str, problem: Problem | str) -> None:
+    """Count and log a manifest file (or document) that yields no object."""
+    reason = problem.reason if isinstance(problem, Problem) else "unparsable"
+    metrics.REJECTED_OBJECTS.labels(source, "File", reason).inc()
+    refusals_log.error("skipping %s: %s", where, problem)
 
 
 class _Refused(Exception):
