@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_frontend import make_cluster  # noqa: E402
 
 from svcproxy.frontend.edge.validation import validate  # noqa: E402
+from svcproxy.frontend.intake.intake import _PARSERS, Intake  # noqa: E402
 from svcproxy.frontend.pipeline.engine import Engine  # noqa: E402
-from svcproxy.frontend.sources.intake import _PARSERS, Intake  # noqa: E402
 
 
 class ParseOnly(Intake):

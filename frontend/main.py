@@ -14,6 +14,7 @@ import grpc
 from svcproxy.collector import resume_collector_after_start
 from svcproxy.frontend.edge.limits import ObjectLimits
 from svcproxy.frontend.fleet.service import FleetService
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication.changelog import DEFAULT_BOUNDS, ViewBounds
 from svcproxy.frontend.runtime.gctuning import paused_until
@@ -22,7 +23,6 @@ from svcproxy.frontend.serving.access.guard import CallGuard
 from svcproxy.frontend.serving.limits import StreamLimits
 from svcproxy.frontend.serving.readiness import Readiness
 from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, start_server
-from svcproxy.frontend.sources.intake import Intake
 
 if TYPE_CHECKING:
     from svcproxy.frontend.serving.workers import StreamWorkers

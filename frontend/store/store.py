@@ -15,6 +15,7 @@ from typing import Any
 
 from svcproxy.frontend.edge.objects import EndpointSlice, Node, Service
 from svcproxy.frontend.edge.validation import object_key
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import (
     KINDS,
@@ -25,7 +26,6 @@ from svcproxy.frontend.sources.events import (
     Replace,
     Upsert,
 )
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.claims import UNALLOCATED, Claims
 from svcproxy.model import NodeInfo
 

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from svcproxy.frontend.intake import intake
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
-from svcproxy.frontend.sources import intake
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
 from tests.support import kubemodel

@@ -11,7 +11,7 @@ import pytest
 from svcproxy.frontend.edge.fields import DEGRADED, FIELDS, EdgeField, markdown
 from svcproxy.frontend.edge.objects import parse_endpoint_slice, parse_node, parse_service
 from svcproxy.frontend.edge.validation import validate
-from svcproxy.frontend.sources.intake import field_label
+from svcproxy.frontend.intake.intake import field_label
 from tests.support.hostile import endpoint_slice, node, service, set_path
 from tests.support.paths import REPO
 
@@ -55,8 +55,8 @@ def test_each_example_is_served_as_the_table_says(entry: EdgeField) -> None:
 
 
 def test_a_degraded_field_is_logged_naming_object_and_field_and_counted(caplog) -> None:  # type: ignore[no-untyped-def]
+    from svcproxy.frontend.intake.intake import Intake
     from svcproxy.frontend.runtime import metrics
-    from svcproxy.frontend.sources.intake import Intake
 
     counter = metrics.DEGRADED_FIELDS.labels("EndpointSlice", "ports[].port")
     before = counter._value.get()

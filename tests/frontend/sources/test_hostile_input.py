@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from svcproxy.frontend.computation import records as records_module
 from svcproxy.frontend.edge.validation import object_key, validate
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.publication import changelog as changelog_module
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Event, Replace, Upsert
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestLimits, ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
 from tests.support.examples import copy_examples

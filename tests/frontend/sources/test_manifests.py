@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from svcproxy.frontend.intake import intake
 from svcproxy.frontend.runtime import metrics
-from svcproxy.frontend.sources import intake
 from svcproxy.frontend.sources.events import Event, Replace
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.model import Protocol, ServicePortKey

@@ -32,8 +32,8 @@ from svcproxy.frontend.edge.objects import (
 )
 from svcproxy.frontend.edge.service import validate_service
 from svcproxy.frontend.edge.service_decode import decode_service
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.sources.events import RawObject, Replace
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.store import Store
 from svcproxy.model import Protocol, normalize_cidr, normalize_ip, parse_ip
 from tests.support.hostile import endpoint_slice, spoiled

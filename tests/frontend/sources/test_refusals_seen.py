@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from svcproxy.frontend.intake import intake
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.runtime import metrics
-from svcproxy.frontend.sources import intake
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.frontend.store.store import Store
 

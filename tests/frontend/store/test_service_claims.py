@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, Replace, Upsert
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.model import Protocol, ServicePortKey
 from tests.support.hostile import endpoint_slice, node, service, set_path

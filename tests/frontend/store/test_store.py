@@ -7,9 +7,9 @@ import json
 import pytest
 
 from svcproxy.frontend.edge.objects import EndpointSlice
+from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, RawObject, Replace, Upsert
-from svcproxy.frontend.sources.intake import Intake
 from svcproxy.frontend.store.store import Store
 from tests.support.objects import endpoint, node, service, slice_
 
