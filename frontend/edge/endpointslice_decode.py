@@ -1,5 +1,5 @@
 """Listed EndpointSlices of the common shape, decoded from their JSON straight into the
-store's objects (msgspec's typed decoding, in C) instead of dicts then kubevalidation and
+store's objects (msgspec's typed decoding, in C) instead of dicts then validation.py and
 parse. Only what those would accept as it is: anything else, or any doubt (a field not
 listed here, hints, an IPv6 or FQDN slice, limits below the defaults), is
 None, and the caller takes the general path, which says why and gives the same object.

@@ -1,6 +1,6 @@
-"""What the typed paths for listed objects (typed_slices.py, typed_services.py) share:
+"""What the typed paths for listed objects (endpointslice_decode.py, service_decode.py) share:
 the metadata's struct and checks, and the bounds under which a typed decoding stands in
-for ``check_size``. Each check says whether kubevalidation would accept the value as it
+for ``check_size``. Each check says whether validation.py would accept the value as it
 is; False means "take the general path" (which says why, or accepts it after all).
 """
 

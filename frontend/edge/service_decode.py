@@ -1,6 +1,6 @@
 """Listed Services of the common shape, decoded from their JSON straight into the store's
-objects (msgspec's typed decoding, in C) instead of dicts then kubevalidation and parse,
-as typed_slices.py does for EndpointSlices. Only what those would accept as it is:
+objects (msgspec's typed decoding, in C) instead of dicts then validation.py and parse,
+as endpointslice_decode.py does for EndpointSlices. Only what those would accept as it is:
 anything else, or any doubt (a field not listed here, ExternalName, IPv6 or dual-stack,
 source ranges, limits below the defaults), is None, and the caller takes the general
 path, which says why and gives the same object.
@@ -169,7 +169,7 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
 
 
 def _cross_field(spec: _Spec, stype: str, annotations: dict[str, str] | None) -> bool:
-    """Whether one of ValidateService's cross-field rules (kube_services) may refuse it:
+    """Whether one of ValidateService's cross-field rules (service.py) may refuse it:
     externalTrafficPolicy where not reachable from outside, healthCheckNodePort without
     LoadBalancer and Local, clusterIPs without clusterIP, the two topology annotations
     disagreeing."""

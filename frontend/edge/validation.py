@@ -1,11 +1,11 @@
 """Kubernetes' own validation rules for the objects the frontend reads.
 
-One pure function per kind (``validate_service`` in kube_services.py,
-``validate_endpoint_slice`` in kube_slices.py, ``validate_node`` in kube_nodes.py) checks
+One pure function per kind (``validate_service`` in service.py,
+``validate_endpoint_slice`` in endpointslice.py, ``validate_node`` in node.py) checks
 the fields svcproxy uses the way the apiserver does (pkg/apis/core/validation,
 pkg/apis/discovery/validation): names, port names, port ranges, protocols, enums, IP
 syntax and family, the addresses Kubernetes forbids, duplicates and list limits.
-``check_size`` (kube_limits.py) bounds any object (size, nesting) first. Nothing here
+``check_size`` (limits.py) bounds any object (size, nesting) first. Nothing here
 raises on any input: a problem is returned as data, so every source (apiserver,
 manifests, upstream) gets the same verdict.
 """

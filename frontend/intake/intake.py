@@ -1,6 +1,6 @@
 """The store's door: every object is validated, parsed, or refused alone here.
 
-Whatever the source, an object passes Kubernetes' rules (kubevalidation.py) before
+Whatever the source, an object passes Kubernetes' rules (edge/validation.py) before
 it is parsed; a refused one is logged once (source, file, object, field, reason) and
 counted in ``svcproxy_frontend_rejected_objects_total``; an unexpected exception
 refuses that object only. Values Kubernetes lets through but svcproxy cannot use
@@ -79,8 +79,8 @@ class Intake:
 
     def decode(self, raw: RawObject) -> Service | EndpointSlice | dict[str, Any] | None:
         """A listed object's JSON: its object when of the common shape (valid as it is, see
-        typed_services.py and typed_slices.py), else its dict, for ``parse`` to say why or
-        read it."""
+        edge/service_decode.py and edge/endpointslice_decode.py), else its dict, for
+        ``parse`` to say why or read it."""
         parsed = _TYPED[raw.kind](raw.data, self.limits)
         if parsed is not None:
             return parsed

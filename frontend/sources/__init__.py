@@ -1,5 +1,6 @@
-"""Sources: the apiserver, a manifest directory or an upstream frontend, and the intake
-that validates every object they send before the store keeps it.
+"""Sources: the adapters that read the cluster (the apiserver, a manifest directory or an
+upstream frontend) and the events they send; the intake (``frontend/intake``) validates
+each object before the store keeps it.
 
 Every import of the kubernetes client in the frontend (its sources, the TokenReview
 check) comes after this package's: the client's package is registered here without its
