@@ -1,12 +1,24 @@
-"""A Node's fields svcproxy reads, with the apiserver's rules (pkg/apis/core/validation)."""
+"""The Node kind: the fields svcproxy reads, with the apiserver's rules
+(pkg/apis/core/validation), and their parse into ``objects.Node``."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
+from svcproxy.frontend.edge.addresses import kube_cidr
 from svcproxy.frontend.edge.checker import Checker, check_cidrs, check_object
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.names import QUALIFIED, is_qualified_name, matches
+from svcproxy.frontend.edge.objects import (
+    TO_BE_DELETED_TAINT,
+    ZONE_LABEL,
+    Node,
+    as_list,
+    as_mapping,
+    canonical_ip,
+    read_meta,
+)
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
 from svcproxy.model import parse_ip
 
@@ -68,3 +80,36 @@ def _taints(c: Checker, value: Any) -> None:
             c.err(where, "duplicate", f"{shown(key)} {effect} is listed twice")
         else:
             seen.add((key, effect))
+
+
+def parse_node(obj: dict[str, Any]) -> Node:
+    """A Node from its JSON; raises ParseError."""
+    _, name, meta = read_meta(obj, namespaced=False)
+    labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels"), "metadata.labels").items()}
+    spec = as_mapping(obj.get("spec"), "spec")
+    status = as_mapping(obj.get("status"), "status")
+    cidrs = as_list(spec.get("podCIDRs"), "spec.podCIDRs") or (
+        [spec["podCIDR"]] if spec.get("podCIDR") else [])
+    pod_cidrs = tuple(c for c in (kube_cidr(str(x)) for x in cidrs) if c)
+    addresses = tuple(dict.fromkeys(
+        ip for a in as_list(status.get("addresses"), "status.addresses")
+        if as_mapping(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")
+        and (ip := _node_ip(str(a.get("address", "")))) is not None))
+    taints = as_list(spec.get("taints"), "spec.taints")
+    terminating = bool(meta.get("deletionTimestamp")) or any(
+        as_mapping(t, "spec.taints").get("key") == TO_BE_DELETED_TAINT for t in taints)
+    return Node(name, labels.get(ZONE_LABEL, ""), tuple(sorted(labels.items())), pod_cidrs,
+                addresses, terminating)
+
+
+def _node_ip(text: str) -> str | None:
+    """A Node status address as kube-proxy reads it (netutils.ParseIPSloppy, then IPv4 if it
+    is one): not with spaces around it, an IPv4-mapped IPv6 address as its IPv4 address.
+    Kubernetes validates no Node status, so such addresses reach us."""
+    if text != text.strip():
+        return None
+    ip = canonical_ip(text)
+    if ip is not None and ip.startswith("::ffff:"):
+        mapped = ipaddress.IPv6Address(ip).ipv4_mapped
+        return str(mapped) if mapped is not None else ip
+    return ip

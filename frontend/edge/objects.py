@@ -132,7 +132,7 @@ class Node(_Object, frozen=True):
     terminating: bool
 
 
-def _meta(obj: dict[str, Any], namespaced: bool) -> tuple[str, str, dict[str, Any]]:
+def read_meta(obj: dict[str, Any], namespaced: bool) -> tuple[str, str, dict[str, Any]]:
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not meta.get("name"):
         raise ParseError("metadata.name is missing")
@@ -140,7 +140,7 @@ def _meta(obj: dict[str, Any], namespaced: bool) -> tuple[str, str, dict[str, An
     return namespace, str(meta["name"]), meta
 
 
-def _dict(value: Any, where: str) -> dict[str, Any]:
+def as_mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -148,7 +148,7 @@ def _dict(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _list(value: Any, where: str) -> list[Any]:
+def as_list(value: Any, where: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -181,19 +181,6 @@ def canonical_ip(text: str) -> str | None:
     return normalize_ip(text)
 
 
-def _node_ip(text: str) -> str | None:
-    """A Node status address as kube-proxy reads it (netutils.ParseIPSloppy, then IPv4 if it
-    is one): not with spaces around it, an IPv4-mapped IPv6 address as its IPv4 address.
-    Kubernetes validates no Node status, so such addresses reach us."""
-    if text != text.strip():
-        return None
-    ip = canonical_ip(text)
-    if ip is not None and ip.startswith("::ffff:"):
-        mapped = ipaddress.IPv6Address(ip).ipv4_mapped
-        return str(mapped) if mapped is not None else ip
-    return ip
-
-
 def _ips(values: list[Any], where: str) -> tuple[str, ...]:
     """Addresses in canonical form, an IPv4-mapped one as its IPv4 address (Go's To4(),
     which Kubernetes validates and kube-proxy programs it as)."""
@@ -223,10 +210,10 @@ def _policy(value: Any, where: str) -> TrafficPolicy:
 
 def _service_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
     ports = []
-    raw = _list(spec.get("ports"), "spec.ports")
+    raw = as_list(spec.get("ports"), "spec.ports")
     for i, p in enumerate(raw):
         where = f"spec.ports[{i}]"
-        p = _dict(p, where)
+        p = as_mapping(p, where)
         name = str(p.get("name") or "")
         if len(raw) > 1 and not name:
             raise ParseError(f"{where}: a service with several ports must name each")
@@ -241,8 +228,8 @@ def _service_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
 def _affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
     if spec.get("sessionAffinity") != "ClientIP":
         return SessionAffinity.NONE, 0
-    cfg = _dict(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
-    client = _dict(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    cfg = as_mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client = as_mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
     timeout = client.get("timeoutSeconds")
     if timeout is None:  # SetDefaults_Service: unset (or null) is 10800 s
         timeout = DEFAULT_AFFINITY_TIMEOUT
@@ -254,7 +241,7 @@ def _affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
 
 def _source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
     out = []
-    for value in _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges"):
+    for value in as_list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges"):
         for part in str(value).split(","):
             if not part.strip():
                 continue
@@ -266,10 +253,10 @@ def _source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _lb_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
-    lb = _dict(status.get("loadBalancer"), "status.loadBalancer")
+    lb = as_mapping(status.get("loadBalancer"), "status.loadBalancer")
     out = []
-    for i, ing in enumerate(_list(lb.get("ingress"), "status.loadBalancer.ingress")):
-        ing = _dict(ing, f"status.loadBalancer.ingress[{i}]")
+    for i, ing in enumerate(as_list(lb.get("ingress"), "status.loadBalancer.ingress")):
+        ing = as_mapping(ing, f"status.loadBalancer.ingress[{i}]")
         if not ing.get("ip"):
             continue
         (ip,) = _ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
@@ -279,10 +266,10 @@ def _lb_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
 
 def parse_service(obj: dict[str, Any]) -> Service:
     """A Service from its JSON; raises ParseError."""
-    namespace, name, meta = _meta(obj, namespaced=True)
-    spec = _dict(obj.get("spec"), "spec")
-    labels = _dict(meta.get("labels"), "metadata.labels")
-    annotations = _dict(meta.get("annotations"), "metadata.annotations")
+    namespace, name, meta = read_meta(obj, namespaced=True)
+    spec = as_mapping(obj.get("spec"), "spec")
+    labels = as_mapping(meta.get("labels"), "metadata.labels")
+    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
     cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
     cluster_ips = [] if "None" in cluster_ips else cluster_ips
     affinity, timeout = _affinity(spec)
@@ -290,10 +277,10 @@ def parse_service(obj: dict[str, Any]) -> Service:
     hc_port = spec.get("healthCheckNodePort")
     return Service(
         namespace=namespace, name=name, type=str(spec.get("type") or "ClusterIP"),
-        cluster_ips=_ips(_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
+        cluster_ips=_ips(as_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
         ports=_service_ports(spec),
-        external_ips=_ips(_list(spec.get("externalIPs"), "spec.externalIPs"), "spec.externalIPs"),
-        load_balancer_ingress=_lb_ingress(_dict(obj.get("status"), "status")),
+        external_ips=_ips(as_list(spec.get("externalIPs"), "spec.externalIPs"), "spec.externalIPs"),
+        load_balancer_ingress=_lb_ingress(as_mapping(obj.get("status"), "status")),
         load_balancer_source_ranges=_source_ranges(spec),
         session_affinity=affinity, session_affinity_timeout=timeout,
         internal_traffic_policy=_policy(spec.get("internalTrafficPolicy"),
@@ -349,33 +336,33 @@ def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
         addresses = ep.get("addresses")
         return plain_endpoint(
             _ips(addresses if type(addresses) is list
-                 else _list(addresses, f"endpoints[{i}].addresses"), f"endpoints[{i}].addresses"),
+                 else as_list(addresses, f"endpoints[{i}].addresses"), f"endpoints[{i}].addresses"),
             ready, ready if serving is None else bool(serving),
             bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
             _zone(ep.get("zone")))
     where = f"endpoints[{i}]"
-    cond = _dict(cond, f"{where}.conditions")
-    hints = _dict(ep.get("hints"), f"{where}.hints")
+    cond = as_mapping(cond, f"{where}.conditions")
+    hints = as_mapping(ep.get("hints"), f"{where}.hints")
     ready = cond.get("ready")
     ready = True if ready is None else bool(ready)
     serving = cond.get("serving")
     serving = ready if serving is None else bool(serving)
     return SliceEndpoint(
-        addresses=_ips(_list(ep.get("addresses"), f"{where}.addresses"), f"{where}.addresses"),
+        addresses=_ips(as_list(ep.get("addresses"), f"{where}.addresses"), f"{where}.addresses"),
         ready=ready, serving=serving, terminating=bool(cond.get("terminating") or False),
         node_name=str(ep.get("nodeName") or ""), zone=_zone(ep.get("zone")),
-        hint_zones=tuple(str(_dict(z, where).get("name", "")) for z in
-                         _list(hints.get("forZones"), f"{where}.hints.forZones")),
-        hint_nodes=tuple(str(_dict(n, where).get("name", "")) for n in
-                         _list(hints.get("forNodes"), f"{where}.hints.forNodes")),
+        hint_zones=tuple(str(as_mapping(z, where).get("name", "")) for z in
+                         as_list(hints.get("forZones"), f"{where}.hints.forZones")),
+        hint_nodes=tuple(str(as_mapping(n, where).get("name", "")) for n in
+                         as_list(hints.get("forNodes"), f"{where}.hints.forNodes")),
     )
 
 
 def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> EndpointSlice:
     """An EndpointSlice from its JSON; raises ParseError."""
-    namespace, name, meta = _meta(obj, namespaced=True)
-    labels = _dict(meta.get("labels"), "metadata.labels")
-    annotations = _dict(meta.get("annotations"), "metadata.annotations")
+    namespace, name, meta = read_meta(obj, namespaced=True)
+    labels = as_mapping(meta.get("labels"), "metadata.labels")
+    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
     service = labels.get(SERVICE_NAME_LABEL)
     if not service:
         raise ParseError(f"label {SERVICE_NAME_LABEL} is missing: the slice belongs to no service")
@@ -383,37 +370,17 @@ def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> E
     if address_type not in ("IPv4", "IPv6", "FQDN"):
         raise ParseError(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
     ports = []
-    for i, p in enumerate(_list(obj.get("ports"), "ports")):
+    for i, p in enumerate(as_list(obj.get("ports"), "ports")):
         where = f"ports[{i}]"
-        p = _dict(p, where)
+        p = as_mapping(p, where)
         port = p.get("port")
         if port is None or type(port) is int and not 1 <= port <= 65535:
             continue  # "all ports", or one no kernel takes (degraded): nothing to serve
         ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
                                _port(port, where)))
     endpoints = () if address_type == "FQDN" else tuple(
-        _slice_endpoint(ep if type(ep) is dict else _dict(ep, f"endpoints[{i}]"), i)
-        for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")))
+        _slice_endpoint(ep if type(ep) is dict else as_mapping(ep, f"endpoints[{i}]"), i)
+        for i, ep in enumerate(as_list(obj.get("endpoints"), "endpoints")))
     trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
     return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,
                          trigger or (seen_at if seen_at is not None else time.time()))
-
-
-def parse_node(obj: dict[str, Any]) -> Node:
-    """A Node from its JSON; raises ParseError."""
-    _, name, meta = _meta(obj, namespaced=False)
-    labels = {str(k): str(v) for k, v in _dict(meta.get("labels"), "metadata.labels").items()}
-    spec = _dict(obj.get("spec"), "spec")
-    status = _dict(obj.get("status"), "status")
-    cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs") or (
-        [spec["podCIDR"]] if spec.get("podCIDR") else [])
-    pod_cidrs = tuple(c for c in (kube_cidr(str(x)) for x in cidrs) if c)
-    addresses = tuple(dict.fromkeys(
-        ip for a in _list(status.get("addresses"), "status.addresses")
-        if _dict(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")
-        and (ip := _node_ip(str(a.get("address", "")))) is not None))
-    taints = _list(spec.get("taints"), "spec.taints")
-    terminating = bool(meta.get("deletionTimestamp")) or any(
-        _dict(t, "spec.taints").get("key") == TO_BE_DELETED_TAINT for t in taints)
-    return Node(name, labels.get(ZONE_LABEL, ""), tuple(sorted(labels.items())), pod_cidrs,
-                addresses, terminating)

@@ -21,13 +21,13 @@ import msgspec
 
 from svcproxy.frontend.edge.endpointslice_decode import decode_slice
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
+from svcproxy.frontend.edge.node import parse_node
 from svcproxy.frontend.edge.objects import (
     EndpointSlice,
     Node,
     ParseError,
     Service,
     parse_endpoint_slice,
-    parse_node,
     parse_service,
 )
 from svcproxy.frontend.edge.service_decode import decode_service
