@@ -391,7 +391,7 @@ def _run_backend(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from svcproxy.agent.kubeproxy_cli import version_text
+    from svcproxy.kubeproxy.cli import version_text
 
     return version_text()
 
@@ -443,10 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["frontend"], ["backend"]):
         pause_collector_for_start()  # before their imports: all they load at start lives on
     if argv[:1] == ["backend"]:
-        from svcproxy.agent import kubeproxy_cli
+        from svcproxy.cli.local_frontend import LocalFrontend
+        from svcproxy.kubeproxy import cli as kubeproxy_cli
 
         if kubeproxy_cli.routes_here(argv[1:]):
-            return kubeproxy_cli.main(argv[1:])  # kube-proxy's flags and --config
+            return kubeproxy_cli.main(argv[1:], LocalFrontend)  # kube-proxy's flags, --config
     args = build_parser(_command(argv)).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -52,7 +52,7 @@ def test_an_unknown_node_name_is_said_until_the_node_appears(
 
     client.start()
     try:
-        with caplog.at_level(logging.WARNING, "svcproxy.agent"), running(agent):
+        with caplog.at_level(logging.WARNING, "svcproxy.sdk"), running(agent):
             wait_for(lambda: unknown() is not None, timeout=30)
             detail = unknown()
             assert isinstance(detail, dict) and detail["nodeName"] == "node-c"

@@ -276,7 +276,7 @@ def test_backend_version_is_read_only_when_asked_for() -> None:
     parser every start builds does not look it up."""
     from importlib.metadata import version
 
-    from svcproxy.agent import kubeproxy_cli
+    from svcproxy.kubeproxy import cli as kubeproxy_cli
 
     done = subprocess.run([*SVCPROXY, "backend", "--version"], capture_output=True,
                           text=True, timeout=60, check=True)

@@ -35,7 +35,7 @@ def test_frontend_process_loads_no_backend(tmp_path: Path) -> None:
     assert "svcproxy.frontend.main" in loaded
     unused = {m for m in loaded if m.startswith((
         "svcproxy.backends", "svcproxy.sdk.agent", "svcproxy.sdk.node_agent",
-        "svcproxy.agent.kubeproxy_cli", "svcproxy.sdk.plugins"))}
+        "svcproxy.kubeproxy.cli", "svcproxy.sdk.plugins"))}
     assert not unused, f"imported by svcproxy frontend: {sorted(unused)}"
 
 

@@ -18,20 +18,20 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from svcproxy.agent.kubeproxy_cli import (
+from svcproxy.kubeproxy.cli import (
     backend_namespace,
     build_parser,
     effective_config,
     routes_here,
     unhonoured_fields,
 )
-from svcproxy.agent.kubeproxy_config import (
+from svcproxy.kubeproxy.config import (
     ConfigError,
     encode_config,
     format_go_duration,
     load_config,
 )
-from svcproxy.agent.kubeproxy_flags import FLAGS, given_flags, normalize_argv
+from svcproxy.kubeproxy.flags import FLAGS, given_flags, normalize_argv
 from tests.support.examples import copy_examples
 from tests.support.lab.processes import stop
 
@@ -598,7 +598,7 @@ def test_an_oom_score_adj_refused_by_the_kernel_is_not_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """kube-proxy logs a failed oomScoreAdj at -v=2 (info): the recommended DaemonSet's
     unprivileged container cannot lower it, and it says so on every start otherwise."""
-    from svcproxy.agent.kubeproxy_cli import set_oom_score_adj
+    from svcproxy.kubeproxy.cli import set_oom_score_adj
 
     with caplog.at_level("INFO", logger="svcproxy.kube-proxy"):
         assert set_oom_score_adj(-999, tmp_path) is False  # a directory: the write fails

@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from svcproxy.agent.kubeproxy_cli import ENV_FLAGS, build_parser, effective_config, routes_here
-from svcproxy.agent.kubeproxy_config import load_config
-from svcproxy.agent.kubeproxy_flags import given_flags
+from svcproxy.kubeproxy.cli import ENV_FLAGS, build_parser, effective_config, routes_here
+from svcproxy.kubeproxy.config import load_config
+from svcproxy.kubeproxy.flags import given_flags
 from tests.support.lab.topology import Namespaces
 from tests.support.paths import REPO
 

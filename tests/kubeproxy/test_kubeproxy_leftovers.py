@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from svcproxy.agent.kubeproxy_leftovers import leftover_backends, remove_kube_proxy_tables
+from svcproxy.kubeproxy.leftovers import leftover_backends, remove_kube_proxy_tables
 from tests.support.lab.topology import Namespaces
 
 CONFIG = ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from svcproxy.agent.kubeproxy_config import load_config
-from svcproxy.agent.kubeproxy_sysctls import wanted_sysctls
+from svcproxy.kubeproxy.config import load_config
+from svcproxy.kubeproxy.sysctls import wanted_sysctls
 from svcproxy.sdk.sysctls import mode_sysctls
 from tests.support import root_sysctls
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from svcproxy.agent.kubeproxy_config import ConfigError, decode_value
 from svcproxy.durations import parse_duration
+from svcproxy.kubeproxy.config import ConfigError, decode_value
 
 
 def go_bool(text: str) -> bool:

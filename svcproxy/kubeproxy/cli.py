@@ -17,11 +17,12 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from svcproxy.agent.kubeproxy_config import (
+from svcproxy.kubeproxy.config import (
     GROUP,
     ConfigError,
     apply_defaults,
@@ -33,16 +34,15 @@ from svcproxy.agent.kubeproxy_config import (
     load_config,
     validate,
 )
-from svcproxy.agent.kubeproxy_flags import (
+from svcproxy.kubeproxy.flags import (
     BY_DEST,
     add_kube_proxy_flags,
     given_flags,
     go_bool,
     normalize_argv,
 )
-from svcproxy.agent.kubeproxy_leftovers import remove_leftovers
-from svcproxy.agent.kubeproxy_sysctls import set_mode_sysctls
-from svcproxy.agent.local_frontend import LocalFrontend
+from svcproxy.kubeproxy.leftovers import remove_leftovers
+from svcproxy.kubeproxy.sysctls import set_mode_sysctls
 
 log = logging.getLogger("svcproxy.kube-proxy")
 
@@ -56,6 +56,26 @@ ENV_FLAGS = {"api": API_ENV, "api_ca": "SVCPROXY_API_CA", "api_cert": "SVCPROXY_
              "api_key": "SVCPROXY_API_KEY", "api_token_file": "SVCPROXY_API_TOKEN_FILE"}
 # The longest the backend's set-up waits for local mode's listing to start.
 LISTING_WAIT = 60.0
+
+
+class LocalMode(Protocol):
+    """The frontend run in the backend's process (local mode; the ``svcproxy`` command
+    gives ``main`` one: ``svcproxy.cli.local_frontend.LocalFrontend``, above this layer)."""
+
+    listing_started: threading.Event  # set once the apiserver's listing started
+
+    def begin(self) -> None:
+        """Start the frontend without waiting."""
+
+    def start(self) -> str:
+        """Wait until it serves; the address to follow (``--api``)."""
+
+    def stop(self) -> None:
+        """Undo everything."""
+
+
+# kubeconfig (None: in-cluster) and --master -> the local frontend
+LocalModeFactory = Callable[[str | None, str], LocalMode]
 # Flags that apply with --config too (the logging flags as well); kube-proxy's --master
 # does, so its warning is run_backend's (svcproxy cannot use it), not "ignored with --config".
 _ALWAYS_USED = {"config", "write-config-to", "cleanup", "init-only", "hostname-override",
@@ -376,8 +396,10 @@ def _fail(message: str) -> int:
     return 2
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``svcproxy backend [NAME] <kube-proxy flags>``."""
+def main(argv: Sequence[str] | None = None,
+         local_mode: LocalModeFactory | None = None) -> int:
+    """Entry point of ``svcproxy backend [NAME] <kube-proxy flags>``; ``local_mode`` makes
+    the frontend that local mode runs (without it there is no local mode)."""
     argv = normalize_argv(sys.argv[1:] if argv is None else argv)
     forced = argv[0] if argv and not argv[0].startswith("-") else None
     args, rest = build_parser().parse_known_args(argv[1:] if forced else argv)
@@ -402,18 +424,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(flags["write-config-to"]).write_text(encode_config(config))
         log.info("Wrote configuration to %s", flags["write-config-to"])
         return 0
-    return run(config, flags, forced, rest)
+    return run(config, flags, forced, rest, local_mode)
 
 
 def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
-        rest: list[str]) -> int:
+        rest: list[str], local_mode: LocalModeFactory | None = None) -> int:
     """Choose the backend, warn about what it does not honour, and run it. In local mode
     the frontend starts first, and the backend's set-up waits until the apiserver's
     listing has started (the kubernetes client imported, the list requests out): the
     apiserver's answer then overlaps the rest of the start."""
     local = None
     if not flags.get("cleanup") and not flags.get("init-only"):
-        local = local_frontend(config, rest, flags.get("master") or "")
+        local = local_frontend(config, rest, flags.get("master") or "", local_mode)
     if local is None:
         return run_backend(config, flags, forced, rest, None)
     local.begin()
@@ -425,7 +447,7 @@ def run(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
 
 
 def run_backend(config: dict[str, Any], flags: dict[str, Any], forced: str | None,
-                rest: list[str], local: LocalFrontend | None) -> int:
+                rest: list[str], local: LocalMode | None) -> int:
     """Set the backend up and run it, following ``local``'s frontend when given."""
     from svcproxy.sdk.agent import add_agent_arguments, config_from_args, run_agent
     from svcproxy.sdk.metrics_server import set_configz
@@ -497,8 +519,8 @@ def _cleanup_of(name: str, config: dict[str, Any], installed: Mapping[str, Any],
     return cleanup
 
 
-def local_frontend(config: dict[str, Any], rest: list[str],
-                   master: str = "") -> LocalFrontend | None:
+def local_frontend(config: dict[str, Any], rest: list[str], master: str = "",
+                   local_mode: LocalModeFactory | None = None) -> LocalMode | None:
     """Local mode when no frontend address is given (--api, $SVCPROXY_API) and there is a
     kubeconfig (clientConnection.kubeconfig, --kubeconfig), a --master or in-cluster
     credentials."""
@@ -507,7 +529,7 @@ def local_frontend(config: dict[str, Any], rest: list[str],
     kubeconfig = config["clientConnection"]["kubeconfig"] or None
     if kubeconfig is None and not master and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    return LocalFrontend(kubeconfig, master)
+    return local_mode(kubeconfig, master) if local_mode is not None else None
 
 
 if __name__ == "__main__":
