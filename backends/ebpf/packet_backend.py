@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context, rtnetlink
 
-from . import libbpf, maglev, xdp
+from . import libbpf, maglev, packet_stats, xdp
 from .ct_gc import CtGc
 from .libbpf import Map
 from .packet_layout import (
     F_MAGLEV,
+    MAP_AFFINITY,
     MAP_CLUSTER_IPS,
     MAP_CT,
     MAP_DEVICES,
@@ -30,6 +31,7 @@ from .packet_layout import (
     MAP_MAGLEV,
     MAP_RANGES,
     MAP_SERVICES,
+    MAP_STATS,
     MAP_XDP_STATS,
     endpoint_name,
     pack_cluster_ip,
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
+AFFINITY_ENTRIES = 65536  # spp_affinity's size (svcproxy_tc.bpf.c)
 
 
 class EndpointSets(Map):
@@ -294,7 +297,9 @@ class PacketBackend(Backend):
             layout = self.layout
             counts = {MAP_SERVICES: (len(tables.applied), layout.max_services),
                       MAP_ENDPOINTS: (tables.slot_count, layout.max_endpoints),
-                      MAP_CT: (len(programs.maps[MAP_CT]), layout.max_flows)}
+                      MAP_CT: (len(programs.maps[MAP_CT]), layout.max_flows),
+                      MAP_MAGLEV: (len(self.sets.have) if self.sets else 0, layout.max_services),
+                      MAP_AFFINITY: (len(programs.maps[MAP_AFFINITY]), AFFINITY_ENTRIES)}
             for name, (count, size) in counts.items():
                 entries.add_metric([name], count)
                 capacity.add_metric([name], size)
@@ -309,6 +314,8 @@ class PacketBackend(Backend):
             yield from xdp.metrics(programs.xdp_modes, programs.maps[MAP_XDP_STATS].fd)
         if self.ct_gc is not None:
             yield from self.ct_gc.metrics()
+        if programs is not None:
+            yield from packet_stats.metrics(programs.maps[MAP_STATS].fd)
 
     def cleanup(self) -> None:
         """Detach the tc programs and remove the packet path's pins."""

@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import libbpf, xdp
-from .layout import F_AFFINITY, F_REFUSE, Frontend, Target
+from . import libbpf, packet_stats, xdp
+from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, Frontend, Target
 from .libbpf import Map
 from .packet_layout import (
     CT_FORWARD,
@@ -18,6 +18,7 @@ from .packet_layout import (
     MAP_ENDPOINTS,
     MAP_MAGLEV,
     MAP_SERVICES,
+    MAP_STATS,
     SIZES,
     Flow,
 )
@@ -44,6 +45,9 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
             for name in (MAP_SERVICES, MAP_ENDPOINTS, MAP_CT)}
     try:
         applied, _orphans = read_kernel(maps[MAP_SERVICES], maps[MAP_ENDPOINTS])
+        flows = [Flow.unpack(k, v) for k, v in maps[MAP_CT].items()]
+        per_service = packet_stats.ServiceFlows.of(flows)
+        tables = _table_ids(tc_dir / MAP_MAGLEV)
         for fe, entry in sorted((Frontend.unpack(k), a) for k, a in applied.items()):
             value = entry.value
             if value.flags & F_REFUSE:
@@ -54,22 +58,32 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
                 what = f"{value.count} endpoints, set {value.set_id} INCOMPLETE"
             else:
                 what = " ".join(_endpoint(s) for s in entry.slots)
-            extra = " [maglev]" if value.flags & F_MAGLEV else ""
+            extra = ""
+            if value.flags & F_MAGLEV:
+                extra = (" [maglev]" if value.set_id in tables or not value.count
+                         else " [maglev, table missing: flow hash % endpoints]")
             if value.flags & F_AFFINITY:
                 extra += f" [affinity ClientIP {value.affinity_timeout}s]"
-            yield f"tc {fe} -> {what}{extra}"
-        flows = [Flow.unpack(k, v) for k, v in maps[MAP_CT].items()]
+            proto = PACKET_PROTOCOLS.get(fe.proto, 0)
+            yield f"tc {fe} -> {what}{extra}{per_service.line(fe.ip, fe.port, proto)}"
         forward = [f for f in flows if f.direction == CT_FORWARD]
         for flow in forward[:samples]:
             via = f" via {_host(flow.new_source)}" if flow.snat else ""
             yield (f"flow {flow.proto} {_host(flow.source)} -> {_host(flow.destination)} => "
                    f"{_host(flow.new_destination)}{via}")
         yield from xdp.dump_lines(tc_dir)
-        tables = _count(tc_dir / MAP_MAGLEV)
         yield (f"# {len(applied)} tc services, "
                f"{sum(a.value.count for a in applied.values())} endpoint slots, "
-               f"{tables} Maglev tables, {len(forward)} flows "
-               f"({sum(f.snat for f in forward)} SNATed), {len(flows)} flow entries")
+               f"{len(tables)} Maglev tables, {len(forward)} flows "
+               f"({sum(f.snat for f in forward)} SNATed), "
+               f"{sum(per_service.nat.values())} NAT entries, {len(flows)} flow entries")
+        if (tc_dir / MAP_STATS).exists():
+            fd = libbpf.obj_get(str(tc_dir / MAP_STATS))
+            try:
+                counts = packet_stats.read_stats(fd)
+            finally:
+                os.close(fd)
+            yield "# tc counters: " + ", ".join(f"{n} {name}" for name, n in counts.items())
     finally:
         for m in maps.values():
             os.close(m.fd)
@@ -80,16 +94,17 @@ def _host(addr: tuple[str, int]) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
-def _count(pin: Path) -> int:
-    """Keys of a map read one at a time (its values are whole tables)."""
+def _table_ids(pin: Path) -> set[int]:
+    """The set ids holding a Maglev table: keys read one at a time (the values are
+    whole tables)."""
     fd = libbpf.obj_get(str(pin))
     try:
         lib = libbpf.lib()
         key, prev = ctypes.create_string_buffer(4), None
-        count = 0
+        found = set()
         while lib.bpf_map_get_next_key(fd, prev, key) == 0:
-            count += 1
+            found.add(int.from_bytes(key.raw, "little"))
             prev = ctypes.create_string_buffer(key.raw, 4)
-        return count
+        return found
     finally:
         os.close(fd)

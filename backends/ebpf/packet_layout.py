@@ -31,8 +31,9 @@ MAP_AFFINITY = "spp_affinity"
 MAP_RANGES = "spp_ranges"
 MAP_CLUSTER_IPS = "spp_cluster_ips"
 MAP_XDP_STATS = "spp_xdp_stats"  # per-CPU counters of the XDP program (xdp.read_stats)
+MAP_STATS = "spp_stats"  # per-CPU counters of tc and XDP (packet_stats.py)
 MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY, MAP_RANGES,
-        MAP_CLUSTER_IPS, MAP_XDP_STATS)
+        MAP_CLUSTER_IPS, MAP_XDP_STATS, MAP_STATS)
 
 # struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
 CT_KEY = struct.Struct("=16s16s2s2sBBBB")
@@ -54,6 +55,7 @@ SIZES = {
     MAP_RANGES: (40, 1),
     MAP_CLUSTER_IPS: (20, 1),
     MAP_XDP_STATS: (4, 8),  # per CPU
+    MAP_STATS: (4, 8),  # per CPU
 }
 
 

@@ -74,8 +74,10 @@ __noinline int sctp_csum(struct __sk_buff *skb, __u32 l4)
 {
 	__u32 len = skb->len, crc = 0xffffffff, zero = 0, off;
 
-	if (l4 >= len || len - l4 > SCTP_MAX_LEN || (len - l4) & 3 || len - l4 < 12)
+	if (l4 >= len || len - l4 > SCTP_MAX_LEN || (len - l4) & 3 || len - l4 < 12) {
+		stat_inc(STAT_SCTP_CSUM);
 		return -1;
+	}
 	if (bpf_skb_store_bytes(skb, l4 + SCTP_CSUM_OFF, &zero, 4, 0))
 		return -1;
 	for (int i = 0; i < SCTP_MAX_LEN / 4; i++) {

@@ -24,6 +24,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "stats.h"
 #include "sctp.h"
 
 #define AF_INET 2
@@ -577,6 +578,7 @@ static __always_inline int nat_port(struct pkt *p, const struct ep_val *ep, cons
 			return 0;
 		}
 	}
+	stat_inc(STAT_NAT_EXHAUSTED);
 	return -1;
 }
 

@@ -306,3 +306,50 @@ def test_sctp_node_port_to_an_endpoint_on_another_node(world: World) -> None:
     assert (back.source, back.destination, back.sport, back.dport) == (
         NODE1.ipv4, CLIENT.ipv4, 30181, 40002), back
     assert back.crc_ok, back
+
+
+# --- observability -------------------------------------------------------------------
+
+def _metric(world: World, name: str) -> float:
+    assert world.backend is not None
+    for family in call_in(world.node, lambda: list(world.backend.collect_metrics())):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"no metric {name}")
+
+
+def test_nat_port_exhaustion_is_counted_and_dump_shows_flows_per_service(world: World) -> None:
+    """Every NAT port of (endpoint, node address) taken: a new flow to the remote
+    endpoint is dropped and counted; --dump shows each service's flows and NAT entries."""
+    from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
+    from svcproxy.backends.ebpf.packet_layout import CT_KEY, CT_REPLY, CT_SNAT, CT_VAL, MAP_CT
+
+    world.set(service("nat", ["pod-c"], node_port=30182, cip="10.96.8.5"))
+    ok = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30182, 3))
+    assert ok.names == Counter({"pod-c": 3}), ok
+    lines = list(packet_dump_lines(world.bpffs / "pins"))
+    line = next(x for x in lines if x.startswith(f"tc {NODE1.ipv4}:30182/tcp"))
+    assert line.endswith("flows 3 (3 SNATed, 3 NAT entries)"), line
+    assert any(x.startswith("# ") and "NAT entries" in x for x in lines), lines
+    assert any(x.startswith("# tc counters: 0 nat_port_exhausted") for x in lines), lines
+    assert world.backend is not None and world.backend.programs is not None
+    ct = world.backend.programs.maps[MAP_CT]
+    pod_c = socket.inet_aton(PODS["pod-c"].ipv4) + bytes(12)
+    node = socket.inet_aton(NODE1.ipv4) + bytes(12)
+    keys = [CT_KEY.pack(pod_c, node, (8080).to_bytes(2, "big"), port.to_bytes(2, "big"),
+                        socket.IPPROTO_TCP, 4, CT_REPLY, 0) for port in range(32768, 65536)]
+    held = {k for k, _ in ct.items()}
+    taken = [k for k in keys if k not in held]
+    ct.update_many(taken, [CT_VAL.pack(bytes(16), bytes(16), bytes(2), bytes(2), CT_SNAT, 0,
+                                       0, 0)] * len(taken))
+    try:
+        before = _metric(world, "svcproxy_ebpf_tc_nat_port_exhausted_total")
+        refused = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30182, 2))
+        assert refused.errors == Counter({"timeout": 2}), refused
+        # A SYN and its retransmissions, each a new flow that found no port.
+        assert _metric(world, "svcproxy_ebpf_tc_nat_port_exhausted_total") >= before + 2
+    finally:
+        ct.delete_many(taken)
+    again = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30182, 2))
+    assert again.names == Counter({"pod-c": 2}), again
