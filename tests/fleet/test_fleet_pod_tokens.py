@@ -235,7 +235,8 @@ def test_the_same_rules_through_stream_workers(frontend_factory, tmp_path: Path,
                           auth=AuthConfig(token_audience=AUDIENCE,
                                           token_kubeconfig=str(kubeconfig)))
     workers = fe.frontend.workers
-    wait_for(lambda: len(workers.pids) == 1 and workers.pids[0] is not None, timeout=30)
+    # The worker process starts (and imports the official client) under load: a minute.
+    wait_for(lambda: len(workers.pids) == 1 and workers.pids[0] is not None, timeout=60)
     bearer = (("authorization", "Bearer " + api.tokens.issue(
         "shop", "web", audiences=(AUDIENCE,), pod=web_pod(api))),)
     target = f"127.0.0.1:{fe.frontend.port}"
@@ -245,11 +246,11 @@ def test_the_same_rules_through_stream_workers(frontend_factory, tmp_path: Path,
         while len(channels) < 40 and not (channels and set(workers.pids) & serving_pids(
                 fe.frontend.port)):
             channels.append(own_connection(target))
-            grpc.channel_ready_future(channels[-1]).result(timeout=30)
+            grpc.channel_ready_future(channels[-1]).result(timeout=60)
         assert set(workers.pids) & serving_pids(fe.frontend.port), "no connection on the worker"
         for channel in channels:
             stub = pb_grpc.NodeStateServiceStub(channel)
-            own = list(stub.WaitFleet(pb.WaitFleetRequest(endpoint_gone=POD_IP), timeout=30,
+            own = list(stub.WaitFleet(pb.WaitFleetRequest(endpoint_gone=POD_IP), timeout=60,
                                       metadata=bearer))
             assert own[-1].done
             with pytest.raises(grpc.RpcError) as other:
