@@ -89,3 +89,24 @@ def test_a_pass_removes_expired_flows_with_their_replies_and_keeps_live_ones() -
     stale = CT_VAL.pack(*CT_VAL.unpack(rval)[:-1], now - 61 * NS)
     removed, _ = expired_entries({fwd: moved, rep: stale}, CtTimeouts(), now)
     assert removed == [rep]
+
+
+def test_kube_proxys_conntrack_section_sets_the_lifetimes() -> None:
+    """``svcproxy kube-proxy`` with a KubeProxyConfiguration: conntrack.* become the ebpf
+    backend's --conntrack-* values, as kube-proxy applies them to nf_conntrack."""
+    from svcproxy.sdk.agent import add_agent_arguments
+    from svcproxy.backends.ebpf import cli as ebpf_cli
+    from svcproxy.kubeproxy.cli import backend_namespace
+    from svcproxy.kubeproxy.config import load_config
+
+    config = load_config("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
+                         "kind: KubeProxyConfiguration\nconntrack:\n"
+                         "  tcpEstablishedTimeout: 2h\n  tcpCloseWaitTimeout: 30m\n"
+                         "  udpTimeout: 5s\n  udpStreamTimeout: 1m\n")
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    ebpf_cli.add_arguments(parser)  # type: ignore[arg-type]
+    ns = backend_namespace(config, "ebpf", parser, ["--node-ip", "192.0.2.1"])
+    got = ct_timeouts(ns)
+    assert (got.tcp_established, got.tcp_close_wait, got.udp, got.udp_stream) == (
+        7200, 1800, 5, 60)
