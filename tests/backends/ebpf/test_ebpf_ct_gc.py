@@ -94,10 +94,10 @@ def test_a_pass_removes_expired_flows_with_their_replies_and_keeps_live_ones() -
 def test_kube_proxys_conntrack_section_sets_the_lifetimes() -> None:
     """``svcproxy kube-proxy`` with a KubeProxyConfiguration: conntrack.* become the ebpf
     backend's --conntrack-* values, as kube-proxy applies them to nf_conntrack."""
-    from svcproxy.sdk.agent import add_agent_arguments
     from svcproxy.backends.ebpf import cli as ebpf_cli
     from svcproxy.kubeproxy.cli import backend_namespace
     from svcproxy.kubeproxy.config import load_config
+    from svcproxy.sdk.agent import add_agent_arguments
 
     config = load_config("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                          "kind: KubeProxyConfiguration\nconntrack:\n"
