@@ -6,7 +6,8 @@ stage compares them with what is applied, and the ``apply`` stage writes the del
 with one ``iptables-restore --noflush`` per family. What the kernel holds is the SDK's
 ``self.applied``; the backend keeps only what derives from it (each family's top-level
 chains and rule counts, in its ``Planner``). Every periodic resync reads the rules back
-(one ``iptables-save`` per family, ``drift``): a service port's chains that someone
+(over netlink with iptables-nft, ``nftrules``; one ``iptables-save`` per family with
+iptables-legacy; ``drift``): a service port's chains that someone
 changed are written again from the applied values, a changed top-level chain or a
 missing jump rewrites everything.
 """
@@ -24,11 +25,19 @@ from prometheus_client import CollectorRegistry
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
-from svcproxy.backends.iptables.drift import Learnt, compare, read_saved
+from svcproxy.backends.iptables.drift import (
+    Applied,
+    Learnt,
+    compare,
+    compare_kernel,
+    our_jumps,
+    read_saved,
+)
 from svcproxy.backends.iptables.familyconfig import family_config
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
 from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct, remove_counters
+from svcproxy.backends.iptables.nftrules import PER_CHAIN_MAX, NftRules, TableRules
 from svcproxy.backends.iptables.planner import (
     Plan,
     Planner,
@@ -38,7 +47,7 @@ from svcproxy.backends.iptables.planner import (
     large_cluster,
     render,
 )
-from svcproxy.backends.iptables.render import FamilyConfig
+from svcproxy.backends.iptables.render import FamilyConfig, ServiceRules
 from svcproxy.backends.iptables.restore import (
     ALL_CHAINS_MIN,
     AllChains,
@@ -133,8 +142,11 @@ class IptablesBackend(StagedBackend[Rendered]):
         # The last full restore tried (values, family index, text): what the line numbers
         # of its error refer to.
         self._last_try: tuple[Values, int, str] | None = None
-        # The drift check's: per family what it learnt; the service ports it found.
+        # The drift check's: per family what it learnt (iptables-legacy) or read back
+        # after each write (iptables-nft: ``_kernel``); the service ports it found.
         self._learnt: dict[int, Learnt] = {}
+        self._kernel: NftRules | None = None
+        self._written: dict[int, Applied] = {}
         self._drifted: frozenset[ServicePortKey] = frozenset()
 
     @property
@@ -173,6 +185,7 @@ class IptablesBackend(StagedBackend[Rendered]):
             tool = Iptables(family, self.mode, opts.prefix)
             self._families[family] = _Family(family, tool, make_probe(tool),
                                              Planner(FamilyConfig(family=family), index))
+            self._kernel = self._kernel or tool.rules()  # one reader for the namespace
 
     def _make_counters(self) -> bool:
         """Create kube-proxy's nfacct objects; False (rules without them) if the kernel
@@ -257,8 +270,11 @@ class IptablesBackend(StagedBackend[Rendered]):
         return ""
 
     def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
-        """Read each family's rules (one iptables-save) and compare them with what was
-        applied: our chains by rule count and saved digest, our jumps by presence."""
+        """Read each family's rules and compare them with what was applied: iptables-nft
+        over netlink, with what the kernel held right after each write (nothing read
+        but the generation when no transaction was committed since the last check);
+        iptables-legacy with one iptables-save, our chains by rule count and saved
+        digest, our jumps by presence."""
         drifted: set[ServicePortKey] = set()
         for family, fam in self._families.items():
             planner = fam.planner
@@ -267,6 +283,13 @@ class IptablesBackend(StagedBackend[Rendered]):
             index = planner.index
             services = {k: r for k, v in self.applied.items()
                         if (r := v.rules[index]) is not None}
+            if self._kernel is not None:
+                keys, why = self._kernel_drift(fam, services)
+                if why:
+                    self._why = self._why or "changed behind our back"
+                    return Drift(skeleton=f"IPv{family}: {why}")
+                drifted |= keys
+                continue
             wanted = {table: list(chains) for table, chains in planner.top.items()}
             wanted.setdefault(NAT, []).extend(c for r in services.values() for c in r.chains)
             try:
@@ -284,6 +307,90 @@ class IptablesBackend(StagedBackend[Rendered]):
             drifted |= keys
         self._drifted = frozenset(drifted)
         return Drift(self._drifted)
+
+    def _kernel_drift(self, fam: _Family, services: dict[ServicePortKey, ServiceRules],
+                      ) -> tuple[set[ServicePortKey], str]:
+        """iptables-nft: one family's drift, read over netlink (``drift.compare_kernel``)."""
+        kernel = self._kernel
+        assert kernel is not None
+        written = self._written.setdefault(fam.family, Applied())
+        tables = set(fam.planner.top) | {NAT}
+        try:
+            before = kernel.generation()
+            if before == written.generation:
+                return set(), ""  # nothing committed since all of it was seen as written
+            wanted = {t: list(fam.planner.top.get(t, ())) for t in tables}
+            wanted[NAT].extend(c for r in services.values() for c in r.chains)
+            held = {t: kernel.chains(fam.family, t, wanted[t],
+                                     [c for (t2, c) in written.jumps if t2 == t])
+                    for t in tables}
+            after = kernel.generation()
+        except OSError as err:
+            log.warning("Cannot read the IPv%d rules to check them (%s): not checked "
+                        "this period", fam.family, err)
+            return set(), ""
+        keys, why = compare_kernel(fam.planner.top, services, held, written)
+        if not keys and not why and before == after:
+            written.generation = after
+        return keys, why
+
+    def _restore(self, fam: _Family, text: str, tables: dict[str, TableChanges],
+                 full: bool) -> None:
+        """One iptables-restore of ``tables``; with iptables-nft the chains it wrote (and,
+        ``full``, our jumps) are read back at once: what the drift check compares with.
+        The generation before the write and after the read says whether anyone else
+        committed in between: then the few chains written count as not known (written
+        again at the next check); a large write's are taken as read."""
+        kernel = self._kernel
+        if kernel is None:
+            fam.tool.restore(text)
+            return
+        written = self._written.setdefault(fam.family, Applied())
+        try:
+            before: int | None = kernel.generation()
+        except OSError:
+            before = None
+        try:
+            fam.tool.restore(text)
+        except IptablesError:
+            written.generation = None
+            for table, changes in tables.items():
+                for chain in changes.write:
+                    written.chains[(table, chain)] = None
+            raise
+        writes = {t: list(c.write) for t, c in tables.items() if c.write}
+        jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(fam.planner.cfg) else ())
+        sources = {(j.table, j.source): {x.target for x in jumps if (x.table, x.source)
+                                         == (j.table, j.source)} for j in jumps} if full else {}
+        try:
+            read = {t: kernel.chains(fam.family, t, writes.get(t, ()),
+                                     {s for (t2, s) in sources if t2 == t})
+                    for t in set(writes) | {t for t, _ in sources}}
+            after: int | None = kernel.generation()
+        except OSError as err:
+            log.warning("Cannot read back the IPv%d rules just written (%s): they are "
+                        "written again at the next check", fam.family, err)
+            read, after = {}, None
+        sections = text.count("\n*") + text.startswith("*")
+        # Each table section commits one transaction, or none if it changed nothing.
+        clean = before is not None and after is not None and after - before <= sections
+        many = sum(map(len, writes.values())) > PER_CHAIN_MAX
+        if not clean:
+            log.debug("IPv%d: the ruleset's generation went %s -> %s over a write of %d "
+                      "tables: someone else committed meanwhile", fam.family, before, after,
+                      sections)
+        if full:
+            written.chains = {}
+            written.jumps = {key: our_jumps(read.get(key[0], TableRules()).builtin.get(
+                key[1], []), targets) for key, targets in sources.items()}
+        for table, chains in writes.items():
+            got = read.get(table, TableRules()).chains
+            for chain in chains:
+                written.chains[(table, chain)] = got.get(chain) if clean or many else None
+        for table, changes in tables.items():
+            for chain in changes.delete:
+                written.chains.pop((table, chain), None)
+        written.generation = after if clean and written.generation == before else None
 
     def render(self, state: NodeState, record: ServicePortState) -> Rendered | None:
         """One service port's rules in every family (the SDK's stages screen out a version
@@ -318,10 +425,11 @@ class IptablesBackend(StagedBackend[Rendered]):
             index = fam.planner.index
             chains = {c: t for v in values.values() if (r := v.rules[index]) is not None
                       for c, t in r.chains.items()}
-            text = restore_text({NAT: TableChanges(write=chains)})
+            tables = {NAT: TableChanges(write=chains)}
+            text = restore_text(tables)
             start = self.clock()
             if text:
-                fam.tool.restore(text)
+                self._restore(fam, text, tables, full=False)
             written = {NAT: sum(t.count("\n") for t in chains.values())}
             self._reports[fam.family] = RestoreReport(
                 fam.family, False, len(chains), 0, self._rendered, len(text),
@@ -337,7 +445,7 @@ class IptablesBackend(StagedBackend[Rendered]):
         text = restore_text(plan.tables, self._all_chains(plan, dict(fam.planner.chains), None))
         try:
             if text:
-                fam.tool.restore(text)
+                self._restore(fam, text, plan.tables, full=False)
         except IptablesError as err:
             self.metrics.restore_failed(fam.family, partial=True)
             log.warning("IPv%d partial sync failed (%s); rewriting all rules", fam.family, err)
@@ -371,7 +479,7 @@ class IptablesBackend(StagedBackend[Rendered]):
             self._last_try = (values, fam.planner.index, text)
             try:
                 if text:
-                    fam.tool.restore(text)
+                    self._restore(fam, text, plan.tables, full=True)
             except IptablesError as err:
                 self.metrics.restore_failed(fam.family, partial=False)
                 fam.planner.forget()

@@ -1,6 +1,8 @@
 """What of our iptables rules the kernel no longer holds as applied (pure).
 
-Read from one ``iptables-save`` per family, as it streams: for each of our chains its
+iptables-nft: compared with what the kernel held right after each write (``Applied``,
+read back over netlink by the backend, see nftrules). iptables-legacy: read from one
+``iptables-save`` per family, as it streams: for each of our chains its
 rule count and the digest of its saved lines (``iptables-save`` normalizes rules, so the
 text the renderer wrote cannot be compared with it: the digest read the first time a
 chain is checked after it was written is the reference until it is written again), and
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from svcproxy.backends.iptables.jumps import Jump, insert_lines
+from svcproxy.backends.iptables.nftrules import ChainDigest, TableRules
 from svcproxy.backends.iptables.render import ServiceRules
 from svcproxy.backends.iptables.restore import BUILTIN_CHAINS, SavedTable
 from svcproxy.backends.iptables.toplevel import NAT
@@ -126,5 +129,62 @@ def _differs(table: str, chain: str, text: str, held: SavedChain | None,
     if held.rules != count:
         return f"chain {chain} of {table} holds {held.rules} rules, not {count}"
     if not learnt.same(table, chain, text, held.digest):
+        return f"a rule of chain {chain} of {table} was changed"
+    return ""
+
+
+# ---- iptables-nft: the kernel's rules read over netlink (nftrules) ------------------
+@dataclass(slots=True)
+class Applied:
+    """One family's rules as the kernel held them right after the backend wrote them
+    (read back then, so known at apply time): per (table, chain) its count and digest
+    (None: not known, someone else committed between the write and the read: drift);
+    per (table, built-in chain) the expressions of our jumps; the ruleset generation
+    at which the kernel was last seen holding all of it (None: to be compared)."""
+
+    chains: dict[tuple[str, str], ChainDigest | None] = field(default_factory=dict)
+    jumps: dict[tuple[str, str], list[bytes]] = field(default_factory=dict)
+    generation: int | None = None
+
+
+def our_jumps(expressions: Iterable[bytes], targets: Iterable[str]) -> list[bytes]:
+    """The rules (by expressions) of a built-in chain that jump to one of ``targets``."""
+    names = [t.encode() + b"\0" for t in targets]
+    return [e for e in expressions if any(n in e for n in names)]
+
+
+def compare_kernel(top: Mapping[str, Mapping[str, str]],
+                   services: Mapping[ServicePortKey, ServiceRules],
+                   held: Mapping[str, TableRules], applied: Applied,
+                   ) -> tuple[set[ServicePortKey], str]:
+    """(the service ports whose chains differ, why the skeleton differs or "")."""
+    for table, chains in top.items():
+        found = held.get(table, TableRules())
+        for chain in chains:
+            why = _kernel_differs(table, chain, found.chains.get(chain), applied)
+            if why:
+                return set(), why
+    for (table, chain), jumps in applied.jumps.items():
+        rules = held.get(table, TableRules()).builtin.get(chain, [])
+        if any(jump not in rules for jump in jumps):
+            return set(), f"{table} {chain} lacks one of our jumps"
+    nat = held.get(NAT, TableRules()).chains
+    drifted: set[ServicePortKey] = set()
+    for key, rules in services.items():
+        if any(_kernel_differs(NAT, chain, nat.get(chain), applied) for chain in rules.chains):
+            drifted.add(key)
+    return drifted, ""
+
+
+def _kernel_differs(table: str, chain: str, held: ChainDigest | None,
+                    applied: Applied) -> str:
+    if held is None:
+        return f"chain {chain} of {table} is gone"
+    expected = applied.chains.get((table, chain))
+    if expected is None:
+        return f"chain {chain} of {table} is not known as written"
+    if held.rules != expected.rules:
+        return f"chain {chain} of {table} holds {held.rules} rules, not {expected.rules}"
+    if held.digest != expected.digest:
         return f"a rule of chain {chain} of {table} was changed"
     return ""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from svcproxy.backends.iptables.nftrules import NftRules
 from svcproxy.backends.iptables.restore import SavedTable, parse_save
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,11 @@ class Iptables:
                 raise IptablesError(f"{args[len(self.prefix)]} exited {proc.returncode}: "
                                     f"{err.read().decode(errors='replace').strip()}")
         return result
+
+    def rules(self) -> NftRules | None:
+        """A netlink reader of the tables of iptables-nft (None in legacy mode: its
+        tables are not nftables', read them with iptables-save)."""
+        return NftRules(self.prefix) if self.mode == "nft" else None
 
     def chain_exists(self, table: str, chain: str) -> bool:
         proc = self._run([_program(self.family, self.mode), "--wait", WAIT_SECONDS,

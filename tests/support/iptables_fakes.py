@@ -33,6 +33,10 @@ class RecordingIptables:
         """Nothing to read back: the drift check is skipped (with a warning)."""
         raise IptablesError("RecordingIptables holds no rules to save")
 
+    def rules(self) -> None:
+        """No netlink reader: the drift check reads these tables through save_stream."""
+        return None
+
     def chain_exists(self, table: str, chain: str) -> bool:
         return True
 

@@ -46,12 +46,17 @@ class Watched(IptablesBackend):
         self.changed = threading.Condition()
         self.paused = threading.Lock()  # held by a test: no sync runs meanwhile
         self.full_syncs = 0  # syncs that rewrote everything
+        # Run once right after the next sync's write, before anything can check it.
+        self.after_sync: Callable[[], None] | None = None
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         try:
             with self.paused:
                 super().sync(state, changes)
                 self.full_syncs += bool(self.last_sync_full)
+                hook, self.after_sync = self.after_sync, None
+                if hook is not None:
+                    hook()
         finally:
             with self.changed:
                 self.done[changes.reason] = self.done.get(changes.reason, 0) + 1
@@ -89,8 +94,9 @@ def lab() -> Iterator[Lab]:
 def agent(lab: Lab) -> Iterator[Callable[[NodeState], Watched]]:
     started: list[tuple[SyncRunner, threading.Thread]] = []
 
-    def start(state: NodeState) -> Watched:
+    def start(state: NodeState, after_sync: Callable[[], None] | None = None) -> Watched:
         source, backend = FakeSource(), Watched(lab)
+        backend.after_sync = after_sync
         runner = SyncRunner(source, backend, health=ProxyHealth(timeout=10), poll=0.02,
                             sync_period=PERIOD, min_sync_period=0.0)
         thread = threading.Thread(target=runner.run, daemon=True)
@@ -145,6 +151,30 @@ def test_a_deleted_rule_and_a_flushed_chain_are_back_within_one_period(
     backend.wait("periodic", 1)  # the first resync that began after the change
     assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
     assert backend.full_syncs == full_syncs  # only that service port's chains were written
+
+
+def test_a_rule_changed_right_after_the_write_is_back_within_one_period(
+        lab: Lab, agent: Callable[..., Watched]) -> None:
+    """What the kernel held right after the write is the reference (read back then),
+    not what the first check finds: a rule replaced (same count) before any check is
+    still drift."""
+    changed: list[str] = []
+
+    def replace_dnat() -> None:  # the endpoint's DNAT rule, to another port
+        sep = nat_chain(lab, "KUBE-SEP")
+        rules = [line for line in lab.iptables_save().splitlines()
+                 if line.startswith(f"-A {sep} ")]
+        index, rule = next((i, r) for i, r in enumerate(rules, 1) if "DNAT" in r)
+        spec = rule.split(" ", 2)[2].rsplit(":", 1)[0] + ":9"
+        iptables(lab, "-t", "nat", "-R", sep, str(index), *spec.split())
+        changed.append(rule)
+        assert rule not in ours(lab) and answers(lab) != ["pod-a 10.244.1.1"]
+
+    state = node_state(service("web", VIP, ("pod-a",)))
+    backend = agent(state, after_sync=replace_dnat)
+    assert changed
+    backend.wait("periodic", 1, since=0)  # the first check after the initial sync
+    assert changed[0] in ours(lab) and answers(lab) == ["pod-a 10.244.1.1"]
 
 
 def test_a_flushed_top_level_chain_and_a_deleted_jump_are_back_within_one_period(
