@@ -94,7 +94,9 @@ static __always_inline int dsr_applies(struct __sk_buff *skb, const struct pkt *
 				       const struct ep_val *ep, const struct dev_val *dev,
 				       __u32 oif)
 {
-	return dsr_enabled && !(ep->flags & EP_LOCAL) && dev && route_oif(skb, p, p->saddr) == oif;
+	/* SCTP stays SNATed: the endpoint's node takes only TCP and UDP out of Geneve. */
+	return dsr_enabled && p->proto != IPPROTO_SCTP && !(ep->flags & EP_LOCAL) && dev &&
+	       route_oif(skb, p, p->saddr) == oif;
 }
 
 /* The folded one's complement checksum of an IPv4 header. */
