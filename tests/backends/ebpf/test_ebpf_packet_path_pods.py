@@ -353,3 +353,20 @@ def test_nat_port_exhaustion_is_counted_and_dump_shows_flows_per_service(world: 
         ct.delete_many(taken)
     again = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30182, 2))
     assert again.names == Counter({"pod-c": 2}), again
+
+
+def test_the_pod_devices_flag_names_patterns() -> None:
+    import argparse
+
+    from svcproxy.backends.ebpf.cli import add_arguments
+    from svcproxy.backends.ebpf.packet_cli import packet_backend
+
+    def layout(*argv: str) -> PacketLayout:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)  # type: ignore[arg-type]
+        parser.add_argument("--cleanup", action="store_true")
+        args = parser.parse_args([*argv, "--cleanup"])
+        return packet_backend(args, NodeConfig(node_name="n1")).layout
+
+    assert layout().pod_devices == ()
+    assert layout("--ebpf-pod-devices", "cali*, lxc*,").pod_devices == ("cali*", "lxc*")
