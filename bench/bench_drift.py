@@ -7,8 +7,11 @@ exec``, as a backend runs on its node: libnftables in-process, iptables without 
 prefix). Then, ``--rounds`` times each, printed as median (min-max):
 
 1. a periodic resync with nothing changed: the kernel read back and compared with what
-   was applied (nft: one netlink dump of each family's table; iptables: one
-   ``iptables-save`` per family), nothing written;
+   was applied (nft: one netlink dump of each family's table), nothing written.
+   iptables-nft, three ways side by side: nothing committed since the last check (the
+   ruleset's generation only), someone else committed (a foreign table added: every
+   chain of ours read over netlink and compared), and the ``iptables-save`` comparison
+   it replaced (iptables-legacy's);
 2. a periodic resync after one element (nft: a service's ``service-ips`` entry) or one
    rule (iptables: a KUBE-SEP DNAT rule) was deleted behind the backend's back: found,
    and that service port's objects written again.
@@ -115,20 +118,39 @@ def bench_iptables(state: NodeState, rounds: int) -> None:
     wall, _ = timed(lambda: backend.sync(state, Changes(frozenset(state.services), full=True,
                                                         reason="initial")))
     print(f"iptables ({backend.mode}, IPv4): full sync {wall:.1f} s")
-    backend.sync(state, periodic(state))  # learns the chains' digests
-    clean = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
-    assert not any(r.chains_written for r in backend.reports)
+    backend.sync(state, periodic(state))
     tool = f"iptables-{backend.mode}"
+    if backend.mode == "nft":
+        kernel = backend._kernel
+        quiet = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
+        assert not any(r.chains_written for r in backend.reports)
+        busy: list[tuple[float, float]] = []
+        for n in range(rounds):  # someone else commits: the whole comparison runs
+            subprocess.run(["nft", "add", "table", "ip", f"other{n}"], check=True)
+            busy.append(timed(lambda: backend.sync(state, periodic(state))))
+            assert not any(r.chains_written for r in backend.reports)
+        backend._kernel = None  # the iptables-save comparison (iptables-legacy's)
+        backend.sync(state, periodic(state))  # learns the saved digests
+        saved = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
+        backend._kernel = kernel
+        backend.sync(state, periodic(state))
+        print("   " + show("nothing committed since the last check: wall",
+                           [w for w, _ in quiet]) + ", " + show("cpu", [c for _, c in quiet]))
+        print("   " + show("someone else committed (netlink read, compared): wall",
+                           [w for w, _ in busy]) + ", " + show("cpu", [c for _, c in busy]))
+        print("   " + show("before: iptables-save read, compared: wall",
+                           [w for w, _ in saved]) + ", " + show("cpu", [c for _, c in saved]))
     repaired: list[tuple[float, float]] = []
-    saved = subprocess.run([f"{tool}-save", "-t", "nat"], capture_output=True, text=True,
-                           check=True).stdout.splitlines()
-    seps = [line.split()[0][1:] for line in saved if line.startswith(":KUBE-SEP-")]
+    saved_lines = subprocess.run([f"{tool}-save", "-t", "nat"], capture_output=True,
+                                 text=True, check=True).stdout.splitlines()
+    seps = [line.split()[0][1:] for line in saved_lines if line.startswith(":KUBE-SEP-")]
     for n in range(rounds):
         chain = seps[n]
         subprocess.run([tool, "-t", "nat", "-D", chain, "2"], check=True)  # its DNAT rule
         repaired.append(timed(lambda: backend.sync(state, periodic(state))))
         assert any(r.chains_written for r in backend.reports) and not backend.last_sync_full
-    report(clean, repaired)
+    print("   " + show("resync repairing one service port: wall", [w for w, _ in repaired])
+          + ", " + show("cpu", [c for _, c in repaired]))
     backend.cleanup()
 
 
