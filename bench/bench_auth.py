@@ -27,7 +27,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from svcproxy.devcerts import CA  # noqa: E402
+from svcproxy.cli.devcerts import CA  # noqa: E402
 from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc  # noqa: E402
 from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig  # noqa: E402

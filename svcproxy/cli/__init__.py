@@ -238,7 +238,7 @@ def _certs_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_certs(args: argparse.Namespace) -> int:
-    from svcproxy.devcerts import write_dev_pki
+    from svcproxy.cli.devcerts import write_dev_pki
 
     names = tuple(args.server_name) or ("localhost", "127.0.0.1")
     for path in write_dev_pki(args.dir, names, tuple(args.node), tuple(args.identity)):

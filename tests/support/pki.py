@@ -1,5 +1,5 @@
-"""Certificates made by the tests with ``cryptography`` (see svcproxy/devcerts.py)."""
+"""Certificates made by the tests with ``cryptography`` (see svcproxy/cli/devcerts.py)."""
 
-from svcproxy.devcerts import CA, Issued
+from svcproxy.cli.devcerts import CA, Issued
 
 __all__ = ["CA", "Issued"]
