@@ -41,5 +41,5 @@ def test_pip_install_and_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
     files = {line.split(",")[0] for line in record.read_text().splitlines()}
     assert {"svcproxy/v1/nodestate_pb2.py", "svcproxy/v1/nodestate_pb2_grpc.py",
             "svcproxy/v1/documented.binpb",  # the proto's comments, for reflection
-            "svcproxy/kubeproxy/cli.py", "svcproxy/frontend/engine.py"} <= files
+            "svcproxy/kubeproxy/cli.py", "svcproxy/frontend/pipeline/engine.py"} <= files
     assert any(f.endswith("entry_points.txt") for f in files)
