@@ -7,10 +7,12 @@ services (each a ClusterIP and a NodePort: two service entries, two endpoint set
 writes ``--flows`` flows to endpoints on another node into the connection tracking map as
 the program writes them (a forward and a reply entry each). Each map's memory is what
 the kernel accounts for it (``memlock`` in /proc/self/fdinfo, the map's own estimate of
-its usage since Linux 6.4). Everything is removed at the end.
+its usage since Linux 6.4). Then ``--changes`` single changes (one service's endpoint
+replaced: a new set, the switch, the old set deleted), each a sync of its own, timed
+(wall clock, p50 and p99). Everything is removed at the end.
 
 Usage: sudo .venv/bin/python bench/bench_packet_maps_memory.py [--services 10000]
-       [--endpoints 10] [--flows 100000] [--maglev]
+       [--endpoints 10] [--flows 100000] [--changes 200] [--maglev]
 """
 
 from __future__ import annotations
@@ -85,6 +87,24 @@ def flows(count: int) -> tuple[list[bytes], list[bytes]]:
     return keys, values
 
 
+def one_change(backend: PacketBackend, state: NodeState, i: int) -> float:
+    """Replace the first endpoint of service ``i`` with a new address; seconds the sync
+    took."""
+    services = dict(state.services)
+    key = sorted(services)[i * 7919 % len(services)]
+    record = services[key]
+    first = sorted(record.endpoints)[0]
+    ip = f"10.200.{i >> 8 & 255}.{i & 255}"
+    eps = {k: v for k, v in record.endpoints.items() if k != first}
+    eps[ip] = Endpoint(ip, 8080, node_name="node2", internal=True, external=True,
+                       cluster=True)
+    services[key] = ServicePortState(record.service, eps)
+    changed = NodeState("node1", state.revision + 1 + i, None, services)
+    start = time.perf_counter()
+    backend.sync(changed, Changes(frozenset({key})))
+    return time.perf_counter() - start
+
+
 def memlock(fd: int) -> int:
     for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
         if line.startswith("memlock:"):
@@ -97,6 +117,7 @@ def main() -> None:
     parser.add_argument("--services", type=int, default=10000)
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--flows", type=int, default=100000)
+    parser.add_argument("--changes", type=int, default=200)
     parser.add_argument("--maglev", action="store_true")
     args = parser.parse_args()
     ns = f"spmem{os.getpid()}"
@@ -131,6 +152,12 @@ def main() -> None:
             total += used
             print(f"  {name:16} {used / 2**20:9.1f} MiB")
         print(f"  {'total':16} {total / 2**20:9.1f} MiB")
+        took = [call_in(ns, one_change, backend, state, i) for i in range(args.changes)]
+        if took:
+            took.sort()
+            print(f"{len(took)} changes (one endpoint replaced each): p50 "
+                  f"{took[len(took) // 2] * 1e3:.2f} ms, p99 "
+                  f"{took[min(len(took) - 1, len(took) * 99 // 100)] * 1e3:.2f} ms")
     finally:
         if backend is not None:
             call_in(ns, backend.cleanup)

@@ -16,7 +16,16 @@ import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context, rtnetlink
+from svcproxy.sdk import (
+    Backend,
+    Changes,
+    NodeConfig,
+    NodeState,
+    ServicePortKey,
+    ServicePortState,
+    resolve_context,
+    rtnetlink,
+)
 
 from . import libbpf, maglev, packet_stats, xdp
 from .ct_gc import CtGc
@@ -131,6 +140,7 @@ class PacketBackend(Backend):
         self.last_sync_full: bool | None = None
         self.ranges: set[bytes] | None = None  # spp_ranges as written; None: read it
         self.cluster_ips: set[bytes] | None = None  # spp_cluster_ips as written
+        self.cluster_ips_of: dict[ServicePortKey, tuple[bytes, ...]] = {}
 
     def start(self, node_ips: Iterable[str] = ()) -> PacketBackend:
         """Load the programs (adopting pinned maps and links) and attach them to the
@@ -226,13 +236,15 @@ class PacketBackend(Backend):
         cips = self.programs.maps[MAP_CLUSTER_IPS]
         if self.cluster_ips is None or changes.full:
             self.cluster_ips = set(_keys(cips))
-        wanted = set()
-        for record in state.services.values():
-            for ip in record.service.cluster_ips:
-                try:
-                    wanted.add(pack_cluster_ip(ip))
-                except ValueError:
-                    continue
+            self.cluster_ips_of = {k: _cluster_ip_keys(r) for k, r in state.services.items()}
+        else:  # only the changed records are packed again (10,000 took 0.2 s a sync)
+            for changed in changes.services:
+                record = state.services.get(changed)
+                if record is None:
+                    self.cluster_ips_of.pop(changed, None)
+                else:
+                    self.cluster_ips_of[changed] = _cluster_ip_keys(record)
+        wanted: set[bytes] = set().union(*self.cluster_ips_of.values())
         for key in sorted(wanted - self.cluster_ips):
             cips.update(key, b"\x01")
         for key in sorted(self.cluster_ips - wanted):
@@ -332,6 +344,17 @@ class PacketBackend(Backend):
         self.programs = None
         self.tables = None
         self.sets = None
+
+
+def _cluster_ip_keys(record: ServicePortState) -> tuple[bytes, ...]:
+    """The spp_cluster_ips keys of a service port's ClusterIPs (what is no address aside)."""
+    keys = []
+    for ip in record.service.cluster_ips:
+        try:
+            keys.append(pack_cluster_ip(ip))
+        except ValueError:
+            continue
+    return tuple(keys)
 
 
 def _maglev_sets(entries: Iterable[Entry | None]) -> set[tuple[bytes, ...]]:
