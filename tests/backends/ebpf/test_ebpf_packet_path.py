@@ -25,7 +25,7 @@ import pytest
 from svcproxy.backends.ebpf import libbpf, maglev
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_layout import MAP_CT, endpoint_name, pack_endpoint
-from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
     Endpoint,
     Protocol,
@@ -37,24 +37,14 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeContext, NodeState, resolve_context
+from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
 from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab
 
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root"
-    if shutil.which("ip") is None or shutil.which("nft") is None:
-        return "needs iproute2 and nft"
-    if not OBJECT.exists():
-        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
-    return ""
-
-
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+pytestmark = packet_path.marks("ip", "nft")
 
 SPEC = standard_spec()
 NODE1, NODE2 = SPEC.node("node1"), SPEC.node("node2")

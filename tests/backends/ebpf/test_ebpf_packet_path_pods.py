@@ -17,7 +17,6 @@ the end, also when a test fails.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import struct
@@ -31,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
-from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
     Endpoint,
     Protocol,
@@ -41,24 +40,14 @@ from svcproxy.model import (
     ServiceType,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ip
 from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab, addresses, veth
 
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root"
-    if shutil.which("ip") is None:
-        return "needs iproute2"
-    if not OBJECT.exists():
-        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
-    return ""
-
-
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+pytestmark = packet_path.marks("ip")
 
 SPEC = standard_spec()
 NODE1, CLIENT = SPEC.node("node1"), SPEC.clients[0]

@@ -29,7 +29,7 @@ from svcproxy.backends.ebpf import libbpf, xdp
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
-from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout
+from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
     Endpoint,
     Protocol,
@@ -40,6 +40,7 @@ from svcproxy.model import (
     TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
+from tests.support import packet_path
 from tests.support.lab.checksums import tx_checksums_off
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
@@ -47,18 +48,7 @@ from tests.support.lab.netns import call_in, ip, ns_exec
 from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab, Namespaces
 
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root"
-    if shutil.which("ip") is None or shutil.which("bpftool") is None:
-        return "needs iproute2 and bpftool"
-    if not OBJECT.exists():
-        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
-    return ""
-
-
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+pytestmark = packet_path.marks("ip", "bpftool")
 
 SPEC = standard_spec()
 NODE1 = SPEC.node("node1")
