@@ -59,7 +59,6 @@ from svcproxy.sdk import (
     ServicePortKey,
     ServicePortState,
     StagedBackend,
-    invalid_values,
     normalize_cidr,
     resolve_context,
 )
@@ -124,8 +123,8 @@ class IpvsBackend(StagedBackend[PortPlan]):
         self.ipvs: IpvsNetlink | None = None
         self.route: NetlinkBatch | None = None
         self.warned: set[str] = set()
-        self.refusals = Refusals(self.name)
-        self._valid: dict[ServicePortKey, ServicePortState] = {}  # last rendered, per key
+        self.refusals = Refusals(self.name)  # screened by the SDK before render
+        self._rendered: set[ServicePortKey] = set()  # this round's, cleared once applied
         self.stop = threading.Event()
         self.reaper: threading.Thread | None = None
 
@@ -167,11 +166,11 @@ class IpvsBackend(StagedBackend[PortPlan]):
     def sync(self, state: NodeState, changes: Changes) -> None:
         """render -> diff -> apply (``StagedBackend.sync``), everything rendered again on
         a new basis (``_new_basis``); the kernel's refusal of some virtual servers
-        refuses their service ports and syncs again without them."""
+        refuses their service ports and syncs again without them (the SDK's screening
+        then withdraws them: a failed apply leaves nothing applied to keep)."""
         with self.lock:
             self._setup()
             self.refusals.prune(state.services)
-            self._forget_gone(state, changes)
             self._reason = changes.reason
             if self._new_basis(state):
                 self.node_context = self._node_context(state)
@@ -182,8 +181,10 @@ class IpvsBackend(StagedBackend[PortPlan]):
                 self._basis = (state.node, state.context)
                 self.applied.invalidate()  # rebuild: everything rendered, the kernel read
             for round_ in range(MAX_ROUNDS + 1):
+                self._rendered.clear()
                 try:
                     super().sync(state, changes)
+                    self._clear_applied_refusals()
                     break
                 except SyncError as err:
                     owners = self._owners(err.failures, len(state.services))
@@ -205,14 +206,12 @@ class IpvsBackend(StagedBackend[PortPlan]):
         are ``StagedBackend``'s rebuilds to the applied plans."""
         return not self.applied.known or (state.node, state.context) != self._basis
 
-    def _forget_gone(self, state: NodeState, changes: Changes) -> None:
-        """Drop the last valid versions of service ports that are gone."""
-        if changes.full:
-            self._valid = {k: r for k, r in self._valid.items() if k in state.services}
-            return
-        for key in changes.services:
-            if key not in state.services:
-                self._valid.pop(key, None)
+    def _clear_applied_refusals(self) -> None:
+        """Refused service ports rendered this round are in the kernel now: no longer
+        refused (the SDK's screening renders only versions that may be tried)."""
+        for key in self._rendered:
+            if key in self.refusals:
+                self.refusals.clear(key)
 
     def _owners(self, failures: Iterable[Failure], services: int,
                 ) -> dict[ServicePortKey, str] | None:
@@ -263,40 +262,16 @@ class IpvsBackend(StagedBackend[PortPlan]):
     # -- render ------------------------------------------------------------------------
 
     def render(self, state: NodeState, record: ServicePortState) -> PortPlan | None:
-        """One service port's virtual servers, addresses, routes and ipset entries (its
-        last valid version when this one is refused; None: nothing)."""
+        """One service port's virtual servers, addresses, routes and ipset entries (the
+        SDK screened the record: refused versions and invalid values never get here)."""
         assert self.ctx is not None
-        screened = self._screened(record.key, record)
-        if screened is None:
-            return None
-        plan = render_port(screened, self.ctx)
+        self._rendered.add(record.key)
+        plan = render_port(record, self.ctx)
         for warning in plan.warnings:
             if warning not in self.warned:
                 self.warned.add(warning)
                 log.warning("%s", warning)
         return plan
-
-    def _screened(self, key: ServicePortKey, record: ServicePortState | None,
-                  ) -> ServicePortState | None:
-        """The record to render: the state's, or its last version whose values a rule can
-        hold when this one has an address that is not one, a port out of range..."""
-        if record is None:
-            self._valid.pop(key, None)
-            return None
-        if self.refusals and self.refusals.holds(key, record):
-            # Refused by the kernel (a valid version): withdrawn; for its values: the
-            # last valid version.
-            before = self._valid.get(key)
-            return None if before is record else before
-        if self._valid.get(key) is record:
-            return record
-        reason = invalid_values(record)
-        if reason is not None:
-            self.refusals.refuse(key, record, f"invalid value: {reason}")
-            return self._valid.get(key)
-        self._valid[key] = record
-        self.refusals.clear(key)
-        return record
 
     # -- apply -------------------------------------------------------------------------
 
