@@ -17,7 +17,6 @@ bound to it.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -34,26 +33,18 @@ INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
 LOCALHOST_NODEPORTS = "localhost_nps_accepted_pkts"
 COUNTERS = (INVALID_DROPPED, LOCALHOST_NODEPORTS)
 
-NETLINK_NETFILTER = 12
+NETLINK_NETFILTER = netlink.NETLINK_NETFILTER
 NFNL_SUBSYS_ACCT = 7
 MSG_NEW, MSG_GET, MSG_DEL = 0, 1, 3
 NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
 NFACCT_NAME, NFACCT_PKTS = 1, 2
 NAME_MAX = 32
-CLONE_NEWNET = 0x40000000
 TIMEOUT = 5.0  # seconds for the kernel's answer (it always answers: data, ACK or error)
 _GENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
 
 
 class NfacctError(OSError):
     """The kernel refused an nfacct request (or has no nfacct)."""
-
-
-def netns_path(prefix: Sequence[str]) -> str | None:
-    """The namespace a command prefix runs in (``ip netns exec NAME``), None: ours."""
-    if len(prefix) >= 4 and tuple(prefix[:3]) == ("ip", "netns", "exec"):
-        return f"/run/netns/{prefix[3]}"
-    return None
 
 
 def _name(name: str) -> bytes:
@@ -67,15 +58,14 @@ class Nfacct:
     """nfacct objects of one network namespace."""
 
     def __init__(self, prefix: Sequence[str] = ()) -> None:
-        self._path = netns_path(prefix)
+        self._path = netlink.netns_path(prefix)
         self._sock: socket.socket | None = None
         self._seq = 0
         self._lock = threading.Lock()
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
-            self._sock = _open_in(self._path)
-            self._sock.settimeout(TIMEOUT)
+            self._sock = netlink.open_socket(NETLINK_NETFILTER, self._path, TIMEOUT)
         return self._sock
 
     def _request(self, msg: int, flags: int, payload: bytes) -> list[tuple[int, bytes]]:
@@ -170,28 +160,3 @@ def remove_counters(nfacct: Nfacct) -> list[str]:
             log.debug("No nfacct counters to remove: %s", err)
             break
     return failures
-
-
-def _open_in(path: str | None) -> socket.socket:
-    """A NETLINK_NETFILTER socket of the namespace at ``path`` (None: this one)."""
-    if path is None:
-        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-    result: list[socket.socket | BaseException] = []
-
-    def enter() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(path, "rb") as ns:
-                if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
-                    code = ctypes.get_errno()
-                    raise NfacctError(code, f"setns {path}: {os.strerror(code)}")
-            result.append(socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER))
-        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
-            result.append(err)
-
-    thread = threading.Thread(target=enter, name="nfacct-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]

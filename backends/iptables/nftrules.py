@@ -12,27 +12,20 @@ after that read tells whether anyone else committed in between.
 
 from __future__ import annotations
 
-import ctypes
+import errno
 import hashlib
-import os
 import socket
-import struct
 import sys
 import threading
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from svcproxy.sdk import netlink
 
-NETLINK_NETFILTER = 12
-CLONE_NEWNET = 0x40000000
-TIMEOUT = 10.0
-NFNL_SUBSYS_NFTABLES = 10
-GETCHAIN, GETRULE, GETGEN = 4, 7, 16
-GEN_ID = 1
+GETCHAIN, GETRULE = netlink.NFT_MSG_GETCHAIN, netlink.NFT_MSG_GETRULE
 CHAIN_TABLE, CHAIN_NAME = 1, 3
 RULE_TABLE, RULE_CHAIN, RULE_HANDLE, RULE_EXPRESSIONS = 1, 2, 3, 4
-_GENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
+_GENMSG = netlink.NFGENMSG
 FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
 # A write of more chains than this is taken as read back when someone else committed
 # meanwhile (its chains are not rewritten at the next check: a full sync's are all).
@@ -64,32 +57,19 @@ class NftRules:
     """Reads one namespace's iptables-nft tables; one socket, opened on first use."""
 
     def __init__(self, prefix: Iterable[str] = ()) -> None:
-        self._path = _netns_path(tuple(prefix))
-        self._sock: socket.socket | None = None
-        self._seq = 0
+        self._kernel = netlink.NftablesReader(netlink.netns_path(tuple(prefix)))
         self._lock = threading.Lock()
 
     def generation(self) -> int:
         """The ruleset's generation (every committed transaction adds one)."""
         with self._lock:
-            try:
-                for body in self._request(GETGEN, socket.AF_UNSPEC, b"", dump=False):
-                    found = netlink.attrs(body, _GENMSG.size)
-                    return struct.unpack(">I", found[GEN_ID])[0]
-            except OSError:
-                self.close()
-                raise
-        raise OSError("no generation in the kernel's answer")
+            return self._kernel.generation()
 
     def table(self, family: int, table: str, builtin: Collection[str] = ()) -> TableRules:
         """Every chain of ``table`` (none if it does not exist), and the rule
         expressions of the chains of ``builtin``."""
         with self._lock:
-            try:
-                return self._table(FAMILIES[family], table.encode() + b"\0", builtin)
-            except OSError:
-                self.close()
-                raise
+            return self._table(FAMILIES[family], table.encode() + b"\0", builtin)
 
     def chains(self, family: int, table: str, chains: Collection[str],
                builtin: Collection[str] = ()) -> TableRules:
@@ -98,16 +78,11 @@ class NftRules:
         each message it fills starts again from the table's first rule, 0.85 s of
         system time for 48,000 rules; a chain's dump goes to the chain at once.)"""
         with self._lock:
-            try:
-                return self._chains(FAMILIES[family], table.encode() + b"\0", chains,
-                                    builtin)
-            except OSError:
-                self.close()
-                raise
+            return self._chains(FAMILIES[family], table.encode() + b"\0", chains, builtin)
 
     def _table(self, family: int, name: bytes, builtin: Collection[str]) -> TableRules:
         out = TableRules()
-        chains = [_text(found[CHAIN_NAME]) for body in self._request(
+        chains = [_text(found[CHAIN_NAME]) for body in self._kernel.bodies(
             GETCHAIN, family, netlink.attr(CHAIN_TABLE, name))
             if (found := netlink.attrs(body, _GENMSG.size)).get(CHAIN_TABLE) == name]
         wanted = {c.encode() for c in builtin}
@@ -128,16 +103,16 @@ class NftRules:
             try:
                 digests, expressions = self._rules(
                     family, table + netlink.attr(RULE_CHAIN, raw + b"\0"), keep)
-            except FileNotFoundError:
-                continue  # no such table
-            digest = digests.get(raw)
-            if digest is None:  # no rule: an empty chain, or none
-                try:
-                    list(self._request(GETCHAIN, family, netlink.attr(CHAIN_TABLE, name)
-                                       + netlink.attr(CHAIN_NAME, raw + b"\0"), dump=False))
-                except FileNotFoundError:
-                    continue
-                digest = EMPTY
+                digest = digests.get(raw)
+                if digest is None:  # no rule: an empty chain, or none
+                    list(self._kernel.spans(GETCHAIN, family, netlink.attr(CHAIN_TABLE, name)
+                                            + netlink.attr(CHAIN_NAME, raw + b"\0"),
+                                            dump=False))
+                    digest = EMPTY
+            except OSError as err:
+                if err.errno == errno.ENOENT:
+                    continue  # no such table or chain
+                raise
             if chain in builtin:
                 out.builtin[chain] = expressions.get(raw, [])
             else:
@@ -149,84 +124,31 @@ class NftRules:
         """One rule dump: per chain its count and digest, and the expressions of each
         rule of the chains in ``keep``. The kernel dumps a chain's rules one after the
         other, so each run is hashed as it comes: per rule a few slices, no parsing."""
-        sock = self._socket()
-        self._seq += 1
-        seq = self._seq
-        sock.send(netlink.message((NFNL_SUBSYS_NFTABLES << 8) | GETRULE,
-                                  netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP, seq,
-                                  _GENMSG.pack(family, 0, 0) + request))
         digests: dict[bytes, ChainDigest] = {}
         expressions: dict[bytes, list[bytes]] = {}
         run = _Run(b"")
-        header, attr = netlink.HEADER.unpack_from, netlink.ATTR_HEADER.unpack_from
-        body_at = netlink.HEADER.size + _GENMSG.size
-        while True:
-            data = sock.recv(1 << 20)
-            view = memoryview(data)
-            at, size = 0, len(data)
-            while at + netlink.HEADER.size <= size:
-                length, mtype, _flags, got, _pid = header(data, at)
-                if length < netlink.HEADER.size:
-                    break
-                end = at + length
-                if got == seq:
-                    if mtype == netlink.NLMSG_DONE:
-                        run.into(digests)
-                        return digests, expressions
-                    if mtype == netlink.NLMSG_ERROR:
-                        code = netlink.error_code(data, at + netlink.HEADER.size)
-                        if code:
-                            raise OSError(code, os.strerror(code))
-                        run.into(digests)
-                        return digests, expressions
-                    body = at + body_at
-                    first, _ = attr(data, body)  # NFTA_RULE_TABLE, then NFTA_RULE_CHAIN
-                    second = body + ((first + 3) & ~3)
-                    name_length, _ = attr(data, second)
-                    chain = data[second + 4:second + name_length - 1]
-                    if chain != run.chain:
-                        run.into(digests)
-                        run = _Run(chain)
-                    run.add(data, view, body, end)
-                    if chain in keep:
-                        expressions.setdefault(chain, []).append(
-                            _expressions(data[body:end]))
-                at += (length + 3) & ~3
-
-    def _request(self, msg: int, family: int, payload: bytes,
-                 dump: bool = True) -> Iterator[bytes]:
-        """The bodies of every message answering one request (a dump, or one GET)."""
-        sock = self._socket()
-        self._seq += 1
-        seq = self._seq
-        flags = netlink.NLM_F_REQUEST | (netlink.NLM_F_DUMP if dump else 0)
-        sock.send(netlink.message((NFNL_SUBSYS_NFTABLES << 8) | msg, flags, seq,
-                                  _GENMSG.pack(family, 0, 0) + payload))
-        while True:
-            data = sock.recv(1 << 20)
-            for mtype, _flags, got, start, end in netlink.message_spans(data):
-                if got != seq:
-                    continue
-                if mtype == netlink.NLMSG_DONE:
-                    return
-                if mtype == netlink.NLMSG_ERROR:
-                    code = netlink.error_code(data, start)
-                    if code:
-                        raise OSError(code, os.strerror(code))
-                    return
-                yield data[start:end]
-                if not dump:
-                    return
-
-    def _socket(self) -> socket.socket:
-        if self._sock is None:
-            self._sock = _open_socket(self._path)
-        return self._sock
+        attr = netlink.ATTR_HEADER.unpack_from
+        last: bytes | None = None
+        view = memoryview(b"")
+        for data, start, end in self._kernel.spans(GETRULE, family, request):
+            if data is not last:
+                last, view = data, memoryview(data)
+            body = start + _GENMSG.size
+            first, _ = attr(data, body)  # NFTA_RULE_TABLE, then NFTA_RULE_CHAIN
+            second = body + ((first + 3) & ~3)
+            name_length, _ = attr(data, second)
+            chain = data[second + 4:second + name_length - 1]
+            if chain != run.chain:
+                run.into(digests)
+                run = _Run(chain)
+            run.add(data, view, body, end)
+            if chain in keep:
+                expressions.setdefault(chain, []).append(_expressions(data[body:end]))
+        run.into(digests)
+        return digests, expressions
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self._kernel.close()
 
 
 class _Run:
@@ -275,41 +197,3 @@ def _expressions(rule: bytes) -> bytes:
 
 def _text(raw: bytes) -> str:
     return raw.rstrip(b"\0").decode(errors="replace")
-
-
-def _netns_path(prefix: tuple[str, ...]) -> str | None:
-    """The namespace a command prefix runs in (``ip netns exec NAME``), None: ours."""
-    if len(prefix) >= 4 and prefix[:3] == ("ip", "netns", "exec"):
-        return f"/run/netns/{prefix[3]}"
-    return None
-
-
-def _open_socket(path: str | None) -> socket.socket:
-    """A NETLINK_NETFILTER socket of the namespace at ``path`` (None: this one), made by
-    a short-lived thread that enters it (setns changes only the calling thread's)."""
-    made: list[socket.socket | BaseException] = []
-
-    def make() -> None:
-        try:
-            if path is not None:
-                libc = ctypes.CDLL(None, use_errno=True)
-                with open(path, "rb") as ns:
-                    if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
-                        code = ctypes.get_errno()
-                        raise OSError(code, f"setns {path}: {os.strerror(code)}")
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-            sock.settimeout(TIMEOUT)
-            made.append(sock)
-        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
-            made.append(err)
-
-    if path is None:
-        make()
-    else:
-        thread = threading.Thread(target=make, name="iptables-netns", daemon=True)
-        thread.start()
-        thread.join()
-    if isinstance(made[0], BaseException):
-        raise made[0]
-    return made[0]

@@ -14,25 +14,20 @@ thread's namespace) and the socket stays bound to it.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
-import os
 import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from svcproxy.sdk import netlink
 
-NETLINK_NETFILTER = 12
-NFNL_SUBSYS_NFTABLES = 10
-GETCHAIN, GETRULE, GETSET, GETSETELEM = 4, 7, 10, 13
-CLONE_NEWNET = 0x40000000
-TIMEOUT = 10.0
-_GENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
+GETCHAIN, GETRULE = netlink.NFT_MSG_GETCHAIN, netlink.NFT_MSG_GETRULE
+GETSET, GETSETELEM = netlink.NFT_MSG_GETSET, netlink.NFT_MSG_GETSETELEM
+_GENMSG = netlink.NFGENMSG
 _FAMILY = {"ip": socket.AF_INET, "ip6": socket.AF_INET6}
 # Attribute numbers (linux/netfilter/nf_tables.h).
 CHAIN_TABLE, CHAIN_NAME, CHAIN_HOOK, CHAIN_POLICY = 1, 3, 4, 5
@@ -78,50 +73,14 @@ class TableView:
 
 def netns_path(prefix: Sequence[str]) -> str | None:
     """The namespace a command prefix runs in (``ip netns exec NAME``), None: ours."""
-    if len(prefix) >= 4 and tuple(prefix[:3]) == ("ip", "netns", "exec"):
-        return f"/run/netns/{prefix[3]}"
-    return None
-
-
-def open_socket(path: str | None) -> socket.socket:
-    """A NETLINK_NETFILTER socket of the namespace at ``path`` (None: this one)."""
-    if path is None:
-        return _new_socket()
-    result: list[socket.socket | BaseException] = []
-
-    def enter() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(path, "rb") as ns:
-                if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
-                    code = ctypes.get_errno()
-                    raise KernelReadError(code, f"setns {path}: {os.strerror(code)}")
-            result.append(_new_socket())
-        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
-            result.append(err)
-
-    thread = threading.Thread(target=enter, name="nft-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
-
-
-def _new_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-    sock.settimeout(TIMEOUT)
-    return sock
+    return netlink.netns_path(prefix)
 
 
 class TableReader:
-    """Reads one namespace's tables; one socket, opened on first use."""
+    """Reads one namespace's tables (``netns``: its path, None: ours); one socket."""
 
     def __init__(self, netns: str | None = None) -> None:
-        self._path = netns
-        self._sock: socket.socket | None = None
-        self._seq = 0
+        self._kernel = netlink.NftablesReader(netns)
         self._lock = threading.Lock()
 
     def read(self, family: str, table: str, sets: Collection[str] = (),
@@ -132,11 +91,30 @@ class TableReader:
             try:
                 return self._read(_FAMILY[family], table, sets, expressions)
             except OSError as err:
-                self.close()
                 if err.errno == errno.ENOENT:
                     return None
                 raise KernelReadError(err.errno or errno.EIO,
                                       f"cannot read {family} {table}: {err}") from err
+
+    def chains(self, family: str, table: str, names: Iterable[str]) -> dict[str, ChainView]:
+        """The chains of ``names`` that exist (their rule counts and digests), one rule
+        dump each: what a write just wrote, read back at once (a dump of the whole
+        table costs the kernel the square of its rules)."""
+        with self._lock:
+            try:
+                return self._chains(_FAMILY[family], table.encode() + b"\0", names)
+            except OSError as err:
+                raise KernelReadError(err.errno or errno.EIO,
+                                      f"cannot read {family} {table}: {err}") from err
+
+    def generation(self) -> int:
+        """The ruleset's generation (every committed transaction adds one)."""
+        with self._lock:
+            try:
+                return self._kernel.generation()
+            except OSError as err:
+                raise KernelReadError(err.errno or errno.EIO,
+                                      f"cannot read the ruleset's generation: {err}") from err
 
     def _read(self, family: int, table: str, sets: Collection[str],
               expressions: bool) -> TableView:
@@ -151,7 +129,8 @@ class TableReader:
             if CHAIN_HOOK in found and policy is not None:
                 chain.policy = struct.unpack(">I", policy)[0]
             view.chains[_text(found[CHAIN_NAME])] = chain
-        self._rules(family, name, view, expressions)
+        _digests_into(view.chains, self._dump(GETRULE, family, netlink.attr(RULE_TABLE, name)),
+                      expressions)
         for body in self._dump(GETSET, family, netlink.attr(SET_TABLE, name)):
             found = netlink.attrs(body, _GENMSG.size)
             if found.get(SET_TABLE) == name:
@@ -161,36 +140,23 @@ class TableReader:
                 view.elements[set_name] = self._elements(family, name, set_name)
         return view
 
-    def _rules(self, family: int, table: bytes, view: TableView, keep: bool) -> None:
-        """Each chain's rule count and digest (and, with ``keep``, expressions). The digest
-        is over the rule messages less their nfgenmsg (its generation changes with every
-        transaction): expressions, handle and position."""
-        parts: dict[bytes, list[bytes]] = {}
-        unpack = netlink.ATTR_HEADER.unpack_from
-        start = _GENMSG.size
-        for body in self._dump(GETRULE, family, netlink.attr(RULE_TABLE, table)):
-            # The kernel writes NFTA_RULE_TABLE, then NFTA_RULE_CHAIN, first.
-            length, _ = unpack(body, start)
-            at = start + ((length + 3) & ~3)
-            length, kind = unpack(body, at)
-            if kind & netlink.NLA_TYPE_MASK != RULE_CHAIN:
-                continue
-            chain = body[at + 4:at + length]
-            found = parts.get(chain)
-            if found is None:
-                found = parts[chain] = []
-            found.append(body[start:])
-        for raw, rules in parts.items():
-            name = _text(raw)
-            chain_view = view.chains.get(name)
-            if chain_view is None:
-                chain_view = view.chains[name] = ChainView()
-            chain_view.rules = len(rules)
-            lengths = struct.pack(f"={len(rules)}I", *map(len, rules))
-            chain_view.digest = hashlib.blake2b(lengths + b"".join(rules),
-                                                digest_size=16).digest()
-            if keep:
-                chain_view.expressions = [_expressions(rule) for rule in rules]
+    def _chains(self, family: int, table: bytes, names: Iterable[str]) -> dict[str, ChainView]:
+        out: dict[str, ChainView] = {}
+        for chain in names:
+            raw = chain.encode() + b"\0"
+            found: dict[str, ChainView] = {}
+            try:
+                _digests_into(found, self._dump(GETRULE, family, netlink.attr(
+                    RULE_TABLE, table) + netlink.attr(RULE_CHAIN, raw)), False)
+                if not found:  # no rule: an empty chain, or none
+                    list(self._kernel.spans(GETCHAIN, family, netlink.attr(
+                        CHAIN_TABLE, table) + netlink.attr(CHAIN_NAME, raw), dump=False))
+            except OSError as err:
+                if err.errno == errno.ENOENT:
+                    continue
+                raise
+            out[chain] = found.get(chain) or ChainView()  # as read() shows an empty one
+        return out
 
     def _elements(self, family: int, table: bytes, set_name: str) -> dict[bytes, bytes | str]:
         """The elements of one set: key bytes -> value bytes (a map's data), the verdict's
@@ -207,36 +173,45 @@ class TableReader:
 
     def _dump(self, msg: int, family: int, payload: bytes) -> Iterator[bytes]:
         """The bodies of every message answering one dump request."""
-        sock = self._socket()
-        self._seq += 1
-        seq = self._seq
-        body = _GENMSG.pack(family, 0, 0) + payload
-        kind = (NFNL_SUBSYS_NFTABLES << 8) | msg
-        sock.send(netlink.message(kind, netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP, seq,
-                                  body))
-        while True:
-            data = sock.recv(1 << 20)
-            for mtype, _flags, got, start, end in netlink.message_spans(data):
-                if got != seq:
-                    continue
-                if mtype == netlink.NLMSG_DONE:
-                    return
-                if mtype == netlink.NLMSG_ERROR:
-                    code = netlink.error_code(data, start)
-                    if code:
-                        raise OSError(code, os.strerror(code))
-                    return
-                yield data[start:end]
-
-    def _socket(self) -> socket.socket:
-        if self._sock is None:
-            self._sock = open_socket(self._path)
-        return self._sock
+        return self._kernel.bodies(msg, family, payload)
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self._kernel.close()
+
+
+def _digests_into(chains: dict[str, ChainView], bodies: Iterable[bytes], keep: bool) -> None:
+    """Each chain's rule count and digest (and, with ``keep``, expressions) from a rule
+    dump. The digest is over the rule messages less their nfgenmsg (its generation
+    changes with every transaction): expressions, handle and position."""
+    parts: dict[bytes, list[bytes]] = {}
+    unpack = netlink.ATTR_HEADER.unpack_from
+    start = _GENMSG.size
+    for body in bodies:
+        # The kernel writes NFTA_RULE_TABLE, then NFTA_RULE_CHAIN, first.
+        length, _ = unpack(body, start)
+        at = start + ((length + 3) & ~3)
+        length, kind = unpack(body, at)
+        if kind & netlink.NLA_TYPE_MASK != RULE_CHAIN:
+            continue
+        chain = body[at + 4:at + length]
+        found = parts.get(chain)
+        if found is None:
+            found = parts[chain] = []
+        found.append(body[start:])
+    for raw, rules in parts.items():
+        name = _text(raw)
+        chain_view = chains.get(name)
+        if chain_view is None:
+            chain_view = chains[name] = ChainView()
+        chain_view.rules = len(rules)
+        chain_view.digest = _digest(rules)
+        if keep:
+            chain_view.expressions = [_expressions(rule) for rule in rules]
+
+
+def _digest(rules: list[bytes]) -> bytes:
+    lengths = struct.pack(f"={len(rules)}I", *map(len, rules))
+    return hashlib.blake2b(lengths + b"".join(rules), digest_size=16).digest()
 
 
 def _elements_into(out: dict[bytes, bytes | str], body: bytes, start: int, end: int,

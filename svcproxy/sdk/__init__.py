@@ -30,7 +30,8 @@ What it holds (every name below is in ``__all__``; see docs/writing-a-backend.md
 * refusals: ``Refusals`` (service ports the dataplane refused, retried with backoff),
   ``invalid_values`` (values no rule may hold), ``isolate`` / ``isolate_versions`` /
   ``TooManyRefused`` (find what a batch's failure refuses), ``describe_service_port``;
-* kernel helpers: ``netlink`` (messages and attributes as bytes) and ``rtnetlink``
+* kernel helpers: ``netlink`` (messages and attributes as bytes, a socket in any network
+  namespace, ``NftablesReader`` for nftables' dumps and generation) and ``rtnetlink``
   (addresses, default routes, interface indexes), as modules;
 * the node agent itself (``agent``, ``node_agent``, ``runner``, ``healthz``, ``metrics``,
   ``service_health``, ``conntrack_*``): the modules ``run_agent`` runs, inside the SDK so
@@ -92,7 +93,7 @@ from svcproxy.sdk.refusals import (
 from svcproxy.sdk.refusals import describe as describe_service_port
 from svcproxy.sdk.stages import Applied, Delta, Drift, StagedBackend
 
-API_VERSION = (1, 4)
+API_VERSION = (1, 5)
 
 __all__ = [
     "API_VERSION",

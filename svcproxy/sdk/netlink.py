@@ -1,14 +1,21 @@
-"""Netlink messages and attributes, built and read with ``struct`` (pure: no sockets).
+"""Netlink messages and attributes, built and read with ``struct``; and a socket for them
+in any network namespace, with the dumps of nftables' tables.
 
 The one reader and writer of netlink framing for every kernel client in svcproxy
-(rtnetlink, generic netlink for IPVS, nfnetlink for conntrack and nfacct); a backend
-author speaking another netlink family can use it too.
+(rtnetlink, generic netlink for IPVS, nfnetlink for conntrack, nfacct and nftables); a
+backend author speaking another netlink family can use it too. The framing functions
+are pure; ``open_socket`` and ``NftablesReader`` (the nft and iptables-nft backends'
+reader of their rules, chains, sets and the ruleset's generation) do the I/O.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import socket
 import struct
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
 ATTR_HEADER = struct.Struct("=HH")  # nlattr: length, type
@@ -81,3 +88,130 @@ def iter_attrs(data: bytes, start: int = 0) -> Iterator[tuple[int, bytes]]:
 def attrs(data: bytes, start: int = 0) -> dict[int, bytes]:
     """The attributes from ``start`` on, by type (the last of each type)."""
     return {kind: data[a:b] for kind, a, b in attr_spans(data, start)}
+
+
+# ---- a socket in a network namespace ---------------------------------------------------
+NETLINK_NETFILTER = 12
+CLONE_NEWNET = 0x40000000
+
+
+def netns_path(prefix: Sequence[str]) -> str | None:
+    """The namespace a command prefix runs in (``ip netns exec NAME``), None: ours."""
+    if len(prefix) >= 4 and tuple(prefix[:3]) == ("ip", "netns", "exec"):
+        return f"/run/netns/{prefix[3]}"
+    return None
+
+
+def open_socket(protocol: int, netns: str | None = None, timeout: float = 10.0,
+                rcvbuf: int = 1 << 22) -> socket.socket:
+    """A netlink socket of ``protocol`` in the namespace at ``netns`` (None: this one),
+    made by a short-lived thread that enters it (setns changes only the calling
+    thread's namespace; the socket stays bound to the one it was made in)."""
+    made: list[socket.socket | BaseException] = []
+
+    def make() -> None:
+        try:
+            if netns is not None:
+                libc = ctypes.CDLL(None, use_errno=True)
+                with open(netns, "rb") as ns:
+                    if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
+                        code = ctypes.get_errno()
+                        raise OSError(code, f"setns {netns}: {os.strerror(code)}")
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            sock.settimeout(timeout)
+            made.append(sock)
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+            made.append(err)
+
+    if netns is None:
+        make()
+    else:
+        thread = threading.Thread(target=make, name="netlink-netns", daemon=True)
+        thread.start()
+        thread.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
+# ---- nftables' tables (nfnetlink subsystem NFNL_SUBSYS_NFTABLES) -------------------------
+NFNL_SUBSYS_NFTABLES = 10
+NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM = 4, 7, 10, 13
+NFT_MSG_GETGEN = 16
+NFTA_GEN_ID = 1
+NFGENMSG = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id
+
+
+class KernelError(OSError):
+    """The kernel answered a request with an error (its errno); the socket stays usable.
+    ``FileNotFoundError`` is not a subclass: test ``errno == errno.ENOENT``."""
+
+
+class NftablesReader:
+    """Requests to nftables in one namespace (``netns``: its path, None: ours) on one
+    socket, opened on first use and closed after any error (the next request opens
+    another). One request at a time: callers sharing a reader between threads lock."""
+
+    def __init__(self, netns: str | None = None, timeout: float = 10.0) -> None:
+        self.netns = netns
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._seq = 0
+
+    def spans(self, msg: int, family: int, payload: bytes, dump: bool = True
+              ) -> Iterator[tuple[bytes, int, int]]:
+        """(buffer, body start, body end) of every message answering one request (a dump,
+        or one GET), without copying the bodies; each body starts with its nfgenmsg.
+        Raises OSError with the kernel's errno (ENOENT: no such table or chain); after
+        any other error (a timeout) the socket is closed."""
+        sock = self._socket()
+        self._seq += 1
+        seq = self._seq
+        flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
+        try:
+            sock.send(message((NFNL_SUBSYS_NFTABLES << 8) | msg, flags, seq,
+                              NFGENMSG.pack(family, 0, 0) + payload))
+            while True:
+                data = sock.recv(1 << 20)
+                for mtype, _flags, got, start, end in message_spans(data):
+                    if got != seq:
+                        continue
+                    if mtype == NLMSG_DONE:
+                        return
+                    if mtype == NLMSG_ERROR:
+                        code = error_code(data, start)
+                        if code:
+                            raise KernelError(code, os.strerror(code))
+                        return
+                    yield data, start, end
+                    if not dump:
+                        return
+        except KernelError:
+            raise
+        except OSError:
+            self.close()
+            raise
+
+    def bodies(self, msg: int, family: int, payload: bytes, dump: bool = True
+               ) -> Iterator[bytes]:
+        """The bodies (nfgenmsg first) of every message answering one request."""
+        for data, start, end in self.spans(msg, family, payload, dump):
+            yield data[start:end]
+
+    def generation(self) -> int:
+        """The ruleset's generation: every committed transaction, of any table, adds one."""
+        for body in self.bodies(NFT_MSG_GETGEN, socket.AF_UNSPEC, b"", dump=False):
+            return struct.unpack(">I", attrs(body, NFGENMSG.size)[NFTA_GEN_ID])[0]
+        raise OSError("no generation in the kernel's answer")
+
+    def _socket(self) -> socket.socket:
+        if self._sock is None:
+            self._sock = open_socket(NETLINK_NETFILTER, self.netns, self.timeout)
+        return self._sock
+
+    def close(self) -> None:
+        """Close the socket (a later request opens another)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
