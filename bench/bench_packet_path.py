@@ -1,40 +1,73 @@
-"""NodePort forwarding through the two-node lab: ``--ebpf-packet-path bpf`` (tc), the same
-with ``--ebpf-xdp generic`` in front, and nft, side by side.
+"""NodePort forwarding to an endpoint on another node, side by side: ``--ebpf-packet-path
+bpf`` (tc), the same with ``--ebpf-xdp generic`` in front, nft and iptables.
 
-Run as root. Builds the test lab (tests/support/lab/topology.py: a LAN client, node1, node2 with
-pods), loads ``--services`` filler services (a ClusterIP, an externalIP and one endpoint
-each) plus the NodePort measured, whose one endpoint (pod-c) is on node2: every
-connection is DNATed and SNATed on node1 and its replies reversed. For each size, each
-dataplane is loaded in node1 in turn and the client opens ``--connects`` new TCP
-connections (connect, read the greeting, close) per round; printed per dataplane: new
-connections per second and the connect() latency (SYN to SYN/ACK through node1: the
-first packet's path) p50/p99, then ``--datagrams`` UDP requests and answers on one
-tracked flow (packets of an established flow), as the median over rounds. The Python
-client and echo server set the floor, so the figures compare dataplanes, not absolute
-speeds. The client's and pod-c's veths send whole checksums for every dataplane (XDP
-needs them: tests/support/lab/checksums.py).
+Run as root. Builds the test lab (tests/support/lab: a LAN bridge, nodes with pod
+bridges, a client on the LAN) with one ingress node per dataplane and one endpoint
+node, ``ep``, holding pod-c; every ingress node loads the same ``--services`` fillers
+(a ClusterIP, an externalIP and one endpoint each) plus the NodePort measured (TCP and
+UDP, port 30080), whose one endpoint is pod-c: every flow is DNATed and SNATed on the
+ingress node and its replies reversed there. A node of its own, ``routed``, loads
+nothing: the client reaches pod-c's address through it (routing alone, the floor every
+dataplane's figures stand on). All dataplanes are loaded at once, each in
+its own node, so rounds switch dataplane by the address the client dials: each round
+measures every dataplane once (A B C D, then B C D A, ...), so a change of the
+machine's load hits all of them alike. Per dataplane and round:
 
-Usage: .venv/bin/python bench/bench_packet_path.py [--sizes 100,10000] [--connects 500]
-       [--datagrams 2000] [--rounds 4] [--dataplanes tc,xdp,nft]
+- ``--connects`` new TCP connections, one after another (connect, read the greeting,
+  the server closes): connections per second, the client thread's CPU per connection
+  (veths hand packets on in the sender's softirq, so it carries the handshake through
+  every hop and does not count time waiting for a CPU), and connect()'s latency
+  (SYN out to SYN/ACK in: the first packet's path) p50 and p99;
+- a burst of ``--packets`` UDP datagrams on one flow (sendmmsg, 64 per call), counted
+  where pod-c's UDP layer takes them: delivered packets per second, the sender's CPU
+  per delivered packet, the share delivered.
+
+Printed per size: each figure's median over the rounds (lowest-highest), its ratio to
+nft's figure of the same round (median, lowest-highest), each dataplane's CPU per
+connection and per packet above the floor's of the same round, the load average, the
+time each dataplane took to load; at the end, each dataplane's medians at the largest size
+over the smallest (flat in services: 1.0). The Python client sets a floor common to all
+four, so ratios say more than absolute figures. The client's and pod-c's veths send
+whole checksums (XDP needs them: tests/support/lab/checksums.py). Everything is removed
+on the way out (namespaces, programs, pins, the bpffs mount), also on failure.
+
+Usage: .venv/bin/python bench/bench_packet_path.py [--sizes 100,10000,30000]
+       [--rounds 7] [--connects 300] [--packets 50000]
+       [--dataplanes tc,xdp,nft,iptables,routed]
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import socket
-import statistics
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.packet_path_figures import (  # noqa: E402
+    paired_differences,
+    paired_ratios,
+    percentile,
+    rotated,
+    spread,
+)
+from bench.packet_path_traffic import (  # noqa: E402
+    SERVER,
+    connect_loop,
+    udp_burst,
+    udp_received,
+)
 from svcproxy.backends.ebpf.packet_backend import PacketBackend  # noqa: E402
 from svcproxy.backends.ebpf.packet_loader import OBJECT, PacketLayout  # noqa: E402
+from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions  # noqa: E402
 from svcproxy.backends.nft.apply import NftRunner  # noqa: E402
 from svcproxy.backends.nft.backend import NftBackend  # noqa: E402
 from svcproxy.model import (  # noqa: E402
@@ -47,21 +80,35 @@ from svcproxy.model import (  # noqa: E402
 )
 from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState  # noqa: E402
 from tests.support.lab.checksums import tx_checksums_off  # noqa: E402
-from tests.support.lab.echo import EchoServer  # noqa: E402
-from tests.support.lab.netns import call_in  # noqa: E402
-from tests.support.lab.plan import standard_spec  # noqa: E402
+from tests.support.lab.netns import call_in, ip  # noqa: E402
+from tests.support.lab.plan import ClientSpec, LabSpec, NodeSpec, PodSpec  # noqa: E402
 from tests.support.lab.topology import Lab  # noqa: E402
 
-SPEC = standard_spec()
-NODE1, CLIENT, POD = SPEC.node("node1"), SPEC.clients[0], SPEC.pod("pod-c")
-NODE_PORT = 30080
+NODE_PORT, POD_PORT = 30080, 8080
+LABELS = {"tc": "bpf (tc)", "xdp": "bpf (XDP generic)", "nft": "nft", "iptables": "iptables",
+          "routed": "routed, no service (floor)"}
+REFERENCE, FLOOR = "nft", "routed"
+# (heading, key, decimals); higher is better for rates, lower for CPU and latency.
+FIGURES = (("new conn/s", "conn_rate", 0), ("CPU us/conn", "conn_cpu", 0),
+           ("connect p50 us", "p50", 0), ("connect p99 us", "p99", 0),
+           ("packets/s", "pps", 0), ("CPU us/packet", "pkt_cpu", 2),
+           ("delivered", "delivered", 3))
 
 
-def services(count: int) -> dict[ServicePortKey, ServicePortState]:
-    """``count`` fillers and the measured NodePort (TCP and UDP), all to pod-c (on node2)."""
+def lab_spec(names: list[str]) -> LabSpec:
+    """An ingress node per dataplane (named after it), the endpoint node ``ep`` with
+    pod-c, one client on the LAN."""
+    nodes = tuple(NodeSpec(name, i + 1) for i, name in enumerate(names))
+    ep = NodeSpec("ep", len(names) + 1)
+    return LabSpec((*nodes, ep), (PodSpec("pod-c", ep, 10),), (ClientSpec("client", 100),),
+                   entry=names[0])
+
+
+def services(count: int, pod_ip: str) -> dict[ServicePortKey, ServicePortState]:
+    """``count`` fillers and the measured NodePort (TCP and UDP), all to pod-c on ``ep``."""
     out = {}
-    ep = {POD.ipv4: Endpoint(POD.ipv4, 8080, node_name="node2", internal=True,
-                             external=True, cluster=True)}
+    ep = {pod_ip: Endpoint(pod_ip, POD_PORT, node_name="ep", internal=True,
+                           external=True, cluster=True)}
     for i in range(count):
         key = ServicePortKey("bench", f"s{i}", "p", Protocol.TCP)
         out[key] = ServicePortState(ServicePort(
@@ -76,110 +123,218 @@ def services(count: int) -> dict[ServicePortKey, ServicePortState]:
     return out
 
 
-def connect_loop(count: int) -> tuple[float, list[float]]:
-    """(elapsed seconds, connect() latencies in microseconds) of ``count`` connections."""
-    latencies = []
-    start = time.perf_counter()
-    for _ in range(count):
-        with socket.socket() as s:
-            s.settimeout(5)
-            t0 = time.perf_counter()
-            s.connect((NODE1.ipv4, NODE_PORT))
-            latencies.append((time.perf_counter() - t0) * 1e6)
-            while s.recv(256):
-                pass
-    return time.perf_counter() - start, latencies
+def target(lab: Lab, name: str) -> tuple[str, int]:
+    """Where the client sends to go through ``name``: its NodePort, or (``routed``) pod-c
+    itself, routed through that node with no service and no NAT (the lab's floor)."""
+    if name == "routed":
+        return lab.spec.pod("pod-c").ipv4, POD_PORT
+    return lab.spec.node(name).ipv4, NODE_PORT
 
 
-def datagram_loop(count: int) -> float:
-    """Seconds for ``count`` UDP requests and answers on one connected socket."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(5)
-        s.connect((NODE1.ipv4, NODE_PORT))
-        s.send(b"ping\n")
-        s.recv(256)
-        start = time.perf_counter()
-        for _ in range(count):
-            s.send(b"ping\n")
-            s.recv(256)
-        return time.perf_counter() - start
+def route_floor(lab: Lab) -> None:
+    """The client reaches pod-c through the ``routed`` node (pod-c answers straight over
+    the LAN: the floor's replies skip a node)."""
+    via = lab.spec.node("routed").ipv4
+    ip(lab.ns("client"), "route", "add", f"{lab.spec.pod('pod-c').ipv4}/32", "via", via)
 
 
-def measure(lab: Lab, connects: int, datagrams: int) -> tuple[float, float, float, float]:
-    """(connections per second, connect() p50, p99 in microseconds, UDP round trips per
-    second) of one round."""
-    call_in(lab.ns(CLIENT.name), connect_loop, 20)  # warm: neighbours, caches
-    elapsed, lat = call_in(lab.ns(CLIENT.name), connect_loop, connects)
-    lat.sort()
-    udp = datagrams / call_in(lab.ns(CLIENT.name), datagram_loop, datagrams)
-    return connects / elapsed, lat[len(lat) // 2], lat[int(len(lat) * 0.99)], udp
-
-
-def make(name: str, config: NodeConfig, fs: Path, lab: Lab, obj: Path) -> Backend:
+def make(name: str, lab: Lab, fs: Path, obj: Path) -> Backend | None:
+    """Dataplane ``name``'s backend for its ingress node (none for ``routed``)."""
+    if name == "routed":
+        return None
+    node = lab.spec.node(name)
+    config = NodeConfig(node_name=name, node_ips=(node.ipv4,))
+    prefix = ("ip", "netns", "exec", lab.ns(name))
     if name in ("tc", "xdp"):
-        return PacketBackend(config, PacketLayout(fs / "pins", ("eth0",), object_path=obj,
+        return PacketBackend(config, PacketLayout(fs / name, ("eth0",), object_path=obj,
                                                   xdp="generic" if name == "xdp" else "off"))
-    return NftBackend(config, NftRunner(("ip", "netns", "exec", lab.ns("node1"))),
-                      families=(4,))
+    if name == "nft":
+        return NftBackend(config, NftRunner(prefix), families=(4,))
+    return IptablesBackend(config, IptablesOptions(families=(4,), prefix=prefix))
 
 
-def run(lab: Lab, backend: Backend, state: NodeState) -> None:
-    call_in(lab.ns("node1"), backend.sync, state, Changes(frozenset(state.services),
-                                                          full=True))
+def load(lab: Lab, name: str, backend: Backend | None, state: NodeState) -> float:
+    """Wall seconds of the backend's first (full) sync, in its node's namespace."""
+    t0 = time.perf_counter()
+    if backend is not None:
+        call_in(lab.ns(name), backend.sync, state, Changes(frozenset(state.services), full=True))
+    return time.perf_counter() - t0
+
+
+def connects(lab: Lab, name: str, count: int) -> dict[str, float]:
+    """One round's connection figures through ``name``."""
+    host, port = target(lab, name)
+    call_in(lab.ns("client"), connect_loop, host, port, 5)  # warm: neighbours
+    run = call_in(lab.ns("client"), connect_loop, host, port, count)
+    return {"conn_rate": count / (run.end - run.start), "conn_cpu": run.cpu / count * 1e6,
+            "p50": percentile(run.latencies, 0.5), "p99": percentile(run.latencies, 0.99)}
+
+
+def burst(lab: Lab, name: str, packets: int) -> dict[str, float]:
+    """One round's UDP burst through ``name``, counted at pod-c once its counter stops
+    growing (polled at most 500 times)."""
+    pod, (host, port) = lab.ns("pod-c"), target(lab, name)
+    before = call_in(pod, udp_received)
+    sent = call_in(lab.ns("client"), udp_burst, host, port, packets)
+    got, last = call_in(pod, udp_received), sent.end
+    for _ in range(500):
+        time.sleep(0.002)
+        now = call_in(pod, udp_received)
+        if now == got:
+            break
+        got, last = now, time.perf_counter()
+    delivered = got - before
+    if delivered <= 0:
+        raise RuntimeError(f"{LABELS[name]}: none of {sent.sent} datagrams reached pod-c")
+    return {"pps": delivered / (last - sent.start), "pkt_cpu": sent.cpu / delivered * 1e6,
+            "delivered": delivered / max(sent.sent, 1)}
+
+
+def loadavg() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def measure_size(lab: Lab, names: list[str], backends: dict[str, Backend | None], size: int,
+                 args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """Load ``size`` services into every dataplane, run the rounds, print the figures;
+    return each dataplane's per-round figures."""
+    state = NodeState("bench", 1, None, services(size, lab.spec.pod("pod-c").ipv4))
+    loads = {name: load(lab, name, backends[name], state) for name in names}
+    rows: dict[str, dict[str, list[float]]] = {n: {f[1]: [] for f in FIGURES} for n in names}
+    averages = [loadavg()]
+    for round_ in range(args.rounds):
+        for name in rotated(names, round_):
+            figures = {**connects(lab, name, args.connects), **burst(lab, name, args.packets)}
+            for key, value in figures.items():
+                rows[name][key].append(value)
+        averages.append(loadavg())
+    show(size, names, rows, loads, averages)
+    return rows
+
+
+def show(size: int, names: list[str], rows: dict[str, dict[str, list[float]]],
+         loads: dict[str, float], averages: list[float]) -> None:
+    """The size's table: medians (lowest-highest), then the ratios to nft's."""
+    print(f"\n{size:,} services, {len(rows[names[0]]['pps'])} rounds, load average "
+          f"{min(averages):.1f}-{max(averages):.1f}, loaded in "
+          + ", ".join(f"{LABELS[n]} {loads[n]:.1f} s" for n in names))
+    print("| dataplane | " + " | ".join(f[0] for f in FIGURES) + " |")
+    print("|---" * (len(FIGURES) + 1) + "|")
+    for name in names:
+        cells = (spread(rows[name][key]).show(digits) for _, key, digits in FIGURES)
+        print(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+    if REFERENCE not in names:
+        return
+    for name in names:
+        if name == REFERENCE:
+            continue
+        ratios = (paired_ratios({n: rows[n][key] for n in names}, REFERENCE)[name].show(2)
+                  for _, key, _ in FIGURES[:-1])
+        print(f"| {LABELS[name]} / nft | " + " | ".join(ratios) + " | |")
+    show_own_costs(names, rows)
+    sys.stdout.flush()
+
+
+def show_own_costs(names: list[str], rows: dict[str, dict[str, list[float]]]) -> None:
+    """Each dataplane's CPU per connection and per packet above the floor's, round by
+    round (what the dataplane itself costs)."""
+    if FLOOR not in names:
+        return
+    costs = {key: paired_differences({n: rows[n][key] for n in names}, FLOOR)
+             for key in ("conn_cpu", "pkt_cpu")}
+    for name in names:
+        if name != FLOOR:
+            print(f"{LABELS[name]:>18} above the floor: CPU us/conn "
+                  f"{costs['conn_cpu'][name].show(1)}, CPU us/packet "
+                  f"{costs['pkt_cpu'][name].show(2)}")
+
+
+def flatness(names: list[str], sizes: list[int],
+             results: dict[int, dict[str, dict[str, list[float]]]]) -> None:
+    """Each dataplane's medians at the largest size over those at the smallest."""
+    small, large = sizes[0], sizes[-1]
+    print(f"\n{large:,} / {small:,} services (medians; flat: 1.00)")
+    for name in names:
+        cells = []
+        for heading, key, _ in FIGURES[:-1]:
+            a = spread(results[small][name][key]).median
+            b = spread(results[large][name][key]).median
+            cells.append(f"{heading} {b / a:.2f}")
+        print(f"{LABELS[name]:>26}: " + ", ".join(cells))
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="100,10000",
+                        help="service counts, comma-separated (default: 100,10000)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per size (default: 7)")
+    parser.add_argument("--connects", type=int, default=300,
+                        help="new connections per dataplane and round (default: 300)")
+    parser.add_argument("--packets", type=int, default=50000,
+                        help="UDP datagrams per burst (default: 50000)")
+    parser.add_argument("--dataplanes", default="tc,xdp,nft,iptables,routed",
+                        help="of tc, xdp, nft, iptables and routed (pod-c's address routed "
+                        "through a node of its own: the floor; default: all five)")
+    parser.add_argument("--object", type=Path, default=OBJECT,
+                        help="the tc/XDP object to load (default: the built one)")
+    args = parser.parse_args(argv)
+    unknown = set(args.dataplanes.split(",")) - set(LABELS)
+    if unknown:
+        parser.error(f"unknown dataplane(s) {', '.join(sorted(unknown))}: "
+                     f"choose from {', '.join(LABELS)}")
+    return args
+
+
+def cleaned(steps: list[Callable[[], object]]) -> None:
+    """Run every cleanup step, the last registered first, each even if another failed."""
+    for step in reversed(steps):
+        try:
+            step()
+        except Exception as err:  # noqa: BLE001 - the next steps still run
+            print(f"cleanup: {err}", file=sys.stderr)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="100,10000")
-    parser.add_argument("--connects", type=int, default=500)
-    parser.add_argument("--datagrams", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--dataplanes", default="tc,xdp,nft")
-    parser.add_argument("--object", type=Path, default=OBJECT,
-                        help="the tc/XDP object to load (default: the built one)")
-    args = parser.parse_args()
+    args = parse()
+    if os.geteuid() != 0:
+        sys.exit("bench_packet_path.py needs root (network namespaces, BPF, nft, iptables)")
+    signal.signal(signal.SIGTERM, _terminate)
     names = args.dataplanes.split(",")
-    lab = Lab(spec=SPEC)
-    fs = Path(tempfile.mkdtemp(prefix="spbench-tc-"))
-    server = None
-    mounted = False
-    config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4,))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    lab = Lab(spec=lab_spec(names))
+    fs = Path(tempfile.mkdtemp(prefix="spbench-pp-"))
+    undo: list[Callable[[], object]] = [lambda: fs.rmdir()]
     try:
-        lab.build()
-        for ns in (CLIENT.name, "pod-c"):
-            tx_checksums_off(lab.ns(ns))
-        server = EchoServer(lab.ns("pod-c"), "pod-c", (8080,)).start()
         subprocess.run(["mount", "-t", "bpf", "bpf", str(fs)], check=True)
-        mounted = True
-        print(f"{'services':>9} {'dataplane':>10} {'conn/s':>8} {'connect p50 us':>15} "
-              f"{'p99 us':>8} {'udp rtt/s':>10} {'load s':>7}")
-        for size in (int(s) for s in args.sizes.split(",")):
-            state = NodeState("node1", 1, None, services(size))
-            results: dict[str, list[tuple[float, ...]]] = {name: [] for name in names}
-            for round_ in range(args.rounds):
-                # Rotate which goes first, so load drift hits all alike.
-                for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                    backend = make(name, config, fs, lab, args.object)
-                    t0 = time.perf_counter()
-                    run(lab, backend, state)
-                    loaded = time.perf_counter() - t0
-                    try:
-                        results[name].append((*measure(lab, args.connects, args.datagrams),
-                                              loaded))
-                    finally:
-                        call_in(lab.ns("node1"), backend.cleanup)
-            for name, rows in results.items():
-                rate, p50, p99, udp, loaded = (statistics.median(col)
-                                               for col in zip(*rows, strict=True))
-                print(f"{size:>9} {name:>10} {rate:>8.0f} {p50:>15.0f} {p99:>8.0f} "
-                      f"{udp:>10.0f} {loaded:>7.1f}", flush=True)
+        undo.append(lambda: subprocess.run(["umount", str(fs)], check=True))
+        undo.append(lab.destroy)
+        lab.build()
+        for ns in ("client", "pod-c"):
+            tx_checksums_off(lab.ns(ns))
+        lab.start(lab.ns("pod-c"), SERVER, str(POD_PORT))
+        if "routed" in names:
+            route_floor(lab)
+        print(f"{os.cpu_count()} CPUs, Linux {os.uname().release}; NodePort to pod-c on "
+              f"another node; {args.rounds} rounds of {args.connects} connections and "
+              f"{args.packets:,} datagrams per dataplane", flush=True)
+        results = {}
+        for size in sizes:
+            backends = {name: make(name, lab, fs, args.object) for name in names}
+            try:
+                results[size] = measure_size(lab, names, backends, size, args)
+            finally:
+                for name, backend in backends.items():
+                    if backend is not None:
+                        call_in(lab.ns(name), backend.cleanup)
+        if len(sizes) > 1:
+            flatness(names, sizes, results)
     finally:
-        if server is not None:
-            server.stop()
-        if mounted:
-            subprocess.run(["umount", str(fs)], capture_output=True)
-        shutil.rmtree(fs, ignore_errors=True)
-        lab.destroy()
+        cleaned(undo)
 
 
 if __name__ == "__main__":
