@@ -6,9 +6,11 @@ one ``nft -f`` transaction.
   periodic resync with nothing changed renders nothing and writes nothing;
 * apply: a rebuild replaces the tables (first sync, after a failure, a new node
   context); otherwise the changed service ports' chains, sets and elements only;
-* drift: every periodic resync reads the tables over netlink (``kernel_view``) and
-  compares them with what was applied (``drift``); what differs is written again from
-  the applied values (``Delta.repair``), a drifted skeleton rebuilds the tables;
+* drift: the chains each transaction wrote are read back at once over netlink
+  (``kernel_view``: their digests are the reference); every periodic resync reads the
+  tables and compares them with what was applied and read back (``drift``); what differs
+  is written again from the applied values (``Delta.repair``), a drifted skeleton
+  rebuilds the tables;
 * a chain the kernel will not delete because a foreign rule jumps to it (EBUSY) is left
   in place, the rest of the service port's change applied, the culprit logged, and the
   deletion retried with the refusals' backoff until it succeeds.
@@ -63,6 +65,9 @@ from .skeleton import MAPS, SETS, chain_block, skeleton_chains
 log = logging.getLogger(__name__)
 
 FAMILIES = (4, 6)
+# A write of more chains than this is taken as read back when someone else committed
+# between the write and the read (a small one's chains are written again instead).
+READ_BACK_MAX = 200
 
 # What one service port holds in each family's table (in ``families`` order).
 PerFamily = tuple[ServiceRules | None, ...]
@@ -137,6 +142,8 @@ class NftBackend(StagedBackend[PerFamily]):
         self._learnt: dict[int, Learnt] = {}
         self._views: dict[int, TableView] = {}
         self._drifted: frozenset[ServicePortKey] = frozenset()
+        # The ruleset's generation read right before the last transaction (None: unknown).
+        self._generation: int | None = None
         # Per family: chains and sets the kernel would not delete (a foreign rule uses
         # them) -> (kind, the service port that left them, the culprit).
         self._leftovers: dict[int, dict[str, tuple[str, ServicePortKey, str]]] = {}
@@ -246,7 +253,7 @@ class NftBackend(StagedBackend[PerFamily]):
         finally:
             self._clients = {}
         self._tables = tables
-        self._learnt = {}
+        self._learnt = self._read_tables(tables)
         for key in self._leftover_owners():  # the tables were replaced: nothing is left
             self.refusals.clear(key)
         self._leftovers = {}
@@ -345,21 +352,64 @@ class NftBackend(StagedBackend[PerFamily]):
                          _only(delta.previous, keys))
         for f, d in deltas.items():
             commit(tables[f], d)
-            self._written(f, [r for r in d.services.values() if r is not None])
+            self._ours_again(f, [r for r in d.services.values() if r is not None])
+            self._read_back(f, d.written, d.deleted)
         return done
 
-    def _written(self, family: int, rules: Iterable[ServiceRules]) -> None:
-        """Chains written again: their digest is learnt anew; left ones are ours again."""
-        rules = list(rules)
-        names = [n for r in rules for n in (*r.chains, *r.sets)]
-        names += [lb_chain(n) for n in {n for r in rules for n in r.lb_sizes}]
-        learnt = self._learnt.get(family)
-        if learnt is not None:
-            learnt.forget(names)
+    def _ours_again(self, family: int, rules: Iterable[ServiceRules]) -> None:
+        """Chains and sets left in place before (a foreign rule used them) that these
+        rules own again."""
         left = self._leftovers.get(family)
         if left:
-            for name in names:
+            for name in (n for r in rules for n in (*r.chains, *r.sets)):
                 left.pop(name, None)
+
+    def _read_back(self, family: int, written: Iterable[str], deleted: Iterable[str] = ()
+                   ) -> None:
+        """The chains the last transaction wrote, read back at once: what the drift check
+        compares with (not what the first check finds, which may already be someone
+        else's). If the ruleset's generation says someone else committed between the
+        write and the read (more than our one transaction), a small write's chains are
+        not known as written (written again at the next check); a larger one's (more
+        than ``READ_BACK_MAX`` chains) are taken as read."""
+        assert self._tables is not None
+        ctx = self._tables[family].ctx
+        learnt = self._learnt.setdefault(family, Learnt())
+        names = list(dict.fromkeys(written))
+        learnt.forget([*names, *deleted])
+        if not names:
+            return
+        try:
+            got = self.reader.chains(ctx.ipx, ctx.table, names)
+            after = self.reader.generation()
+        except KernelReadError as err:
+            log.warning("Cannot read back the chains just written to %s %s (%s): they are "
+                        "written again at the next check", ctx.ipx, ctx.table, err)
+            return
+        before = self._generation
+        if before is None or after - before > 1:
+            log.debug("%s %s: the ruleset's generation went %s -> %s over one transaction: "
+                      "someone else committed meanwhile", ctx.ipx, ctx.table, before, after)
+            if len(names) <= READ_BACK_MAX:
+                return
+        learnt.learn({name: view.digest for name, view in got.items()})
+
+    def _read_tables(self, tables: Mapping[int, FamilyTable]) -> dict[int, Learnt]:
+        """After a rebuild: every chain of each table, read back at once (one dump per
+        family; taken as read even if someone else committed meanwhile, as a large
+        write's chains are)."""
+        learnt: dict[int, Learnt] = {}
+        for f, table in tables.items():
+            ctx = table.ctx
+            try:
+                view = self.reader.read(ctx.ipx, ctx.table)
+            except KernelReadError as err:
+                log.warning("Cannot read back %s %s just written (%s): it is written again "
+                            "at the next check", ctx.ipx, ctx.table, err)
+                view = None
+            learnt[f] = Learnt({name: c.digest for name, c in view.chains.items()}
+                               if view is not None else {})
+        return learnt
 
     def _repair(self, items: Mapping[ServicePortKey, PerFamily]) -> None:
         """Write the applied objects of ``items`` again (changed behind our back): their
@@ -371,6 +421,7 @@ class NftBackend(StagedBackend[PerFamily]):
             return "".join(self._repair_text(f, i, [items[k] for k in chosen])
                            for i, f in enumerate(self.families))
 
+        accepted = keys
         try:
             self._apply(text_of(keys), time.perf_counter(), "repair", len(keys))
         except NftError as err:
@@ -384,7 +435,9 @@ class NftBackend(StagedBackend[PerFamily]):
                 log.warning("Cannot write service port %s again (%s): tried at the next "
                             "check", describe_service_port(key), error)
         for i, f in enumerate(self.families):
-            self._written(f, [r for v in items.values() if (r := v[i]) is not None])
+            rules = [r for k in accepted if (r := items[k][i]) is not None]
+            self._ours_again(f, rules)
+            self._read_back(f, [n for r in rules for n in r.chains])
 
     def _repair_text(self, family: int, index: int, values: Iterable[PerFamily]) -> str:
         """The text writing ``values``' objects in one family again, idempotently."""
@@ -574,6 +627,10 @@ class NftBackend(StagedBackend[PerFamily]):
 
     def _apply(self, text: str, start: float, mode: str, services: int) -> None:
         rendered = time.perf_counter()
+        try:
+            self._generation = self.reader.generation()
+        except KernelReadError:
+            self._generation = None
         try:
             self.runner.apply(text)
         except NftError:

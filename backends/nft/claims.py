@@ -51,13 +51,15 @@ class FamilyTable:
 @dataclass(slots=True)
 class TableDelta:
     """A planned change of one FamilyTable: its nft text, the service ports' rules it
-    writes (None: removed) and the claims after it."""
+    writes (None: removed), the claims after it, and the chains it writes and deletes."""
 
     text: str
     services: dict[ServicePortKey, ServiceRules | None]
     claims: dict[ElementId, int]
     applied: dict[ElementId, Claimed | None]
     lb_users: dict[int, int]
+    written: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -229,7 +231,9 @@ def plan_delta(
     lines += [f"delete map {ref} {lb_map(n)}" for n in stale_sizes]
     lines = [line for line in lines if line]
     text = "\n".join(lines) + "\n" if lines else ""
-    return TableDelta(text, changed, claims, applied, users)
+    return TableDelta(text, changed, claims, applied, users,
+                      (*written, *(lb_chain(n) for n in new_sizes)),
+                      (*removed_chains, *(lb_chain(n) for n in stale_sizes)))
 
 
 def old_claims_touched(

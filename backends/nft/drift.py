@@ -1,12 +1,12 @@
 """What of one family's table the kernel no longer holds as applied (pure).
 
 Compared with what the backend applied (the claims of ``FamilyTable`` and each service
-port's ``ServiceRules``): every chain of ours by its rule count and, once learnt, the
-digest of its rules' expressions (the kernel's own encoding, which the renderer cannot
-predict: the digest read the first time a chain is checked after it was written is
-the reference until it is written again); every set and map of ours by name; the
-elements of our shared sets and maps key by key and value by value. A chain, set or
-element of the skeleton (what every service port relies on) that differs, or an
+port's ``ServiceRules``): every chain of ours by its rule count and the digest of its
+rules' messages that the kernel showed right after the backend wrote it (``Learnt``:
+read back at apply time, as the kernel's encoding cannot be predicted from the text; a
+chain without one is not known as written, and is drift); every set and map of ours by
+name; the elements of our shared sets and maps key by key and value by value. A chain,
+set or element of the skeleton (what every service port relies on) that differs, or an
 element nobody applied in one of our maps, is the skeleton's drift: the table is
 rewritten. A service port's own chain, set or element that differs is that service
 port's drift: it is written again. Objects that are not ours (a chain someone added to
@@ -15,7 +15,7 @@ our table) are not looked at.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from svcproxy.sdk import ServicePortKey
@@ -33,23 +33,22 @@ _BASE = frozenset(name for name, *_ in BASE_CHAINS)
 
 @dataclass(slots=True)
 class Learnt:
-    """Per chain: the rules written and the digest the kernel showed for them."""
+    """Per chain: the digest the kernel showed for its rules right after the backend
+    wrote them (read back then, so known at apply time)."""
 
-    chains: dict[str, tuple[tuple[str, ...], bytes]] = field(default_factory=dict)
+    chains: dict[str, bytes] = field(default_factory=dict)
 
-    def same(self, name: str, rules: tuple[str, ...], digest: bytes) -> bool:
-        """False when the chain's digest differs from the one learnt for these rules."""
-        seen = self.chains.get(name)
-        if seen is None or (seen[0] is not rules and seen[0] != rules):
-            self.chains[name] = (rules, digest)
-            return True
-        return seen[1] == digest
+    def same(self, name: str, digest: bytes) -> bool:
+        """False when the chain is not known as written or its digest differs."""
+        return self.chains.get(name) == digest
 
-    def forget(self, names: list[str] | None = None) -> None:
-        """These chains were written again (None: all of them)."""
-        if names is None:
-            self.chains.clear()
-        for name in names or ():
+    def learn(self, digests: Mapping[str, bytes]) -> None:
+        """These chains were written and read back."""
+        self.chains.update(digests)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """These chains were written (and not read back) or deleted."""
+        for name in names:
             self.chains.pop(name, None)
 
 
@@ -72,7 +71,7 @@ def compare(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules],
         for name, body in rules.chains.items():
             chain = chains.get(name)
             if chain is None or chain.rules != len(body) or not learnt.same(
-                    name, body, chain.digest):
+                    name, chain.digest):
                 drifted.add(key)
                 break
         else:
@@ -94,8 +93,8 @@ def _skeleton(table: FamilyTable, view: TableView, learnt: Learnt) -> str:
             return f"chain {name} holds {chain.rules} rules, not {len(body)}"
         if name in _BASE and chain.policy not in (None, NF_ACCEPT):
             return f"base chain {name}'s policy is not accept"
-        if not learnt.same(name, body, chain.digest):
-            return f"a rule of chain {name} was changed"
+        if not learnt.same(name, chain.digest):
+            return f"a rule of chain {name} was changed or is not known as written"
     sets = [*CONTAINERS, *(lb_map(n) for n in table.lb_sizes)]
     if ctx.nodeport_ips is not None:
         sets.append("nodeport-ips")

@@ -54,11 +54,16 @@ class Watched(NftBackend):
         self.done: dict[str, int] = {}
         self.changed = threading.Condition()
         self.paused = threading.Lock()  # held by a test: no sync runs meanwhile
+        # Run once right after the next sync's write, before anything can check it.
+        self.after_sync: Callable[[], None] | None = None
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         try:
             with self.paused:
                 super().sync(state, changes)
+                hook, self.after_sync = self.after_sync, None
+                if hook is not None:
+                    hook()
         finally:
             with self.changed:
                 for reason in (changes.reason, "any"):
@@ -100,8 +105,9 @@ class Agent:
 def agent(netns: str) -> Iterator[Callable[[NodeState], Agent]]:
     started: list[tuple[SyncRunner, threading.Thread, Watched]] = []
 
-    def start(state: NodeState) -> Agent:
+    def start(state: NodeState, after_sync: Callable[[], None] | None = None) -> Agent:
         source, backend = FakeSource(), Watched(netns)
+        backend.after_sync = after_sync
         backend.refusals.retry_first, backend.refusals.retry_max = 0.05, 0.2
         runner = SyncRunner(source, backend, health=ProxyHealth(timeout=10), poll=0.02,
                             sync_period=PERIOD, min_sync_period=0.0)
@@ -178,6 +184,40 @@ def test_a_deleted_rule_and_a_deleted_chain_are_back_within_one_period(
         assert kernel_content(netns) != full
     a.backend.wait("periodic", 1)  # the first resync that began after the change
     assert restored(netns, full)()
+
+
+def test_a_rule_changed_right_after_a_write_is_back_within_one_period(
+        netns: str, agent: Callable[..., Agent]) -> None:
+    """What the kernel held right after the write is the reference (read back then), not
+    what the first check finds: a rule replaced (same count) before any check, after the
+    initial sync's rebuild and after a delta writing the chain again, is still drift."""
+    expected: list[object] = []
+
+    def replace_last_rule() -> None:  # the NodePort's external chain: its last rule
+        expected.append(kernel_content(netns))
+        external = chain_of(netns, "external", "np")
+        listing = nft(netns, "-a", "list", "chain", "ip", names.TABLE, external)
+        handle = [line.rsplit("# handle ", 1)[1] for line in listing.splitlines()
+                  if "# handle " in line and "chain " not in line][-1]
+        nft(netns, "replace", "rule", "ip", names.TABLE, external, "handle", handle, "counter")
+        assert kernel_content(netns) != expected[-1]
+
+    state = services()
+    a = agent(state, after_sync=replace_last_rule)
+    assert expected
+    a.backend.wait("periodic", 1, since=0)  # the first check after the initial sync
+    assert restored(netns, expected[0])()
+    np = state.services[key("np")]
+    more = replace(state, revision=2, services={**state.services, np.key: state_of(
+        np.service, endpoint("10.244.1.20"), endpoint("10.244.1.21"), endpoint("10.244.1.22"))})
+    with a.backend.paused:
+        a.backend.after_sync = replace_last_rule
+        synced = a.backend.count("any")
+        a.push(more, "np")
+    a.backend.wait("any", 1, lambda: len(expected) == 2, since=synced)
+    checks = a.backend.count("periodic")
+    a.backend.wait("periodic", 1, since=checks)  # the first check after that delta
+    assert restored(netns, expected[1])()
 
 
 def test_a_deleted_table_and_a_foreign_element_are_repaired(
