@@ -1,5 +1,5 @@
 """Maglev tables (backends/ebpf/maglev.py): flows moved when an endpoint leaves, and how
-long the tables take to build. Pure Python, no root.
+long the tables take to build. No root.
 
 1. 10,000 flows (distinct client addresses and ports to one NodePort) over 10 endpoints;
    one endpoint removed: how many flows now map to another endpoint, with Maglev and
@@ -8,10 +8,12 @@ long the tables take to build. Pure Python, no root.
 2. The tables of ``--services`` service ports x 10 endpoints as the backend writes them:
    each service port has ``--addresses`` frontends (ClusterIP, NodePort on each node
    address, externalIPs), each its own endpoint set in the maps; ``maglev.tables`` builds
-   one table per distinct endpoint list. Also the build of every set on its own with the
-   former builder (list, then ``pack``), for comparison on a subset. CPU seconds
-   (``time.process_time``): on a shared machine the wall clock says more about the
-   neighbours.
+   one table per distinct endpoint list, its loop in C (``native/maglev.c``, when built).
+   Beside it in the same run, the same tables by the pure Python loop
+   (``maglev.reference``, what every build was before the helper) for the first
+   ``--compare`` service ports (all of them: ``--compare`` = ``--services``), each
+   checked equal to the helper's. CPU seconds (``time.process_time``): on a shared
+   machine the wall clock says more about the neighbours.
 
 Usage: .venv/bin/python bench/bench_maglev.py [--size 16381] [--services 10000]
        [--addresses 4] [--compare 200]
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from svcproxy.backends.ebpf import maglev  # noqa: E402
+from svcproxy.backends.ebpf import maglev, maglev_native  # noqa: E402
 
 
 def flows_moved(size: int, flows: int, endpoints: int, seed: int) -> tuple[float, float]:
@@ -62,13 +64,15 @@ def build_time(size: int, services: int, endpoints: int, addresses: int) -> floa
     return time.process_time() - start
 
 
-def build_time_one_by_one(size: int, services: int, endpoints: int, addresses: int) -> float:
-    """CPU seconds of the former way: every set's table built and packed on its own."""
-    sets = [eps for eps in endpoint_sets(services, endpoints) for _ in range(addresses)]
+def build_time_python(size: int, services: int, endpoints: int) -> float:
+    """CPU seconds of the pure Python loop for the same distinct tables, each checked
+    equal to the one the backend writes."""
+    sets = endpoint_sets(services, endpoints)
     start = time.process_time()
-    for eps in sets:
-        b"".join(i.to_bytes(2, "little") for i in maglev.build(eps, size))
-    return time.process_time() - start
+    built = [maglev.pack(maglev.reference(eps, size)) for eps in sets]
+    seconds = time.process_time() - start
+    assert built == [maglev.table(eps, size) for eps in sets]
+    return seconds
 
 
 def main() -> None:
@@ -85,15 +89,17 @@ def main() -> None:
         print(f"table {args.size}, 1 of 10 endpoints removed: {m:.1%} of {args.flows} flows "
               f"moved with maglev (goal <= 12%), {r:.1%} with random")
     n, k = args.services, args.addresses
+    helper = "C helper" if maglev_native.available() else "no C helper: Python"
     seconds = build_time(args.size, n, 10, k)
     print(f"{n} service ports x {k} addresses x 10 endpoints, table {args.size}: "
-          f"{n} tables built in {seconds:.1f} s CPU ({seconds / n * 1000:.2f} ms each)")
+          f"{n} tables built in {seconds:.2f} s CPU ({seconds / n * 1000:.3f} ms each, "
+          f"{helper})")
     if args.compare:
-        m = args.compare
-        new, old = build_time(args.size, m, 10, k), build_time_one_by_one(args.size, m, 10, k)
-        print(f"{m} service ports x {k} addresses: {new:.2f} s CPU now, {old:.2f} s one set "
-              f"at a time as before ({old / new:.1f} x; {old / m / k * 1000:.2f} ms a set, "
-              f"extrapolated to {n}: {old / m * n:.0f} s)")
+        m = min(args.compare, n)
+        old = build_time_python(args.size, m, 10)
+        print(f"the same {m} tables by the Python loop: {old:.2f} s CPU "
+              f"({old / m * 1000:.2f} ms each; extrapolated to {n}: {old / m * n:.0f} s, "
+              f"{old / m * n / seconds:.0f} x the helper's)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Maglev consistent hashing (Eisenbud et al., NSDI 2016, section 3.4), pure.
+"""Maglev consistent hashing (Eisenbud et al., NSDI 2016, section 3.4), pure (the turns
+run in C when `native/maglev.c` is built: `maglev_native`; else the same loop in Python).
 
 A service port's lookup table has ``size`` slots (a prime); each slot names one
 endpoint. Every endpoint has a preference list, a permutation of the slots given by
@@ -24,6 +25,8 @@ import hashlib
 import sys
 from array import array
 from collections.abc import Iterable, MutableSequence, Sequence
+
+from . import maglev_native
 
 SIZES = (251, 1021, 4093, 16381, 65521)  # primes offered by --ebpf-maglev-table-size
 DEFAULT_SIZE = 16381
@@ -57,30 +60,59 @@ def build(names: Sequence[bytes], size: int = DEFAULT_SIZE) -> list[int]:
     the order the caller indexes them; the turns go by sorted name, so the table
     depends on the set of names only. An empty ``names`` gives an empty table.
     """
+    return _entries(names, size).tolist()
+
+
+def table(names: Sequence[bytes], size: int = DEFAULT_SIZE) -> bytes:
+    """``pack(build(names, size))``, built straight into the packed form."""
+    entry = _entries(names, size)
+    if sys.byteorder == "big":
+        entry.byteswap()
+    return entry.tobytes()
+
+
+def reference(names: Sequence[bytes], size: int = DEFAULT_SIZE) -> list[int]:
+    """``build`` by the Python loop alone, never the C helper: what the helper must equal."""
+    offsets, skips, indexes = _turns(names, size)
     entry = [0] * size if names else []
-    _populate(names, size, entry)
+    _populate(size, offsets, skips, indexes, entry)
     return entry
 
 
-def _populate(names: Sequence[bytes], size: int, entry: MutableSequence[int]) -> None:
-    """Fill ``entry`` (``size`` slots) as Pseudocode 1 does: ``size // n`` full rounds of
-    turns, then the first ``size % n`` turns of one more."""
+def _entries(names: Sequence[bytes], size: int) -> array:
+    """The table as u16 slots: filled by the C helper (``maglev_native``) when it is
+    built, else by the same loop in Python."""
+    offsets, skips, indexes = _turns(names, size)
+    entry = array("H", bytes(2 * size)) if names else array("H")
+    if names and not maglev_native.populate(size, offsets, skips, indexes, entry):
+        _populate(size, offsets, skips, indexes, entry)
+    return entry
+
+
+def _turns(names: Sequence[bytes], size: int) -> tuple[array, array, array]:
+    """Each endpoint's offset, skip and index into ``names``, in turn order (by sorted
+    name); checks that ``size`` is a prime and the names are distinct."""
     if not is_prime(size):
         raise ValueError(f"the Maglev table size must be a prime, not {size}")
-    if not names:
-        return
     order = sorted(range(len(names)), key=names.__getitem__)
     if len({names[i] for i in order}) != len(order):
         raise ValueError("endpoint names must be distinct")
     perms = [offset_skip(names[i], size) for i in order]
+    return (array("I", [offset for offset, _ in perms]), array("I", [skip for _, skip in perms]),
+            array("H", order))
+
+
+def _populate(size: int, offsets: Sequence[int], skips: Sequence[int], indexes: Sequence[int],
+              entry: MutableSequence[int]) -> None:
+    """Fill ``entry`` (``size`` slots) as Pseudocode 1 does: ``size // n`` full rounds of
+    turns, then the first ``size % n`` turns of one more."""
     taken = bytearray(size)
     # Each endpoint's next candidate slot (the slot itself, advanced by its skip).
-    cand = [offset for offset, _ in perms]
-    turns = [(turn, skip, index)
-             for turn, ((_, skip), index) in enumerate(zip(perms, order, strict=True))]
-    rounds, extra = divmod(size, len(order))
+    cand = list(offsets)
+    turns = list(enumerate(zip(skips, indexes, strict=True)))
+    rounds, extra = divmod(size, len(turns))
     for last in [False] * rounds + [True]:
-        for turn, skip, index in turns[:extra] if last else turns:
+        for turn, (skip, index) in turns[:extra] if last else turns:
             c = cand[turn]
             while taken[c]:
                 c += skip
@@ -90,15 +122,6 @@ def _populate(names: Sequence[bytes], size: int, entry: MutableSequence[int]) ->
             entry[c] = index
             c += skip
             cand[turn] = c - size if c >= size else c
-
-
-def table(names: Sequence[bytes], size: int = DEFAULT_SIZE) -> bytes:
-    """``pack(build(names, size))``, built straight into the packed form."""
-    entry = array("H", bytes(2 * size)) if names else array("H")
-    _populate(names, size, entry)
-    if sys.byteorder == "big":
-        entry.byteswap()
-    return entry.tobytes()
 
 
 def tables(name_sets: Iterable[Sequence[bytes]],

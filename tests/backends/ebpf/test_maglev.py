@@ -3,15 +3,17 @@ endpoint sets hypothesis picks (pure, no root)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from svcproxy.backends.ebpf import maglev
+from svcproxy.backends.ebpf import build, maglev, maglev_native
 
 SIZE = 1021  # a small prime keeps each example fast; the bench uses 16,381
 
@@ -102,3 +104,56 @@ def test_packed_tables_are_built_once_per_endpoint_list(monkeypatch: pytest.Monk
     got = maglev.tables([a, b, a, list(a), b], SIZE)
     assert sorted(built) == sorted([tuple(a), tuple(b)])
     assert got == {tuple(a): real(a, SIZE), tuple(b): real(b, SIZE)}
+
+
+needs_helper = pytest.mark.skipif(
+    not maglev_native.available() and shutil.which("cc") is None,
+    reason="no C compiler: the Maglev helper cannot be built here")
+
+
+@needs_helper
+@settings(max_examples=40, deadline=None)
+@given(names, st.sampled_from(maglev.SIZES[:4]))
+def test_the_c_helper_builds_the_reference_table(eps: list[bytes], size: int) -> None:
+    """The table the backend writes (built in C by native/maglev.c) is the Python loop's,
+    slot for slot, for any endpoint set and table size."""
+    assert maglev_native.available(), "run python -m svcproxy.backends.ebpf.build"
+    assert maglev.build(eps, size) == maglev.reference(eps, size)
+    assert maglev.table(eps, size) == maglev.pack(maglev.reference(eps, size))
+
+
+def test_without_the_helper_python_builds_the_same_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    eps = [f"10.244.3.{i}:53".encode() for i in range(9)]
+    expected = maglev.reference(eps, maglev.DEFAULT_SIZE)
+    monkeypatch.setattr(maglev_native, "LIBRARY", Path("/nonexistent/libsvcproxy_maglev.so"))
+    maglev_native._function.cache_clear()
+    try:
+        assert not maglev_native.available()
+        assert maglev.build(eps, maglev.DEFAULT_SIZE) == expected
+    finally:
+        monkeypatch.undo()
+        maglev_native._function.cache_clear()
+
+
+def test_a_failing_or_missing_compiler_leaves_the_helper_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The build never breaks on the helper: a failing compiler, or none, leaves it out
+    and says that Python does its work."""
+    native = tmp_path / "native"
+    native.mkdir()
+    shutil.copy(build.NATIVE_DIR / "maglev.c", native)
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'cc: error: cannot execute' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(build, "NATIVE_DIR", native)
+    monkeypatch.setenv("CC", str(failing))
+    assert build.build_native() == []
+    assert "failed on maglev.c; libsvcproxy_maglev.so is not built (Python does its work)" \
+        in capsys.readouterr().out
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CC")
+    assert build.build_native() == []
+    assert "no C compiler" in capsys.readouterr().out
+    assert list(native.iterdir()) == [native / "maglev.c"]
