@@ -26,10 +26,10 @@ from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.drift import (
-    Applied,
-    Learnt,
-    compare,
+    ReadBack,
+    Saved,
     compare_kernel,
+    compare_saved,
     our_jumps,
     read_saved,
 )
@@ -142,11 +142,11 @@ class IptablesBackend(StagedBackend[Rendered]):
         # The last full restore tried (values, family index, text): what the line numbers
         # of its error refer to.
         self._last_try: tuple[Values, int, str] | None = None
-        # The drift check's: per family what it learnt (iptables-legacy) or read back
-        # after each write (iptables-nft: ``_kernel``); the service ports it found.
-        self._learnt: dict[int, Learnt] = {}
+        # The drift check's: per family what the kernel held right after each write
+        # (read over netlink with iptables-nft: ``_kernel``; with iptables-save with
+        # iptables-legacy); the service ports it found.
         self._kernel: NftRules | None = None
-        self._written: dict[int, Applied] = {}
+        self._written: dict[int, ReadBack] = {}
         self._drifted: frozenset[ServicePortKey] = frozenset()
 
     @property
@@ -293,14 +293,14 @@ class IptablesBackend(StagedBackend[Rendered]):
             wanted = {table: list(chains) for table, chains in planner.top.items()}
             wanted.setdefault(NAT, []).extend(c for r in services.values() for c in r.chains)
             try:
-                saved = fam.tool.save_stream(lambda lines, w=wanted: read_saved(lines, w))
+                saved = self._saved(fam, wanted)
             except (IptablesError, OSError) as err:
                 log.warning("Cannot read the IPv%d rules to check them (%s): not checked "
                             "this period", family, err)
                 return Drift()
             jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(planner.cfg) else ())
-            keys, why = compare(planner.top, services, jumps, saved,
-                                self._learnt.setdefault(family, Learnt()))
+            keys, why = compare_saved(planner.top, services, jumps, saved,
+                                      self._written.setdefault(family, ReadBack()))
             if why:
                 self._why = self._why or "changed behind our back"
                 return Drift(skeleton=f"IPv{family}: {why}")
@@ -308,12 +308,24 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._drifted = frozenset(drifted)
         return Drift(self._drifted)
 
+    @staticmethod
+    def _saved(fam: _Family, wanted: dict[str, list[str]]) -> Saved:
+        """iptables-legacy: the chains of ``wanted`` (table -> chains) and the built-in
+        chains' rules, one ``iptables-save -t TABLE`` each (only the tables named)."""
+        saved = Saved()
+        for table, chains in wanted.items():
+            one = fam.tool.save_stream(lambda lines, w={table: chains}: read_saved(lines, w),
+                                       table)
+            saved.chains.update(one.chains)
+            saved.builtin.update(one.builtin)
+        return saved
+
     def _kernel_drift(self, fam: _Family, services: dict[ServicePortKey, ServiceRules],
                       ) -> tuple[set[ServicePortKey], str]:
         """iptables-nft: one family's drift, read over netlink (``drift.compare_kernel``)."""
         kernel = self._kernel
         assert kernel is not None
-        written = self._written.setdefault(fam.family, Applied())
+        written = self._written.setdefault(fam.family, ReadBack())
         tables = set(fam.planner.top) | {NAT}
         try:
             before = kernel.generation()
@@ -343,9 +355,9 @@ class IptablesBackend(StagedBackend[Rendered]):
         again at the next check); a large write's are taken as read."""
         kernel = self._kernel
         if kernel is None:
-            fam.tool.restore(text)
+            self._restore_legacy(fam, text, tables, full)
             return
-        written = self._written.setdefault(fam.family, Applied())
+        written = self._written.setdefault(fam.family, ReadBack())
         try:
             before: int | None = kernel.generation()
         except OSError:
@@ -391,6 +403,33 @@ class IptablesBackend(StagedBackend[Rendered]):
             for chain in changes.delete:
                 written.chains.pop((table, chain), None)
         written.generation = after if clean and written.generation == before else None
+
+    def _restore_legacy(self, fam: _Family, text: str, tables: dict[str, TableChanges],
+                        full: bool) -> None:
+        """iptables-legacy: one iptables-restore of ``tables``, then the chains it wrote
+        read back with one ``iptables-save -t TABLE`` per table written (no generation
+        tells whether someone else wrote in between: taken as read)."""
+        written = self._written.setdefault(fam.family, ReadBack())
+        if full:
+            written.chains = {}
+        writes = {t: list(c.write) for t, c in tables.items() if c.write}
+        for table, chains in writes.items():
+            for chain in chains:
+                written.chains[(table, chain)] = None
+        for table, changes in tables.items():
+            for chain in changes.delete:
+                written.chains.pop((table, chain), None)
+        fam.tool.restore(text)
+        try:
+            saved = self._saved(fam, writes)
+        except (IptablesError, OSError) as err:
+            log.warning("Cannot read back the IPv%d rules just written (%s): they are "
+                        "written again at the next check", fam.family, err)
+            return
+        for table, chains in writes.items():
+            got = saved.chains.get(table, {})
+            for chain in chains:
+                written.chains[(table, chain)] = got.get(chain)
 
     def render(self, state: NodeState, record: ServicePortState) -> Rendered | None:
         """One service port's rules in every family (the SDK's stages screen out a version

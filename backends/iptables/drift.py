@@ -1,15 +1,16 @@
 """What of our iptables rules the kernel no longer holds as applied (pure).
 
-iptables-nft: compared with what the kernel held right after each write (``Applied``,
-read back over netlink by the backend, see nftrules). iptables-legacy: read from one
-``iptables-save`` per family, as it streams: for each of our chains its
-rule count and the digest of its saved lines (``iptables-save`` normalizes rules, so the
-text the renderer wrote cannot be compared with it: the digest read the first time a
-chain is checked after it was written is the reference until it is written again), and
-the rules of the built-in chains (our jumps). A top-level chain (KUBE-SERVICES, ...)
-or a jump that differs is the skeleton's drift (everything is rewritten); a service
-port's own chain (KUBE-SVC/SEP/EXT/FW/SVL-*) that differs is that service port's drift
-(its chains are written again). Chains that are not ours are not looked at.
+The reference is what the kernel held right after each write (``ReadBack``, read back
+by the backend then, so known at apply time): per chain its rule count and a digest.
+iptables-nft reads it over netlink (nftrules: the digest of the rules' messages, and
+the expressions of our jumps in the built-in chains); iptables-legacy from
+``iptables-save -t TABLE`` as it streams (``read_saved``: the digest of each chain's
+saved lines; ``iptables-save`` normalizes rules, so the text the renderer wrote cannot
+be compared with it), our jumps by their presence in the built-in chains. A
+top-level chain (KUBE-SERVICES, ...) or a jump that differs is the skeleton's drift
+(everything is rewritten); a service port's own chain (KUBE-SVC/SEP/EXT/FW/SVL-*) that
+differs is that service port's drift (its chains are written again); a chain not known
+as written is drift too. Chains that are not ours are not looked at.
 """
 
 from __future__ import annotations
@@ -26,17 +27,11 @@ from svcproxy.backends.iptables.toplevel import NAT
 from svcproxy.sdk import ServicePortKey
 
 
-@dataclass(frozen=True, slots=True)
-class SavedChain:
-    rules: int
-    digest: bytes
-
-
 @dataclass(slots=True)
 class Saved:
     """One family's tables as saved: our chains, and the built-in chains' rules."""
 
-    chains: dict[str, dict[str, SavedChain]] = field(default_factory=dict)
+    chains: dict[str, dict[str, ChainDigest]] = field(default_factory=dict)
     builtin: dict[str, SavedTable] = field(default_factory=dict)
 
 
@@ -68,7 +63,7 @@ def read_saved(lines: Iterable[str], wanted: Mapping[str, Iterable[str]]) -> Sav
             declared, rules, builtin = set(), {}, []
         elif line.startswith("COMMIT") and table:
             saved.chains[table] = {
-                name: SavedChain(len(lines_), _digest(lines_)) for name, lines_ in rules.items()}
+                name: ChainDigest(len(lines_), _digest(lines_)) for name, lines_ in rules.items()}
             saved.builtin[table] = SavedTable(frozenset(declared), tuple(builtin))
             table = ""
     return saved
@@ -78,69 +73,27 @@ def _digest(lines: list[str]) -> bytes:
     return hashlib.blake2b("".join(lines).encode(), digest_size=16).digest()
 
 
-@dataclass(slots=True)
-class Learnt:
-    """Per (table, chain): the text written and the digest saved for it."""
-
-    chains: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
-
-    def same(self, table: str, chain: str, text: str, digest: bytes) -> bool:
-        seen = self.chains.get((table, chain))
-        if seen is None or (seen[0] is not text and seen[0] != text):
-            self.chains[(table, chain)] = (text, digest)
-            return True
-        return seen[1] == digest
-
-    def forget(self, chains: Iterable[tuple[str, str]] | None = None) -> None:
-        if chains is None:
-            self.chains.clear()
-        for chain in chains or ():
-            self.chains.pop(chain, None)
-
-
-def compare(top: Mapping[str, Mapping[str, str]],
-            services: Mapping[ServicePortKey, ServiceRules], jumps: tuple[Jump, ...],
-            saved: Saved, learnt: Learnt) -> tuple[set[ServicePortKey], str]:
-    """(the service ports whose chains differ, why the skeleton differs or "")."""
-    for table, chains in top.items():
-        held = saved.chains.get(table, {})
-        for chain, text in chains.items():
-            why = _differs(table, chain, text, held.get(chain), learnt)
-            if why:
-                return set(), why
+def compare_saved(top: Mapping[str, Mapping[str, str]],
+                  services: Mapping[ServicePortKey, ServiceRules], jumps: tuple[Jump, ...],
+                  saved: Saved, reference: ReadBack) -> tuple[set[ServicePortKey], str]:
+    """iptables-legacy: (the service ports whose chains differ, why the skeleton differs
+    or ""), from ``iptables-save`` of the tables of ours."""
+    for table in top:
         missing = insert_lines(jumps, table, saved.builtin.get(table))
         if missing:
             return set(), f"{table} lacks our jump {missing[0][3:]}"
-    nat = saved.chains.get(NAT, {})
-    drifted: set[ServicePortKey] = set()
-    for key, rules in services.items():
-        for chain, text in rules.chains.items():
-            if _differs(NAT, chain, text, nat.get(chain), learnt):
-                drifted.add(key)
-                break
-    return drifted, ""
+    held = {table: TableRules(chains) for table, chains in saved.chains.items()}
+    return compare_kernel(top, services, held, reference)
 
 
-def _differs(table: str, chain: str, text: str, held: SavedChain | None,
-             learnt: Learnt) -> str:
-    if held is None:
-        return f"chain {chain} of {table} is gone"
-    count = text.count("\n")
-    if held.rules != count:
-        return f"chain {chain} of {table} holds {held.rules} rules, not {count}"
-    if not learnt.same(table, chain, text, held.digest):
-        return f"a rule of chain {chain} of {table} was changed"
-    return ""
-
-
-# ---- iptables-nft: the kernel's rules read over netlink (nftrules) ------------------
 @dataclass(slots=True)
-class Applied:
+class ReadBack:
     """One family's rules as the kernel held them right after the backend wrote them
     (read back then, so known at apply time): per (table, chain) its count and digest
     (None: not known, someone else committed between the write and the read: drift);
-    per (table, built-in chain) the expressions of our jumps; the ruleset generation
-    at which the kernel was last seen holding all of it (None: to be compared)."""
+    iptables-nft: per (table, built-in chain) the expressions of our jumps, and the
+    ruleset generation at which the kernel was last seen holding all of it (None: to
+    be compared)."""
 
     chains: dict[tuple[str, str], ChainDigest | None] = field(default_factory=dict)
     jumps: dict[tuple[str, str], list[bytes]] = field(default_factory=dict)
@@ -155,9 +108,10 @@ def our_jumps(expressions: Iterable[bytes], targets: Iterable[str]) -> list[byte
 
 def compare_kernel(top: Mapping[str, Mapping[str, str]],
                    services: Mapping[ServicePortKey, ServiceRules],
-                   held: Mapping[str, TableRules], applied: Applied,
+                   held: Mapping[str, TableRules], applied: ReadBack,
                    ) -> tuple[set[ServicePortKey], str]:
-    """(the service ports whose chains differ, why the skeleton differs or "")."""
+    """(the service ports whose chains differ, why the skeleton differs or ""): our
+    chains in ``held`` (read now) against ``applied`` (read back after the writes)."""
     for table, chains in top.items():
         found = held.get(table, TableRules())
         for chain in chains:
@@ -177,7 +131,7 @@ def compare_kernel(top: Mapping[str, Mapping[str, str]],
 
 
 def _kernel_differs(table: str, chain: str, held: ChainDigest | None,
-                    applied: Applied) -> str:
+                    applied: ReadBack) -> str:
     if held is None:
         return f"chain {chain} of {table} is gone"
     expected = applied.chains.get((table, chain))

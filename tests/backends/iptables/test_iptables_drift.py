@@ -40,8 +40,9 @@ VIP = "172.30.0.10"
 class Watched(IptablesBackend):
     """The iptables backend (IPv4), counting the syncs it finished by reason."""
 
-    def __init__(self, lab: Lab) -> None:
-        super().__init__(config(), IptablesOptions(prefix=lab.prefix(), families=(4,)))
+    def __init__(self, lab: ModeLab, mode: str) -> None:
+        super().__init__(config(), IptablesOptions(prefix=lab.prefix(), families=(4,),
+                                                   mode=mode))
         self.done: dict[str, int] = {}
         self.changed = threading.Condition()
         self.paused = threading.Lock()  # held by a test: no sync runs meanwhile
@@ -80,10 +81,23 @@ class Watched(IptablesBackend):
             target += 1
 
 
+@pytest.fixture(params=["nft", "legacy"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """iptables-nft (read back over netlink) and iptables-legacy (with iptables-save)."""
+    return str(request.param)
+
+
+class ModeLab(Lab):
+    """The lab, with the iptables mode its node's rules are read and changed in."""
+
+    mode = "nft"
+
+
 @pytest.fixture
-def lab() -> Iterator[Lab]:
+def lab(mode: str) -> Iterator[ModeLab]:
     _needs_root()
-    built = Lab().build()
+    built = ModeLab().build()
+    built.mode = mode
     try:
         yield built
     finally:
@@ -91,11 +105,11 @@ def lab() -> Iterator[Lab]:
 
 
 @pytest.fixture
-def agent(lab: Lab) -> Iterator[Callable[[NodeState], Watched]]:
+def agent(lab: ModeLab, mode: str) -> Iterator[Callable[[NodeState], Watched]]:
     started: list[tuple[SyncRunner, threading.Thread]] = []
 
     def start(state: NodeState, after_sync: Callable[[], None] | None = None) -> Watched:
-        source, backend = FakeSource(), Watched(lab)
+        source, backend = FakeSource(), Watched(lab, mode)
         backend.after_sync = after_sync
         runner = SyncRunner(source, backend, health=ProxyHealth(timeout=10), poll=0.02,
                             sync_period=PERIOD, min_sync_period=0.0)
@@ -112,36 +126,40 @@ def agent(lab: Lab) -> Iterator[Callable[[NodeState], Watched]]:
         thread.join(timeout=30)
 
 
-def iptables(lab: Lab, *args: str) -> str:
-    return ns_exec(lab.node, "iptables-nft", *args)
+def iptables(lab: ModeLab, *args: str) -> str:
+    return ns_exec(lab.node, f"iptables-{lab.mode}", *args)
 
 
-def nat_chain(lab: Lab, prefix: str) -> str:
+def saved(lab: ModeLab) -> str:
+    return lab.iptables_save(4, lab.mode)
+
+
+def nat_chain(lab: ModeLab, prefix: str) -> str:
     """The one chain of ours named ``prefix``-*."""
-    found = [line.split()[0][1:] for line in lab.iptables_save().splitlines()
+    found = [line.split()[0][1:] for line in saved(lab).splitlines()
              if line.startswith(f":{prefix}-")]
     assert len(found) == 1, found
     return found[0]
 
 
-def ours(lab: Lab) -> list[str]:
+def ours(lab: ModeLab) -> list[str]:
     """Our rules (KUBE-*), as saved."""
-    return sorted(line for line in lab.iptables_save().splitlines()
+    return sorted(line for line in saved(lab).splitlines()
                   if "KUBE-" in line and not line.startswith("#"))
 
 
-def answers(lab: Lab) -> list[str]:
+def answers(lab: ModeLab) -> list[str]:
     return lab.connect(lab.client, VIP, 80)
 
 
 def test_a_deleted_rule_and_a_flushed_chain_are_back_within_one_period(
-        lab: Lab, agent: Callable[[NodeState], Watched]) -> None:
+        lab: ModeLab, agent: Callable[[NodeState], Watched]) -> None:
     state = node_state(service("web", VIP, ("pod-a",), node_port=30080))
     backend = agent(state)
     before = ours(lab)
     assert answers(lab) == ["pod-a 10.244.1.1"]
     sep = nat_chain(lab, "KUBE-SEP")
-    rules = [line for line in lab.iptables_save().splitlines() if line.startswith(f"-A {sep} ")]
+    rules = [line for line in saved(lab).splitlines() if line.startswith(f"-A {sep} ")]
     dnat = next(i for i, line in enumerate(rules, 1) if "DNAT" in line)
     with backend.paused:
         iptables(lab, "-t", "nat", "-D", sep, str(dnat))
@@ -154,7 +172,7 @@ def test_a_deleted_rule_and_a_flushed_chain_are_back_within_one_period(
 
 
 def test_a_rule_changed_right_after_the_write_is_back_within_one_period(
-        lab: Lab, agent: Callable[..., Watched]) -> None:
+        lab: ModeLab, agent: Callable[..., Watched]) -> None:
     """What the kernel held right after the write is the reference (read back then),
     not what the first check finds: a rule replaced (same count) before any check is
     still drift."""
@@ -162,7 +180,7 @@ def test_a_rule_changed_right_after_the_write_is_back_within_one_period(
 
     def replace_dnat() -> None:  # the endpoint's DNAT rule, to another port
         sep = nat_chain(lab, "KUBE-SEP")
-        rules = [line for line in lab.iptables_save().splitlines()
+        rules = [line for line in saved(lab).splitlines()
                  if line.startswith(f"-A {sep} ")]
         index, rule = next((i, r) for i, r in enumerate(rules, 1) if "DNAT" in r)
         spec = rule.split(" ", 2)[2].rsplit(":", 1)[0] + ":9"
@@ -178,7 +196,7 @@ def test_a_rule_changed_right_after_the_write_is_back_within_one_period(
 
 
 def test_a_flushed_top_level_chain_and_a_deleted_jump_are_back_within_one_period(
-        lab: Lab, agent: Callable[[NodeState], Watched]) -> None:
+        lab: ModeLab, agent: Callable[[NodeState], Watched]) -> None:
     """The canary chains stay, so only the drift check notices."""
     state = node_state(service("web", VIP, ("pod-a",)))
     backend = agent(state)
@@ -188,7 +206,7 @@ def test_a_flushed_top_level_chain_and_a_deleted_jump_are_back_within_one_period
         assert answers(lab) == ["timeout"]
     backend.wait("periodic", 1)  # the first resync that began after the change
     assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
-    rules = [line for line in lab.iptables_save().splitlines()
+    rules = [line for line in saved(lab).splitlines()
              if line.startswith("-A PREROUTING ")]
     jump = next(i for i, line in enumerate(rules, 1) if "KUBE-SERVICES" in line)
     with backend.paused:
