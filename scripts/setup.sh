@@ -23,9 +23,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [[ ! -x .venv/bin/python ]]; then
+# A venv left without pip (an interrupted first run) is made again.
+if [[ ! -x .venv/bin/python || ! -x .venv/bin/pip ]]; then
   echo "setup: creating .venv"
-  python3 -m venv .venv
+  python3 -m venv --clear .venv
 fi
 stamp=.venv/.svcproxy-installed
 want=$(cat pyproject.toml setup.py proto/*.proto | sha256sum | cut -d' ' -f1)
