@@ -94,9 +94,37 @@ static __always_inline int dsr_applies(struct __sk_buff *skb, const struct pkt *
 				       const struct ep_val *ep, const struct dev_val *dev,
 				       __u32 oif)
 {
-	/* SCTP stays SNATed: the endpoint's node takes only TCP and UDP out of Geneve. */
-	return dsr_enabled && p->proto != IPPROTO_SCTP && !(ep->flags & EP_LOCAL) && dev &&
-	       route_oif(skb, p, p->saddr) == oif;
+	return dsr_enabled && !(ep->flags & EP_LOCAL) && dev && route_oif(skb, p, p->saddr) == oif;
+}
+
+/* The bytes Geneve adds in front of a packet of ``family``. */
+static __always_inline __u32 dsr_overhead(__u8 family)
+{
+	return family == 4 ? sizeof(struct dsr_outer4) : sizeof(struct dsr_outer6);
+}
+
+/* Before a DSR flow's packet (``p``, as the client sent it) is DNATed to ``fv``: would
+ * it, in Geneve, exceed the MTU of the route to its endpoint? Then it is not sent and
+ * the client gets what Cilium's DSR answers (its ENABLE_DSR_ICMP_ERRORS): ICMP
+ * fragmentation needed / ICMPv6 packet too big announcing the route's MTU minus the
+ * Geneve overhead, quoting the packet as sent (answer()), so the client's path MTU
+ * discovery sends smaller ones. A GSO packet is not checked: bpf_skb_adjust_room
+ * shrinks its segments by the overhead. The MTU to announce, or 0 when it fits. */
+static __noinline __u32 dsr_too_big(struct __sk_buff *skb, const struct pkt *p,
+				    const struct ct_val *fv)
+{
+	__u32 zero = 0, overhead = dsr_overhead(p->family), mtu;
+	struct dsr_scratch *x = bpf_map_lookup_elem(&spp_dsr_scratch, &zero);
+
+	if (!x || skb->gso_segs > 1 || skb->len <= ETH_HLEN)
+		return 0;
+	__builtin_memset(&x->fib, 0, sizeof(x->fib));
+	fib_params(&x->fib, skb, p, fv->daddr);
+	x->fib.tot_len = skb->len - ETH_HLEN + overhead;
+	if (bpf_fib_lookup(skb, &x->fib, sizeof(x->fib), 0) != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return 0;
+	mtu = x->fib.mtu_result;
+	return mtu > overhead + 68 ? mtu - overhead : 68; /* 68: IPv4's least (RFC 791) */
 }
 
 /* The folded one's complement checksum of an IPv4 header. */
@@ -106,10 +134,19 @@ static __always_inline __u16 ip4_check(struct iphdr *ip)
 	return fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
 }
 
-/* Before a DSR flow's packet is DNATed: remember the service the client addressed. The
- * answers never pass this node, so its forward entry (``found``, none for a new flow)
- * counts as answered from the client's second packet on (TCP: anything but a bare SYN):
- * the client keeps talking, it got them; its lifetime is then an answered flow's. */
+/* The answers of a DSR flow never pass this node, so its forward entry (``found``,
+ * none for a new flow) counts as answered from the client's second packet on (TCP:
+ * anything but a bare SYN): the client keeps talking, it got them; its lifetime is
+ * then an answered flow's. */
+static __always_inline void dsr_answered(const struct pkt *p, struct ct_val *found)
+{
+	if (found && !(found->state & CTS_REPLIED) &&
+	    (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN))
+		found->state |= CTS_REPLIED;
+}
+
+/* Before a DSR flow's packet is DNATed: remember the service the client addressed
+ * (for dsr_forward), and that the flow is answered (dsr_answered). */
 static __always_inline void dsr_remember(const struct pkt *p, struct ct_val *found)
 {
 	__u32 zero = 0;
@@ -119,9 +156,67 @@ static __always_inline void dsr_remember(const struct pkt *p, struct ct_val *fou
 		copy_addr(x->svc, p->daddr);
 		x->svc_port = p->dport;
 	}
-	if (found && !(found->state & CTS_REPLIED) &&
-	    (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN))
-		found->state |= CTS_REPLIED;
+	dsr_answered(p, found);
+}
+
+/* The outer headers (x->o4 or x->o6, by ``family``) of a packet of ``inner`` bytes (from
+ * its IP header on) in Geneve: from this node's address on the route's device
+ * (``dev``) to the route's next hop ``nexthop``, UDP source port ``sport``, the option
+ * carrying the service ``x->svc``:``x->svc_port``. 0, or -1 when the device has no
+ * address of the family. */
+static __always_inline int dsr_outer(struct dsr_scratch *x, __u8 family,
+				     const struct dev_val *dev, const __u32 *nexthop,
+				     __u16 sport, __u32 inner)
+{
+	struct dsr_geneve *g;
+	struct udphdr *udp;
+
+	if (family == 4) {
+		struct dsr_outer4 *o = &x->o4;
+
+		__builtin_memset(o, 0, sizeof(*o));
+		if (!dev->addr4)
+			return -1;
+		o->ip.version = 4;
+		o->ip.ihl = 5;
+		o->ip.ttl = 64;
+		o->ip.protocol = IPPROTO_UDP;
+		o->ip.tot_len = bpf_htons(sizeof(*o) + inner);
+		o->ip.saddr = dev->addr4;
+		o->ip.daddr = nexthop[0];
+		o->ip.check = ip4_check(&o->ip);
+		o->udp.len = bpf_htons(sizeof(*o) - sizeof(o->ip) + inner);
+		udp = &o->udp;
+		g = &o->g;
+		g->proto = bpf_htons(ETH_P_IP);
+	} else {
+		struct dsr_outer6 *o = &x->o6;
+
+		__builtin_memset(o, 0, sizeof(*o));
+		if (!(dev->addr6[0] | dev->addr6[1] | dev->addr6[2] | dev->addr6[3]))
+			return -1;
+		o->ip.version = 6;
+		o->ip.hop_limit = 64;
+		o->ip.nexthdr = IPPROTO_UDP;
+		o->ip.payload_len = bpf_htons(sizeof(*o) - sizeof(o->ip) + inner);
+		__builtin_memcpy(&o->ip.saddr, dev->addr6, 16);
+		__builtin_memcpy(&o->ip.daddr, nexthop, 16);
+		/* The UDP checksum stays 0: the receiver is our program (RFC 6935 allows it
+		 * for tunnels), which takes the header off before UDP would check it. */
+		o->udp.len = o->ip.payload_len;
+		udp = &o->udp;
+		g = &o->g;
+		g->proto = bpf_htons(ETH_P_IPV6);
+	}
+	udp->source = sport;
+	udp->dest = bpf_htons(DSR_PORT);
+	g->optlen = GENEVE_VER_OPTLEN;
+	g->cls = bpf_htons(DSR_CLASS);
+	g->type = DSR_TYPE;
+	g->len = 5;
+	copy_addr(g->addr, x->svc);
+	g->port = x->svc_port;
+	return 0;
 }
 
 /* The (DNATed) packet of a flow in DSR: wrapped in Geneve to the node the route to its
@@ -148,58 +243,16 @@ static __noinline int dsr_forward(struct __sk_buff *skb, const struct pkt *p)
 	x->inner = skb->len - ETH_HLEN;
 	x->sport = bpf_htons(49152 | (flow_hash(p) & 0x3fff)); /* entropy for ECMP */
 	if (p->family == 4) {
-		struct dsr_outer4 *o = &x->o4;
-
-		__builtin_memset(o, 0, sizeof(*o));
-		o->ip.version = 4;
-		o->ip.ihl = 5;
-		o->ip.ttl = 64;
-		o->ip.protocol = IPPROTO_UDP;
-		o->ip.tot_len = bpf_htons(sizeof(*o) + x->inner);
-		o->ip.saddr = dev->addr4;
-		o->ip.daddr = x->fib.ipv4_dst;
-		o->ip.check = ip4_check(&o->ip);
-		o->udp.source = x->sport;
-		o->udp.dest = bpf_htons(DSR_PORT);
-		o->udp.len = bpf_htons(sizeof(*o) - sizeof(o->ip) + x->inner);
-		o->g.optlen = GENEVE_VER_OPTLEN;
-		o->g.proto = bpf_htons(ETH_P_IP);
-		o->g.cls = bpf_htons(DSR_CLASS);
-		o->g.type = DSR_TYPE;
-		o->g.len = 5;
-		copy_addr(o->g.addr, x->svc);
-		o->g.port = x->svc_port;
-		if (!o->ip.saddr ||
-		    bpf_skb_adjust_room(skb, sizeof(*o), BPF_ADJ_ROOM_MAC,
+		if (dsr_outer(x, 4, dev, &x->fib.ipv4_dst, x->sport, x->inner) ||
+		    bpf_skb_adjust_room(skb, sizeof(x->o4), BPF_ADJ_ROOM_MAC,
 					BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP) ||
-		    bpf_skb_store_bytes(skb, ETH_HLEN, o, sizeof(*o), 0))
+		    bpf_skb_store_bytes(skb, ETH_HLEN, &x->o4, sizeof(x->o4), 0))
 			return TC_ACT_SHOT;
 	} else {
-		struct dsr_outer6 *o = &x->o6;
-
-		__builtin_memset(o, 0, sizeof(*o));
-		o->ip.version = 6;
-		o->ip.hop_limit = 64;
-		o->ip.nexthdr = IPPROTO_UDP;
-		o->ip.payload_len = bpf_htons(sizeof(*o) - sizeof(o->ip) + x->inner);
-		__builtin_memcpy(&o->ip.saddr, dev->addr6, 16);
-		__builtin_memcpy(&o->ip.daddr, x->fib.ipv6_dst, 16);
-		o->udp.source = x->sport;
-		o->udp.dest = bpf_htons(DSR_PORT);
-		o->udp.len = o->ip.payload_len;
-		o->g.optlen = GENEVE_VER_OPTLEN;
-		o->g.proto = bpf_htons(ETH_P_IPV6);
-		o->g.cls = bpf_htons(DSR_CLASS);
-		o->g.type = DSR_TYPE;
-		o->g.len = 5;
-		copy_addr(o->g.addr, x->svc);
-		o->g.port = x->svc_port;
-		/* The UDP checksum stays 0: the receiver is our program (RFC 6935 allows it
-		 * for tunnels), which takes the header off before UDP would check it. */
-		if (!(dev->addr6[0] | dev->addr6[1] | dev->addr6[2] | dev->addr6[3]) ||
-		    bpf_skb_adjust_room(skb, sizeof(*o), BPF_ADJ_ROOM_MAC,
+		if (dsr_outer(x, 6, dev, x->fib.ipv6_dst, x->sport, x->inner) ||
+		    bpf_skb_adjust_room(skb, sizeof(x->o6), BPF_ADJ_ROOM_MAC,
 					BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP) ||
-		    bpf_skb_store_bytes(skb, ETH_HLEN, o, sizeof(*o), 0))
+		    bpf_skb_store_bytes(skb, ETH_HLEN, &x->o6, sizeof(x->o6), 0))
 			return TC_ACT_SHOT;
 	}
 	if (x->rc == BPF_FIB_LKUP_RET_SUCCESS) {
@@ -311,7 +364,7 @@ static __noinline int dsr_decap(struct __sk_buff *skb)
 		in->proto = ip6->nexthdr;
 		l3 = sizeof(*ip6);
 	}
-	if ((in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP) ||
+	if ((in->proto != IPPROTO_TCP && in->proto != IPPROTO_UDP && in->proto != IPPROTO_SCTP) ||
 	    bpf_skb_load_bytes(skb, ETH_HLEN + outer + l3, x->ports, sizeof(x->ports)))
 		return TC_ACT_SHOT;
 	/* The endpoint's reply, as it will leave: from the service, to the client. */

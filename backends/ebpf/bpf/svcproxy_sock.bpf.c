@@ -14,37 +14,7 @@
 
 #define ECONNREFUSED 111
 
-#define F_AFFINITY 1 /* sessionAffinity ClientIP: the same client gets the same endpoint */
-#define F_REFUSE 2   /* no usable endpoint: connect()/sendmsg() fail with ECONNREFUSED */
-
-#define MAX_AFFINITY_SCAN 4096
-
-struct svc_key {
-	__u32 addr[4]; /* IPv4 in addr[0], the rest zero */
-	__u16 port;    /* network byte order */
-	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 family;   /* 4 or 6 */
-};
-
-struct svc_val {
-	__u32 set_id;  /* endpoints live under (set_id, slot); a change writes a new set */
-	__u16 count;   /* endpoints in the set */
-	__u16 flags;   /* F_* */
-	__u32 affinity_timeout; /* seconds */
-	__u32 service_id; /* the service port: affinity across its addresses (affinity.h) */
-};
-
-struct ep_key {
-	__u32 set_id;
-	__u32 slot;
-};
-
-struct ep_val {
-	__u32 addr[4];
-	__u16 port; /* network byte order */
-	__u8 family;
-	__u8 reserved;
-};
+#include "service.h"
 
 struct aff_key {
 	__u64 netns_cookie; /* the client: one pod is one network namespace */
@@ -102,71 +72,12 @@ struct xlate {
 	struct ep_val ep;
 };
 
-struct scan_ctx {
-	__u32 set_id;
-	struct ep_val *want;
-	int found;
-};
+/* A new pick takes a random slot (pick.h's pick_in). */
+#define slot_of(sv, hash) (bpf_get_prandom_u32() % (sv)->count)
 
-static __always_inline int same_ep(const struct ep_val *a, const struct ep_val *b)
-{
-	return a->port == b->port && a->family == b->family && a->addr[0] == b->addr[0] &&
-	       a->addr[1] == b->addr[1] && a->addr[2] == b->addr[2] && a->addr[3] == b->addr[3];
-}
+#include "pick.h"
 
-static long scan_one(__u32 slot, void *data)
-{
-	struct scan_ctx *sc = data;
-	struct ep_key k = { .set_id = sc->set_id, .slot = slot };
-	struct ep_val *ep = bpf_map_lookup_elem(&sp_endpoints, &k);
-
-	if (ep && same_ep(ep, sc->want)) {
-		sc->found = 1;
-		return 1;
-	}
-	return 0;
-}
-
-/* Is the endpoint remembered for a client still one of the service's endpoints? */
-static __always_inline int still_endpoint(const struct svc_val *sv, struct ep_val *ep)
-{
-	struct scan_ctx sc = { .set_id = sv->set_id, .want = ep, .found = 0 };
-	__u32 n = sv->count;
-
-	if (n > MAX_AFFINITY_SCAN)
-		n = MAX_AFFINITY_SCAN;
-	bpf_loop(n, scan_one, &sc, 0);
-	return sc.found;
-}
-
-/* One random endpoint of the current set. The set a service points at is written
- * before the service entry switches to it and deleted only after, so a miss means
- * the entry switched meanwhile: read it again. */
-static __always_inline int pick(struct xlate *x, struct svc_val *sv)
-{
-	for (int attempt = 0; attempt < 2; attempt++) {
-		struct ep_key k;
-		struct ep_val *ep;
-
-		if (attempt) {
-			struct svc_val *again = bpf_map_lookup_elem(&sp_services, &x->svc);
-
-			if (!again)
-				return -1;
-			*sv = *again;
-		}
-		if (!sv->count)
-			return -1;
-		k.set_id = sv->set_id;
-		k.slot = bpf_get_prandom_u32() % sv->count;
-		ep = bpf_map_lookup_elem(&sp_endpoints, &k);
-		if (ep) {
-			x->ep = *ep;
-			return 0;
-		}
-	}
-	return -1;
-}
+DEFINE_SCAN(scan_one, sp_endpoints)
 
 /* 1: translated (x->ep set), 0: not a service, -1: refuse. */
 static __always_inline int lookup(void *ctx, struct xlate *x)
@@ -185,20 +96,19 @@ static __always_inline int lookup(void *ctx, struct xlate *x)
 	if (!sv.count)
 		return 0; /* nothing here to choose from: leave it to the packet path */
 	if (!(sv.flags & F_AFFINITY))
-		return pick(x, &sv) ? 0 : 1;
+		return pick_in(&sp_services, &sp_endpoints, &x->svc, &sv, 0, &x->ep) ? 0 : 1;
 
 	ak.netns_cookie = bpf_get_netns_cookie(ctx);
 	ak.svc = x->svc;
 	affinity_scope(&ak.svc, &ak.id, &sv);
 	now = bpf_ktime_get_ns();
 	av = bpf_map_lookup_elem(&sp_affinity, &ak);
-	if (av && now - av->last_ns <= (__u64)sv.affinity_timeout * 1000000000ULL &&
-	    still_endpoint(&sv, &av->ep)) {
+	if (av && affinity_fresh(&sv, av->last_ns, now) && in_set(scan_one, &sv, &av->ep, 0)) {
 		x->ep = av->ep;
 		av->last_ns = now;
 		return 1;
 	}
-	if (pick(x, &sv))
+	if (pick_in(&sp_services, &sp_endpoints, &x->svc, &sv, 0, &x->ep))
 		return 0;
 	{
 		struct aff_val nv = { .last_ns = now, .ep = x->ep };

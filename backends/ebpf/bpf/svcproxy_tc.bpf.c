@@ -24,6 +24,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "service.h"
 #include "stats.h"
 #include "sctp.h"
 
@@ -36,9 +37,9 @@
 #define ICMP_PORT_UNREACH 3
 #define ICMPV6_DEST_UNREACH 1
 #define ICMPV6_PORT_UNREACH 4
+#define ICMP_FRAG_NEEDED 4
+#define ICMPV6_PKT_TOOBIG 2
 
-#define F_AFFINITY 1
-#define F_REFUSE 2
 #define F_MAGLEV 4
 #define F_RANGES 8 /* loadBalancerSourceRanges: only sources in spp_ranges get through */
 #define F_MASQ 16  /* traffic from outside with externalTrafficPolicy Cluster: SNATed */
@@ -66,33 +67,6 @@
 
 /* Set by the loader before the object is loaded (the verifier sees constants). */
 volatile const __u32 maglev_size = 16381;
-
-struct svc_key {
-	__u32 addr[4];
-	__u16 port; /* network byte order */
-	__u8 proto;
-	__u8 family;
-};
-
-struct svc_val {
-	__u32 set_id;
-	__u16 count;
-	__u16 flags;
-	__u32 affinity_timeout;
-	__u32 service_id; /* the service port: affinity across its addresses (affinity.h) */
-};
-
-struct ep_key {
-	__u32 set_id;
-	__u32 slot;
-};
-
-struct ep_val {
-	__u32 addr[4];
-	__u16 port; /* network byte order */
-	__u8 family;
-	__u8 flags; /* EP_* */
-};
 
 struct ct_key {
 	__u32 saddr[4];
@@ -272,19 +246,6 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return 0;
 }
 
-static __always_inline int same_addr(const __u32 *a, const __u32 *b)
-{
-	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
-}
-
-static __always_inline void copy_addr(__u32 *to, const __u32 *from)
-{
-	to[0] = from[0];
-	to[1] = from[1];
-	to[2] = from[2];
-	to[3] = from[3];
-}
-
 #include "ct.h"
 
 /* Rewrite the source (daddr 0) or destination address, checksums included (SCTP's
@@ -448,71 +409,24 @@ static __always_inline __u32 slot_of(const struct svc_val *sv, __u32 hash)
 	return bpf_get_prandom_u32() % sv->count;
 }
 
-/* An endpoint of the service's current set (see pick() in svcproxy_sock.bpf.c for why
- * a miss reads the service entry again). */
+#include "pick.h"
+
+DEFINE_SCAN(scan_one, spp_endpoints)
+
+/* An endpoint of the service's current set (pick.h). */
 static __always_inline int pick(const struct svc_key *sk, struct svc_val *sv, __u32 hash,
 				struct ep_val *out)
 {
-	for (int attempt = 0; attempt < 2; attempt++) {
-		struct ep_key k;
-		struct ep_val *ep;
-
-		if (attempt) {
-			struct svc_val *again = bpf_map_lookup_elem(&spp_services, sk);
-
-			if (!again)
-				return -1;
-			*sv = *again;
-		}
-		if (!sv->count)
-			return -1;
-		k.set_id = sv->set_id;
-		k.slot = slot_of(sv, hash);
-		ep = bpf_map_lookup_elem(&spp_endpoints, &k);
-		if (ep) {
-			*out = *ep;
-			return 0;
-		}
-	}
-	return -1;
+	return pick_in(&spp_services, &spp_endpoints, sk, sv, hash, out);
 }
-
-struct scan_ctx {
-	__u32 set_id;
-	const struct ep_val *want;
-	struct ep_val found;
-	int hit;
-};
-
-static long scan_one(__u32 slot, void *data)
-{
-	struct scan_ctx *sc = data;
-	struct ep_key k = { .set_id = sc->set_id, .slot = slot };
-	struct ep_val *ep = bpf_map_lookup_elem(&spp_endpoints, &k);
-
-	if (ep && ep->port == sc->want->port && ep->family == sc->want->family &&
-	    same_addr(ep->addr, sc->want->addr)) {
-		sc->found = *ep;
-		sc->hit = 1;
-		return 1;
-	}
-	return 0;
-}
-
-#define MAX_AFFINITY_SCAN 4096
 
 /* Is the flow's endpoint (its forward entry's destination) in the service's set? */
 static __always_inline int member(const struct svc_val *sv, const struct ct_val *fv, __u8 family)
 {
 	struct ep_val want = { .port = fv->dport, .family = family };
-	struct scan_ctx sc = { .set_id = sv->set_id, .want = &want };
-	__u32 n = sv->count;
 
 	copy_addr(want.addr, fv->daddr);
-	if (n > MAX_AFFINITY_SCAN)
-		n = MAX_AFFINITY_SCAN;
-	bpf_loop(n, scan_one, &sc, 0);
-	return sc.hit;
+	return in_set(scan_one, sv, &want, 0);
 }
 
 /* The client's remembered endpoint when it is still one of the set's and fresh. */
@@ -520,19 +434,11 @@ static __always_inline int affine(const struct aff_key *ak, const struct svc_val
 				  __u64 now, struct ep_val *out)
 {
 	struct aff_val *av = bpf_map_lookup_elem(&spp_affinity, ak);
-	struct scan_ctx sc = { .set_id = sv->set_id };
-	__u32 n = sv->count;
 
-	if (!av || now - av->last_ns > (__u64)sv->affinity_timeout * 1000000000ULL)
-		return -1;
-	sc.want = &av->ep;
-	if (n > MAX_AFFINITY_SCAN)
-		n = MAX_AFFINITY_SCAN;
-	bpf_loop(n, scan_one, &sc, 0);
-	if (!sc.hit)
+	/* ``out`` as the set holds it now (its on-this-node flag included). */
+	if (!av || !affinity_fresh(sv, av->last_ns, now) || !in_set(scan_one, sv, &av->ep, out))
 		return -1;
 	av->last_ns = now;
-	*out = sc.found; /* as the set holds it now (its on-this-node flag included) */
 	return 0;
 }
 
@@ -653,6 +559,7 @@ struct scratch {
 	struct ipv6hdr ip6;
 	struct tcp_min in;
 	struct tcp_min out;
+	struct ethhdr eth;
 };
 
 struct {
@@ -732,8 +639,10 @@ static __always_inline int reset(struct __sk_buff *skb, const struct pkt *p, str
 	return 0;
 }
 
-/* ICMP / ICMPv6 port unreachable quoting this packet, in its place. */
-static __always_inline int unreachable(struct __sk_buff *skb, const struct pkt *p, struct scratch *x)
+/* An ICMP / ICMPv6 error quoting this packet, in its place: port unreachable, or with
+ * ``mtu`` fragmentation needed / packet too big announcing it (RFC 1191, RFC 8201). */
+static __always_inline int unreachable(struct __sk_buff *skb, const struct pkt *p, struct scratch *x,
+				       __u32 mtu)
 {
 	if (p->family == 4) {
 		struct reject4 *r = &x->r4;
@@ -752,7 +661,8 @@ static __always_inline int unreachable(struct __sk_buff *skb, const struct pkt *
 		r->ip.daddr = r->orig.saddr;
 		r->ip.check = fold(bpf_csum_diff(0, 0, (__be32 *)&r->ip, sizeof(r->ip), 0));
 		r->icmp.type = ICMP_DEST_UNREACH;
-		r->icmp.code = ICMP_PORT_UNREACH;
+		r->icmp.code = mtu ? ICMP_FRAG_NEEDED : ICMP_PORT_UNREACH;
+		r->icmp.unused = bpf_htonl(mtu & 0xffff); /* the next hop's MTU, low 16 bits */
 		r->icmp.checksum = fold(bpf_csum_diff(0, 0, (__be32 *)&r->icmp,
 						      sizeof(*r) - sizeof(r->ip), 0));
 		if (bpf_skb_store_bytes(skb, ETH_HLEN, r, sizeof(*r), 0))
@@ -772,8 +682,9 @@ static __always_inline int unreachable(struct __sk_buff *skb, const struct pkt *
 		r->ip.hop_limit = 64;
 		r->ip.saddr = r->orig.daddr;
 		r->ip.daddr = r->orig.saddr;
-		r->icmp.type = ICMPV6_DEST_UNREACH;
-		r->icmp.code = ICMPV6_PORT_UNREACH;
+		r->icmp.type = mtu ? ICMPV6_PKT_TOOBIG : ICMPV6_DEST_UNREACH;
+		r->icmp.code = mtu ? 0 : ICMPV6_PORT_UNREACH;
+		r->icmp.unused = bpf_htonl(mtu);
 		copy_addr(ph->saddr, p->daddr);
 		copy_addr(ph->daddr, p->saddr);
 		ph->len = bpf_htonl(sizeof(*r) - sizeof(r->ip));
@@ -787,28 +698,34 @@ static __always_inline int unreachable(struct __sk_buff *skb, const struct pkt *
 	return 0;
 }
 
-/* No endpoint at all: refuse as kube-proxy's REJECT does, as the client sees it
+/* This packet becomes an answer and goes back where it came from. ``mtu`` 0: no
+ * endpoint at all, refused as kube-proxy's REJECT does, as the client sees it
  * (ECONNREFUSED): a TCP segment gets a RST, anything else an ICMP port unreachable (a
  * RST also reaches a client whose socket is busy sending, which an ICMP error may not).
- * This packet becomes the answer and goes back where it came from. */
-static __noinline int reject(struct __sk_buff *skb, const struct pkt *p)
+ * Else: too big for the path, ICMP fragmentation needed / ICMPv6 packet too big
+ * announcing ``mtu`` (dsr.h). */
+static __noinline int answer(struct __sk_buff *skb, const struct pkt *p, __u32 mtu)
 {
 	__u32 zero = 0;
 	struct scratch *x = bpf_map_lookup_elem(&spp_scratch, &zero);
-	struct ethhdr eth;
-	__u8 mac[ETH_ALEN];
 
-	if (!x || bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)))
+	if (!x)
 		return TC_ACT_SHOT;
 	__builtin_memset(x, 0, sizeof(*x));
-	__builtin_memcpy(mac, eth.h_source, ETH_ALEN);
-	__builtin_memcpy(eth.h_source, eth.h_dest, ETH_ALEN);
-	__builtin_memcpy(eth.h_dest, mac, ETH_ALEN);
-	if (p->proto == IPPROTO_TCP ? reset(skb, p, x) : unreachable(skb, p, x))
+	if (bpf_skb_load_bytes(skb, 0, &x->eth, sizeof(x->eth)))
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0))
+	if (!mtu && p->proto == IPPROTO_TCP ? reset(skb, p, x) : unreachable(skb, p, x, mtu))
+		return TC_ACT_SHOT;
+	/* Back to the sender: the MACs swapped. */
+	if (bpf_skb_store_bytes(skb, 0, x->eth.h_source, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, x->eth.h_dest, ETH_ALEN, 0))
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline int reject(struct __sk_buff *skb, const struct pkt *p)
+{
+	return answer(skb, p, 0);
 }
 
 #include "dsr.h"
@@ -973,13 +890,17 @@ int spp_ingress(struct __sk_buff *skb)
 		if (fv.flags & CT_SNAT)
 			keep_reply(&p, &fv, found->last_ns);
 	} else {
-		int verdict = new_flow(skb, &p, &sv, &k, &fv);
-
+		verdict = new_flow(skb, &p, &sv, &k, &fv);
 		if (verdict)
 			return verdict;
 	}
-	if (fv.flags & CT_DSR)
+	if (fv.flags & CT_DSR) {
 		dsr_remember(&p, found);
+		__u32 mtu = dsr_too_big(skb, &p, &fv);
+
+		if (mtu)
+			return answer(skb, &p, mtu); /* the client learns the path's MTU (dsr.h) */
+	}
 	rewrite(skb, &p, &fv);
 	if (fv.flags & CT_DSR)
 		return dsr_forward(skb, &p);

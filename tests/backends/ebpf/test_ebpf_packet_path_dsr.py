@@ -10,6 +10,7 @@ namespaces made here) are removed at the end, also when a test fails.
 
 from __future__ import annotations
 
+import errno
 import shutil
 import socket
 import subprocess
@@ -40,6 +41,7 @@ from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
 from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab
+from tests.support.packet_path_sctp import exchange
 
 pytestmark = packet_path.marks("ip")
 
@@ -48,6 +50,9 @@ NODES = ("node1", "node2")
 NODE1 = SPEC.node("node1")
 CLIENT = SPEC.clients[0]
 PODS = {p.name: p for p in SPEC.pods}
+# <linux/in.h>, <linux/in6.h> (Python's socket module lacks them).
+IP_MTU_DISCOVER, IP_PMTUDISC_DO, IP_MTU = 10, 2, 14
+IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO, IPV6_MTU = 23, 2, 24
 
 
 def node_port(name: str, port: int, pods: list[str], node: str, proto: str = "TCP",
@@ -245,3 +250,69 @@ def test_with_xdp_the_flow_is_picked_in_xdp_and_sent_in_geneve_by_tc() -> None:
         assert stats["picked"] >= 10 and stats["new"] == 0, stats
     finally:
         w.stop()
+
+
+def _path_mtu_learned(host: str, port: int) -> tuple[str, int, int, str]:
+    """A connected UDP socket that forbids fragmentation: a small datagram, then one as
+    big as the client's link carries (1,500 bytes of IP). Returns who answered the
+    first, the error the big one got, the path MTU the socket learned, and who answered
+    a datagram exactly that big."""
+    v6 = ":" in host
+    ip_header = 40 if v6 else 20
+    level = socket.IPPROTO_IPV6 if v6 else socket.IPPROTO_IP
+    with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(10)
+        if v6:
+            s.setsockopt(level, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
+        else:
+            s.setsockopt(level, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        s.connect((host, port))
+        s.send(b"ping\n")
+        first = s.recv(256).decode().split()[0]
+        s.send(bytes(1500 - ip_header - 8))
+        try:
+            s.recv(256)
+            error = 0
+        except OSError as err:
+            error = err.errno or 0
+        mtu = s.getsockopt(level, IPV6_MTU if v6 else IP_MTU)
+        s.send(bytes(mtu - ip_header - 8))
+        fits = s.recv(256).decode().split()[0]
+        return first, error, mtu, fits
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_packet_too_big_for_geneve_gets_the_path_mtu_back(world: World, family: int) -> None:
+    """A full-sized datagram (1,500 bytes, the MTU of every link of the lab) would not
+    fit the link to node2 in Geneve: node1 answers as Cilium's DSR does, with ICMP
+    fragmentation needed / ICMPv6 packet too big announcing 1,500 minus the overhead
+    (60 bytes, 80 for IPv6); the client's socket learns it, and a datagram of exactly
+    that size reaches the pod."""
+    port = 30270 + family
+    world.add(f"dsr-mtu{family}", port, ["pod-c"], "UDP", family)
+    host = NODE1.ipv4 if family == 4 else NODE1.ipv6
+    first, error, mtu, fits = call_in(world.lab.ns(CLIENT.name), _path_mtu_learned, host, port)
+    assert first == "pod-c"
+    assert error == errno.EMSGSIZE, "the client was not told its datagram was too big"
+    assert mtu == (1440 if family == 4 else 1420)
+    assert fits == "pod-c"
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_sctp_goes_by_dsr_too(world: World, family: int) -> None:
+    """SCTP (crafted packets, tests.support.packet_path_sctp): an INIT from the LAN to
+    node1's NodePort reaches pod-c on node2 from the client's own address (in Geneve,
+    not SNATed), and pod-c's INIT ACK reaches the client from the NodePort; CRC32c
+    right both ways (computed again after each port rewrite)."""
+    port = 30264 + family
+    world.add(f"dsr-sctp{family}", port, ["pod-c"], "SCTP", family)
+    host, client, pod = ((NODE1.ipv4, CLIENT.ipv4, PODS["pod-c"].ipv4) if family == 4 else
+                         (NODE1.ipv6, CLIENT.ipv6, PODS["pod-c"].ipv6))
+    arrived, back = exchange(world.lab.ns(CLIENT.name), host, port, world.lab.ns("pod-c"),
+                             40010 + family)
+    assert (arrived.source, arrived.destination) == (client, pod), arrived
+    assert (arrived.sport, arrived.dport, arrived.crc_ok) == (40010 + family, 8080, True), \
+        arrived
+    assert (back.source, back.destination, back.sport, back.dport) == (
+        host, client, port, 40010 + family), back
+    assert back.chunk == 2 and back.tag == 0x1234567 and back.crc_ok, back

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import shutil
 import socket
-import struct
 import subprocess
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,6 +44,7 @@ from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ip
 from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab, addresses, veth
+from tests.support.packet_path_sctp import crc32c, exchange
 
 pytestmark = packet_path.marks("ip")
 
@@ -53,7 +52,6 @@ SPEC = standard_spec()
 NODE1, CLIENT = SPEC.node("node1"), SPEC.clients[0]
 PODS = {p.name: p for p in SPEC.pods}
 POD_IP, POD_GATEWAY, POD_DEVICE = "10.244.1.200", "169.254.1.1", "sppv0"
-IPPROTO_SCTP = 132
 
 
 class World:
@@ -133,7 +131,7 @@ def service(name: str, pods: list[str], proto: str = "TCP", node_port: int = 0,
     for pod in pods:
         spec = PODS[pod]
         local = spec.node.name == "node1"
-        eps[(spec.ipv4, 8080)] = Endpoint(spec.ipv4, 8080, ready=True, serving=True,
+        eps[spec.ipv4] = Endpoint(spec.ipv4, 8080, ready=True, serving=True,
                                           is_local=local, internal=True, external=True,
                                           cluster=True, local=local)
     return ServicePortState(svc, eps)
@@ -171,100 +169,10 @@ def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: Wor
     subprocess.run(["ip", "netns", "del", pod], check=True)
 
 
-# --- SCTP, crafted -------------------------------------------------------------------
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-        table.append(c)
-    return table
-
-
-CRC32C = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    """RFC 9260 appendix B's CRC32c (Castagnoli), as sctp_rcv checks it."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
+# --- SCTP, crafted (tests.support.packet_path_sctp) ---------------------------------
 
 def test_crc32c_is_the_standard_one() -> None:
     assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
-
-
-@dataclass(frozen=True, slots=True)
-class Sctp:
-    """One SCTP packet as a receiver sees it: its addresses, ports, tag, chunk type,
-    and whether its CRC32c is right."""
-
-    source: str
-    destination: str
-    sport: int
-    dport: int
-    tag: int
-    chunk: int
-    crc_ok: bool
-
-
-def sctp_packet(sport: int, dport: int, tag: int, chunk: int) -> bytes:
-    """An SCTP packet with one INIT (1) or INIT ACK (2) chunk, its CRC32c filled in as
-    Linux writes it (little-endian)."""
-    body = struct.pack("!BBHIIHHI", chunk, 0, 20, 0x1234567, 65535, 1, 1, 42)
-    header = struct.pack("!HHI", sport, dport, tag) + bytes(4)
-    crc = crc32c(header + body)
-    return header[:8] + struct.pack("<I", crc) + body
-
-
-def parse_sctp(packet: bytes) -> Sctp:
-    ihl = (packet[0] & 0x0F) * 4
-    src, dst = socket.inet_ntoa(packet[12:16]), socket.inet_ntoa(packet[16:20])
-    sctp = packet[ihl:]
-    sport, dport, tag = struct.unpack("!HHI", sctp[:8])
-    (crc,) = struct.unpack("<I", sctp[8:12])
-    crc_ok = crc32c(sctp[:8] + bytes(4) + sctp[12:]) == crc
-    return Sctp(src, dst, sport, dport, tag, sctp[12], crc_ok)
-
-
-def raw_socket(ns: str) -> socket.socket:
-    """A raw IPv4 socket for SCTP in ``ns`` (it stays in ``ns``); 3 s timeout."""
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_SCTP)
-        s.settimeout(3)
-        return s
-    sock: socket.socket = call_in(ns, make)
-    return sock
-
-
-def receive(sock: socket.socket, dport: int) -> Sctp:
-    """The next SCTP packet to ``dport`` that ``sock`` reads (others are skipped)."""
-    for _ in range(50):
-        got = parse_sctp(sock.recv(65535))
-        if got.dport == dport:
-            return got
-    raise AssertionError(f"no SCTP packet to port {dport}")
-
-
-def exchange(client_ns: str, host: str, port: int, endpoint_ns: str,
-             sport: int) -> tuple[Sctp, Sctp]:
-    """An INIT from ``client_ns`` to ``host``:``port``, what the endpoint received; then
-    the endpoint's INIT ACK to where it came from, what the client received."""
-    client, endpoint = raw_socket(client_ns), raw_socket(endpoint_ns)
-    try:
-        client.sendto(sctp_packet(sport, port, 0, 1), (host, 0))
-        arrived = receive(endpoint, 8080)
-        answer = sctp_packet(8080, arrived.sport, 0x1234567, 2)
-        endpoint.sendto(answer, (arrived.source, 0))
-        back = receive(client, sport)
-        return arrived, back
-    finally:
-        client.close()
-        endpoint.close()
 
 
 def test_sctp_cluster_ip_from_a_pod_device(world: World) -> None:
