@@ -17,8 +17,8 @@ class Spread:
     high: float
 
     def show(self, digits: int = 0) -> str:
-        """``median (low-high)``, thousands separated."""
-        return f"{self.median:,.{digits}f} ({self.low:,.{digits}f}-{self.high:,.{digits}f})"
+        """``median [low, high]``, thousands separated."""
+        return f"{self.median:,.{digits}f} [{self.low:,.{digits}f}, {self.high:,.{digits}f}]"
 
 
 def spread(values: Sequence[float]) -> Spread:

@@ -17,8 +17,8 @@ from bench.packet_path_figures import (
 
 def test_spread_is_median_lowest_highest() -> None:
     assert spread([5.0, 1.0, 9.0, 3.0]) == Spread(4.0, 1.0, 9.0)
-    assert spread([2.0]).show() == "2 (2-2)"
-    assert Spread(12345.6, 1000.0, 20000.0).show() == "12,346 (1,000-20,000)"
+    assert spread([2.0]).show() == "2 [2, 2]"
+    assert Spread(12345.6, -1000.0, 20000.0).show(1) == "12,345.6 [-1,000.0, 20,000.0]"
 
 
 def test_no_round_is_an_error_not_a_figure() -> None:
