@@ -242,18 +242,13 @@ def check_app_protocol(c: Checker, value: Any, where: str) -> None:
         c.err(where, "invalid_value", f"{shown(value)} is not a qualified name")
 
 
-def check_cidrs(c: Checker, value: Any, where: str, allow_commas: bool = False) -> list[int]:
-    """Checks a CIDR (or comma-separated CIDRs) as ValidateCIDR (netutils.ParseCIDRSloppy)
-    does; the family of each valid one as Go reads it (``cidr_family``)."""
+def check_cidrs(c: Checker, value: Any, where: str, trimmed: bool = False) -> list[int]:
+    """Checks a CIDR as ValidateCIDR (netutils.ParseCIDRSloppy) does, no space allowed
+    (``trimmed``: spaces around it are dropped first, as GetLoadBalancerSourceRanges
+    drops them); its family as Go reads it (``cidr_family``), as a list of none or one."""
     text = c.string(value, where, required=True)
-    families = []
-    for part in text.split(",") if allow_commas else [text]:
-        part = part.strip()
-        if not part and allow_commas:
-            continue
-        family = cidr_family(part)
-        if family:
-            families.append(family)
-        elif text:
-            c.err(where, "invalid_ip", f"{shown(part)} is not a CIDR")
-    return families
+    cidr = text.strip() if trimmed else text
+    family = cidr_family(cidr)
+    if text and not family:
+        c.err(where, "invalid_ip", f"{shown(cidr)} is not a CIDR")
+    return [family] if family else []

@@ -75,8 +75,11 @@ FIELDS: tuple[EdgeField, ...] = (
     EdgeField("Service", "spec.externalIPs", HONOURED, "",
               "IsValidIP and ValidateNonSpecialIP"),
     EdgeField("Service", "spec.sessionAffinity(Config)", HONOURED, "",
-              "supportedSessionAffinityType, validateClientIPAffinityConfig (1-86400 s)"),
-    EdgeField("Service", "spec.internalTrafficPolicy", HONOURED, "", "Cluster or Local"),
+              "supportedSessionAffinityType, validateClientIPAffinityConfig (1-86400 s); "
+              "ValidateService: no sessionAffinityConfig with the affinity None"),
+    EdgeField("Service", "spec.internalTrafficPolicy", HONOURED, "",
+              "validateServiceInternalTrafficFieldsValue: Cluster or Local when set "
+              "(\"\" is not)"),
     EdgeField("Service", "spec.externalTrafficPolicy", HONOURED, "",
               "validateServiceExternalTrafficPolicy: Cluster or Local, only on NodePort, "
               "LoadBalancer or a ClusterIP with externalIPs (ExternallyAccessible)"),
@@ -86,22 +89,33 @@ FIELDS: tuple[EdgeField, ...] = (
     EdgeField("Service", "spec.loadBalancerSourceRanges", HONOURED,
               "IPv4-mapped ranges of length 96+ are the IPv4 range they map (as Go matches)",
               "ValidateService: only with type LoadBalancer; GetLoadBalancerSourceRanges "
-              "(ParseCIDRSloppy, spaces trimmed)",
+              "(each entry one CIDR, spaces trimmed, ParseCIDRSloppy: no comma)",
               ("spec", {"type": "LoadBalancer", "clusterIP": "10.96.0.10",
                         "clusterIPs": ["10.96.0.10"], "ports": [{"port": 80}],
                         "loadBalancerSourceRanges": ["::ffff:192.168.1.0/120"]})),
+    EdgeField("Service",
+              "metadata.annotations.service.beta.kubernetes.io/load-balancer-source-ranges",
+              IGNORED, "kube-proxy reads spec.loadBalancerSourceRanges alone",
+              "ValidateService, without spec.loadBalancerSourceRanges: only with type "
+              "LoadBalancer; GetLoadBalancerSourceRanges (trimmed: empty, or CIDRs "
+              "separated by commas, each trimmed)"),
     EdgeField("Service", "spec.trafficDistribution", HONOURED, "",
-              "PreferClose, PreferSameZone, PreferSameNode (v1.30+)"),
+              "validateServiceTrafficDistribution: PreferClose, PreferSameZone, "
+              "PreferSameNode when set (\"\" is not; v1.30+)"),
     EdgeField("Service", "spec.ipFamilies, spec.ipFamilyPolicy", IGNORED,
               "a cluster IP's family is its own", "ValidateServiceClusterIPsRelatedFields "
-              "(IPv4/IPv6, no repeat, each its cluster IP's family), ipFamilyPolicy enum, "
+              "(IPv4/IPv6, no repeat, each its cluster IP's family), ipFamilyPolicy enum "
+              "when set (\"\" is not), "
               "SingleStack with one IP and one family (alloc.go initIPFamilyFields); none "
               "for ExternalName"),
     EdgeField("Service", "spec.externalName", IGNORED, "ExternalName is not proxied",
               "ValidateDNS1123Subdomain (a trailing dot allowed)"),
     EdgeField("Service", "status.loadBalancer.ingress[].ip", HONOURED, "",
               "ValidateLoadBalancerStatus: IsValidIP"),
-    EdgeField("Service", "status.loadBalancer.ingress[].ipMode", HONOURED, "", "VIP or Proxy"),
+    EdgeField("Service", "status.loadBalancer.ingress[].ipMode", HONOURED,
+              "unset with an ip is VIP (SetDefaults_Service)",
+              "ValidateLoadBalancerStatus (v1.29+): VIP or Proxy when set (\"\" is not), "
+              "only with an ip"),
     # ---- EndpointSlice -------------------------------------------------------------
     EdgeField("EndpointSlice", "metadata.name", HONOURED, "",
               "ValidateEndpointSliceName (NameIsDNSSubdomain)"),
@@ -156,7 +170,7 @@ FIELDS: tuple[EdgeField, ...] = (
               "set by the apiserver"),
     EdgeField("Node", "spec.podCIDRs, spec.podCIDR", HONOURED,
               "IPv4-mapped ranges as Go reads them",
-              "ValidateNode: ValidateCIDR, at most one per family, no duplicate",
+              "ValidateNode: ValidateCIDR (no space), at most one per family, no duplicate",
               ("spec.podCIDRs", ["::ffff:10.244.1.0/120"])),
     EdgeField("Node", "spec.taints[].key", HONOURED,
               "ToBeDeletedByClusterAutoscaler: terminating",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from svcproxy.frontend.edge.addresses import cidr_family
 from svcproxy.frontend.edge.checker import (
     Checker,
     check_app_protocol,
@@ -24,6 +25,7 @@ IP_FAMILIES = ("IPv4", "IPv6")
 IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
 TOPOLOGY_MODE = "service.kubernetes.io/topology-mode"
 TOPOLOGY_HINTS = "service.kubernetes.io/topology-aware-hints"
+SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
 
 
 def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
@@ -32,9 +34,9 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
     if not check_object(c, obj, limits):
         return c.v
     # ValidateObjectMeta with ValidateServiceName (NameIsDNS1035Label).
-    c.metadata(obj, lambda v, w: c.name(v, w, DNS1035_LABEL, 63, "DNS-1035 label (lowercase "
-                                        "letters, digits and '-', starting with a letter)"),
-               namespaced=True)
+    _, annotations = c.metadata(obj, lambda v, w: c.name(
+        v, w, DNS1035_LABEL, 63, "DNS-1035 label (lowercase letters, digits and '-', "
+        "starting with a letter)"), namespaced=True)
     spec = c.mapping(obj.get("spec"), "spec")
     stype = c.enum(spec.get("type"), "spec.type", SERVICE_TYPES) or "ClusterIP"  # supported
     headless = _cluster_ips(c, spec, stype)
@@ -43,11 +45,12 @@ def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict
         c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")  # IsValidIP, ValidateNonSpecialIP
     _affinity(c, spec)
     # validateServiceInternalTrafficFieldsValue, validateServiceTrafficDistribution
-    # (PreferClose v1.30; PreferSame* v1.33).
-    c.enum(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
-    c.enum(spec.get("trafficDistribution"), "spec.trafficDistribution", TRAFFIC_DISTRIBUTIONS)
+    # (PreferClose v1.30; PreferSame* v1.33): both *string, so "" is refused.
+    _set_enum(c, spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
+    _set_enum(c, spec.get("trafficDistribution"), "spec.trafficDistribution",
+              TRAFFIC_DISTRIBUTIONS)
     _external_traffic(c, spec, stype)
-    _source_ranges(c, spec, stype)
+    _source_ranges(c, spec, stype, annotations)
     _topology_annotations(c, obj)
     if stype == "ExternalName":  # ValidateDNS1123Subdomain of the name less a trailing dot
         name = spec.get("externalName")
@@ -123,7 +126,8 @@ def _ip_families(c: Checker, spec: dict[str, Any], families: list[int], ips: int
             c.err(f"spec.clusterIPs[{i}]", "ip_family", f"is not an {name} address as "
                   f"spec.ipFamilies[{i}] says")
         seen.add(name)
-    policy = c.enum(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy", IP_FAMILY_POLICIES)
+    policy = _set_enum(c, spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy",
+                       IP_FAMILY_POLICIES)
     if policy == "SingleStack" and (ips == 2 or len(names) == 2):
         c.err("spec.ipFamilyPolicy", "invalid_value", "must be RequireDualStack or "
               "PreferDualStack when two cluster IPs or IP families are given")
@@ -181,10 +185,27 @@ def _target_port(c: Checker, value: Any, where: str) -> None:
     c.port(value, where)
 
 
+def _set_enum(c: Checker, value: Any, where: str, allowed: tuple[str, ...]) -> str:
+    """A field Go holds as a pointer to an enum (``*string``): unset (null) is none, and
+    once set, "" included, it must be one of ``allowed`` (field.NotSupported)."""
+    if value == "":
+        c.err(where, "invalid_value", f"'' is not one of {', '.join(allowed)} (leave it "
+              "unset instead)")
+        return ""
+    return c.enum(value, where, allowed)
+
+
 def _affinity(c: Checker, spec: dict[str, Any]) -> None:
     """supportedSessionAffinityType and validateClientIPAffinityConfig (1-86400 s; unset
-    or null is defaulted to 10800 by SetDefaults_Service)."""
+    or null is defaulted to 10800 by SetDefaults_Service); ValidateService forbids a
+    sessionAffinityConfig (not null) when the affinity is None ("" and unset are None,
+    SetDefaults_Service)."""
     affinity = c.enum(spec.get("sessionAffinity"), "spec.sessionAffinity", AFFINITIES)
+    if affinity != "ClientIP" and spec.get("sessionAffinityConfig") is not None and \
+            spec.get("sessionAffinity") in (None, "", "None"):
+        c.err("spec.sessionAffinityConfig", "forbidden", "must not be set when "
+              "sessionAffinity is None (set sessionAffinity: ClientIP, or remove it)")
+        return
     cfg = c.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
     client = c.mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
     timeout = client.get("timeoutSeconds")
@@ -196,14 +217,18 @@ def _affinity(c: Checker, spec: dict[str, Any]) -> None:
 
 
 def _lb_status(c: Checker, status: Any) -> None:
-    """ValidateLoadBalancerStatus: an ingress IP IsValidIP, its ipMode VIP or Proxy."""
+    """ValidateLoadBalancerStatus: an ingress IP IsValidIP; its ipMode (a *string) VIP or
+    Proxy when set, "" included, and only with an IP (unset with one: VIP, as
+    SetDefaults_Service sets it)."""
     lb = c.mapping(c.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
     for i, raw in enumerate(c.items(lb.get("ingress"), "status.loadBalancer.ingress")):
         where = f"status.loadBalancer.ingress[{i}]"
         ing = c.mapping(raw, where)
         if ing.get("ip") not in (None, ""):
             c.ip(ing.get("ip"), f"{where}.ip")
-            c.enum(ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
+            _set_enum(c, ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
+        elif ing.get("ipMode") is not None:
+            c.err(f"{where}.ipMode", "forbidden", "may not be specified when ip is not set")
 
 
 def _external_traffic(c: Checker, spec: dict[str, Any], stype: str) -> None:
@@ -224,16 +249,33 @@ def _external_traffic(c: Checker, spec: dict[str, Any], stype: str) -> None:
               "LoadBalancer and externalTrafficPolicy is Local")
 
 
-def _source_ranges(c: Checker, spec: dict[str, Any], stype: str) -> None:
-    """ValidateService: loadBalancerSourceRanges only with type LoadBalancer, each a CIDR
-    once spaces are trimmed (service.GetLoadBalancerSourceRanges: ParseCIDRSloppy). The
-    annotation of the same name is not read, so not checked."""
+def _source_ranges(c: Checker, spec: dict[str, Any], stype: str,
+                   annotations: dict[str, Any]) -> None:
+    """ValidateService: loadBalancerSourceRanges only with type LoadBalancer, each entry
+    one CIDR once spaces are trimmed (service.GetLoadBalancerSourceRanges: ParseIPNets,
+    ParseCIDRSloppy; a comma is no CIDR). Without the field, the annotation of the same
+    name (present, even empty) only with type LoadBalancer, and once trimmed empty or
+    CIDRs separated by commas, each trimmed (GetLoadBalancerSourceRanges splits it). The
+    annotation is checked, not read: kube-proxy reads the field alone."""
     ranges = c.items(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
-    if ranges and stype != "LoadBalancer":
-        c.err("spec.loadBalancerSourceRanges", "forbidden", "may only be used when type "
-              "is LoadBalancer")
-    for i, cidr in enumerate(ranges):
-        check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", allow_commas=True)
+    if ranges:
+        if stype != "LoadBalancer":
+            c.err("spec.loadBalancerSourceRanges", "forbidden", "may only be used when type "
+                  "is LoadBalancer")
+        for i, cidr in enumerate(ranges):
+            check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", trimmed=True)
+        return
+    if SOURCE_RANGES_ANNOTATION not in annotations:
+        return
+    where = f"metadata.annotations.{SOURCE_RANGES_ANNOTATION}"
+    if stype != "LoadBalancer":
+        c.err(where, "forbidden", "may only be used when type is LoadBalancer")
+    value = annotations[SOURCE_RANGES_ANNOTATION]
+    text = value.strip() if isinstance(value, str) else ""
+    for part in text.split(",") if text else ():
+        if not cidr_family(part.strip()):
+            c.err(where, "invalid_ip", f"{shown(part.strip())} is not a CIDR (a list of "
+                  "CIDRs separated by commas, e.g. 10.0.0.0/8,192.168.0.0/16)")
 
 
 def _topology_annotations(c: Checker, obj: dict[str, Any]) -> None:

@@ -29,7 +29,11 @@ from svcproxy.frontend.edge.objects import (
     SvcPort,
     parse_time,
 )
-from svcproxy.frontend.edge.service import IP_FAMILY_POLICIES, TRAFFIC_DISTRIBUTIONS
+from svcproxy.frontend.edge.service import (
+    IP_FAMILY_POLICIES,
+    SOURCE_RANGES_ANNOTATION,
+    TRAFFIC_DISTRIBUTIONS,
+)
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,
@@ -109,8 +113,8 @@ _TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 _POLICIES = {None: TrafficPolicy.CLUSTER, "": TrafficPolicy.CLUSTER,
              "Cluster": TrafficPolicy.CLUSTER, "Local": TrafficPolicy.LOCAL}
 _AFFINITIES = (None, "", "None", "ClientIP")
-_DISTRIBUTIONS = (None, "", *TRAFFIC_DISTRIBUTIONS)
-_IP_MODES = (None, "", "VIP", "Proxy")
+_DISTRIBUTIONS = (None, *TRAFFIC_DISTRIBUTIONS)  # "" is set: refused
+_IP_MODES = (None, "VIP", "Proxy")
 _FAMILY_POLICIES = (None, *IP_FAMILY_POLICIES)
 _FAMILIES = ["IPv4"]  # the family of the one cluster IP this path takes
 # What no service CIDR holds beyond the endpoint rules, as prefixes of canonical IPv4
@@ -130,7 +134,7 @@ def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service |
     stype = spec.type or "ClusterIP"
     if stype not in _TYPES or not metadata_ok(meta, DNS1035_LABEL, 63, limits) or \
             spec.loadBalancerSourceRanges or spec.sessionAffinity not in _AFFINITIES or \
-            spec.internalTrafficPolicy not in _POLICIES or \
+            spec.internalTrafficPolicy not in _POLICIES or spec.internalTrafficPolicy == "" or \
             spec.externalTrafficPolicy not in _POLICIES or \
             spec.trafficDistribution not in _DISTRIBUTIONS or \
             spec.ipFamilies and spec.ipFamilies != _FAMILIES or \
@@ -172,14 +176,15 @@ def _cross_field(spec: _Spec, stype: str, annotations: dict[str, str] | None) ->
     """Whether one of ValidateService's cross-field rules (service.py) may refuse it:
     externalTrafficPolicy where not reachable from outside, healthCheckNodePort without
     LoadBalancer and Local, clusterIPs without clusterIP, the two topology annotations
-    disagreeing."""
+    disagreeing, the source ranges annotation (checked there)."""
     external = stype != "ClusterIP" or bool(spec.externalIPs)
     notes = annotations or {}
     return bool(spec.externalTrafficPolicy and not external
                 or spec.healthCheckNodePort and not (
                     stype == "LoadBalancer" and spec.externalTrafficPolicy == "Local")
                 or spec.clusterIPs and not spec.clusterIP
-                or len({notes[a] for a in TOPOLOGY_ANNOTATIONS if a in notes}) > 1)
+                or len({notes[a] for a in TOPOLOGY_ANNOTATIONS if a in notes}) > 1
+                or SOURCE_RANGES_ANNOTATION in notes)
 
 
 def _cluster_ips(spec: _Spec, stype: str) -> tuple[str, ...] | None:
@@ -243,9 +248,10 @@ def _ports(ports: list[_Port], stype: str, headless: bool) -> tuple[SvcPort, ...
 
 
 def _timeout(spec: _Spec) -> int | None:
-    """The ClientIP affinity's timeout (0 without that affinity), None when invalid."""
+    """The ClientIP affinity's timeout (0 without that affinity), None when invalid (a
+    sessionAffinityConfig without ClientIP affinity too)."""
     if spec.sessionAffinity != "ClientIP":
-        return 0
+        return 0 if spec.sessionAffinityConfig is None else None
     cfg = spec.sessionAffinityConfig
     client = cfg.clientIP if cfg is not None else None
     timeout = client.timeoutSeconds if client is not None else msgspec.UNSET
@@ -266,6 +272,8 @@ def _ingress(status: _Status | None, limits: ObjectLimits
     out = []
     for entry in entries:
         if not entry.ip:
+            if entry.ipMode is not None:  # an ipMode needs an IP
+                return None
             continue
         if not CANONICAL_IPV4.fullmatch(entry.ip) or entry.ipMode not in _IP_MODES:
             return None

@@ -54,7 +54,7 @@ def test_duplicate_address_with_equal_conditions_is_the_same_whatever_the_order(
 def test_dual_stack_slices_and_loose_input_normalised() -> None:
     eng = engine_with(
         service("web", ip="10.96.000.010", clusterIPs=["10.96.000.010", "fd00::0010"],
-                type="LoadBalancer", loadBalancerSourceRanges=[" 192.168.1.7/24 ,10.0.0.0/8"]),
+                type="LoadBalancer", loadBalancerSourceRanges=[" 192.168.1.7/24 ", "10.0.0.0/8"]),
         node("n1"), slice_("a", "web", [endpoint("010.0.0.1")]),
         slice_("b", "web", [endpoint("fd00:0::1")], family="IPv6"))
     rec = eng.changelog.view("n1").records[KEY]

@@ -1,5 +1,7 @@
-"""A model of kube-apiserver v1.28's validation of the fields svcproxy reads, for the
-stand-in apiserver (tests/support/fakeapiserver.py) to answer 422 Invalid as the real one does.
+"""A model of kube-apiserver's validation of the fields svcproxy reads (v1.28, and the
+later fields svcproxy reads with their rules: ipMode v1.29+, trafficDistribution v1.30+),
+for the stand-in apiserver (tests/support/fakeapiserver.py) to answer 422 Invalid as the
+real one does. A manifest's status is checked as a status update would be.
 
 Written from Kubernetes' Go source (pkg/apis/core/validation, pkg/apis/discovery/
 validation, apimachinery's util/validation, k8s.io/utils/net's sloppy parsers) and kept
@@ -283,14 +285,26 @@ def service_causes(obj: dict[str, Any]) -> Causes:
     affinity = c.string(spec.get("sessionAffinity"), "spec.sessionAffinity") or "None"
     if affinity not in ("None", "ClientIP"):
         c.add("spec.sessionAffinity", "not supported")
+    if affinity == "None" and spec.get("sessionAffinityConfig") is not None:
+        c.add("spec.sessionAffinityConfig", "must not be set when session affinity is None")
     cfg = c.obj(c.obj(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
                 .get("clientIP"), "spec.sessionAffinityConfig.clientIP")
     timeout = c.int32(cfg.get("timeoutSeconds"), "timeoutSeconds")
     if affinity == "ClientIP" and timeout is not None and not 0 < timeout <= 86400:
         c.add("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "1-86400")
-    for key in ("internalTrafficPolicy", "externalTrafficPolicy"):
+    # externalTrafficPolicy is a string ("" is defaulted), the others *string: set, ""
+    # included, each must be supported (validateServiceInternalTrafficFieldsValue,
+    # validateServiceTrafficDistribution, the ipFamilyPolicy check).
+    etp_value = c.string(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy")
+    if etp_value and etp_value not in ("Cluster", "Local"):
+        c.add("spec.externalTrafficPolicy", "not supported")
+    for key, allowed in (("internalTrafficPolicy", ("Cluster", "Local")),
+                         ("trafficDistribution", ("PreferClose", "PreferSameZone",
+                                                  "PreferSameNode")),
+                         ("ipFamilyPolicy", ("SingleStack", "PreferDualStack",
+                                             "RequireDualStack"))):
         value = c.string(spec.get(key), f"spec.{key}")
-        if value and value not in ("Cluster", "Local"):
+        if value is not None and value not in allowed:
             c.add(f"spec.{key}", "not supported")
     # validateServiceExternalTrafficPolicy, after SetDefaults_Service (Cluster where
     # ExternallyAccessible) and the allocator (a health check port where needed).
@@ -304,18 +318,72 @@ def service_causes(obj: dict[str, Any]) -> Causes:
         c.add("spec.healthCheckNodePort", "only for LoadBalancer with Local")
     elif hc and not is_valid_port_num(hc):
         c.add("spec.healthCheckNodePort", "not a port number")
-    if spec.get("loadBalancerSourceRanges") and stype != "LoadBalancer":
-        c.add("spec.loadBalancerSourceRanges", "may only be used when type is LoadBalancer")
     notes = c.obj(c.obj(obj.get("metadata"), "metadata").get("annotations"), "annotations")
+    _source_ranges(c, spec, stype, notes)
     mode = notes.get("service.kubernetes.io/topology-mode")
     hints = notes.get("service.kubernetes.io/topology-aware-hints")
     if mode is not None and hints is not None and mode != hints:
         c.add("metadata.annotations", "topology-mode must match topology-aware-hints")
-    for i, raw in enumerate(c.array(spec.get("loadBalancerSourceRanges"), "ranges")):
-        for part in (c.string(raw, f"spec.loadBalancerSourceRanges[{i}]") or "").split(","):
-            if part.strip() and not parse_cidr(part.strip()):
-                c.add(f"spec.loadBalancerSourceRanges[{i}]", "not a CIDR")
+    _ip_families(c, spec, stype, ips)
+    _lb_status(c, c.obj(obj.get("status"), "status"))
     return c.list
+
+
+def _source_ranges(c: _Causes, spec: dict[str, Any], stype: str,
+                   notes: dict[str, Any]) -> None:
+    """ValidateService's source ranges: the field's entries (GetLoadBalancerSourceRanges:
+    ParseIPNets trims each and parses it as one CIDR), or without it the annotation
+    (present: split on commas once trimmed, "" is the default); either only with type
+    LoadBalancer."""
+    ranges = c.array(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    key = "service.beta.kubernetes.io/load-balancer-source-ranges"
+    if not ranges and key not in notes:
+        return
+    if stype != "LoadBalancer":
+        c.add("spec.loadBalancerSourceRanges", "may only be used when type is LoadBalancer")
+    if ranges:
+        parts = [c.string(raw, f"spec.loadBalancerSourceRanges[{i}]") or ""
+                 for i, raw in enumerate(ranges)]
+    else:
+        text = (c.string(notes[key], "annotations") or "").strip()
+        parts = text.split(",") if text else []
+    for part in parts:
+        if not parse_cidr(part.strip()):
+            c.add("spec.loadBalancerSourceRanges", "must be a list of IP ranges")
+
+
+def _ip_families(c: _Causes, spec: dict[str, Any], stype: str, ips: list[str]) -> None:
+    """ValidateServiceClusterIPsRelatedFields' ipFamilies: IPv4 or IPv6, no repeat, each
+    the family of the cluster IP at its index (not for a headless service)."""
+    if stype == "ExternalName":
+        return
+    seen: set[Any] = set()
+    for i, family in enumerate(c.array(spec.get("ipFamilies"), "spec.ipFamilies")):
+        if family not in ("IPv4", "IPv6") or family in seen:
+            c.add(f"spec.ipFamilies[{i}]", "not supported, or a duplicate")
+            continue
+        seen.add(family)
+        ip = parse_ip(ips[i]) if i < len(ips) and ips[0] != "None" else None
+        if ip is not None and (family == "IPv4") != is_v4(ip):
+            c.add(f"spec.clusterIPs[{i}]", f"expected an {family} value")
+
+
+def _lb_status(c: _Causes, status: dict[str, Any]) -> None:
+    """ValidateLoadBalancerStatus (a manifest's status, as a status update would be
+    checked): an ingress IP valid when set; ipMode (a *string) VIP or Proxy, only with an
+    IP."""
+    lb = c.obj(status.get("loadBalancer"), "status.loadBalancer")
+    for i, raw in enumerate(c.array(lb.get("ingress"), "status.loadBalancer.ingress")):
+        where = f"status.loadBalancer.ingress[{i}]"
+        ingress = c.obj(raw, where)
+        ip = c.string(ingress.get("ip"), f"{where}.ip") or ""
+        mode = c.string(ingress.get("ipMode"), f"{where}.ipMode")
+        if ip and parse_ip(ip) is None:
+            c.add(f"{where}.ip", "must be a valid IP address")
+        if mode is not None and not ip:
+            c.add(f"{where}.ipMode", "may not be specified when `ip` is not set")
+        elif mode is not None and mode not in ("VIP", "Proxy"):
+            c.add(f"{where}.ipMode", "not supported")
 
 
 # ---- EndpointSlice: ValidateEndpointSlice ------------------------------------------

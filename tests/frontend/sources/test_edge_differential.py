@@ -83,6 +83,10 @@ SLICE_MUTATIONS = st.one_of(
     st.builds(at, st.just("metadata.name"), TEXT),
     st.builds(at, st.just("addressType"), st.sampled_from(["IPv4", "IPv6", "FQDN", "IP", ""])),
 )
+SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
+SOURCE_RANGE_TEXT = st.sampled_from([
+    "10.0.0.0/8", " 10.0.0.0/8 ", "10.0.0.0/8,192.168.0.0/16", "10.0.0.0/8, 192.168.0.0/16",
+    "10.0.0.0/8,", "", " ", "fd00::/64", "::ffff:10.0.0.0/104", "10.0.0.0/33", "10.0.0.1"])
 CLUSTER_IPS = st.sampled_from(["10.96.0.10", "010.096.000.010", "::ffff:10.96.0.10",
                                "127.0.0.1", "0.0.0.0", "224.0.0.1", "10.96.0.300", "nope",
                                "fd00:10:96::a", "::1"])
@@ -131,8 +135,31 @@ SERVICE_MUTATIONS = st.one_of(
         at("spec.ipFamilyPolicy", policy)),
         st.sampled_from([["10.96.0.10"], ["10.96.0.10", "fd00:10:96::a"]]),
         st.sampled_from([None, ["IPv4"], ["IPv4", "IPv6"]]),
-        st.sampled_from([None, "SingleStack", "PreferDualStack", "RequireDualStack"])),
+        st.sampled_from([None, "", "SingleStack", "PreferDualStack", "RequireDualStack"])),
     st.just(at("spec.clusterIP", None)),  # clusterIPs without clusterIP
+    # loadBalancerSourceRanges entries (one CIDR each, trimmed) and, without them, the
+    # annotation (split on commas), by type.
+    st.builds(lambda stype, ranges, note: _compose(
+        at("spec.type", stype), at("spec.loadBalancerSourceRanges", ranges),
+        at("metadata.annotations", {} if note is None else {SOURCE_RANGES: note})),
+        st.sampled_from(["ClusterIP", "LoadBalancer"]),
+        st.one_of(st.none(), st.lists(SOURCE_RANGE_TEXT, max_size=2)),
+        st.one_of(st.none(), SOURCE_RANGE_TEXT)),
+    # *string enums set to "" (or a value), and the affinity's config by affinity.
+    st.builds(at, st.just("spec.trafficDistribution"), st.sampled_from(
+        [None, "", "PreferClose", "PreferSameZone", "PreferSameNode", "preferClose"])),
+    st.builds(lambda affinity, cfg: _compose(at("spec.sessionAffinity", affinity),
+                                             at("spec.sessionAffinityConfig", cfg)),
+              st.sampled_from([None, "", "None", "ClientIP"]),
+              st.sampled_from([None, {}, {"clientIP": {}},
+                               {"clientIP": {"timeoutSeconds": 60}}])),
+    # the load balancer's status: an ipMode only with an ip, VIP or Proxy.
+    st.builds(lambda entries: _compose(at("spec.type", "LoadBalancer"),
+                                       at("status.loadBalancer.ingress", entries)),
+              st.lists(st.fixed_dictionaries({}, optional={
+                  "ip": st.sampled_from(["", "192.0.2.7", "nope"]),
+                  "hostname": st.just("lb.example.com"),
+                  "ipMode": st.sampled_from(["", "VIP", "Proxy", "vip"])}), max_size=2)),
     st.builds(lambda mode, hints: at("metadata.annotations", {
         k: v for k, v in (("service.kubernetes.io/topology-mode", mode),
                           ("service.kubernetes.io/topology-aware-hints", hints)) if v}),
@@ -143,7 +170,8 @@ NODE_MUTATIONS = st.one_of(
     st.builds(lambda zone: at("metadata.labels", {"topology.kubernetes.io/zone": zone}), TEXT),
     st.builds(lambda cidrs: at("spec.podCIDRs", cidrs), st.lists(st.sampled_from(
         ["10.244.1.0/24", "::ffff:10.244.1.0/120", "::ffff:1.2.3.4/64", "fd00::/64",
-         "10.0.0.0/33", "10.0.0.0", "10.0.0.0/0008", "fd00::%1/64"]), max_size=3)),
+         "10.0.0.0/33", "10.0.0.0", "10.0.0.0/0008", "fd00::%1/64", " 10.244.1.0/24",
+         "fd00::/64 "]), max_size=3)),
     st.builds(lambda key, effect: at("spec.taints", [{"key": key, "effect": effect}]),
               TEXT, st.sampled_from(["NoSchedule", "NoExecute", "Sometimes", ""])),
     st.builds(lambda kind, address: at("status.addresses", [{"type": kind, "address": address}]),
@@ -274,6 +302,23 @@ CROSS_FIELD = [
     [_compose(at("spec.type", "ExternalName"), at("spec.externalName", "db.example.com"))],
     [at("metadata.annotations", {"service.kubernetes.io/topology-mode": "Auto",
                                  "service.kubernetes.io/topology-aware-hints": "auto"})],
+    # issue 27's looser-than-Kubernetes values, refused by both
+    [_compose(at("spec.type", "LoadBalancer"),
+              at("spec.loadBalancerSourceRanges", ["10.0.0.0/8,192.168.0.0/16"]))],
+    [at("spec.ipFamilyPolicy", "")],
+    [at("spec.internalTrafficPolicy", "")],
+    [at("spec.trafficDistribution", "")],
+    [_compose(at("spec.type", "LoadBalancer"),
+              at("status.loadBalancer.ingress", [{"hostname": "lb.example.com",
+                                                  "ipMode": "VIP"}]))],
+    [at("metadata.annotations", {SOURCE_RANGES: "10.0.0.0/8"})],  # not LoadBalancer
+    [at("spec.sessionAffinityConfig", {"clientIP": {"timeoutSeconds": 60}})],
+    # and what is stored
+    [_compose(at("spec.type", "LoadBalancer"),
+              at("metadata.annotations", {SOURCE_RANGES: "10.0.0.0/8, 192.168.0.0/16"}))],
+    [_compose(at("spec.type", "LoadBalancer"),
+              at("status.loadBalancer.ingress", [{"ip": "192.0.2.7"},
+                                                 {"hostname": "lb.example.com"}]))],
 ]
 
 
@@ -298,6 +343,7 @@ def test_services_the_model_stores_are_served_and_those_it_refuses_refused_alone
 
 @COMMON
 @given(st.lists(NODE_MUTATIONS, min_size=1, max_size=3))
+@example([at("spec.podCIDRs", [" 10.244.1.0/24"])])  # ValidateCIDR trims nothing
 def test_nodes_the_model_stores_are_served_and_those_it_refuses_refused_alone(
         mutations: list[Mutation]) -> None:
     obj = node()

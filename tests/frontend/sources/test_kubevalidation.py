@@ -100,6 +100,19 @@ REFUSED_SERVICES = [
     ("spec.loadBalancerSourceRanges", ["10.0.0.0/99"], "invalid_ip"),
     ("spec.loadBalancerSourceRanges", ["10.0.0.0"], "invalid_ip"),
     ("spec.loadBalancerSourceRanges", ["10.0.0.0/" + "3" * 5000], "invalid_ip"),
+    # GetLoadBalancerSourceRanges: each entry one CIDR (only the annotation is split)
+    ("spec.loadBalancerSourceRanges", ["10.0.0.0/8,192.168.0.0/16"], "invalid_ip"),
+    ("spec.loadBalancerSourceRanges", [" "], "invalid_ip"),
+    # the source ranges annotation only with type LoadBalancer (the base is ClusterIP)
+    ("metadata.annotations", {"service.beta.kubernetes.io/load-balancer-source-ranges": ""},
+     "forbidden"),
+    # *string enums: set to "" is set, and not one of the values (field.NotSupported)
+    ("spec.ipFamilyPolicy", "", "invalid_value"),
+    ("spec.internalTrafficPolicy", "", "invalid_value"),
+    ("spec.trafficDistribution", "", "invalid_value"),
+    # ValidateService: no sessionAffinityConfig with the affinity None (unset is None)
+    ("spec.sessionAffinityConfig", {"clientIP": {"timeoutSeconds": 60}}, "forbidden"),
+    ("spec.sessionAffinityConfig", {}, "forbidden"),
     ("spec.healthCheckNodePort", -1, "invalid_port"),
     ("spec", "x", "malformed"),
     ("metadata", "web", "malformed"),
@@ -124,6 +137,11 @@ REFUSED_SERVICES = [
     ("metadata.annotations", {"svcproxy.io/x": "é" * 140_000}, "too_large"),
     ("status.loadBalancer.ingress", [{"ip": "nope"}], "invalid_ip"),
     ("status.loadBalancer.ingress", [{"ip": "192.0.2.1", "ipMode": "Tunnel"}], "invalid_value"),
+    ("status.loadBalancer.ingress", [{"ip": "192.0.2.1", "ipMode": ""}], "invalid_value"),
+    # ValidateLoadBalancerStatus: an ipMode only with an ip
+    ("status.loadBalancer.ingress", [{"hostname": "lb.example.com", "ipMode": "VIP"}],
+     "forbidden"),
+    ("status.loadBalancer.ingress", [{"ip": "", "ipMode": "Proxy"}], "forbidden"),
     # ValidateService's cross-field rules (the base service is a ClusterIP one)
     ("spec.externalTrafficPolicy", "Cluster", "invalid_value"),
     ("spec.healthCheckNodePort", 30100, "invalid_value"),
@@ -145,6 +163,29 @@ def test_services_kubernetes_refuses_are_refused(path: str, value: Any, reason: 
     assert not verdict.ok
     assert verdict.errors[0].reason == reason, verdict.summary()
     assert verdict.errors[0].field and verdict.summary()
+
+
+SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
+
+
+@pytest.mark.parametrize("value,ok", [
+    ("", True), ("  ", True), ("1.2.3.4/8,  5.6.7.8/16", True), (" 10.0.0.0/8 ", True),
+    ("10.0.0.1/32,", False), ("10.0.0.1/32, ", False), ("10.0.0.1/32,,10.0.0.2/32", False),
+    ("foo.bar", False), ("10.0.0.1/33", False), ("10.0.0.1", False), ("10.0.0.1/32,*", False),
+])
+def test_the_source_ranges_annotation_is_checked_as_get_load_balancer_source_ranges_reads_it(
+        value: str, ok: bool) -> None:
+    """Without spec.loadBalancerSourceRanges, ValidateService checks the annotation: once
+    trimmed, empty (allow all) or CIDRs split on commas, each trimmed; svcproxy checks it
+    and does not read it (kube-proxy reads the field alone)."""
+    obj = set_path(service(type="LoadBalancer"), "metadata.annotations", {SOURCE_RANGES: value})
+    verdict = validate_service(obj)
+    assert verdict.ok == ok, verdict.summary()
+    assert ok or verdict.errors[0].field == f"metadata.annotations.{SOURCE_RANGES}"
+    if ok:
+        assert parse_service(obj).load_balancer_source_ranges == ()
+    ranged = set_path(obj, "spec.loadBalancerSourceRanges", ["10.0.0.0/8"])
+    assert validate_service(ranged).ok, "with the field set, the annotation is not read"
 
 
 REFUSED_SLICES = [
@@ -267,6 +308,11 @@ def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str
     service(ip="10.96.0.10", clusterIPs=["10.96.0.10", "fd00::10"],
             ipFamilies=["IPv4", "IPv6"], ipFamilyPolicy="RequireDualStack"),
     service(ip="None", ipFamilies=["IPv6"], ports=[]),  # headless: no IP to match
+    service(sessionAffinity="None", sessionAffinityConfig=None),  # null is unset
+    # an ipMode is defaulted (VIP) when an ip has none; an entry with no ip has none
+    set_path(service(type="LoadBalancer"), "status.loadBalancer.ingress",
+             [{"ip": "192.0.2.1"}, {"hostname": "lb.example.com"}, {"ip": "192.0.2.2",
+                                                                    "ipMode": "Proxy"}]),
     endpoint_slice(), endpoint_slice(ips=("fd00::1",), family="IPv6"),
     set_path(endpoint_slice(), "ports.0.appProtocol", "kubernetes.io/ws"),
     endpoint_slice(family="FQDN", endpoints=[{"addresses": ["db.example.com"]}]),

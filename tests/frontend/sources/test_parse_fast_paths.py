@@ -499,7 +499,9 @@ SERVICE_META = st.fixed_dictionaries({"name": _mostly(["web", "a-1", "z" * 63], 
                                       TEXTS), _mostly(["web", ""], TEXTS), max_size=2),
     "annotations": st.dictionaries(_mostly(
         ["svcproxy.io/x", "note", "service.kubernetes.io/topology-aware-hints",
-         "service.kubernetes.io/topology-mode"], st.one_of(st.just("svcproxy.io/"), TEXTS)),
+         "service.kubernetes.io/topology-mode",
+         "service.beta.kubernetes.io/load-balancer-source-ranges"],
+        st.one_of(st.just("svcproxy.io/"), TEXTS)),
         _mostly(["Auto", "a b", ""], TEXTS), max_size=3)})
 
 
