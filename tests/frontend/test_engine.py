@@ -63,6 +63,22 @@ def test_dual_stack_slices_and_loose_input_normalised() -> None:
     assert set(rec.endpoints) == {"10.0.0.1", "fd00::1"}
 
 
+def test_a_source_range_entry_holding_two_ranges_is_refused_as_the_apiserver_refuses_it() -> None:
+    """GetLoadBalancerSourceRanges parses each entry as one CIDR (only the annotation is
+    split on commas): "a,b" in one entry is no CIDR, the Service is not served; the same
+    ranges in the annotation are accepted (and not read, as kube-proxy reads the field)."""
+    eng = engine_with(
+        service("web", type="LoadBalancer",
+                loadBalancerSourceRanges=[" 192.168.1.7/24 ,10.0.0.0/8"]),
+        node("n1"), slice_("a", "web", [endpoint("10.0.0.1")]))
+    assert KEY not in eng.changelog.view("n1").records
+    annotated = service("web", type="LoadBalancer")
+    annotated["metadata"]["annotations"] = {
+        "service.beta.kubernetes.io/load-balancer-source-ranges": " 192.168.1.7/24 ,10.0.0.0/8"}
+    eng = engine_with(annotated, node("n1"), slice_("a", "web", [endpoint("10.0.0.1")]))
+    assert eng.changelog.view("n1").records[KEY].service.load_balancer_source_ranges == ()
+
+
 @pytest.mark.parametrize("svc", [
     service("web", clusterIP="None", clusterIPs=["None"]),
     {**service("web"), "spec": {"type": "ExternalName", "externalName": "x.example"}},
