@@ -9,9 +9,12 @@ prefix). Then, ``--rounds`` times each, printed as median (min-max):
 1. a periodic resync with nothing changed: the kernel read back and compared with what
    was applied (nft: one netlink dump of each family's table), nothing written.
    iptables-nft, three ways side by side: nothing committed since the last check (the
-   ruleset's generation only), someone else committed (a foreign table added: every
-   chain of ours read over netlink and compared), and the ``iptables-save`` comparison
-   it replaced (iptables-legacy's);
+   ruleset's generation only), someone else committed elsewhere (a foreign table added:
+   the kernel's change events name no chain of ours, none is read), and the same with
+   the events taken as lost (every chain of ours read over netlink and compared: the
+   check before the events). iptables-legacy (``--iptables-mode legacy``): the check
+   (``iptables-save -t nat`` and ``-t filter``) beside the read it replaced
+   (``iptables-save`` of every table);
 2. a periodic resync after one element (nft: a service's ``service-ips`` entry) or one
    rule (iptables: a KUBE-SEP DNAT rule) was deleted behind the backend's back: found,
    and that service port's objects written again.
@@ -20,7 +23,7 @@ Wall time and CPU time (this process plus its children: nft / iptables-save /
 iptables-restore) per pass. nft also shows the read and the comparison apart.
 
 Usage (root): .venv/bin/python bench/bench_drift.py [--services 10000] [--endpoints 10]
-    [--rounds 5] [--backends nft,iptables]
+    [--rounds 5] [--backends nft,iptables] [--iptables-mode legacy]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions  # noqa: E402
+from svcproxy.backends.iptables.drift import read_saved  # noqa: E402
 from svcproxy.backends.nft import drift as nft_drift  # noqa: E402
 from svcproxy.backends.nft import elements as nft_elements  # noqa: E402
 from svcproxy.backends.nft.backend import FamilyView, NftBackend  # noqa: E402
@@ -113,33 +117,48 @@ def bench_nft(state: NodeState, rounds: int) -> None:
     backend.cleanup()
 
 
-def bench_iptables(state: NodeState, rounds: int) -> None:
-    backend = IptablesBackend(CONFIG, IptablesOptions(families=(4,)))
+def bench_iptables(state: NodeState, rounds: int, mode: str = "auto") -> None:
+    backend = IptablesBackend(CONFIG, IptablesOptions(families=(4,), mode=mode))
     wall, _ = timed(lambda: backend.sync(state, Changes(frozenset(state.services), full=True,
                                                         reason="initial")))
     print(f"iptables ({backend.mode}, IPv4): full sync {wall:.1f} s")
-    backend.sync(state, periodic(state))
+    first = timed(lambda: backend.sync(state, periodic(state)))
+    print("   " + show("first check after the full sync: wall", [first[0]]) + ", "
+          + show("cpu", [first[1]]))
     tool = f"iptables-{backend.mode}"
     if backend.mode == "nft":
-        kernel = backend._kernel
+        written = backend._written[4]
         quiet = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
         assert not any(r.chains_written for r in backend.reports)
-        busy: list[tuple[float, float]] = []
-        for n in range(rounds):  # someone else commits: the whole comparison runs
+        elsewhere: list[tuple[float, float]] = []
+        lost: list[tuple[float, float]] = []
+        for n in range(rounds):  # someone else commits
             subprocess.run(["nft", "add", "table", "ip", f"other{n}"], check=True)
-            busy.append(timed(lambda: backend.sync(state, periodic(state))))
+            elsewhere.append(timed(lambda: backend.sync(state, periodic(state))))
+            subprocess.run(["nft", "delete", "table", "ip", f"other{n}"], check=True)
+            written.touched = None  # as if the events were lost: every chain read
+            lost.append(timed(lambda: backend.sync(state, periodic(state))))
             assert not any(r.chains_written for r in backend.reports)
-        backend._kernel = None  # the iptables-save comparison (iptables-legacy's)
-        backend.sync(state, periodic(state))  # learns the saved digests
-        saved = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
-        backend._kernel = kernel
-        backend.sync(state, periodic(state))
         print("   " + show("nothing committed since the last check: wall",
                            [w for w, _ in quiet]) + ", " + show("cpu", [c for _, c in quiet]))
-        print("   " + show("someone else committed (netlink read, compared): wall",
-                           [w for w, _ in busy]) + ", " + show("cpu", [c for _, c in busy]))
-        print("   " + show("before: iptables-save read, compared: wall",
-                           [w for w, _ in saved]) + ", " + show("cpu", [c for _, c in saved]))
+        print("   " + show("someone else committed elsewhere (events: nothing read): wall",
+                           [w for w, _ in elsewhere]) + ", "
+              + show("cpu", [c for _, c in elsewhere]))
+        print("   " + show("before: someone else committed, every chain read: wall",
+                           [w for w, _ in lost]) + ", " + show("cpu", [c for _, c in lost]))
+    else:
+        fam = backend._families[4]
+        services = {k: r for k, v in backend.applied.items()
+                    if (r := v.rules[0]) is not None}
+        wanted = {t: list(c) for t, c in fam.planner.top.items()}
+        wanted.setdefault("nat", []).extend(c for r in services.values() for c in r.chains)
+        quiet = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
+        every = [timed(lambda: fam.tool.save_stream(lambda lines: read_saved(lines, wanted)))
+                 for _ in range(rounds)]
+        print("   " + show("check, nothing changed (iptables-save -t nat, -t filter): wall",
+                           [w for w, _ in quiet]) + ", " + show("cpu", [c for _, c in quiet]))
+        print("   " + show("before: the read alone, iptables-save of every table: wall",
+                           [w for w, _ in every]) + ", " + show("cpu", [c for _, c in every]))
     repaired: list[tuple[float, float]] = []
     saved_lines = subprocess.run([f"{tool}-save", "-t", "nat"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()
@@ -168,7 +187,10 @@ def inside(args: argparse.Namespace) -> None:
           f"{time.perf_counter() - t0:.1f} s); {os.cpu_count()} CPUs, kernel "
           f"{os.uname().release}", flush=True)
     for name in args.backends.split(","):
-        {"nft": bench_nft, "iptables": bench_iptables}[name](state, args.rounds)
+        if name == "nft":
+            bench_nft(state, args.rounds)
+        else:
+            bench_iptables(state, args.rounds, args.iptables_mode)
         sys.stdout.flush()
 
 
@@ -178,6 +200,8 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backends", default="nft,iptables")
+    parser.add_argument("--iptables-mode", choices=("auto", "nft", "legacy"), default="auto",
+                        help="the iptables backend's mode (default %(default)s: nft here)")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:

@@ -28,6 +28,7 @@ from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.drift import (
     ReadBack,
     Saved,
+    assumed,
     compare_kernel,
     compare_saved,
     our_jumps,
@@ -37,7 +38,7 @@ from svcproxy.backends.iptables.familyconfig import family_config
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
 from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct, remove_counters
-from svcproxy.backends.iptables.nftrules import PER_CHAIN_MAX, NftRules, TableRules
+from svcproxy.backends.iptables.nftrules import FAMILIES, PER_CHAIN_MAX, NftRules, TableRules
 from svcproxy.backends.iptables.planner import (
     Plan,
     Planner,
@@ -72,6 +73,7 @@ from svcproxy.sdk import (
     StagedBackend,
     TooManyRefused,
     isolate_versions,
+    netlink,
     resolve_context,
 )
 
@@ -147,6 +149,10 @@ class IptablesBackend(StagedBackend[Rendered]):
         # iptables-legacy); the service ports it found.
         self._kernel: NftRules | None = None
         self._written: dict[int, ReadBack] = {}
+        # iptables-nft: the kernel's change events (what someone else touched), and the
+        # newest generation they announced.
+        self._events: netlink.NftablesEvents | None = None
+        self._announced = 0
         self._drifted: frozenset[ServicePortKey] = frozenset()
 
     @property
@@ -186,6 +192,12 @@ class IptablesBackend(StagedBackend[Rendered]):
             self._families[family] = _Family(family, tool, make_probe(tool),
                                              Planner(FamilyConfig(family=family), index))
             self._kernel = self._kernel or tool.rules()  # one reader for the namespace
+        if self._kernel is not None:
+            try:
+                self._events = self._kernel.events()
+            except OSError as err:
+                log.warning("Cannot subscribe to nftables' change events (%s): every check "
+                            "reads all of our chains", err)
 
     def _make_counters(self) -> bool:
         """Create kube-proxy's nfacct objects; False (rules without them) if the kernel
@@ -322,7 +334,10 @@ class IptablesBackend(StagedBackend[Rendered]):
 
     def _kernel_drift(self, fam: _Family, services: dict[ServicePortKey, ServiceRules],
                       ) -> tuple[set[ServicePortKey], str]:
-        """iptables-nft: one family's drift, read over netlink (``drift.compare_kernel``)."""
+        """iptables-nft: one family's drift, read over netlink (``drift.compare_kernel``):
+        nothing when no transaction was committed since the last check; else only the
+        chains someone else's transactions touched (the events say which), or, when that
+        is not known, every chain of ours."""
         kernel = self._kernel
         assert kernel is not None
         written = self._written.setdefault(fam.family, ReadBack())
@@ -331,20 +346,56 @@ class IptablesBackend(StagedBackend[Rendered]):
             before = kernel.generation()
             if before == written.generation:
                 return set(), ""  # nothing committed since all of it was seen as written
+            self._take_events(range(0))
             wanted = {t: list(fam.planner.top.get(t, ())) for t in tables}
             wanted[NAT].extend(c for r in services.values() for c in r.chains)
-            held = {t: kernel.chains(fam.family, t, wanted[t],
-                                     [c for (t2, c) in written.jumps if t2 == t])
-                    for t in tables}
+            builtin = {t: [c for (t2, c) in written.jumps if t2 == t] for t in tables}
+            touched = written.touched
+            if touched is not None:
+                wanted = {t: [c for c in chains if (t, c) in touched]
+                          for t, chains in wanted.items()}
+                builtin = {t: [c for c in chains if (t, c) in touched]
+                           for t, chains in builtin.items()}
+            read = {t: kernel.chains(fam.family, t, wanted[t], builtin[t]) for t in tables}
             after = kernel.generation()
         except OSError as err:
             log.warning("Cannot read the IPv%d rules to check them (%s): not checked "
                         "this period", fam.family, err)
             return set(), ""
+        held = read if touched is None else assumed(written, read)
         keys, why = compare_kernel(fam.planner.top, services, held, written)
-        if not keys and not why and before == after:
+        written.touched = set()  # compared: what differs is repaired now
+        if not keys and not why and before == after and self._announced >= after:
             written.generation = after
         return keys, why
+
+    def _take_events(self, ours: range) -> None:
+        """What the transactions committed since the last look touched, into each
+        family's ``touched``; those of ``ours`` (generations: our own write) left out.
+        Events lost (a large write overflowed the socket), or a table of ours created or
+        deleted: not known (every chain is read at the next check)."""
+        events = self._events
+        try:
+            groups, lost = events.drain() if events is not None else ([], True)
+        except OSError:
+            groups, lost = [], True
+        for gen, _ in groups:
+            self._announced = max(self._announced, gen)
+        for family, written in self._written.items():
+            if lost:
+                written.touched = None
+                continue
+            af = FAMILIES[family]
+            for gen, touched in groups:
+                if gen in ours or written.touched is None:
+                    continue
+                for kind, table, chain in touched:
+                    if kind != af or table not in (NAT, FILTER):
+                        continue
+                    if not chain:
+                        written.touched = None
+                        break
+                    written.touched.add((table, chain))
 
     def _restore(self, fam: _Family, text: str, tables: dict[str, TableChanges],
                  full: bool) -> None:
@@ -386,6 +437,8 @@ class IptablesBackend(StagedBackend[Rendered]):
         sections = text.count("\n*") + text.startswith("*")
         # Each table section commits one transaction, or none if it changed nothing.
         clean = before is not None and after is not None and after - before <= sections
+        self._take_events(range(before + 1, after + 1) if clean and before is not None
+                          and after is not None else range(0))
         many = sum(map(len, writes.values())) > PER_CHAIN_MAX
         if not clean:
             log.debug("IPv%d: the ruleset's generation went %s -> %s over a write of %d "

@@ -98,6 +98,28 @@ class ReadBack:
     chains: dict[tuple[str, str], ChainDigest | None] = field(default_factory=dict)
     jumps: dict[tuple[str, str], list[bytes]] = field(default_factory=dict)
     generation: int | None = None
+    # iptables-nft: the (table, chain)s someone else's transactions changed since the
+    # last check, from the kernel's events (None: not known, every chain is read).
+    touched: set[tuple[str, str]] | None = None
+
+
+def assumed(applied: ReadBack, read: Mapping[str, TableRules]) -> dict[str, TableRules]:
+    """What the kernel holds, from the chains ``read`` (those someone else touched) and,
+    for every other chain of ours, what was read back after our write (nobody changed
+    it since: the events say so)."""
+    touched = applied.touched or set()
+    held: dict[str, TableRules] = {}
+    for (table, chain), digest in applied.chains.items():
+        if digest is not None and (table, chain) not in touched:
+            held.setdefault(table, TableRules()).chains[chain] = digest
+    for (table, chain), jumps in applied.jumps.items():
+        if (table, chain) not in touched:
+            held.setdefault(table, TableRules()).builtin[chain] = jumps
+    for table, rules in read.items():
+        found = held.setdefault(table, TableRules())
+        found.chains.update(rules.chains)
+        found.builtin.update(rules.builtin)
+    return held
 
 
 def our_jumps(expressions: Iterable[bytes], targets: Iterable[str]) -> list[bytes]:

@@ -57,8 +57,13 @@ class NftRules:
     """Reads one namespace's iptables-nft tables; one socket, opened on first use."""
 
     def __init__(self, prefix: Iterable[str] = ()) -> None:
-        self._kernel = netlink.NftablesReader(netlink.netns_path(tuple(prefix)))
+        self._path = netlink.netns_path(tuple(prefix))
+        self._kernel = netlink.NftablesReader(self._path)
         self._lock = threading.Lock()
+
+    def events(self) -> netlink.NftablesEvents:
+        """A subscription to the namespace's nftables change events (from now on)."""
+        return netlink.NftablesEvents(self._path)
 
     def generation(self) -> int:
         """The ruleset's generation (every committed transaction adds one)."""

@@ -142,8 +142,10 @@ class NftBackend(StagedBackend[PerFamily]):
         self._learnt: dict[int, Learnt] = {}
         self._views: dict[int, TableView] = {}
         self._drifted: frozenset[ServicePortKey] = frozenset()
-        # The ruleset's generation read right before the last transaction (None: unknown).
+        # The ruleset's generation read right before the last transaction (None: unknown),
+        # and the one at which the kernel was last seen holding all that was applied.
         self._generation: int | None = None
+        self._verified: int | None = None
         # Per family: chains and sets the kernel would not delete (a foreign rule uses
         # them) -> (kind, the service port that left them, the culprit).
         self._leftovers: dict[int, dict[str, tuple[str, ServicePortKey, str]]] = {}
@@ -193,10 +195,18 @@ class NftBackend(StagedBackend[PerFamily]):
 
     def find_drift(self, state: NodeState) -> Drift[ServicePortKey]:
         """Read each family's table (netlink: chains, rule counts and digests, sets, our
-        sets' and maps' elements) and compare it with what was applied."""
+        sets' and maps' elements) and compare it with what was applied; only the
+        ruleset's generation when no transaction was committed since the kernel was
+        last seen holding all of it."""
         tables = self._tables
         if tables is None:
             return Drift()
+        try:
+            before: int | None = self.reader.generation()
+        except KernelReadError:
+            before = None
+        if before is not None and before == self._verified:
+            return Drift()  # nothing committed since all of it was seen as applied
         drifted: set[ServicePortKey] = set()
         for i, f in enumerate(self.families):
             table = tables[f]
@@ -215,6 +225,12 @@ class NftBackend(StagedBackend[PerFamily]):
             if view is not None:
                 self._views[f] = view
         self._drifted = frozenset(drifted)
+        if not drifted:
+            try:
+                after: int | None = self.reader.generation()
+            except KernelReadError:
+                after = None
+            self._verified = after if after is not None and after == before else None
         return Drift(self._drifted)
 
     def render(self, state: NodeState, record: ServicePortState) -> PerFamily | None:
@@ -638,11 +654,23 @@ class NftBackend(StagedBackend[PerFamily]):
                         "applied; looking for the service ports refused", mode, len(text))
             raise
         done = time.perf_counter()
+        self._verified_after(self._generation)
         self.last = TransactionReport(mode, services, len(text), rendered - start, done - rendered)
         log.debug(
             "nft %s sync of %d service ports: %d bytes, diff %.1f ms, apply %.1f ms",
             mode, services, len(text), 1e3 * (rendered - start), 1e3 * (done - rendered),
         )
+
+    def _verified_after(self, before: int | None) -> None:
+        """After our transaction: if the kernel was seen holding all of it before, and
+        ours is the only one committed since, it still does (the next check reads only
+        the generation); otherwise the next check reads the tables."""
+        try:
+            after = self.reader.generation()
+        except KernelReadError:
+            after = None
+        clean = before is not None and after is not None and after - before <= 1
+        self._verified = after if clean and self._verified == before else None
 
     def applied_text(self) -> str:
         """The text that writes what the last successful sync left, whole (benchmarks)."""

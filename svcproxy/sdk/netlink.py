@@ -215,3 +215,78 @@ class NftablesReader:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+# ---- nftables' change events (multicast group NFNLGRP_NFTABLES) --------------------------
+NFNLGRP_NFTABLES = 7
+NFT_MSG_NEWTABLE, NFT_MSG_DELTABLE = 0, 2
+NFT_MSG_NEWCHAIN, NFT_MSG_DELCHAIN = 3, 5
+NFT_MSG_NEWRULE, NFT_MSG_DELRULE = 6, 8
+NFT_MSG_NEWGEN = 15
+_TABLE_NAME, _CHAIN_TABLE, _CHAIN_NAME, _RULE_TABLE, _RULE_CHAIN = 1, 1, 3, 1, 2
+# Per event: where its table and chain names are (attribute numbers); "" for a table's.
+_NAMES = {NFT_MSG_NEWTABLE: (_TABLE_NAME, -1), NFT_MSG_DELTABLE: (_TABLE_NAME, -1),
+          NFT_MSG_NEWCHAIN: (_CHAIN_TABLE, _CHAIN_NAME),
+          NFT_MSG_DELCHAIN: (_CHAIN_TABLE, _CHAIN_NAME),
+          NFT_MSG_NEWRULE: (_RULE_TABLE, _RULE_CHAIN), NFT_MSG_DELRULE: (_RULE_TABLE, _RULE_CHAIN)}
+# (family, table, chain): a chain whose rules (or itself) a transaction changed; chain ""
+# for the table itself (created or deleted).
+Touched = tuple[int, str, str]
+
+
+class NftablesEvents:
+    """What committed nftables transactions changed in one namespace (``netns``: its
+    path, None: ours), from the kernel's change events: subscribed at construction, so
+    every transaction committed after it is seen. ``drain`` returns, per transaction
+    since the last drain, its generation and the tables and chains whose rules it
+    changed (sets and elements are left out). Events are lost when the socket's buffer
+    overflows (a large transaction, or no drain for long): then ``drain`` says so."""
+
+    def __init__(self, netns: str | None = None, rcvbuf: int = 1 << 24) -> None:
+        self._sock = open_socket(NETLINK_NETFILTER, netns, rcvbuf=rcvbuf)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)  # SO_RCVBUFFORCE (root)
+        except OSError:
+            pass  # SO_RCVBUF's, capped by net.core.rmem_max
+        self._sock.bind((0, 1 << (NFNLGRP_NFTABLES - 1)))
+        self._sock.setblocking(False)
+        self._group: set[Touched] = set()
+
+    def drain(self) -> tuple[list[tuple[int, set[Touched]]], bool]:
+        """(the transactions received since the last drain: (generation, what it
+        touched), whether events were lost meanwhile)."""
+        done: list[tuple[int, set[Touched]]] = []
+        lost = False
+        while True:
+            try:
+                data = self._sock.recv(1 << 20)
+            except BlockingIOError:
+                return done, lost
+            except OSError as err:
+                if err.errno != 105:  # ENOBUFS: events dropped; the queue goes on
+                    raise
+                lost = True
+                continue
+            for kind, _flags, _seq, start, end in message_spans(data):
+                if kind >> 8 != NFNL_SUBSYS_NFTABLES or end - start < NFGENMSG.size:
+                    continue
+                msg = kind & 0xFF
+                if msg == NFT_MSG_NEWGEN:
+                    found = attrs(data[start:end], NFGENMSG.size).get(NFTA_GEN_ID)
+                    if found is not None:
+                        done.append((struct.unpack(">I", found)[0], self._group))
+                    self._group = set()
+                    continue
+                names = _NAMES.get(msg)
+                if names is None:
+                    continue
+                found = attrs(data[start:end], NFGENMSG.size)
+                table, chain = found.get(names[0], b""), found.get(names[1], b"")
+                self._group.add((data[start], _name(table), _name(chain)))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _name(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")

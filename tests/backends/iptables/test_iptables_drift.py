@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import pytest
 
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
-from svcproxy.sdk import Changes, NodeState
+from svcproxy.backends.iptables.nftrules import TableRules
+from svcproxy.sdk import Changes, Drift, NodeState, ServicePortKey
 from svcproxy.sdk.health import ProxyHealth
 from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
@@ -214,3 +215,49 @@ def test_a_flushed_top_level_chain_and_a_deleted_jump_are_back_within_one_period
         assert answers(lab) != ["pod-a 10.244.1.1"]
     backend.wait("periodic", 1)  # the first resync that began after the change
     assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
+
+
+def test_a_check_reads_only_the_chains_someone_else_changed(
+        lab: ModeLab, agent: Callable[[NodeState], Watched]) -> None:
+    """iptables-nft: after someone else commits, the check reads only the chains the
+    kernel's change events name (none for a table not ours), and still repairs them."""
+    if lab.mode != "nft":
+        pytest.skip("the change events are nftables' (iptables-nft)")
+    backend = agent(node_state(service("web", VIP, ("pod-a",), node_port=30080)))
+    kernel = backend._kernel
+    assert kernel is not None
+    reads: list[str] = []  # the chains the checks read (not the repairs' read-backs)
+    checking = threading.local()
+    chains, find_drift = kernel.chains, backend.find_drift
+
+    def counted(family: int, table: str, wanted: Collection[str],
+                builtin: Collection[str] = ()) -> TableRules:
+        if getattr(checking, "on", False):
+            reads.extend(f"{table} {c}" for c in (*wanted, *builtin))
+        return chains(family, table, wanted, builtin)
+
+    def check(state: NodeState) -> Drift[ServicePortKey]:
+        checking.on = True
+        try:
+            return find_drift(state)
+        finally:
+            checking.on = False
+
+    kernel.chains = counted  # type: ignore[method-assign]
+    backend.find_drift = check  # type: ignore[method-assign]
+    backend.wait("periodic", 1)  # a first check (it may read every chain)
+    sep = nat_chain(lab, "KUBE-SEP")
+    with backend.paused:
+        ns_exec(lab.node, "nft", "add", "table", "ip", "someone-else")
+        reads.clear()
+    backend.wait("periodic", 1)
+    assert reads == []
+    rules = [line for line in saved(lab).splitlines() if line.startswith(f"-A {sep} ")]
+    dnat = next(i for i, line in enumerate(rules, 1) if "DNAT" in line)
+    with backend.paused:
+        iptables(lab, "-t", "nat", "-D", sep, str(dnat))
+        assert answers(lab) == ["timeout"]
+        reads.clear()
+    backend.wait("periodic", 1, lambda: f"nat {sep}" in reads)
+    assert set(reads) == {f"nat {sep}"}
+    assert answers(lab) == ["pod-a 10.244.1.1"]

@@ -278,3 +278,27 @@ def test_an_endpoint_removal_lands_although_a_foreign_rule_jumps_to_its_chain(
         fresh = NftBackend(CONFIG, NftRunner(("ip", "netns", "exec", other)), families=(4,))
         fresh.sync(fewer, Changes(frozenset(fewer.services), full=True, reason="initial"))
         assert kernel_content(netns) == kernel_content(other)
+
+
+def test_a_check_with_nothing_committed_reads_only_the_generation(
+        netns: str, agent: Callable[[NodeState], Agent]) -> None:
+    """Nothing committed to nftables since the kernel was last seen holding what was
+    applied: the check reads the ruleset's generation, not the table; anyone's commit
+    (here another table) makes the next check read it again."""
+    a = agent(services())
+    reads: list[str] = []
+    read = a.backend.reader.read
+
+    def counted(family: str, table: str, *args: object, **kwargs: object) -> object:
+        reads.append(f"{family} {table}")
+        return read(family, table, *args, **kwargs)  # type: ignore[arg-type]
+
+    a.backend.reader.read = counted  # type: ignore[method-assign]
+    a.backend.wait("periodic", 1)  # seen holding all of it
+    with a.backend.paused:
+        reads.clear()
+    a.backend.wait("periodic", 2)
+    assert reads == []
+    with a.backend.paused:
+        nft(netns, "add", "table", "ip", "someone-else")
+    a.backend.wait("periodic", 1, lambda: reads == [f"ip {names.TABLE}"])
