@@ -10,9 +10,12 @@
  * - a packet of a tracked SNATed flow: DNAT + SNAT, out to the endpoint;
  * - a new flow to a service address: the endpoint picked (random or Maglev) and the
  *   flow written in spp_ct as new_flow() in tc writes it; a SNATed one is sent on here,
- *   the rest (a local endpoint's DNAT: delivery needs the stack; DSR; a neighbour to
+ *   the rest (a local endpoint's DNAT: delivery needs the stack; a neighbour to
  *   resolve) passes to tc, which finds the flow tracked and carries on, so each flow is
- *   picked once (a second pick in tc would skew the endpoints' shares).
+ *   picked once (a second pick in tc would skew the endpoints' shares);
+ * - a packet of a DSR flow (--ebpf-dsr), new or tracked: DNATed and wrapped in Geneve
+ *   here (dsr.h's headers), out to the endpoint's node; one too big for the route's
+ *   MTU once wrapped passes to tc, which answers the client (dsr_too_big).
  *
  * Everything else passes to the stack unchanged and is served by the tc programs:
  * REJECT answers, drops, source ranges, affinity, IP options and extension headers.
@@ -176,13 +179,14 @@ static __always_inline void xdp_rewrite(struct xdp_pkt *x, struct xdp_scratch *s
 
 /* The route to ``daddr`` from ``saddr`` in ``s->fib``: bpf_fib_lookup's result (only
  * BPF_FIB_LKUP_RET_SUCCESS gives the MACs; without a known neighbour tc resolves it). */
-static __always_inline long xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
-				      const __u32 *saddr, const __u32 *daddr)
+static __always_inline long xdp_route_len(struct xdp_md *ctx, struct xdp_scratch *s,
+					  const __u32 *saddr, const __u32 *daddr, __u16 tot_len)
 {
 	struct bpf_fib_lookup *fib = &s->fib;
 
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->l4_protocol = s->p.proto;
+	fib->tot_len = tot_len; /* 0: no MTU check */
 	fib->ifindex = ctx->ingress_ifindex;
 	if (s->p.family == 4) {
 		fib->family = AF_INET;
@@ -194,6 +198,12 @@ static __always_inline long xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
 		copy_addr(fib->ipv6_dst, daddr);
 	}
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+static __always_inline long xdp_route(struct xdp_md *ctx, struct xdp_scratch *s,
+				      const __u32 *saddr, const __u32 *daddr)
+{
+	return xdp_route_len(ctx, s, saddr, daddr, 0);
 }
 
 /* The device the route to ``daddr`` leaves by (0: no route), as route_oif() in tc. */
@@ -220,6 +230,62 @@ static __always_inline int xdp_send(struct xdp_md *ctx, struct xdp_pkt *x,
 	if (s->fib.ifindex == ctx->ingress_ifindex)
 		return xdp_count(what, XDP_TX);
 	return xdp_count(what, bpf_redirect(s->fib.ifindex, 0));
+}
+
+/* A DSR flow's packet (``s->fv``: its forward entry) wrapped in Geneve here, as
+ * dsr_forward() in tc does: DNATed, the outer headers from this node's address on the
+ * route's device to the route's next hop toward the endpoint, sent on (counted as
+ * ``what``). XDP_PASS, the packet untouched, when tc must do it: the route's
+ * neighbour is unknown, its device has no address of ours, or the packet would not fit
+ * the route's MTU in Geneve (tc answers the client, dsr_too_big). */
+static __always_inline int xdp_dsr(struct xdp_md *ctx, struct xdp_pkt *x, struct xdp_scratch *s,
+				   __u32 what)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct pkt *p = &s->p;
+	__u32 zero = 0, overhead = dsr_overhead(p->family), inner, oif;
+	struct dsr_scratch *d = bpf_map_lookup_elem(&spp_dsr_scratch, &zero);
+	struct dev_val *dev;
+	struct ethhdr *eth;
+
+	if (!d || data + ETH_HLEN > end)
+		return XDP_PASS;
+	inner = end - data - ETH_HLEN;
+	/* With the length in Geneve: bpf_fib_lookup checks it against the route's MTU. */
+	if (xdp_route_len(ctx, s, p->saddr, s->fv.daddr, inner + overhead) !=
+	    BPF_FIB_LKUP_RET_SUCCESS)
+		return XDP_PASS;
+	oif = s->fib.ifindex;
+	dev = bpf_map_lookup_elem(&spp_devices, &oif);
+	if (!dev)
+		return XDP_PASS;
+	copy_addr(d->svc, p->daddr);
+	d->svc_port = p->dport;
+	if (dsr_outer(d, p->family, dev, p->family == 4 ? &s->fib.ipv4_dst : s->fib.ipv6_dst,
+		      bpf_htons(49152 | (flow_hash(p) & 0x3fff)), inner))
+		return XDP_PASS;
+	xdp_rewrite(x, s, &s->fv);
+	if (bpf_xdp_adjust_head(ctx, -(int)overhead))
+		return XDP_DROP;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	if (p->family == 4) {
+		if (data + ETH_HLEN + sizeof(d->o4) > end)
+			return XDP_DROP;
+		__builtin_memcpy(data + ETH_HLEN, &d->o4, sizeof(d->o4));
+		eth->h_proto = bpf_htons(ETH_P_IP);
+	} else {
+		if (data + ETH_HLEN + sizeof(d->o6) > end)
+			return XDP_DROP;
+		__builtin_memcpy(data + ETH_HLEN, &d->o6, sizeof(d->o6));
+		eth->h_proto = bpf_htons(ETH_P_IPV6);
+	}
+	__builtin_memcpy(eth->h_dest, s->fib.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, s->fib.smac, ETH_ALEN);
+	if (oif == ctx->ingress_ifindex)
+		return xdp_count(what, XDP_TX);
+	return xdp_count(what, bpf_redirect(oif, 0));
 }
 
 /* A new flow, picked and written in spp_ct as new_flow() in tc writes it (``s->fv``, the
@@ -270,8 +336,9 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_pkt *x,
 		rc = -1; /* the stack delivers it: tc DNATs it from the entry */
 	} else if (dsr_enabled && (sv->flags & F_MASQ) && !(ep.flags & EP_LOCAL) && dev &&
 		   xdp_oif(ctx, s, p->saddr) == oif) {
-		fv->flags = CT_DSR; /* tc wraps it in Geneve (dsr.h) */
-		rc = -1;
+		fv->flags = CT_DSR; /* in Geneve to the endpoint's node (xdp_dsr, or tc's) */
+		bpf_map_update_elem(&spp_ct, &s->k, fv, BPF_ANY);
+		return xdp_dsr(ctx, x, s, XDP_STAT_NEW);
 	} else {
 		copy_addr(s->snat, p->daddr);
 		if (dev && p->family == 4 && dev->addr4)
@@ -344,9 +411,16 @@ int spp_xdp(struct xdp_md *ctx)
 		else if (p->proto == IPPROTO_UDP || (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
 			found = 0;
 	}
+	if (found && (found->flags & CT_DSR)) {
+		ct_seen(found, p, 0, now);
+		dsr_answered(p, found);
+		s->fv = *found;
+		verdict = xdp_dsr(ctx, &x, s, XDP_STAT_FORWARD);
+		return verdict == XDP_PASS ? xdp_count(XDP_STAT_PASS, XDP_PASS) : verdict;
+	}
 	if (found) {
 		if (!(found->flags & CT_SNAT))
-			return xdp_count(XDP_STAT_PASS, XDP_PASS); /* local or DSR: tc */
+			return xdp_count(XDP_STAT_PASS, XDP_PASS); /* local: tc */
 		s->fv = *found;
 		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS)
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);

@@ -36,12 +36,14 @@ from svcproxy.model import (
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
 from tests.support import packet_path
+from tests.support.lab.checksums import tx_checksums_off
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
 from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab
 from tests.support.packet_path_sctp import exchange
+from tests.support.waiting import wait_for
 
 pytestmark = packet_path.marks("ip")
 
@@ -232,22 +234,47 @@ def test_a_client_behind_the_node_is_snated_as_without_dsr(world: World) -> None
     assert got.names == Counter({"pod-c": 5}) and got.sources == {NODE1.ipv4}, got
 
 
-def test_with_xdp_the_flow_is_picked_in_xdp_and_sent_in_geneve_by_tc() -> None:
-    """--ebpf-xdp generic next to --ebpf-dsr: XDP picks the endpoint and tracks the flow
-    as DSR, tc wraps it in Geneve; the pod still sees the client."""
+def _know_neighbour(ns: str, address: str) -> None:
+    """Make ``ns`` resolve ``address``'s MAC (a datagram to it), and wait until it has:
+    XDP sends only where the neighbour is known (else tc resolves it)."""
+    def send() -> None:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
+                           socket.SOCK_DGRAM) as s:
+            s.sendto(b"", (address, 9))
+
+    call_in(ns, send)
+    wait_for(lambda: "lladdr" in ns_exec(ns, "ip", "neigh", "show", address), timeout=30)
+
+
+def test_with_xdp_dsr_flows_are_sent_in_geneve_by_xdp() -> None:
+    """--ebpf-xdp generic next to --ebpf-dsr: XDP picks the endpoint, wraps the packet in
+    Geneve and sends it on, for new flows and tracked ones alike (counted by the
+    program; none left to tc), TCP over IPv4 and UDP over IPv6; the pod still sees the
+    client. A datagram too big for Geneve is left to tc, which answers with the MTU."""
     from svcproxy.backends.ebpf import xdp
     from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
 
     w = World()
     try:
         w.start(xdp="generic")
+        for name in (CLIENT.name, "pod-c", "pod-d"):
+            tx_checksums_off(w.lab.ns(name))  # XDP updates checksums: they must be whole
         w.add("dsr-xdp", 30280, ["pod-c", "pod-d"])
-        got = summarize(probe(w.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30280, 10))
+        w.add("dsr-xdp6", 30281, ["pod-c"], "UDP", 6)
+        _know_neighbour(w.lab.ns("node1"), SPEC.node("node2").ipv4)
+        _know_neighbour(w.lab.ns("node1"), SPEC.node("node2").ipv6)
+        client = w.lab.ns(CLIENT.name)
+        got = summarize(probe(client, "tcp", NODE1.ipv4, 30280, 10))
         assert sum(got.names.values()) == 10 and got.sources == {CLIENT.ipv4}, got
+        got6 = summarize(probe(client, "udp", NODE1.ipv6, 30281, 5))
+        assert got6.names == Counter({"pod-c": 5}) and got6.sources == {CLIENT.ipv6}, got6
         programs = w.backends["node1"].programs
         assert programs is not None
         stats = xdp.read_stats(programs.maps[MAP_XDP_STATS].fd)
-        assert stats["picked"] >= 10 and stats["new"] == 0, stats
+        assert stats["new"] >= 15 and stats["forward"] >= 10 and stats["picked"] == 0, str(stats)
+        w.add("dsr-xdp-mtu", 30282, ["pod-c"], "UDP")
+        first, error, mtu, fits = call_in(client, _path_mtu_learned, NODE1.ipv4, 30282)
+        assert (first, error, mtu, fits) == ("pod-c", errno.EMSGSIZE, 1440, "pod-c")
     finally:
         w.stop()
 
