@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_ebpf import CGROUP2, CONFIG, load_state  # noqa: E402
 from svcproxy.backends.ebpf.backend import EbpfBackend  # noqa: E402
-from svcproxy.backends.ebpf.layout import MAP_SERVICES  # noqa: E402
 from svcproxy.backends.ebpf.loader import Layout  # noqa: E402
+from svcproxy.backends.ebpf.names import MAP_SERVICES  # noqa: E402
 from svcproxy.sdk import Changes  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def main() -> None:
         verify, clean, repair = [], [], []
         for _ in range(args.rounds):
             t0 = time.process_time()
-            assert not tables.verify()
+            assert not tables.compare()
             verify.append(time.process_time() - t0)
             t0 = time.process_time()
             backend.sync(state, periodic)

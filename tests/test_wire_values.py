@@ -226,10 +226,16 @@ WIRE_TEXT = st.text(st.characters(), max_size=20)  # what a protobuf string hold
 def test_the_sdk_and_the_ebpf_plan_take_any_value_the_wire_carries(
         port: int, node_port: int, timeout: int, health: int, target: int, ip: str,
         cluster_ip: str) -> None:
-    """The SDK's screen (what nft, iptables and ipvs refuse before rendering) and the eBPF
-    plan never raise for a decoded record; a bad one is refused alone, the rest planned."""
-    from svcproxy.backends.ebpf.plan import Frontend, Plan
+    """The SDK's screen (what every StagedBackend refuses before rendering) and the eBPF
+    render never raise for a decoded record; a bad one is refused alone, the rest rendered."""
+    from pathlib import Path
+
+    from svcproxy.backends.ebpf.backend import EbpfBackend
+    from svcproxy.backends.ebpf.claims import AddressClaims
+    from svcproxy.backends.ebpf.layout import ServiceAddress
+    from svcproxy.backends.ebpf.loader import Layout
     from svcproxy.model import ServiceType, SessionAffinity
+    from svcproxy.sdk import Changes, NodeConfig, NodeState, resolve_context
     from svcproxy.sdk.refusals import invalid_values
 
     key = ServicePortKey("ns", "odd", "p", Protocol.TCP)
@@ -245,9 +251,10 @@ def test_the_sdk_and_the_ebpf_plan_take_any_value_the_wire_carries(
     why = invalid_values(odd)
     assert why is None or isinstance(why, str)
     assert invalid_values(good) is None
-    rejected: list[ServicePortKey] = []
-    plan = Plan(rejected.append)
+    config = NodeConfig("n1", node_ips=("192.168.50.2",))
+    backend = EbpfBackend(config, Layout(pin_dir=Path("/nonexistent"), cgroup=Path("/nonexistent")))
     services = {odd.service.key: odd, good.service.key: good}
-    plan.update(services, services, ("192.168.50.2",))
-    assert Frontend("10.96.0.1", 80, "TCP") in plan.entries
-    assert good.service.key not in rejected
+    state = NodeState("n1", 1, None, services, resolve_context(config, None, ("192.168.50.2",)))
+    delta = backend.diff(state, Changes(frozenset(services), full=True, reason="initial"))
+    assert ServiceAddress("10.96.0.1", 80, "TCP") in AddressClaims.of(delta.set).entries
+    assert good.service.key not in backend.refusals

@@ -1,8 +1,11 @@
 """The ebpf backend: the node's services as BPF map entries read by cgroup socket programs.
 
-Every periodic resync (--sync-period) reads both maps back and compares them with what
-this process wrote (``Tables.verify``): what someone else deleted or altered is written
-again, entries nobody wrote are deleted, nothing else is touched."""
+The SDK's render -> diff -> apply (``maps_backend.MapsBackend``): ``render`` is one
+service port's entries (``render.py``, pure), the diff the SDK's, ``apply`` the claims
+and the map writes (``apply.py``, ``tables.py``). Every periodic resync (--sync-period)
+reads both maps back and compares them with what this process wrote (``find_drift``):
+what someone else deleted or altered is written again, entries nobody wrote are
+deleted, nothing else is touched."""
 
 from __future__ import annotations
 
@@ -12,13 +15,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from svcproxy.sdk import Backend, Changes, NodeConfig, NodeState, resolve_context
+from svcproxy.sdk import Changes, Delta, NodeConfig, NodeState, ServicePortKey, ServicePortState
 
-from .layout import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
+from .apply import MapApply
+from .layout import KernelEntry, ServiceAddress
 from .loader import Layout, Programs, remove_pins
-from .plan import Plan
+from .maps_backend import MapsBackend, node_port_ips
+from .names import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
+from .render import Entry, ServicePortEntries, service_entries
 from .sock_destroy import UDP, removed_endpoints, terminate_removed
-from .tables import Applied, MapDrift, Tables, WriteReport
+from .tables import Tables, WriteReport
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -37,28 +43,28 @@ class SyncReport:
     apply_seconds: float
 
 
-class EbpfBackend(Backend):
+class EbpfBackend(MapsBackend):
     """Loads and attaches the programs (``start``, else the first sync), then keeps the maps
     in step with the node's state."""
 
     name = "ebpf"
 
     def __init__(self, config: NodeConfig, layout: Layout) -> None:
-        self.config = config
+        super().__init__(config)
         self.layout = layout
         self.programs: Programs | None = None
         self.tables: Tables | None = None
         self.rejected = 0
+        self._rejected_seen = 0
         self._rejected_counter: object = None
-        self.plan = Plan(self._reject)
-        self.node_ips: tuple[str, ...] | None = None
         self.last: SyncReport | None = None
         self.last_sync_full: bool | None = None
         self.failures: dict[str, int] = dict.fromkeys(MAPS, 0)
-        self.last_drift: MapDrift | None = None  # what the last periodic resync found
-        self.drift_repairs = 0
         self._failure_counter: object = None
         self.sockets_destroyed = 0  # connected UDP sockets of removed endpoints
+        self._writes = WriteReport()
+        self._rebuilt = False
+        self._seconds = (0.0, 0.0)  # (render and diff, apply) of the current sync
 
     def start(self) -> EbpfBackend:
         """Load the programs (adopting pinned maps and links) and attach them."""
@@ -67,6 +73,8 @@ class EbpfBackend(Backend):
             self.programs = programs
             self.tables = Tables(programs.maps[MAP_SERVICES], programs.maps[MAP_ENDPOINTS],
                                  on_failure=self._count_failure)
+            self.maps = MapApply(self.tables)
+            self.forget()
             log.info("ebpf programs attached to %s, maps pinned in %s", self.layout.cgroup,
                      self.layout.pin_dir)
         return self
@@ -77,50 +85,53 @@ class EbpfBackend(Backend):
         if counter is not None:
             counter.labels(map=map_name).inc()  # type: ignore[attr-defined]
 
-    def _reject(self, _key: object) -> None:
-        self.rejected += 1
+    def _count_rejected(self) -> None:
+        """Count the service ports refused since the last sync (the SDK's refusals)."""
+        new = self.refusals.total - self._rejected_seen
+        self._rejected_seen = self.refusals.total
+        self.rejected += new
         counter = self._rejected_counter
-        if counter is not None:
-            counter.inc()  # type: ignore[attr-defined]
+        if new and counter is not None:
+            counter.inc(new)  # type: ignore[attr-defined]
 
     def _node_ips(self, state: NodeState) -> tuple[str, ...]:
-        """Where NodePorts answer, named: the node context's ``node_port_ips_listed``
-        (never loopback; for a family the CIDRs leave open, the node IPs and every other
-        address on the node's interfaces, as IPVS names them)."""
-        node = state.context or resolve_context(self.config, state.node)
-        return tuple(ip for fam in node.families for ip in fam.node_port_ips_listed)
+        return node_port_ips(self.config, state)
+
+    def entries(self, record: ServicePortState) -> dict[ServiceAddress, Entry]:
+        return service_entries(record, self.node_ips or ())
 
     def sync(self, state: NodeState, changes: Changes) -> None:
-        tables = self.start().tables
-        assert tables is not None
+        self.start()
+        self.refusals.prune(state.services)
+        self._writes, self._seconds, self._rebuilt = WriteReport(), (0.0, 0.0), False
+        try:
+            super().sync(state, changes)
+        finally:
+            self._count_rejected()
+        self.last_sync_full = changes.full or self._rebuilt
+        self.last = SyncReport(self.last_sync_full, len(state.services), self._writes,
+                               *self._seconds)
+
+    def diff(self, state: NodeState, changes: Changes
+             ) -> Delta[ServicePortKey, ServicePortEntries]:
         start = time.perf_counter()
-        node_ips = self._node_ips(state)
-        full = changes.full or tables.applied is None or node_ips != self.node_ips
-        if full:
-            if node_ips != self.node_ips:
-                self.plan = Plan(self._reject)
-            self.plan.update(state.services, set(state.services) | set(self.plan.records),
-                             node_ips)
-            desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}
-            planned = time.perf_counter()
-            # A start, a retry or a reset reads the kernel back; a periodic resync compares
-            # it with what this process wrote and writes again only what differs.
-            periodic = changes.reason == "periodic" and tables.applied is not None
-            if periodic:
-                self._repair_drift(tables)
-            before = _udp_slots(tables.applied or {}, tables.applied or {})
-            writes = tables.full(desired, reread=not periodic)
-        else:
-            touched = self.plan.update(state.services, changes.services, node_ips)
-            diff = {fe.pack(): self.plan.entries.get(fe) for fe in touched}
-            planned = time.perf_counter()
-            before = _udp_slots(tables.applied or {}, diff)
-            writes = tables.apply(diff)
+        delta = super().diff(state, changes)
+        self._seconds = (time.perf_counter() - start, 0.0)
+        return delta
+
+    def apply(self, delta: Delta[ServicePortKey, ServicePortEntries]) -> None:
+        """Write ``delta`` to the maps (``MapApply``), then destroy the connected UDP
+        sockets whose endpoint it removed."""
+        start = time.perf_counter()
+        maps, tables = self.maps, self.tables
+        assert maps is not None and tables is not None
+        staged = maps.stage(delta)
+        known = tables.applied or {}
+        before = _udp_slots(known, known if staged.full else staged.changes)
+        self._writes = maps.write(staged)
         self._terminate_removed(tables, before)
-        self.node_ips = node_ips
-        self.last_sync_full = full
-        self.last = SyncReport(full, len(state.services), writes, planned - start,
-                               time.perf_counter() - planned)
+        self._rebuilt = delta.rebuild
+        self._seconds = (self._seconds[0], time.perf_counter() - start)
 
     def _terminate_removed(self, tables: Tables,
                            before: dict[bytes, tuple[bytes, ...] | None]) -> None:
@@ -130,16 +141,6 @@ class EbpfBackend(Backend):
         if removed:
             self.sockets_destroyed += terminate_removed(self.programs.maps[MAP_REVNAT],
                                                         self.layout.cgroup, removed)
-
-    def _repair_drift(self, tables: Tables) -> None:
-        """Find what someone else changed in the maps (``Tables.verify``) and count it;
-        the sync's write puts it back."""
-        drift = tables.verify()
-        self.last_drift = drift
-        if drift:
-            self.drift_repairs += 1
-            log.warning("ebpf maps changed behind the backend's back (%s): writing them "
-                        "again", drift)
 
     def cleanup(self) -> None:
         """Detach every program and remove every pin under the pin directory."""
@@ -153,6 +154,7 @@ class EbpfBackend(Backend):
             self.programs.close()
         self.programs = None
         self.tables = None
+        self.maps = None
 
     def register_metrics(self, registry: object) -> None:
         from prometheus_client import Counter
@@ -212,7 +214,7 @@ class EbpfBackend(Backend):
         yield capacity
 
 
-def _udp_slots(applied: Mapping[bytes, Applied], keys: Iterable[bytes]) -> dict[
+def _udp_slots(applied: Mapping[bytes, KernelEntry], keys: Iterable[bytes]) -> dict[
         bytes, tuple[bytes, ...] | None]:
     """The endpoint slots of the UDP service keys among ``keys`` (None: no entry)."""
     found: dict[bytes, tuple[bytes, ...] | None] = {}

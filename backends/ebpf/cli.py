@@ -11,11 +11,10 @@ from svcproxy.sdk import Backend, BackendPlugin, NodeConfig, installed_backends
 from .backend import EbpfBackend
 from .compose import Composed
 from .loader import OBJECT, Layout, LoadError
+from .names import PIN_DIR
 from .packet_cli import add_packet_arguments, packet_backend
 
 HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
-
-PIN_DIR = Path("/sys/fs/bpf/svcproxy")
 
 
 def unified_cgroup(mounts: str | None = None) -> Path:

@@ -6,17 +6,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from .layout import (
-    F_AFFINITY,
-    F_REFUSE,
-    MAP_AFFINITY,
-    MAP_ENDPOINTS,
-    MAP_REVNAT,
-    MAP_SERVICES,
-    Frontend,
-    Target,
-)
+from .layout import F_AFFINITY, F_REFUSE, ServiceAddress, Target
 from .loader import open_pinned_maps
+from .names import MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES
 from .tables import read_kernel
 
 
@@ -25,7 +17,7 @@ def dump_lines(pin_dir: Path) -> Iterator[str]:
     maps = open_pinned_maps(pin_dir)
     try:
         applied, orphans = read_kernel(maps[MAP_SERVICES], maps[MAP_ENDPOINTS])
-        rows = sorted((Frontend.unpack(k), a) for k, a in applied.items())
+        rows = sorted((ServiceAddress.unpack(k), a) for k, a in applied.items())
         for fe, entry in rows:
             value = entry.value
             if value.flags & F_REFUSE:

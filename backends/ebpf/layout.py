@@ -1,4 +1,5 @@
-"""The maps' key and value layouts, mirrored from bpf/svcproxy_sock.bpf.c (pure)."""
+"""The maps' key and value layouts, mirrored from bpf/svcproxy_sock.bpf.c (pure); their
+names are in ``names.py``."""
 
 from __future__ import annotations
 
@@ -24,13 +25,6 @@ PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP}
 # The packet path (tc) serves SCTP too; the socket programs see no SCTP socket.
 PACKET_PROTOCOLS = {**PROTOCOLS, "SCTP": 132}
 PROTOCOL_NAMES = {v: k.lower() for k, v in PACKET_PROTOCOLS.items()}
-
-MAP_SERVICES = "sp_services"
-MAP_ENDPOINTS = "sp_endpoints"
-MAP_AFFINITY = "sp_affinity"
-MAP_REVNAT = "sp_revnat"
-MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_AFFINITY, MAP_REVNAT)
-
 
 def _addr(ip: str) -> tuple[bytes, int]:
     """The address as the maps hold it, and its family; ValueError when it is not one."""
@@ -60,8 +54,9 @@ def _ip(raw: bytes, family: int) -> str:
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class Frontend:
-    """An address, port and protocol a socket may connect or send to."""
+class ServiceAddress:
+    """A service's address, port and protocol (a services-map key): what a socket may
+    connect or send to, or a packet be addressed to."""
 
     ip: str
     port: int
@@ -71,7 +66,7 @@ class Frontend:
         return pack_frontend(self.ip, self.port, self.proto)
 
     @classmethod
-    def unpack(cls, data: bytes) -> Frontend:
+    def unpack(cls, data: bytes) -> ServiceAddress:
         raw, port, proto, family = SVC_KEY.unpack(data)
         return cls(_ip(raw, family), int.from_bytes(port, "big"),
                    PROTOCOL_NAMES.get(proto, str(proto)).upper())
@@ -118,6 +113,14 @@ class ServiceValue:
     @classmethod
     def unpack(cls, data: bytes) -> ServiceValue:
         return cls(*SVC_VAL.unpack(data))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEntry:
+    """A service entry as the kernel holds it; ``slots`` None when its set is incomplete."""
+
+    value: ServiceValue
+    slots: tuple[bytes, ...] | None
 
 
 def service_id(namespace: str, name: str, port_name: str, protocol: str) -> int:

@@ -15,18 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import libbpf
-from .layout import (
-    EP_KEY,
-    EP_VAL,
-    MAP_AFFINITY,
-    MAP_ENDPOINTS,
-    MAP_REVNAT,
-    MAP_SERVICES,
-    MAPS,
-    SVC_KEY,
-    SVC_VAL,
-)
+from .layout import EP_KEY, EP_VAL, SVC_KEY, SVC_VAL
 from .libbpf import BpfError, Map
+from .names import LINK_PREFIX, MAP_AFFINITY, MAP_ENDPOINTS, MAP_REVNAT, MAP_SERVICES, MAPS
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +49,6 @@ SIZES = {
     MAP_AFFINITY: (32, 32),
     MAP_REVNAT: (32, EP_VAL.size),
 }
-LINK_PREFIX = "link_"
 ENOTSUPP = 524  # the kernel's internal "not supported", seen by BPF syscalls
 
 

@@ -2,9 +2,12 @@
 serve what arrives from outside, with connection tracking and NAT in BPF maps and no
 nftables or iptables rule.
 
-The services and endpoint sets are written with the socket path's ``Tables`` (new set
-first, then the switch, then the old set deleted); a set of a Maglev service gets its
-lookup table written with its slots, before the switch, and deleted with them.
+The same stages as the socket path (``maps_backend.MapsBackend``: render a service port's
+entries, the SDK's diff, apply through the claims and ``Tables``: new set first, then the
+switch, then the old set deleted); a set of a Maglev service gets its lookup table
+written with its slots, before the switch, and deleted with them. The source ranges
+and ClusterIPs the programs look up beside the services are written around that
+(``sync``): what an entry needs before it, what none needs after.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import ctypes
 import dataclasses
 import logging
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from svcproxy.sdk import (
-    Backend,
     Changes,
+    Delta,
     NodeConfig,
     NodeState,
     ServicePortKey,
@@ -28,8 +31,11 @@ from svcproxy.sdk import (
 )
 
 from . import libbpf, maglev, packet_stats, xdp
+from .apply import MapApply
 from .ct_gc import CtGc
+from .layout import ServiceAddress
 from .libbpf import Map
+from .maps_backend import MapsBackend, node_port_ips
 from .packet_layout import (
     F_MAGLEV,
     MAP_AFFINITY,
@@ -47,8 +53,8 @@ from .packet_layout import (
     pack_device,
 )
 from .packet_loader import HOOKS, PacketLayout, PacketPrograms, remove_packet_pins
-from .packet_plan import PacketPlan, source_ranges
-from .plan import Entry
+from .packet_render import packet_entries, source_ranges
+from .render import Entry, ServicePortEntries
 from .tables import Tables
 
 if TYPE_CHECKING:
@@ -117,27 +123,25 @@ def devices_of(ips: Iterable[str]) -> tuple[str, ...]:
     return tuple(socket.if_indextoname(i) for i in indexes)
 
 
-class PacketBackend(Backend):
+class PacketBackend(MapsBackend):
     """Loads and attaches the tc programs at ``start`` (or the first sync), then keeps
     the packet path's maps in step with the node's state."""
 
     name = "ebpf-tc"
 
     def __init__(self, config: NodeConfig, layout: PacketLayout, algorithm: str = "random",
-                 on_reject: Callable[[object], None] = lambda _key: None,
                  gc_interval: float = 0.0) -> None:
-        self.config = config
+        super().__init__(config)
         self.gc_interval = gc_interval  # seconds between CT GC passes; 0: none in a thread
         self.ct_gc: CtGc | None = None
         self.layout = layout
         self.algorithm = algorithm
-        self.on_reject = on_reject
         self.programs: PacketPrograms | None = None
         self.tables: Tables | None = None
         self.sets: EndpointSets | None = None
-        self.plan = PacketPlan(algorithm, on_reject)
-        self.node_ips: tuple[str, ...] | None = None
+        self.masquerade_all = False  # the node context's, as the applied entries hold it
         self.last_sync_full: bool | None = None
+        self._rebuilt = False
         self.ranges: set[bytes] | None = None  # spp_ranges as written; None: read it
         self.cluster_ips: set[bytes] | None = None  # spp_cluster_ips as written
         self.cluster_ips_of: dict[ServicePortKey, tuple[bytes, ...]] = {}
@@ -160,6 +164,8 @@ class PacketBackend(Backend):
         self.sets = EndpointSets(programs.maps[MAP_ENDPOINTS], programs.maps[MAP_MAGLEV],
                                  layout.maglev_size)
         self.tables = Tables(programs.maps[MAP_SERVICES], self.sets)
+        self.maps = MapApply(self.tables)
+        self.forget()
         self._write_devices(programs.maps[MAP_DEVICES])
         self.ct_gc = CtGc(programs.maps[MAP_CT], layout.ct_timeouts, self.gc_interval).start()
         log.info("tc programs attached to %s, maps pinned in %s", ", ".join(layout.devices),
@@ -179,54 +185,44 @@ class PacketBackend(Backend):
             if v4 or v6:
                 devices.update(index.to_bytes(4, "little"), pack_device(v4, v6))
 
-    def _node_ips(self, state: NodeState) -> tuple[str, ...]:
-        node = state.context or resolve_context(self.config, state.node)
-        return tuple(ip for fam in node.families for ip in fam.node_port_ips_listed)
+    def context(self, state: NodeState) -> Hashable:
+        """The NodePort IPs and --masquerade-all as the node context (the frontend's)
+        holds them."""
+        node_ips = super().context(state)
+        self.masquerade_all = (state.context or resolve_context(self.config, state.node)
+                               ).masquerade_all
+        return node_ips, self.masquerade_all
+
+    def entries(self, record: ServicePortState) -> dict[ServiceAddress, Entry]:
+        return packet_entries(record, self.node_ips or (), self.algorithm, self.masquerade_all)
 
     def sync(self, state: NodeState, changes: Changes) -> None:
-        node_ips = self._node_ips(state)
-        # --masquerade-all as the node context (the frontend's) holds it.
-        masquerade_all = (state.context or resolve_context(self.config, state.node)
-                          ).masquerade_all
-        self.start(node_ips)
-        tables, sets, programs = self.tables, self.sets, self.programs
-        assert tables is not None and sets is not None and programs is not None
+        self.start(node_port_ips(self.config, state))
+        programs = self.programs
+        assert programs is not None
         if programs.refresh():
             log.info("tc programs attached to %s", ", ".join(programs.attached))
             self._write_devices(programs.maps[MAP_DEVICES])
         elif changes.full:  # addresses may have come since
             self._write_devices(programs.maps[MAP_DEVICES])
+        self.refusals.prune(state.services)
         gone = self._write_ranges(state, changes)
         self._write_cluster_ips(state, changes)
-        renew = node_ips != self.node_ips or masquerade_all != self.plan.masquerade_all
-        full = changes.full or tables.applied is None or renew
-        touched: Mapping[bytes, Entry | None]
-        if full:
-            if renew:
-                self.plan = PacketPlan(self.algorithm, self.on_reject, masquerade_all)
-            self.plan.update(state.services, set(state.services) | set(self.plan.records),
-                             node_ips)
-            desired = {fe.pack(): entry for fe, entry in self.plan.entries.items()}
-            sets.maglev_sets = _maglev_sets(desired.values())
-            # As the socket path: a periodic resync compares the maps with what this
-            # process wrote (and writes back what differs); anything else reads them.
-            periodic = changes.reason == "periodic" and tables.applied is not None
-            if periodic and (drift := tables.verify()):
-                log.warning("tc maps changed behind the backend's back (%s): writing them "
-                            "again", drift)
-            tables.full(desired, reread=not periodic)
-            touched = desired
-        else:
-            keys = self.plan.update(state.services, changes.services, node_ips)
-            diff = {fe.pack(): self.plan.entries.get(fe) for fe in keys}
-            sets.maglev_sets = _maglev_sets(diff.values())
-            tables.apply(diff)
-            touched = diff
-        self._complete_tables(touched)
+        self._rebuilt = False
+        super().sync(state, changes)
         for key in sorted(gone):  # an LPM trie has no batch operations
             self._ranges_map().delete(key)
-        self.node_ips = node_ips
-        self.last_sync_full = full
+        self.last_sync_full = changes.full or self._rebuilt
+
+    def apply(self, delta: Delta[ServicePortKey, ServicePortEntries]) -> None:
+        """Write ``delta`` (``MapApply``), each Maglev set's table with its slots."""
+        maps, sets = self.maps, self.sets
+        assert maps is not None and sets is not None
+        staged = maps.stage(delta)
+        sets.maglev_sets = _maglev_sets(staged.changes.values())
+        maps.write(staged)
+        self._complete_tables(staged.changes)
+        self._rebuilt = delta.rebuild
 
     def _write_cluster_ips(self, state: NodeState, changes: Changes) -> None:
         """Every ClusterIP in spp_cluster_ips (a port no service has there is refused);
@@ -344,6 +340,7 @@ class PacketBackend(Backend):
         self.programs = None
         self.tables = None
         self.sets = None
+        self.maps = None
 
 
 def _cluster_ip_keys(record: ServicePortState) -> tuple[bytes, ...]:

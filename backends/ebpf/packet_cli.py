@@ -13,7 +13,7 @@ from .ct_gc import CtTimeouts
 from .loader import LoadError
 from .packet_backend import PacketBackend
 from .packet_loader import OBJECT, PacketLayout
-from .packet_plan import LB_ALGORITHMS, LB_ANNOTATION
+from .packet_render import LB_ALGORITHMS, LB_ANNOTATION
 
 
 def _devices(text: str) -> tuple[str, ...]:

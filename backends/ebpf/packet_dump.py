@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import libbpf, packet_stats, xdp
-from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, Frontend, Target
+from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress, Target
 from .libbpf import Map
+from .names import TC_SUBDIR
 from .packet_layout import (
     CT_FORWARD,
     EP_LOCAL,
@@ -20,9 +21,8 @@ from .packet_layout import (
     MAP_SERVICES,
     MAP_STATS,
     SIZES,
-    Flow,
+    CtEntry,
 )
-from .packet_loader import SUBDIR
 from .tables import read_kernel
 
 
@@ -38,17 +38,17 @@ def _endpoint(slot: bytes) -> str:
 def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
     """One line per tc services-map entry, a sample of the flows, then the counts; nothing
     when the packet path has no pins here."""
-    tc_dir = pin_dir / SUBDIR
+    tc_dir = pin_dir / TC_SUBDIR
     if not (tc_dir / MAP_SERVICES).exists():
         return
     maps = {name: _open(tc_dir, name, *SIZES[name])
             for name in (MAP_SERVICES, MAP_ENDPOINTS, MAP_CT)}
     try:
         applied, _orphans = read_kernel(maps[MAP_SERVICES], maps[MAP_ENDPOINTS])
-        flows = [Flow.unpack(k, v) for k, v in maps[MAP_CT].items()]
+        flows = [CtEntry.unpack(k, v) for k, v in maps[MAP_CT].items()]
         per_service = packet_stats.ServiceFlows.of(flows)
         tables = _table_ids(tc_dir / MAP_MAGLEV)
-        for fe, entry in sorted((Frontend.unpack(k), a) for k, a in applied.items()):
+        for fe, entry in sorted((ServiceAddress.unpack(k), a) for k, a in applied.items()):
             value = entry.value
             if value.flags & F_REFUSE:
                 what = "refuse (no endpoints: RST / port unreachable)"

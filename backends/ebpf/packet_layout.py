@@ -92,8 +92,9 @@ def pack_device(addr4: str, addr6: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Flow:
-    """One connection-tracking entry: the tuple as seen, and what it is rewritten to."""
+class CtEntry:
+    """One entry of the BPF connection tracking map (spp_ct): the tuple as seen, and what
+    it is rewritten to."""
 
     direction: int
     proto: int
@@ -104,7 +105,7 @@ class Flow:
     snat: bool
 
     @classmethod
-    def unpack(cls, key: bytes, value: bytes) -> Flow:
+    def unpack(cls, key: bytes, value: bytes) -> CtEntry:
         saddr, daddr, sport, dport, proto, family, direction, _ = CT_KEY.unpack(key)
         nsaddr, ndaddr, nsport, ndport, flags, _state, _set, _last = CT_VAL.unpack(value)
 

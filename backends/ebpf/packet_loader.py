@@ -21,6 +21,7 @@ from . import libbpf, pod_devices, rodata, xdp
 from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
+from .names import LINK_PREFIX, TC_SUBDIR
 from .packet_layout import (
     MAP_CT,
     MAP_ENDPOINTS,
@@ -36,7 +37,6 @@ OBJECT = Path(__file__).parent / "bpf" / "svcproxy_tc.bpf.o"
 TCX_INGRESS, TCX_EGRESS = 46, 47  # enum bpf_attach_type (Linux 6.6)
 LINK_TYPE_TCX = 11
 HOOKS = {"ingress": ("spp_ingress", TCX_INGRESS), "egress": ("spp_egress", TCX_EGRESS)}
-SUBDIR = "tc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +57,10 @@ class PacketLayout:
 
     @property
     def dir(self) -> Path:
-        return self.pin_dir / SUBDIR
+        return self.pin_dir / TC_SUBDIR
 
     def link_pin(self, device: str, hook: str) -> Path:
-        return self.dir / f"link_{device}_{hook}"
+        return self.dir / f"{LINK_PREFIX}{device}_{hook}"
 
 
 class TcxInfo(ctypes.Structure):
@@ -239,11 +239,11 @@ def remove_packet_pins(pin_dir: Path) -> list[str]:
     """Detach every pinned tc link and remove the packet path's pins and directory (then
     ``pin_dir`` itself if nothing else is left in it). Returns what was removed."""
     removed: list[str] = []
-    tc_dir = pin_dir / SUBDIR
+    tc_dir = pin_dir / TC_SUBDIR
     if not tc_dir.is_dir():
         return removed
     lib = libbpf.lib()
-    for pin in sorted(tc_dir.glob("link_*")):
+    for pin in sorted(tc_dir.glob(f"{LINK_PREFIX}*")):
         try:
             fd = libbpf.obj_get(str(pin))
             try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import libbpf
-from .packet_layout import CT_FORWARD, CT_REPLY, Flow
+from .packet_layout import CT_FORWARD, CT_REPLY, CtEntry
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -62,7 +62,7 @@ class ServiceFlows:
     nat: Counter[tuple[str, int, int]]
 
     @classmethod
-    def of(cls, flows: Iterable[Flow]) -> ServiceFlows:
+    def of(cls, flows: Iterable[CtEntry]) -> ServiceFlows:
         fwd: Counter[tuple[str, int, int]] = Counter()
         snat: Counter[tuple[str, int, int]] = Counter()
         nat: Counter[tuple[str, int, int]] = Counter()

@@ -14,19 +14,12 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .layout import EP_KEY, ServiceValue, ep_key
+from .drift import MapDrift, compare
+from .layout import KernelEntry, ServiceValue, ep_key
 from .libbpf import BpfError, Map
-from .plan import Entry
+from .render import Entry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """A service entry as the kernel holds it; ``slots`` None when its set is incomplete."""
-
-    value: ServiceValue
-    slots: tuple[bytes, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,56 +32,19 @@ class WriteReport:
     slots_deleted: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class MapDrift:
-    """How the maps differ from what this process wrote (``compare``).
-
-    ``services``: applied service keys whose entry is gone or altered, or one of whose
-    endpoint slots is; ``foreign``: service keys this process never wrote; ``stray``:
-    endpoint slots no applied service points at."""
-
-    services: frozenset[bytes] = frozenset()
-    foreign: frozenset[bytes] = frozenset()
-    stray: frozenset[bytes] = frozenset()
-
-    def __bool__(self) -> bool:
-        return bool(self.services or self.foreign or self.stray)
-
-    def __str__(self) -> str:
-        return (f"{len(self.services)} service entries lost or altered, {len(self.foreign)} "
-                f"not ours, {len(self.stray)} endpoint slots nobody uses")
-
-
-def compare(applied: Mapping[bytes, Applied],
-            written: tuple[Mapping[bytes, bytes], Mapping[bytes, bytes]],
-            services: Mapping[bytes, bytes], endpoints: Mapping[bytes, bytes]) -> MapDrift:
-    """What the maps (as read: key -> value bytes) hold that is not as written (pure):
-    ``written`` is (services, endpoints) as this process wrote them for ``applied``."""
-    wrote_services, wrote_slots = written
-    lost = set() if wrote_services == services else {
-        k for k, _ in wrote_services.items() - services.items()}
-    bad_slots = () if wrote_slots == endpoints else wrote_slots.items() - endpoints.items()
-    if bad_slots:
-        sets = {EP_KEY.unpack(k)[0] for k, _ in bad_slots}
-        lost.update(k for k, have in applied.items()
-                    if have.value.count and have.value.set_id in sets)
-    return MapDrift(frozenset(lost), frozenset(services.keys() - wrote_services.keys()),
-                    frozenset(endpoints.keys() - wrote_slots.keys()))
-
-
-def read_kernel(services: Map, endpoints: Map) -> tuple[dict[bytes, Applied], set[int]]:
+def read_kernel(services: Map, endpoints: Map) -> tuple[dict[bytes, KernelEntry], set[int]]:
     """The services map with each entry's endpoint set, and the set ids nobody points at."""
     sets: dict[int, dict[int, bytes]] = {}
     for key, value in endpoints.items():
         set_id, slot = int.from_bytes(key[:4], "little"), int.from_bytes(key[4:], "little")
         sets.setdefault(set_id, {})[slot] = value
-    applied: dict[bytes, Applied] = {}
+    applied: dict[bytes, KernelEntry] = {}
     for key, raw in services.items():
         service = ServiceValue.unpack(raw)
         members = sets.get(service.set_id, {}) if service.count else {}
         slots = tuple(members.get(i) for i in range(service.count))
         complete = all(s is not None for s in slots)
-        applied[key] = Applied(service, slots if complete else None)  # type: ignore[arg-type]
+        applied[key] = KernelEntry(service, slots if complete else None)  # type: ignore[arg-type]
     used = {a.value.set_id for a in applied.values()}
     return applied, set(sets) - used
 
@@ -101,7 +57,7 @@ class Tables:
         self.services = services
         self.endpoints = endpoints
         self.on_failure = on_failure
-        self.applied: dict[bytes, Applied] | None = None  # None: unknown, read the kernel
+        self.applied: dict[bytes, KernelEntry] | None = None  # None: unknown, read the kernel
         self.next_set = 1
         self.slot_count = 0
         # What this process wrote, as the maps hold it (key -> value bytes): None when
@@ -131,11 +87,8 @@ class Tables:
             log.info("Removed %d endpoint sets no service used", len(orphans))
         return report
 
-    def verify(self) -> MapDrift:
-        """Read both maps and compare them with what this process wrote: entries and
-        slots nobody wrote are deleted at once; a service whose entry or slots differ is
-        forgotten, so that the next ``full`` or ``apply`` writes it again (a new set,
-        then the switch, as any change)."""
+    def compare(self) -> MapDrift:
+        """Read both maps and compare them with what this process wrote (read only)."""
         if self.applied is None:
             raise RuntimeError("the maps' contents are unknown: run a full sync")
         held = self._guard(self.services.name, self.services.read_all)
@@ -143,15 +96,22 @@ class Tables:
         written = self._written_maps()
         if (held, slots) == written:
             return MapDrift()
-        drift = compare(self.applied, written, held, slots)
+        return compare(self.applied, written, held, slots)
+
+    def repair(self, drift: MapDrift) -> None:
+        """Undo ``drift`` (what ``compare`` found): entries and slots nobody wrote are
+        deleted at once; a service whose entry or slots differ is forgotten, so that the
+        next ``full`` or ``apply`` writes it again (a new set, then the switch, as any
+        change)."""
+        assert self.applied is not None
         if drift.foreign:
             self._guard(self.services.name, self.services.delete_many, sorted(drift.foreign))
         if drift.stray:
             self._guard(self.endpoints.name, self.endpoints.delete_many, sorted(drift.stray))
         for key in drift.services:
-            have = self.applied[key]
-            self.applied[key] = Applied(have.value, None)
-        return drift
+            have = self.applied.get(key)
+            if have is not None:
+                self.applied[key] = KernelEntry(have.value, None)
 
     def _written_maps(self) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
         """(services, endpoints) as this process wrote them."""
@@ -187,7 +147,7 @@ class Tables:
         svc_values: list[bytes] = []
         svc_gone: list[bytes] = []
         retired: list[bytes] = []
-        after: dict[bytes, Applied | None] = {}
+        after: dict[bytes, KernelEntry | None] = {}
         for key, want in changes.items():
             have = applied.get(key)
             if want is None:
@@ -211,7 +171,7 @@ class Tables:
                     retired += _slot_keys(have.value)
             svc_keys.append(key)
             svc_values.append(value.pack())
-            after[key] = Applied(value, slots)
+            after[key] = KernelEntry(value, slots)
         try:
             # New sets first, then services that go (making room in a full map), then the
             # switches, then the sets nobody points at any more.

@@ -18,15 +18,9 @@ import pytest
 
 from svcproxy.backends.ebpf import libbpf
 from svcproxy.backends.ebpf.backend import EbpfBackend
-from svcproxy.backends.ebpf.layout import (
-    MAP_ENDPOINTS,
-    MAP_SERVICES,
-    Frontend,
-    ServiceValue,
-    ep_key,
-    pack_target,
-)
+from svcproxy.backends.ebpf.layout import ServiceAddress, ServiceValue, ep_key, pack_target
 from svcproxy.backends.ebpf.loader import SIZES
+from svcproxy.backends.ebpf.names import MAP_ENDPOINTS, MAP_SERVICES
 from svcproxy.sdk import Backend, Changes, NodeState
 from svcproxy.sdk.health import ProxyHealth
 from svcproxy.sdk.runner import SyncRunner
@@ -115,7 +109,7 @@ def test_map_entries_changed_behind_the_backend_are_repaired_within_one_period(
         assert not backend.last_drift, "a resync with nothing changed finds no drift"
 
         started = gated.hold()
-        key_a, key_b = (Frontend(ip, 80, "TCP").pack() for ip in ("10.96.5.1", "10.96.5.2"))
+        key_a, key_b = (ServiceAddress(ip, 80, "TCP").pack() for ip in ("10.96.5.1", "10.96.5.2"))
         value_a = services.lookup(key_a)
         assert value_a is not None
         assert services.delete(key_a)
@@ -123,7 +117,7 @@ def test_map_entries_changed_behind_the_backend_are_repaired_within_one_period(
         assert value_b is not None
         set_b = ServiceValue.unpack(value_b).set_id
         endpoints.update(ep_key(set_b, 0), pack_target(EPS4[2], 9))  # nobody listens on 9
-        services.update(Frontend("10.96.5.3", 80, "TCP").pack(), value_a)
+        services.update(ServiceAddress("10.96.5.3", 80, "TCP").pack(), value_a)
         assert set(client.names("tcp", "10.96.5.1", count=5)) == {"unreachable"}
         assert "refused" in client.names("tcp", "10.96.5.2", count=20)
         assert set(client.names("tcp", "10.96.5.3", count=5)) <= set(EPS4[:2])
@@ -140,3 +134,34 @@ def test_map_entries_changed_behind_the_backend_are_repaired_within_one_period(
         thread.join(10)
         os.close(services.fd)
         os.close(endpoints.fd)
+
+
+def test_a_lost_entry_alone_is_written_again_from_what_was_applied(world: World) -> None:
+    """Nothing foreign, one service entry deleted: the resync repairs that service port
+    alone (the SDK's ``Delta.repair``), not a rebuild."""
+    client, backend = world.client, world.backend
+    assert client is not None and backend is not None
+    a = service("lost-a", ("10.96.6.1",), EPS4[:2])
+    b = service("lost-b", ("10.96.6.2",), EPS4[2:])
+    source = FakeSource()
+    source.push(NodeState("node1", 1, None, {a.key: a, b.key: b}))
+    gated = Gated(backend)
+    runner = SyncRunner(source, gated, health=ProxyHealth(timeout=60), sync_period=1.0,
+                        min_sync_period=0.0, poll=0.05)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    services = _pinned(world, MAP_SERVICES)
+    try:
+        thread.start()
+        started = gated.hold()
+        gated.next_resync(started)
+        started = gated.hold()
+        assert services.delete(ServiceAddress("10.96.6.1", 80, "TCP").pack())
+        assert set(client.names("tcp", "10.96.6.1", count=5)) == {"unreachable"}
+        gated.next_resync(started)
+        assert set(client.names("tcp", "10.96.6.1", count=20)) == set(EPS4[:2])
+        assert backend.last is not None and backend.last.writes.services_written == 1
+        assert backend.last_drift and len(backend.last_drift.services) == 1
+    finally:
+        runner.stop()
+        thread.join(10)
+        os.close(services.fd)

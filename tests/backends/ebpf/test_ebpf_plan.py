@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svcproxy.backends.ebpf import loader
-from svcproxy.backends.ebpf.layout import F_AFFINITY, F_REFUSE, Frontend, ServiceValue, Target
-from svcproxy.backends.ebpf.plan import DEFAULT_AFFINITY_TIMEOUT, Entry, Plan, service_entries
+from svcproxy.backends.ebpf.backend import EbpfBackend
+from svcproxy.backends.ebpf.claims import AddressClaims
+from svcproxy.backends.ebpf.layout import F_AFFINITY, F_REFUSE, ServiceAddress, ServiceValue, Target
+from svcproxy.backends.ebpf.render import DEFAULT_AFFINITY_TIMEOUT, Entry, service_entries
 from svcproxy.backends.ebpf.tables import Tables, read_kernel
 from svcproxy.model import (
     Endpoint,
@@ -24,6 +27,7 @@ from svcproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
+from svcproxy.sdk import Changes, NodeConfig, NodeState, resolve_context
 
 
 def record(name: str = "web", cips: tuple[str, ...] = ("10.96.0.1",), eps: tuple = (),
@@ -50,16 +54,16 @@ def test_cluster_ip_uses_the_internal_endpoints_of_its_family() -> None:
                                                    ep("fd00:1::1")))
     entries = service_entries(r, ())
     assert entries == {
-        Frontend("10.96.0.1", 80, "TCP"): Entry.of(targets("10.0.0.2")),
-        Frontend("fd00::1", 80, "TCP"): Entry.of(targets("fd00:1::1")),
+        ServiceAddress("10.96.0.1", 80, "TCP"): Entry.of(targets("10.0.0.2")),
+        ServiceAddress("fd00::1", 80, "TCP"): Entry.of(targets("fd00:1::1")),
     }
 
 
 def test_refuse_only_without_any_endpoint_else_leave_to_the_packet_path() -> None:
-    assert service_entries(record(), ())[Frontend("10.96.0.1", 80, "TCP")].flags == F_REFUSE
+    assert service_entries(record(), ())[ServiceAddress("10.96.0.1", 80, "TCP")].flags == F_REFUSE
     local_only = record(eps=(ep("10.0.0.1", internal=False),), has_endpoints=True,
                         internal_traffic_policy=TrafficPolicy.LOCAL)
-    entry = service_entries(local_only, ())[Frontend("10.96.0.1", 80, "TCP")]
+    entry = service_entries(local_only, ())[ServiceAddress("10.96.0.1", 80, "TCP")]
     assert entry == Entry() and not entry.refuses
 
 
@@ -71,17 +75,17 @@ def test_external_addresses_node_ports_and_their_limits() -> None:
                                       LoadBalancerIngress("192.168.1.2", "Proxy")))
     entries = service_entries(r, ("192.168.50.2", "fd00:50::2"))
     outside = Entry.of(targets("10.0.0.2"))
-    assert entries[Frontend("192.168.0.9", 80, "TCP")] == outside
-    assert entries[Frontend("192.168.1.1", 80, "TCP")] == outside
-    assert entries[Frontend("192.168.50.2", 30080, "TCP")] == outside
-    assert Frontend("192.168.1.2", 80, "TCP") not in entries, "ipMode Proxy is not ours"
-    assert Frontend("fd00:50::2", 30080, "TCP") not in entries, "no IPv6 cluster IP"
+    assert entries[ServiceAddress("192.168.0.9", 80, "TCP")] == outside
+    assert entries[ServiceAddress("192.168.1.1", 80, "TCP")] == outside
+    assert entries[ServiceAddress("192.168.50.2", 30080, "TCP")] == outside
+    assert ServiceAddress("192.168.1.2", 80, "TCP") not in entries, "ipMode Proxy is not ours"
+    assert ServiceAddress("fd00:50::2", 30080, "TCP") not in entries, "no IPv6 cluster IP"
     ranged = replace(r.service, load_balancer_source_ranges=("10.0.0.0/8",))
-    assert Frontend("192.168.1.1", 80, "TCP") not in service_entries(replace(r, service=ranged),
-                                                                      ())
+    assert ServiceAddress("192.168.1.1", 80, "TCP") not in service_entries(
+        replace(r, service=ranged), ())
     local = replace(r.service, external_traffic_policy=TrafficPolicy.LOCAL)
     short = service_entries(replace(r, service=local), ("192.168.50.2",))
-    assert short[Frontend("192.168.50.2", 30080, "TCP")] == Entry.of(targets("10.0.0.1")), \
+    assert short[ServiceAddress("192.168.50.2", 30080, "TCP")] == Entry.of(targets("10.0.0.1")), \
         "connections made on the node short-circuit to the cluster set"
     both = replace(local, internal_traffic_policy=TrafficPolicy.LOCAL)
     r2 = record(eps=(ep("10.0.0.1", internal=False, external=False, cluster=True),),
@@ -90,7 +94,7 @@ def test_external_addresses_node_ports_and_their_limits() -> None:
                                                  "external_traffic_policy")},
                 has_endpoints=True)
     short = service_entries(r2, ("192.168.50.2",))
-    assert short[Frontend("192.168.0.9", 80, "TCP")] == Entry.of(targets("10.0.0.1")), \
+    assert short[ServiceAddress("192.168.0.9", 80, "TCP")] == Entry.of(targets("10.0.0.1")), \
         "with no local endpoint (both policies Local) still the cluster set, not nothing"
 
 
@@ -102,27 +106,27 @@ def test_affinity_udp_and_sctp() -> None:
     assert service_entries(record(eps=(ep("10.0.0.1"),), proto=Protocol.SCTP), ()) == {}
 
 
-def test_plan_resolves_claims_by_key_and_hands_over_on_delete() -> None:
+def rendered(r: ServicePortState) -> tuple[tuple[ServiceAddress, Entry], ...]:
+    return tuple(service_entries(r, ()).items())
+
+
+def test_claims_resolve_by_key_and_hand_over_on_delete() -> None:
     a = record("a", cips=("10.96.0.1",), eps=(ep("10.0.0.1"),))
     b = record("b", eps=(ep("10.0.0.2"),), cips=("10.96.0.2",), external_ips=("10.96.0.1",))
-    plan = Plan()
-    services = {a.key: a, b.key: b}
-    plan.update(services, services, ())
-    fe = Frontend("10.96.0.1", 80, "TCP")
-    assert plan.entries[fe] == Entry.of(targets("10.0.0.1"))
-    del services[a.key]
-    assert fe in plan.update(services, [a.key], ())
-    assert plan.entries[fe] == Entry.of(targets("10.0.0.2")), "the other claimant takes over"
-    del services[b.key]
-    plan.update(services, [b.key], ())
-    assert plan.entries == {}
+    claims = AddressClaims.of({a.key: rendered(a), b.key: rendered(b)})
+    fe = ServiceAddress("10.96.0.1", 80, "TCP")
+    assert claims.entries[fe] == Entry.of(targets("10.0.0.1"))
+    assert fe in claims.update([(a.key, None)])
+    assert claims.entries[fe] == Entry.of(targets("10.0.0.2")), "the other claimant takes over"
+    claims.update([(b.key, None)])
+    assert claims.entries == {}
 
 
 @given(st.ip_addresses(), st.integers(0, 65535), st.sampled_from(["TCP", "UDP"]))
 def test_layout_round_trips(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int,
                             proto: str) -> None:
-    fe = Frontend(str(ip), port, proto)
-    assert Frontend.unpack(fe.pack()) == fe and len(fe.pack()) == 20
+    fe = ServiceAddress(str(ip), port, proto)
+    assert ServiceAddress.unpack(fe.pack()) == fe and len(fe.pack()) == 20
     t = Target(str(ip), port)
     assert Target.unpack(t.pack()) == t
     v = ServiceValue(7, 3, F_AFFINITY, 10)
@@ -165,7 +169,7 @@ def lookups_always_whole(log: list[tuple[str, bytes, bytes | None]]) -> None:
 
 
 ips = st.sampled_from([f"10.0.0.{i}" for i in range(1, 7)])
-frontends = st.sampled_from([Frontend(f"10.96.0.{i}", 80, "TCP") for i in range(1, 5)])
+frontends = st.sampled_from([ServiceAddress(f"10.96.0.{i}", 80, "TCP") for i in range(1, 5)])
 entries = st.builds(lambda t, f: Entry.of(sorted({Target(i, 8080) for i in t}), f),
                     st.lists(ips, max_size=4), st.sampled_from([0, F_AFFINITY]))
 states = st.dictionaries(frontends, entries, max_size=4)
@@ -174,11 +178,11 @@ states = st.dictionaries(frontends, entries, max_size=4)
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(states, st.booleans()), min_size=1, max_size=6))
 def test_maps_hold_exactly_the_desired_state_and_no_service_is_ever_half(
-        history: list[tuple[dict[Frontend, Entry], bool]]) -> None:
+        history: list[tuple[dict[ServiceAddress, Entry], bool]]) -> None:
     log: list[tuple[str, bytes, bytes | None]] = []
     services, endpoints = FakeMap("sp_services", log), FakeMap("sp_endpoints", log)
     tables = Tables(services, endpoints)  # type: ignore[arg-type]
-    before: dict[Frontend, Entry] = {}
+    before: dict[ServiceAddress, Entry] = {}
     for desired, full in history:
         packed = {fe.pack(): e for fe, e in desired.items()}
         if full or tables.applied is None:
@@ -188,7 +192,7 @@ def test_maps_hold_exactly_the_desired_state_and_no_service_is_ever_half(
             tables.apply(changed)
         applied, orphans = read_kernel(services, endpoints)  # type: ignore[arg-type]
         assert not orphans
-        held = {Frontend.unpack(k): Entry(a.slots or (), a.value.flags)
+        held = {ServiceAddress.unpack(k): Entry(a.slots or (), a.value.flags)
                 for k, a in applied.items()}
         assert held == desired
         before = desired
@@ -224,14 +228,16 @@ def test_a_bad_service_port_is_rejected_alone(rows: list[tuple[str, int, int, st
         key = ServicePortKey("ns", f"bad{i}", "http", Protocol.TCP)
         svc = ServicePort(key, cluster_ips=(cip,), port=port, has_endpoints=True)
         services[key] = ServicePortState(svc, {ep_ip: Endpoint(ep_ip, ep_port, internal=True)})
-    rejected: list[ServicePortKey] = []
-    plan = Plan(rejected.append)
-    plan.update(services, services, ())
-    assert plan.entries[Frontend("10.96.0.1", 80, "TCP")] == Entry.of(targets("10.0.0.1"))
-    for fe, entry in plan.entries.items():  # whatever was kept can be written
+    backend = EbpfBackend(NodeConfig("n1"), loader.Layout(pin_dir=Path("/nonexistent"),
+                                                         cgroup=Path("/nonexistent")))
+    state = NodeState("n1", 1, None, services, resolve_context(NodeConfig("n1"), None, ()))
+    delta = backend.diff(state, Changes(frozenset(services), full=True, reason="initial"))
+    claims = AddressClaims.of(delta.set)
+    assert claims.entries[ServiceAddress("10.96.0.1", 80, "TCP")] == Entry.of(targets("10.0.0.1"))
+    for fe, entry in claims.entries.items():  # whatever was kept can be written
         fe.pack()
         assert all(len(slot) == 20 for slot in entry.slots)
-    assert good.key not in rejected
+    assert good.key not in backend.refusals
 
 
 def test_the_backend_imports_only_the_sdk() -> None:
@@ -289,3 +295,33 @@ def test_node_ports_answer_on_the_node_contexts_listed_addresses(tmp_path) -> No
     some = resolve_context(replace(config, node_port_addresses=("198.51.100.0/24",)), None,
                            ("192.0.2.10", "198.51.100.7"))
     assert backend._node_ips(NodeState("n1", 1, None, {}, some)) == ("198.51.100.7", "fd00::10")
+
+
+def test_a_service_port_the_maps_cannot_hold_is_refused_and_keeps_its_entries() -> None:
+    """More endpoints than an entry counts: refused through the SDK's refusals (named in
+    /healthz and the metrics), its applied entries kept; a version that fits is taken."""
+    from svcproxy.backends.ebpf.render import MAX_ENDPOINTS
+    from svcproxy.sdk.stages import StagedBackend
+
+    config = NodeConfig("n1")
+    backend = EbpfBackend(config, loader.Layout(pin_dir=Path("/nonexistent"),
+                                                cgroup=Path("/nonexistent")))
+    applied: list[object] = []
+    backend.apply = applied.append  # type: ignore[method-assign,assignment]
+    context = resolve_context(config, None, ())
+
+    def sync(r: ServicePortState, reason: str = "changes") -> None:
+        StagedBackend.sync(backend, NodeState("n1", 1, None, {r.key: r}, context),
+                           Changes(frozenset({r.key}), full=reason != "changes", reason=reason))
+
+    small = record(eps=(ep("10.0.0.1"),))
+    sync(small, "initial")
+    fe = ServiceAddress("10.96.0.1", 80, "TCP")
+    assert dict(backend.applied[small.key])[fe] == Entry.of(targets("10.0.0.1"))
+    many = tuple(ep(str(ipaddress.ip_address("10.1.0.0") + i)) for i in range(MAX_ENDPOINTS + 1))
+    sync(record(eps=many))
+    assert "65536 endpoints, at most 65535 fit" in backend.refusals[small.key].error
+    assert dict(backend.applied[small.key])[fe] == Entry.of(targets("10.0.0.1"))
+    sync(record(eps=(ep("10.0.0.2"),)))
+    assert small.key not in backend.refusals
+    assert dict(backend.applied[small.key])[fe] == Entry.of(targets("10.0.0.2"))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from svcproxy.backends.ebpf.layout import MAP_AFFINITY
+from svcproxy.backends.ebpf.names import MAP_AFFINITY
 from svcproxy.model import SessionAffinity
 from tests.backends.ebpf.test_ebpf_sockets import (
     EPS4,

@@ -1,24 +1,24 @@
-"""What the maps must hold for the node's state: the frontend's decision as map entries (pure).
+"""Render (pure): one service port as the socket programs' map entries, the frontend's
+decision translated.
 
 Every address a socket on this node may connect or send to becomes one services-map
 entry: ClusterIPs with the endpoints the frontend marked ``internal``; NodePorts on
 the node's addresses, externalIPs and load-balancer VIPs with the ``external`` ones
 (with externalTrafficPolicy Local, connections made on the node are short-circuited
 to the internal set, as kube-proxy does for local traffic). Nothing here decides
-which endpoint is usable: the flags on the endpoints do.
+which endpoint is usable: the flags on the endpoints do, and nothing here checks a value
+(the SDK's screening refuses a record with a port or address no entry can hold before
+it is rendered).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
 
-from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, Frontend, Target, pack_target, service_id
-
-log = logging.getLogger(__name__)
+from .layout import F_AFFINITY, F_REFUSE, PROTOCOLS, ServiceAddress, Target, pack_target, service_id
 
 DEFAULT_AFFINITY_TIMEOUT = 10800  # kube-proxy's default sessionAffinityConfig timeout
 
@@ -48,6 +48,15 @@ class Entry:
 
 MAX_ENDPOINTS = 0xFFFF  # the services map's endpoint count is 16 bits
 
+# What one service port holds in the maps (StagedBackend's value): its addresses and
+# their entries, in the order rendered. Two service ports may claim one address
+# (``claims.py`` says which gets it).
+ServicePortEntries = tuple[tuple[ServiceAddress, Entry], ...]
+
+
+class TooManyEndpoints(ValueError):
+    """More endpoints than a services-map entry counts (refused as the dataplane's)."""
+
 
 def affinity_id(key: ServicePortKey) -> int:
     """The id every address of the service port shares in the affinity keys."""
@@ -63,7 +72,7 @@ def _slots(endpoints: Iterable[Endpoint]) -> tuple[bytes, ...]:
     service alone."""
     slots = tuple(sorted(pack_target(e.ip, e.port) for e in endpoints))
     if len(slots) > MAX_ENDPOINTS:
-        raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
+        raise TooManyEndpoints(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     return slots
 
 
@@ -79,17 +88,17 @@ def _entry(slots: tuple[bytes, ...], has_endpoints: bool, affinity: int,
     return Entry(slots)
 
 
-def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Frontend, Entry]:
-    """The entries of one service port in both families (SCTP: none, left to the packets)."""
+def service_entries(state: ServicePortState, node_ips: Iterable[str]
+                    ) -> dict[ServiceAddress, Entry]:
+    """The entries of one service port in both families (SCTP: none, left to the packets);
+    TooManyEndpoints when a family's set does not fit."""
     svc = state.service
     proto = svc.key.protocol.value
     if proto not in PROTOCOLS:
         return {}
-    if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
-        raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
     affinity = (svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT) if svc.affinity else 0
     sid = affinity_id(svc.key) if affinity else 0
-    result: dict[Frontend, Entry] = {}
+    result: dict[ServiceAddress, Entry] = {}
     by_family: dict[int, list[Endpoint]] = {4: [], 6: []}
     for e in state.endpoints.values():
         by_family[_family(e.ip)].append(e)
@@ -101,7 +110,7 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
         internal = _slots(e for e in eps if e.internal)
         inside = _entry(internal, has, affinity, sid)
         for cip in cips:
-            result[Frontend(cip, svc.port, proto)] = inside
+            result[ServiceAddress(cip, svc.port, proto)] = inside
         ext = [a for a in svc.external_ips if _family(a) == family]
         if not any(_family(r) == family for r in svc.load_balancer_source_ranges):
             # With source ranges the client's address decides, which a socket does not
@@ -120,73 +129,7 @@ def service_entries(state: ServicePortState, node_ips: Iterable[str]) -> dict[Fr
         else:
             outside = _entry(_slots(e for e in eps if e.external), has, affinity, sid)
         for addr in ext:
-            result.setdefault(Frontend(addr, svc.port, proto), outside)
+            result.setdefault(ServiceAddress(addr, svc.port, proto), outside)
         for ip in ports:
-            result.setdefault(Frontend(ip, svc.node_port, proto), outside)
+            result.setdefault(ServiceAddress(ip, svc.node_port, proto), outside)
     return result
-
-
-class Plan:
-    """The wanted entries, kept per service port so a change recomputes only its own.
-
-    Two service ports claiming the same address, port and protocol (for example an
-    externalIP equal to another service's ClusterIP) are resolved by key order, and
-    the conflict is logged.
-    """
-
-    def __init__(self, on_reject: Callable[[ServicePortKey], None] = lambda _key: None) -> None:
-        self.by_service: dict[ServicePortKey, dict[Frontend, Entry]] = {}
-        self.claims: dict[Frontend, set[ServicePortKey]] = {}
-        self.entries: dict[Frontend, Entry] = {}
-        self.records: dict[ServicePortKey, ServicePortState] = {}  # what by_service is from
-        self.on_reject = on_reject
-
-    def _entries(self, record: ServicePortState, node_ips: tuple[str, ...]) -> dict[
-            Frontend, Entry]:
-        """The record's entries; a record that cannot be written is rejected alone."""
-        try:
-            entries = service_entries(record, node_ips)
-            for fe in entries:
-                fe.pack()
-            return entries
-        except (ValueError, OverflowError, KeyError, OSError) as err:
-            log.warning("Service port %s not programmed: %s", record.key, err)
-            self.on_reject(record.key)
-            return {}
-
-    def update(self, services: Mapping[ServicePortKey, ServicePortState],
-               keys: Iterable[ServicePortKey], node_ips: Iterable[str]) -> set[Frontend]:
-        """Recompute ``keys`` (with the same ``node_ips`` as before: else use a new Plan);
-        returns the frontends whose entry may have changed. A record that is the very
-        object planned before is not recomputed (the SDK's records are immutable)."""
-        node_ips = tuple(node_ips)
-        touched: set[Frontend] = set()
-        for key in keys:
-            record = services.get(key)
-            if record is not None and self.records.get(key) is record:
-                continue
-            for fe in self.by_service.pop(key, {}):
-                touched.add(fe)
-                self.claims[fe].discard(key)
-            if record is None:
-                self.records.pop(key, None)
-                continue
-            self.records[key] = record
-            entries = self._entries(record, node_ips)
-            if entries:
-                self.by_service[key] = entries
-            for fe in entries:
-                touched.add(fe)
-                self.claims.setdefault(fe, set()).add(key)
-        for fe in touched:
-            claimants = self.claims.get(fe)
-            if not claimants:
-                self.claims.pop(fe, None)
-                self.entries.pop(fe, None)
-                continue
-            winner = min(claimants)
-            if len(claimants) > 1:
-                log.warning("%s is claimed by %s; %s serves it", fe,
-                            ", ".join(map(str, sorted(claimants))), winner)
-            self.entries[fe] = self.by_service[winner][fe]
-        return touched

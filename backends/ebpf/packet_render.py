@@ -1,4 +1,5 @@
-"""What the packet path's maps must hold: the frontend's decision as tc map entries (pure).
+"""Render (pure) for the packet path: one service port as the tc programs' map entries,
+the frontend's decision translated.
 
 Rows served so far, TCP, UDP and SCTP, IPv4 and IPv6: ClusterIPs routed to the node (with
 the endpoints marked ``internal``), NodePorts on the node's NodePort addresses,
@@ -14,13 +15,19 @@ none for external traffic: dropped, as kube-proxy does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from svcproxy.sdk import Endpoint, ServicePortKey, ServicePortState
+from svcproxy.sdk import Endpoint, ServicePortState
 
-from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, Frontend
+from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress
 from .packet_layout import F_MAGLEV, F_MASQ, F_MASQ_ALL, F_RANGES, pack_endpoint, pack_range
-from .plan import DEFAULT_AFFINITY_TIMEOUT, MAX_ENDPOINTS, Entry, Plan, affinity_id
+from .render import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    MAX_ENDPOINTS,
+    Entry,
+    TooManyEndpoints,
+    affinity_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +43,16 @@ def algorithm(state: ServicePortState, default: str) -> str:
 
 def packet_entries(state: ServicePortState, node_ips: Iterable[str],
                    default_algorithm: str = "random",
-                   masquerade_all: bool = False) -> dict[Frontend, Entry]:
+                   masquerade_all: bool = False) -> dict[ServiceAddress, Entry]:
     """The tc entries of one service port; ``masquerade_all`` (the node context's
     --masquerade-all) SNATs ClusterIP traffic from outside to local endpoints too."""
     svc = state.service
     proto = svc.key.protocol.value
     if proto not in PACKET_PROTOCOLS:
         return {}
-    if not 0 < svc.port <= 0xFFFF or not 0 <= svc.node_port <= 0xFFFF:
-        raise ValueError(f"port {svc.port} or node port {svc.node_port} out of range")
-    fronts = [Frontend(ip, svc.node_port, proto) for ip in node_ips if svc.node_port]
-    fronts += [Frontend(ip, svc.port, proto) for ip in svc.external_ips]
-    ranged = [Frontend(ip, svc.port, proto) for ip in svc.vip_ingress_ips()]
+    fronts = [ServiceAddress(ip, svc.node_port, proto) for ip in node_ips if svc.node_port]
+    fronts += [ServiceAddress(ip, svc.port, proto) for ip in svc.external_ips]
+    ranged = [ServiceAddress(ip, svc.port, proto) for ip in svc.vip_ingress_ips()]
     if not svc.load_balancer_source_ranges:
         fronts += ranged
         ranged = []
@@ -57,11 +62,11 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         flags |= F_AFFINITY
         timeout = svc.session_affinity_timeout or DEFAULT_AFFINITY_TIMEOUT
         sid = affinity_id(svc.key)  # one client, one endpoint across the addresses
-    cips = [Frontend(ip, svc.port, proto) for ip in svc.cluster_ips]
+    cips = [ServiceAddress(ip, svc.port, proto) for ip in svc.cluster_ips]
     # Which endpoints are on this node, as the frontend's decision holds them (every used
     # endpoint here is in the set: a local one gets DNAT only, a remote one SNAT too).
     here = {e.ip for e in state.hairpin_endpoints()}
-    result: dict[Frontend, Entry] = {}
+    result: dict[ServiceAddress, Entry] = {}
     for family in (4, 6):
         eps = [e for e in state.endpoints.values() if _of(e.ip, family)]
         has = svc.has_endpoints and bool(eps)
@@ -100,7 +105,7 @@ def source_ranges(state: ServicePortState) -> set[bytes]:
         for cidr in svc.load_balancer_source_ranges:
             if (":" in cidr) == (":" in vip):
                 try:
-                    keys.add(pack_range(Frontend(vip, svc.port, proto).pack(), cidr.strip()))
+                    keys.add(pack_range(ServiceAddress(vip, svc.port, proto).pack(), cidr.strip()))
                 except ValueError:
                     log.warning("%s: loadBalancerSourceRanges %r is no CIDR", svc.key, cidr)
     return keys
@@ -112,31 +117,7 @@ def _entry(eps: list[Endpoint], here: set[str], has_endpoints: bool, flags: int,
     none while the service has endpoints: drop; none at all: refuse."""
     slots = tuple(sorted(pack_endpoint(e.ip, e.port, e.ip in here) for e in eps))
     if len(slots) > MAX_ENDPOINTS:
-        raise ValueError(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
+        raise TooManyEndpoints(f"{len(slots)} endpoints, at most {MAX_ENDPOINTS} fit")
     if not slots:
         return Entry(flags=0 if has_endpoints else F_REFUSE)
     return Entry(slots, flags, timeout, sid if timeout else 0)
-
-
-class PacketPlan(Plan):
-    """The socket path's Plan (claims, per-record recomputation) over ``packet_entries``."""
-
-    def __init__(self, default_algorithm: str,
-                 on_reject: Callable[[ServicePortKey], None] = lambda _key: None,
-                 masquerade_all: bool = False) -> None:
-        super().__init__(on_reject)
-        self.default_algorithm = default_algorithm
-        self.masquerade_all = masquerade_all
-
-    def _entries(self, record: ServicePortState, node_ips: tuple[str, ...]) -> dict[
-            Frontend, Entry]:
-        try:
-            entries = packet_entries(record, node_ips, self.default_algorithm,
-                                     self.masquerade_all)
-            for fe in entries:
-                fe.pack()
-            return entries
-        except (ValueError, OverflowError, KeyError, OSError) as err:
-            log.warning("Service port %s not programmed on the packet path: %s", record.key, err)
-            self.on_reject(record.key)
-            return {}
