@@ -26,9 +26,10 @@ runs (the least disturbed by the neighbours, as timeit keeps the fastest):
 Printed per size: each figure's median over the rounds [lowest, highest], its ratio to
 nft's figure of the same round (median [lowest, highest]), each dataplane's CPU per
 connection and per packet above the floor's of the same round, the load average, the
-time each dataplane took to load; at the end, each dataplane's medians at the largest size
-over the smallest (flat in services: 1.0). The Python client sets a floor common to all
-four, so ratios say more than absolute figures. The client's and pod-c's veths send
+time each dataplane took to load; at the end, each dataplane's figures at the largest
+size over the smallest, both relative to the floor of their rounds (flat in services:
+1.00). The Python client sets a floor common to all four, so ratios say more than
+absolute figures. The client's and pod-c's veths send
 whole checksums (XDP needs them: tests/support/lab/checksums.py). Everything is removed
 on the way out (namespaces, programs, pins, the bpffs mount), also on failure.
 
@@ -265,16 +266,23 @@ def show_own_costs(names: list[str], rows: dict[str, dict[str, list[float]]]) ->
 
 def flatness(names: list[str], sizes: list[int],
              results: dict[int, dict[str, dict[str, list[float]]]]) -> None:
-    """Each dataplane's medians at the largest size over those at the smallest."""
+    """Each dataplane's figures at the largest size over those at the smallest, each
+    taken relative to the floor of its own round (so the load of the two sizes' runs
+    divides out): 1.00 is flat in services."""
+    if FLOOR not in names:
+        return
     small, large = sizes[0], sizes[-1]
-    print(f"\n{large:,} / {small:,} services (medians; flat: 1.00)")
+    print(f"\n{large:,} / {small:,} services, each relative to the floor's round "
+          "(flat: 1.00)")
     for name in names:
+        if name == FLOOR:
+            continue
         cells = []
         for heading, key, _ in FIGURES[:-1]:
-            a = spread(results[small][name][key]).median
-            b = spread(results[large][name][key]).median
-            cells.append(f"{heading} {b / a:.2f}")
-        print(f"{LABELS[name]:>26}: " + ", ".join(cells))
+            a, b = (paired_ratios({n: results[size][n][key] for n in names}, FLOOR)[name]
+                    for size in (small, large))
+            cells.append(f"{heading} {b.median / a.median:.2f}")
+        print(f"{LABELS[name]:>18}: " + ", ".join(cells))
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:
