@@ -41,7 +41,8 @@ class MapApply:
     def __init__(self, tables: Tables) -> None:
         self.tables = tables
         self.claims = AddressClaims()
-        self.drift = MapDrift()  # what the last ``find_drift`` found, undone by ``write``
+        self.drift = MapDrift()  # what the last ``find_drift`` found, undone by ``settle``
+        self._settled: Staged | None = None
 
     def find_drift(self) -> Drift[ServicePortKey]:
         """The service ports whose entries the maps lost or altered; entries or slots
@@ -70,13 +71,24 @@ class MapApply:
                 changes[key] = entry
         return Staged(changes)
 
-    def write(self, staged: Staged) -> WriteReport:
-        """Undo the drift found, then write ``staged``."""
+    def settle(self, staged: Staged) -> None:
+        """Make what ``Tables`` knows current before ``staged`` is written: the drift found
+        undone, or, for a rebuild, the maps read back (``tables.applied`` then holds what
+        the kernel had, e.g. the endpoints a restarted backend's first sync removes)."""
         drift, self.drift = self.drift, MapDrift()
-        tables = self.tables
         if drift:
-            tables.repair(drift)
+            self.tables.repair(drift)
+        elif staged.full:
+            self.tables.read_back()
+        self._settled = staged
+
+    def write(self, staged: Staged) -> WriteReport:
+        """Write ``staged`` (``settle`` first, if it was not)."""
+        if self._settled is not staged:
+            self.settle(staged)
+        self._settled = None
+        tables = self.tables
         if staged.full:
             desired = {k: e for k, e in staged.changes.items() if e is not None}
-            return tables.full(desired, reread=not drift)
+            return tables.full(desired, reread=False)
         return tables.apply(staged.changes)

@@ -126,6 +126,7 @@ class EbpfBackend(MapsBackend):
         maps, tables = self.maps, self.tables
         assert maps is not None and tables is not None
         staged = maps.stage(delta)
+        maps.settle(staged)
         known = tables.applied or {}
         before = _udp_slots(known, known if staged.full else staged.changes)
         self._writes = maps.write(staged)

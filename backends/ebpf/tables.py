@@ -63,25 +63,37 @@ class Tables:
         # What this process wrote, as the maps hold it (key -> value bytes): None when
         # unknown, then made from ``applied`` when ``verify`` needs it.
         self._written: tuple[dict[bytes, bytes], dict[bytes, bytes]] | None = None
+        self._orphans: set[int] = set()  # sets nobody points at, found by ``read_back``
+        self._read = False  # ``read_back`` since the last ``full``
+
+    def read_back(self) -> None:
+        """Learn what the maps hold (how a restarted backend adopts the pins); the
+        endpoint sets nobody points at are deleted by the next ``full``."""
+        applied, orphans = self._guard(self.endpoints.name, read_kernel,
+                                       self.services, self.endpoints)
+        self.applied = applied
+        self.slot_count = sum(a.value.count for a in applied.values())
+        used = {a.value.set_id for a in applied.values()} | orphans
+        self.next_set = max(used, default=0) + 1
+        self._written = None
+        self._orphans = orphans
+        self._read = True
 
     def full(self, desired: Mapping[bytes, Entry], reread: bool = True) -> WriteReport:
         """Make the maps hold exactly ``desired``, writing the differences: against what
-        they hold (read back), or with ``reread`` False against what this process wrote."""
-        orphans: set[int] = set()
+        they hold (read back now, or by ``read_back`` since the last ``full``), or with
+        ``reread`` False against what this process wrote."""
         if reread or self.applied is None:
-            applied, orphans = self._guard(self.endpoints.name, read_kernel,
-                                           self.services, self.endpoints)
-            self.applied = applied
-            self.slot_count = sum(a.value.count for a in applied.values())
-            used = {a.value.set_id for a in applied.values()} | orphans
-            self.next_set = max(used, default=0) + 1
-            self._written = None
+            self.read_back()
         applied = self.applied
+        assert applied is not None
         changes: dict[bytes, Entry | None] = {k: None for k in applied if k not in desired}
         changes.update(desired)
         report = self.apply(changes)
-        if reread:
+        if self._read:
             self._written = None  # read back with incomplete sets: made again when needed
+            self._read = False
+        orphans, self._orphans = self._orphans, set()
         if orphans:
             self._delete_sets(orphans)
             log.info("Removed %d endpoint sets no service used", len(orphans))
