@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.backends.nft.context import family_context  # noqa: E402
-from svcproxy.backends.nft.service_rules import ServiceRules, render_service  # noqa: E402
+from svcproxy.backends.nft.render import ServiceRules, render_service  # noqa: E402
 from svcproxy.sdk import (  # noqa: E402
     Changes,
     Delta,

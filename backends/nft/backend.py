@@ -44,7 +44,15 @@ from svcproxy.sdk import (
 
 from .affinity import learnt_clients, restore_lines
 from .apply import NftError, NftRunner, Runner
-from .claims import (
+from .context import NODE_PORT_DEFAULT, TableContext, from_node_context, node_context
+from .culprits import foreign_jumps, named_in_error
+from .drift import Learnt, compare
+from .elements import encode, layouts
+from .kernel_view import KernelReadError, TableReader, TableView, netns_path
+from .names import TABLE, lb_chain
+from .render import ServiceRules, render_service
+from .render_skeleton import MAPS, SETS, chain_block, skeleton_chains
+from .render_table import (
     FamilyTable,
     TableDelta,
     build_table,
@@ -53,14 +61,6 @@ from .claims import (
     full_text,
     plan_delta,
 )
-from .context import NODE_PORT_DEFAULT, TableContext, from_node_context, node_context
-from .culprits import foreign_jumps, named_in_error
-from .drift import Learnt, compare
-from .elements import encode, layouts
-from .kernel_view import KernelReadError, TableReader, TableView, netns_path
-from .names import TABLE, lb_chain
-from .service_rules import ServiceRules, render_service
-from .skeleton import MAPS, SETS, chain_block, skeleton_chains
 
 log = logging.getLogger(__name__)
 

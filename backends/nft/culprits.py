@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping
 from svcproxy.sdk import ServicePortKey
 
 from .kernel_view import TableView
-from .service_rules import ServiceRules
+from .render import ServiceRules
 
 _LOCATION = re.compile(r":(\d+):(\d+)-\d+: Error")
 _ELEMENTS = re.compile(r"(?:add|delete) element \S+ \S+ (\S+) \{ (.*) \}")

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 from svcproxy.sdk import ServicePortKey
 
-from .claims import FamilyTable
 from .elements import Held, encode, encode_all
 from .kernel_view import ADDR, TableView, encoder
 from .names import lb_chain, lb_map
-from .service_rules import ServiceRules
-from .skeleton import BASE_CHAINS, CONTAINERS, lb_rules, skeleton_chains
+from .render import ServiceRules
+from .render_skeleton import BASE_CHAINS, CONTAINERS, lb_rules, skeleton_chains
+from .render_table import FamilyTable
 
 NF_ACCEPT = 1
 _BASE = frozenset(name for name, *_ in BASE_CHAINS)

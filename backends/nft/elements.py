@@ -14,7 +14,7 @@ from functools import cache
 from .context import TableContext
 from .kernel_view import ADDR, PORT, PROTO, U32, Encoder, Layout, encoder
 from .names import lb_map
-from .skeleton import SETS
+from .render_skeleton import SETS
 
 Held = bytes | str  # an element's value as read: data bytes, a verdict's text, b"" (a set)
 

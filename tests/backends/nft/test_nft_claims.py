@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from svcproxy.backends.nft.claims import build_table, commit, plan_delta
 from svcproxy.backends.nft.context import family_context
-from svcproxy.backends.nft.service_rules import render_service
+from svcproxy.backends.nft.render import render_service
+from svcproxy.backends.nft.render_table import build_table, commit, plan_delta
 from svcproxy.model import ServiceType
 from tests.support.nft_fixtures import CONFIG, endpoint, key, service, state_of
 

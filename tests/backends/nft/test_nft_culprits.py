@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from svcproxy.backends.nft.culprits import named_in_error
-from svcproxy.backends.nft.service_rules import ServiceRules
+from svcproxy.backends.nft.render import ServiceRules
 from tests.support.nft_fixtures import key
 
 RULES = {

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svcproxy.backends.nft import names
-from svcproxy.backends.nft.claims import build_table, commit, full_text, plan_delta
 from svcproxy.backends.nft.context import family_context, from_node_context
-from svcproxy.backends.nft.service_rules import ServiceRules, render_service
-from svcproxy.backends.nft.skeleton import lb_declarations, render_skeleton
+from svcproxy.backends.nft.render import ServiceRules, render_service
+from svcproxy.backends.nft.render_skeleton import lb_declarations, render_skeleton
+from svcproxy.backends.nft.render_table import build_table, commit, full_text, plan_delta
 from svcproxy.model import (
     NodeInfo,
     Protocol,

@@ -21,8 +21,8 @@ from svcproxy.sdk import ServicePortKey
 from .context import TableContext
 from .elements import Encoded, update
 from .names import lb_chain, lb_map
-from .service_rules import ServiceRules
-from .skeleton import chain_block, lb_declarations, render_skeleton
+from .render import ServiceRules
+from .render_skeleton import chain_block, lb_declarations, render_skeleton
 
 ElementId = tuple[str, str]  # (container, key)
 # nft splits a long element list over several netlink messages, and then points an
