@@ -1,9 +1,29 @@
-"""An EndpointSlice as the apiserver validates it (pkg/apis/discovery/validation), plus
-the service-name label; the common shape of an IPv4 endpoint checked in one pass."""
+"""The EndpointSlice kind, whole: its schema (the fields svcproxy reads), the apiserver's
+rules for them (pkg/apis/discovery/validation) with their messages, the parse of a valid
+slice into ``objects.EndpointSlice``, and the typed decode of a listed slice's JSON.
+
+The schema (the msgspec structs below, one per level of the object) drives the typed
+decode (msgspec decodes a listed slice's JSON straight into it, in C; a field it does not
+name sends the slice to the general path), the rules' one-pass check of the common
+endpoint shape (the keys it takes, each with the bound on its value's size, so a field
+added to the schema without its bound fails at import) and the conditions the rules and
+the parse read. The rules stay code: Kubernetes' messages, and reading any value to say
+what is wrong with it, are beyond a struct's decoding.
+
+Two paths give one object. A listed slice of the common shape (``decode_slice``) is
+decoded and checked without messages; anything else, or any doubt (a field not in the
+schema, hints, an IPv6 or FQDN slice, limits below the defaults), gives None and the
+caller takes the general path: ``validate_endpoint_slice`` (which says why), then
+``parse_endpoint_slice``, which makes the same object (property tests in
+tests/frontend/edge/ hold the two to it).
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import msgspec
 
 from svcproxy.frontend.edge import rfc3339
 from svcproxy.frontend.edge.addresses import ALLOWED_IPV4
@@ -14,19 +34,83 @@ from svcproxy.frontend.edge.checker import (
     check_object,
 )
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.names import DNS1123_SUBDOMAIN, QUALIFIED, is_fqdn, matches
+from svcproxy.frontend.edge.metadata import NAME, Meta, decoded, metadata_ok
+from svcproxy.frontend.edge.names import (
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    QUALIFIED,
+    is_app_protocol,
+    is_fqdn,
+    matches,
+)
+from svcproxy.frontend.edge.objects import (
+    EndpointSlice,
+    ParseError,
+    SliceEndpoint,
+    SlicePort,
+    as_list,
+    as_mapping,
+    parse_time,
+    read_ips,
+    read_meta,
+    read_port,
+    read_protocol,
+)
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
+from svcproxy.frontend.edge.wellknown import (
+    SERVICE_NAME_LABEL,
+    TRIGGER_TIME_ANNOTATION,
+    ZONE_LABEL,
+)
+from svcproxy.model import Protocol
 
 MAX_SLICE_ENDPOINTS = 1000
 MAX_SLICE_PORTS = 20000
 MAX_ENDPOINT_ADDRESSES = 100
 MAX_ZONE_HINTS = 8
 MAX_TOPOLOGY_LABELS = 16
-ZONE_KEY = "topology.kubernetes.io/zone"
 INT32 = (-(2**31), 2**31 - 1)  # an int32 field: the apiserver's decoding refuses more
-TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
+Scalar = str | int | float | bool | None
+
+
+# The schema. Absent and null are alike to every field here (the general path reads both
+# as unset), so each is optional with None for both.
+class _Conditions(msgspec.Struct, forbid_unknown_fields=True):
+    ready: bool | None = None
+    serving: bool | None = None
+    terminating: bool | None = None
+
+
+class _Endpoint(msgspec.Struct, forbid_unknown_fields=True):
+    addresses: tuple[str, ...]
+    conditions: _Conditions | None = None
+    nodeName: str | None = None
+    zone: str | None = None
+    hostname: str | None = None  # set: the general path checks it (a DNS-1123 label)
+    hints: None = None  # set: the general path reads the hints
+    targetRef: dict[str, Scalar] | None = None
+
+
+class _Port(msgspec.Struct, forbid_unknown_fields=True):
+    name: str | None = None
+    protocol: str | None = None
+    port: int | None = None
+    appProtocol: str | None = None
+
+
+class _Slice(msgspec.Struct, forbid_unknown_fields=True):
+    metadata: Meta
+    addressType: str
+    endpoints: list[_Endpoint] | None = None
+    ports: list[_Port] | None = None
+    kind: str | None = None
+    apiVersion: str | None = None
+
+
+CONDITIONS = _Conditions.__struct_fields__
+_DECODER = msgspec.json.Decoder(_Slice)
+_DEPTH = 3  # these structs are at most 3 levels deep
 
 # Bound once: Python 3.11 compiles a method call on an imported name as an attribute load,
 # which makes a bound method at each call (this one is made for every endpoint address).
@@ -119,14 +203,16 @@ def _plain_endpoints(obj: Any, limits: ObjectLimits) -> int | None:
     return size
 
 
-# The fields of an endpoint the plain shape may have, each bounded as checked there (a
-# canonical IPv4 address is at most 15 characters, a node name at most 253, a zone 63).
-_PLAIN_KEYS = frozenset(("addresses", "conditions", "nodeName", "zone", "hostname", "hints",
-                         "targetRef"))
-_CONDITION_KEYS = frozenset(("ready", "serving", "terminating"))
-_PLAIN_BOUND = (2 + sum(len(k) + 3 for k in _PLAIN_KEYS) + 2  # the keys; addresses' list
-                + 2 + sum(len(k) + 3 + 8 for k in _CONDITION_KEYS)  # conditions
-                + 255 + 65 + 8 + 8 + 8)  # nodeName, zone, hostname, hints, targetRef
+# The plain shape's fields are the schema's, each with a bound on its value's size as
+# ``check_size`` counts it (a node name is at most 253 characters, a zone 63; the
+# addresses' list and the targetRef are counted apart): a field added to the schema
+# needs its bound here, or this module fails to import.
+_VALUE_BOUNDS = {"addresses": 2, "conditions": 2 + sum(len(k) + 3 + 8 for k in CONDITIONS),
+                 "nodeName": 253 + 2, "zone": 63 + 2, "hostname": 8, "hints": 8,
+                 "targetRef": 8}
+_PLAIN_KEYS = frozenset(_Endpoint.__struct_fields__)
+_CONDITION_KEYS = frozenset(CONDITIONS)
+_PLAIN_BOUND = 2 + sum(len(k) + 3 + _VALUE_BOUNDS[k] for k in _PLAIN_KEYS)
 _ADDRESS_BOUND = 15 + 2
 
 
@@ -202,7 +288,7 @@ def _endpoint(c: Checker, ep: dict[str, Any], where: str, address_type: str) -> 
                   "fully qualified domain name (two or more DNS-1123 labels, at most 253 "
                   "characters, a trailing dot allowed)")
     cond = c.mapping(ep.get("conditions"), f"{where}.conditions")
-    for key in ("ready", "serving", "terminating"):
+    for key in CONDITIONS:
         c.boolean(cond.get(key), f"{where}.conditions.{key}")
     if ep.get("nodeName") is not None:
         c.subdomain(ep.get("nodeName"), f"{where}.nodeName")
@@ -225,8 +311,8 @@ def _topology(c: Checker, value: Any, where: str) -> None:
     labels = c.meta_map(value, where, QUALIFIED)
     if len(labels) > MAX_TOPOLOGY_LABELS:
         c.err(where, "too_many", f"has {len(labels)} labels, at most {MAX_TOPOLOGY_LABELS}")
-    if ZONE_KEY in labels:
-        c.err(f"{where}.{ZONE_KEY}", "invalid_value", "is reserved: set zone instead")
+    if ZONE_LABEL in labels:
+        c.err(f"{where}.{ZONE_LABEL}", "invalid_value", "is reserved: set zone instead")
 
 
 def _hints(c: Checker, hints: dict[str, Any], where: str) -> None:
@@ -260,3 +346,175 @@ def _is_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> EndpointSlice:
+    """An EndpointSlice from its JSON; raises ParseError."""
+    namespace, name, meta = read_meta(obj, namespaced=True)
+    labels = as_mapping(meta.get("labels"), "metadata.labels")
+    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
+    service = labels.get(SERVICE_NAME_LABEL)
+    if not service:
+        raise ParseError(f"label {SERVICE_NAME_LABEL} is missing: the slice belongs to no service")
+    address_type = str(obj.get("addressType") or "")
+    if address_type not in ADDRESS_TYPES:
+        raise ParseError(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
+    ports = []
+    for i, p in enumerate(as_list(obj.get("ports"), "ports")):
+        where = f"ports[{i}]"
+        p = as_mapping(p, where)
+        port = p.get("port")
+        if port is None or type(port) is int and not 1 <= port <= 65535:
+            continue  # "all ports", or one no kernel takes (degraded): nothing to serve
+        ports.append(SlicePort(str(p.get("name") or ""), read_protocol(p.get("protocol"), where),
+                               read_port(port, where)))
+    endpoints = () if address_type == "FQDN" else tuple(
+        _parse_endpoint(ep if type(ep) is dict else as_mapping(ep, f"endpoints[{i}]"), i)
+        for i, ep in enumerate(as_list(obj.get("endpoints"), "endpoints")))
+    trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
+    return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,
+                         trigger or (seen_at if seen_at is not None else time.time()))
+
+
+def _parse_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
+    cond = ep.get("conditions")
+    if ep.get("hints") is None and type(cond) is dict:
+        # The common shape, read without building field paths for error messages.
+        ready = cond.get("ready")
+        ready = True if ready is None else bool(ready)
+        serving = cond.get("serving")
+        addresses = ep.get("addresses")
+        return SliceEndpoint(
+            read_ips(addresses if type(addresses) is list
+                     else as_list(addresses, f"endpoints[{i}].addresses"),
+                     f"endpoints[{i}].addresses"),
+            ready, ready if serving is None else bool(serving),
+            bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
+            _zone(ep.get("zone")), (), ())
+    where = f"endpoints[{i}]"
+    cond = as_mapping(cond, f"{where}.conditions")
+    hints = as_mapping(ep.get("hints"), f"{where}.hints")
+    ready = cond.get("ready")
+    ready = True if ready is None else bool(ready)
+    serving = cond.get("serving")
+    serving = ready if serving is None else bool(serving)
+    return SliceEndpoint(
+        addresses=read_ips(as_list(ep.get("addresses"), f"{where}.addresses"),
+                           f"{where}.addresses"),
+        ready=ready, serving=serving, terminating=bool(cond.get("terminating") or False),
+        node_name=str(ep.get("nodeName") or ""), zone=_zone(ep.get("zone")),
+        hint_zones=tuple(str(as_mapping(z, where).get("name", "")) for z in
+                         as_list(hints.get("forZones"), f"{where}.hints.forZones")),
+        hint_nodes=tuple(str(as_mapping(n, where).get("name", "")) for n in
+                         as_list(hints.get("forNodes"), f"{where}.hints.forNodes")),
+    )
+
+
+def _zone(value: Any) -> str:
+    """An endpoint's zone (any text: Kubernetes has no rule), "" when it cannot be sent
+    (not valid UTF-8: the validator warned of it)."""
+    text = str(value or "")
+    if text.isascii():
+        return text
+    return text if _is_text(text) else ""
+
+
+def decode_slice(data: bytes | msgspec.Raw, limits: ObjectLimits,
+                 seen_at: float | None = None) -> EndpointSlice | None:
+    """The EndpointSlice the general path would make of ``data`` (an item's JSON), or
+    None when not of the common shape (then take the general path)."""
+    obj = decoded(_DECODER, data, limits, _DEPTH)
+    if obj is None:
+        return None
+    meta = obj.metadata
+    if obj.addressType != "IPv4" or not metadata_ok(meta, DNS1123_SUBDOMAIN, NAME, limits):
+        return None
+    service = (meta.labels or {}).get(SERVICE_NAME_LABEL)
+    annotations = meta.annotations or {}
+    trigger_text = annotations.get(TRIGGER_TIME_ANNOTATION)
+    if not service or trigger_text is not None and trigger_time_problem(trigger_text):
+        return None
+    ports = _decoded_ports(obj.ports or [])
+    endpoints = _decoded_endpoints(obj.endpoints or [])
+    if ports is None or endpoints is None:
+        return None
+    trigger = parse_time(trigger_text)
+    return EndpointSlice(meta.namespace or "default", meta.name, service, "IPv4", ports,
+                         endpoints, trigger or (seen_at if seen_at is not None else time.time()))
+
+
+def _decoded_ports(ports: list[_Port]) -> tuple[SlicePort, ...] | None:
+    """``_ports``' rules, on the decoded ports; None when one would be refused or
+    degraded."""
+    if len(ports) > MAX_SLICE_PORTS:
+        return None
+    names: set[str] = set()
+    out = []
+    for p in ports:
+        name = p.name or ""
+        if name and (len(name) > 63 or not matches(DNS1123_LABEL, name)) or name in names:
+            return None
+        names.add(name)
+        protocol = "TCP" if p.protocol is None else p.protocol
+        if protocol not in PROTOCOLS or \
+                p.appProtocol is not None and not is_app_protocol(p.appProtocol):
+            return None
+        if p.port is None:
+            continue
+        if not 1 <= p.port <= 65535:  # degraded (or refused): the general path says so
+            return None
+        out.append(SlicePort(name, Protocol(protocol), p.port))
+    return tuple(out)
+
+
+# Node name and zone pairs found valid (a cluster has a few hundred): one look-up each.
+_PLACES: set[tuple[str | None, str]] = set()
+
+
+def _place_ok(node: str | None, zone: str) -> bool:
+    """A node name valid when set (ValidateNodeName, "" is not), a zone (no rule) of at
+    most 63 ASCII characters (others: the general path, which reads any)."""
+    if (node, zone) in _PLACES:
+        return True
+    if node is not None and (len(node) > NAME or not DNS1123_SUBDOMAIN.fullmatch(node)) or \
+            len(zone) > 63 or not zone.isascii():
+        return False
+    if len(_PLACES) > 10_000:
+        _PLACES.clear()
+    _PLACES.add((node, zone))
+    return True
+
+
+def _decoded_endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
+    """``_endpoint``'s rules, on the decoded endpoints of an IPv4 slice, and the parse's
+    reading of them; None when one is not of the plain shape."""
+    if len(endpoints) > MAX_SLICE_ENDPOINTS:
+        return None
+    out: list[SliceEndpoint] = []
+    append = out.append
+    allowed = _allowed_ipv4
+    places = _PLACES
+    for ep in endpoints:
+        addresses = ep.addresses
+        if len(addresses) == 1 and ep.hostname is None:
+            if not allowed(addresses[0]):
+                return None
+        else:
+            if not 0 < len(addresses) <= MAX_ENDPOINT_ADDRESSES or ep.hostname is not None:
+                return None
+            for address in addresses:
+                if not allowed(address):
+                    return None
+            addresses = tuple(dict.fromkeys(addresses))
+        node, zone = ep.nodeName, ep.zone or ""
+        if (node, zone) not in places and not _place_ok(node, zone):
+            return None
+        node = node or ""
+        cond = ep.conditions
+        if cond is None:
+            append(SliceEndpoint(addresses, True, True, False, node, zone, (), ()))
+            continue
+        ready = True if cond.ready is None else cond.ready
+        append(SliceEndpoint(addresses, ready, ready if cond.serving is None else cond.serving,
+                             cond.terminating is True, node, zone, (), ()))
+    return tuple(out)

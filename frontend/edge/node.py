@@ -11,8 +11,6 @@ from svcproxy.frontend.edge.checker import Checker, check_cidrs, check_object
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.names import QUALIFIED, is_qualified_name, matches
 from svcproxy.frontend.edge.objects import (
-    TO_BE_DELETED_TAINT,
-    ZONE_LABEL,
     Node,
     as_list,
     as_mapping,
@@ -20,6 +18,7 @@ from svcproxy.frontend.edge.objects import (
     read_meta,
 )
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
+from svcproxy.frontend.edge.wellknown import TO_BE_DELETED_TAINT, ZONE_LABEL
 from svcproxy.model import parse_ip
 
 NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")

@@ -1,21 +1,26 @@
-"""The cluster objects the frontend uses, parsed and validated from Kubernetes JSON.
+"""The cluster objects the frontend uses (Service, EndpointSlice, Node: only the fields
+svcproxy needs), the readers every kind's parse shares, and the Service's parse.
 
-Only the fields svcproxy needs are kept. Parsing is strict where a mistake
-would program wrong rules (ports, protocols) and forgiving where Kubernetes
-itself is (IPs with leading zeros, spaces in source ranges): a bad object
-raises ``ParseError`` with a reason a person can act on.
+Each kind's module (endpointslice.py, node.py) makes these objects from Kubernetes JSON.
+Parsing is strict where a mistake would program wrong rules (ports, protocols) and
+forgiving where Kubernetes itself is (IPs with leading zeros, spaces in source ranges):
+a bad object raises ``ParseError`` with a reason a person can act on.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import time
 from typing import Any
 
 import msgspec
 
 from svcproxy.frontend.edge import rfc3339
 from svcproxy.frontend.edge.addresses import CANONICAL_IPV4, kube_cidr
+from svcproxy.frontend.edge.wellknown import (
+    OPTION_PREFIX,
+    SERVICE_PROXY_NAME_LABEL,
+    TOPOLOGY_ANNOTATIONS,
+)
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,
@@ -26,16 +31,6 @@ from svcproxy.model import (
     normalize_ip,
 )
 from svcproxy.wirevalues import LATEST
-
-SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
-HEADLESS_LABEL = "service.kubernetes.io/headless"
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
-TOPOLOGY_ANNOTATIONS = ("service.kubernetes.io/topology-mode",
-                        "service.kubernetes.io/topology-aware-hints")
-ZONE_LABEL = "topology.kubernetes.io/zone"
-TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
-OPTION_PREFIX = "svcproxy.io/"
 
 
 class ParseError(ValueError):
@@ -156,14 +151,14 @@ def as_list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def _protocol(value: Any, where: str) -> Protocol:
+def read_protocol(value: Any, where: str) -> Protocol:
     try:
         return Protocol(value or "TCP")
     except ValueError:
         raise ParseError(f"{where}: unsupported protocol {value!r} (TCP, UDP or SCTP)") from None
 
 
-def _port(value: Any, where: str, allow_zero: bool = False) -> int:
+def read_port(value: Any, where: str, allow_zero: bool = False) -> int:
     if value is None and allow_zero:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
@@ -181,7 +176,7 @@ def canonical_ip(text: str) -> str | None:
     return normalize_ip(text)
 
 
-def _ips(values: list[Any], where: str) -> tuple[str, ...]:
+def read_ips(values: list[Any], where: str) -> tuple[str, ...]:
     """Addresses in canonical form, an IPv4-mapped one as its IPv4 address (Go's To4(),
     which Kubernetes validates and kube-proxy programs it as)."""
     if len(values) == 1 and type(values[0]) is str and CANONICAL_IPV4.fullmatch(values[0]):
@@ -217,10 +212,10 @@ def _service_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
         name = str(p.get("name") or "")
         if len(raw) > 1 and not name:
             raise ParseError(f"{where}: a service with several ports must name each")
-        port = _port(p.get("port"), where)
+        port = read_port(p.get("port"), where)
         target = p.get("targetPort", port)
-        ports.append(SvcPort(name, _protocol(p.get("protocol"), where), port,
-                             _port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True),
+        ports.append(SvcPort(name, read_protocol(p.get("protocol"), where), port,
+                             read_port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True),
                              str(target)))
     return tuple(ports)
 
@@ -259,7 +254,7 @@ def _lb_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
         ing = as_mapping(ing, f"status.loadBalancer.ingress[{i}]")
         if not ing.get("ip"):
             continue
-        (ip,) = _ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
+        (ip,) = read_ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
         out.append(LoadBalancerIngress(ip, str(ing.get("ipMode") or "VIP")))
     return tuple(out)
 
@@ -277,9 +272,10 @@ def parse_service(obj: dict[str, Any]) -> Service:
     hc_port = spec.get("healthCheckNodePort")
     return Service(
         namespace=namespace, name=name, type=str(spec.get("type") or "ClusterIP"),
-        cluster_ips=_ips(as_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
+        cluster_ips=read_ips(as_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
         ports=_service_ports(spec),
-        external_ips=_ips(as_list(spec.get("externalIPs"), "spec.externalIPs"), "spec.externalIPs"),
+        external_ips=read_ips(as_list(spec.get("externalIPs"), "spec.externalIPs"),
+                              "spec.externalIPs"),
         load_balancer_ingress=_lb_ingress(as_mapping(obj.get("status"), "status")),
         load_balancer_source_ranges=_source_ranges(spec),
         session_affinity=affinity, session_affinity_timeout=timeout,
@@ -287,7 +283,7 @@ def parse_service(obj: dict[str, Any]) -> Service:
                                         "spec.internalTrafficPolicy"),
         external_traffic_policy=_policy(spec.get("externalTrafficPolicy"),
                                         "spec.externalTrafficPolicy"),
-        health_check_node_port=_port(hc_port, "spec.healthCheckNodePort", allow_zero=True),
+        health_check_node_port=read_port(hc_port, "spec.healthCheckNodePort", allow_zero=True),
         traffic_distribution=str(spec.get("trafficDistribution") or ""),
         topology_mode=topology,
         proxy_name=str(labels[SERVICE_PROXY_NAME_LABEL])
@@ -305,82 +301,3 @@ def parse_time(text: Any) -> float:
     if parsed is None or parsed[0] < 0:
         return 0.0
     return min(parsed[0] + parsed[1] / 1e9, LATEST)
-
-
-def plain_endpoint(addresses: tuple[str, ...], ready: bool, serving: bool, terminating: bool,
-                   node_name: str, zone: str) -> SliceEndpoint:
-    """A SliceEndpoint without hints."""
-    return SliceEndpoint(addresses, ready, serving, terminating, node_name, zone, (), ())
-
-
-def _zone(value: Any) -> str:
-    """An endpoint's zone (any text: Kubernetes has no rule), "" when it cannot be sent
-    (not valid UTF-8: the validator warned of it)."""
-    text = str(value or "")
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return ""
-    return text
-
-
-def _slice_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
-    cond = ep.get("conditions")
-    if ep.get("hints") is None and type(cond) is dict:
-        # The common shape, read without building field paths for error messages.
-        ready = cond.get("ready")
-        ready = True if ready is None else bool(ready)
-        serving = cond.get("serving")
-        addresses = ep.get("addresses")
-        return plain_endpoint(
-            _ips(addresses if type(addresses) is list
-                 else as_list(addresses, f"endpoints[{i}].addresses"), f"endpoints[{i}].addresses"),
-            ready, ready if serving is None else bool(serving),
-            bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
-            _zone(ep.get("zone")))
-    where = f"endpoints[{i}]"
-    cond = as_mapping(cond, f"{where}.conditions")
-    hints = as_mapping(ep.get("hints"), f"{where}.hints")
-    ready = cond.get("ready")
-    ready = True if ready is None else bool(ready)
-    serving = cond.get("serving")
-    serving = ready if serving is None else bool(serving)
-    return SliceEndpoint(
-        addresses=_ips(as_list(ep.get("addresses"), f"{where}.addresses"), f"{where}.addresses"),
-        ready=ready, serving=serving, terminating=bool(cond.get("terminating") or False),
-        node_name=str(ep.get("nodeName") or ""), zone=_zone(ep.get("zone")),
-        hint_zones=tuple(str(as_mapping(z, where).get("name", "")) for z in
-                         as_list(hints.get("forZones"), f"{where}.hints.forZones")),
-        hint_nodes=tuple(str(as_mapping(n, where).get("name", "")) for n in
-                         as_list(hints.get("forNodes"), f"{where}.hints.forNodes")),
-    )
-
-
-def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> EndpointSlice:
-    """An EndpointSlice from its JSON; raises ParseError."""
-    namespace, name, meta = read_meta(obj, namespaced=True)
-    labels = as_mapping(meta.get("labels"), "metadata.labels")
-    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
-    service = labels.get(SERVICE_NAME_LABEL)
-    if not service:
-        raise ParseError(f"label {SERVICE_NAME_LABEL} is missing: the slice belongs to no service")
-    address_type = str(obj.get("addressType") or "")
-    if address_type not in ("IPv4", "IPv6", "FQDN"):
-        raise ParseError(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
-    ports = []
-    for i, p in enumerate(as_list(obj.get("ports"), "ports")):
-        where = f"ports[{i}]"
-        p = as_mapping(p, where)
-        port = p.get("port")
-        if port is None or type(port) is int and not 1 <= port <= 65535:
-            continue  # "all ports", or one no kernel takes (degraded): nothing to serve
-        ports.append(SlicePort(str(p.get("name") or ""), _protocol(p.get("protocol"), where),
-                               _port(port, where)))
-    endpoints = () if address_type == "FQDN" else tuple(
-        _slice_endpoint(ep if type(ep) is dict else as_mapping(ep, f"endpoints[{i}]"), i)
-        for i, ep in enumerate(as_list(obj.get("endpoints"), "endpoints")))
-    trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
-    return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,
-                         trigger or (seen_at if seen_at is not None else time.time()))

@@ -1,6 +1,6 @@
 """Listed Services of the common shape, decoded from their JSON straight into the store's
 objects (msgspec's typed decoding, in C) instead of dicts then validation.py and parse,
-as endpointslice_decode.py does for EndpointSlices. Only what those would accept as it is:
+as endpointslice.py does for EndpointSlices. Only what those would accept as it is:
 anything else, or any doubt (a field not listed here, ExternalName, IPv6 or dual-stack,
 source ranges, limits below the defaults), is None, and the caller takes the general
 path, which says why and gives the same object.
@@ -21,18 +21,16 @@ from svcproxy.frontend.edge.names import (
     is_port_name,
     matches,
 )
-from svcproxy.frontend.edge.objects import (
-    OPTION_PREFIX,
-    SERVICE_PROXY_NAME_LABEL,
-    TOPOLOGY_ANNOTATIONS,
-    Service,
-    SvcPort,
-    parse_time,
-)
+from svcproxy.frontend.edge.objects import Service, SvcPort, parse_time
 from svcproxy.frontend.edge.service import (
     IP_FAMILY_POLICIES,
     SOURCE_RANGES_ANNOTATION,
     TRAFFIC_DISTRIBUTIONS,
+)
+from svcproxy.frontend.edge.wellknown import (
+    OPTION_PREFIX,
+    SERVICE_PROXY_NAME_LABEL,
+    TOPOLOGY_ANNOTATIONS,
 )
 from svcproxy.model import (
     DEFAULT_AFFINITY_TIMEOUT,

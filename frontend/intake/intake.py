@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from svcproxy.frontend.edge.endpointslice_decode import decode_slice
+from svcproxy.frontend.edge.endpointslice import decode_slice, parse_endpoint_slice
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.node import parse_node
 from svcproxy.frontend.edge.objects import (
@@ -27,7 +27,6 @@ from svcproxy.frontend.edge.objects import (
     Node,
     ParseError,
     Service,
-    parse_endpoint_slice,
     parse_service,
 )
 from svcproxy.frontend.edge.service_decode import decode_service
@@ -79,7 +78,7 @@ class Intake:
 
     def decode(self, raw: RawObject) -> Service | EndpointSlice | dict[str, Any] | None:
         """A listed object's JSON: its object when of the common shape (valid as it is, see
-        edge/service_decode.py and edge/endpointslice_decode.py), else its dict, for
+        edge/service_decode.py and edge/endpointslice.py), else its dict, for
         ``parse`` to say why or read it."""
         parsed = _TYPED[raw.kind](raw.data, self.limits)
         if parsed is not None:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from svcproxy.frontend.edge.endpointslice import MAX_SLICE_ENDPOINTS
-from svcproxy.frontend.edge.objects import (
+from svcproxy.frontend.edge.wellknown import (
     SERVICE_NAME_LABEL,
     TO_BE_DELETED_TAINT,
     TRIGGER_TIME_ANNOTATION,

@@ -9,10 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from svcproxy.frontend.computation.compute import service_base
-from svcproxy.frontend.edge.endpointslice import _plain_ipv4_endpoint, validate_endpoint_slice
+from svcproxy.frontend.edge.endpointslice import (
+    _plain_ipv4_endpoint,
+    parse_endpoint_slice,
+    validate_endpoint_slice,
+)
 from svcproxy.frontend.edge.limits import ObjectLimits, check_size
 from svcproxy.frontend.edge.node import parse_node, validate_node
-from svcproxy.frontend.edge.objects import parse_endpoint_slice, parse_service
+from svcproxy.frontend.edge.objects import parse_service
 from svcproxy.frontend.edge.service import validate_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.publication.wire import replace_service, set_node

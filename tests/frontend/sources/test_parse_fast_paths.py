@@ -20,14 +20,17 @@ from svcproxy.frontend.edge.addresses import (
     FORBIDDEN_IPV4,
     ipv4_problem,
 )
-from svcproxy.frontend.edge.endpointslice import _plain_ipv4_endpoint, validate_endpoint_slice
-from svcproxy.frontend.edge.endpointslice_decode import decode_slice
+from svcproxy.frontend.edge.endpointslice import (
+    _plain_ipv4_endpoint,
+    decode_slice,
+    parse_endpoint_slice,
+    validate_endpoint_slice,
+)
 from svcproxy.frontend.edge.limits import ObjectLimits, _walk
 from svcproxy.frontend.edge.objects import (
     Service,
     SvcPort,
     canonical_ip,
-    parse_endpoint_slice,
     parse_service,
 )
 from svcproxy.frontend.edge.service import validate_service
