@@ -58,11 +58,11 @@ PODS = {p.name: p for p in SPEC.pods}
 
 
 def node_port(name: str, port: int, pods: list[str], proto: str = "TCP", family: int = 4,
-              *, node: str = "node1", subnet: int = 1, cip: str = "",
+              *, node: str = "node1", subnet: int = 1, cip: str = "", target: int = 8080,
               external: list[str] | None = None, internal: list[str] | None = None,
               **extra: Any) -> ServicePortState:
-    """A service ``port`` -> 8080 on ``pods``, as ``node``'s backend gets it (its pods
-    are local): a NodePort ``port`` unless ``extra`` sets another type; its ClusterIP
+    """A service ``port`` -> ``target`` on ``pods``, as ``node``'s backend gets it (its
+    pods are local): a NodePort ``port`` unless ``extra`` sets another type; its ClusterIP
     ``cip``, else 10.96.``subnet``.(port % 200) (fd00:96::``subnet``:... for IPv6);
     ``external`` and ``internal`` narrow the frontend's flags (default: every
     endpoint)."""
@@ -78,7 +78,7 @@ def node_port(name: str, port: int, pods: list[str], proto: str = "TCP", family:
         spec = PODS[pod]
         ip = spec.ipv4 if family == 4 else spec.ipv6
         here = spec.node.name == node
-        eps[ip] = Endpoint(ip, 8080, is_local=here, node_name=spec.node.name,
+        eps[ip] = Endpoint(ip, target, is_local=here, node_name=spec.node.name,
                            internal=internal is None or pod in internal,
                            external=external is None or pod in external,
                            cluster=True, local=here)

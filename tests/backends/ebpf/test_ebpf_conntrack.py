@@ -35,26 +35,15 @@ from svcproxy.backends.ebpf.packet_layout import (
     MAP_CT,
 )
 from svcproxy.model import (
-    Endpoint,
-    Protocol,
-    ServicePort,
-    ServicePortKey,
     ServicePortState,
-    ServiceType,
     SessionAffinity,
 )
-from tests.backends.ebpf.test_ebpf_packet_path import (
-    CLIENT,
-    NODE1,
-    PODS,
-    World,
-    node_port,
-    pytestmark,
-)
+from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, enter
+from tests.support.packet_path import CLIENT, NODE1, World, node_port
 
-__all__ = ["pytestmark"]
+pytestmark = packet_path.marks("ip", "nft")
 
 TIMEOUTS = CtTimeouts()  # what the World's backend runs with
 NS = 1_000_000_000
@@ -115,22 +104,12 @@ class LineEcho:
 
 def long_service(name: str, port: int, pods: list[str]) -> ServicePortState:
     """A NodePort ``port`` -> LineEcho's port on ``pods``."""
-    key = ServicePortKey("default", name, "p", Protocol.TCP)
-    svc = ServicePort(key, cluster_ips=(f"10.96.2.{port % 200}",), port=80, node_port=port,
-                      has_endpoints=bool(pods), type=ServiceType.NODE_PORT)
-    eps = {}
-    for pod in pods:
-        spec = PODS[pod]
-        local = spec.node.name == "node1"
-        eps[spec.ipv4] = Endpoint(spec.ipv4, LONG_PORT, is_local=local,
-                                  node_name=spec.node.name, internal=True, external=True,
-                                  cluster=True, local=local)
-    return ServicePortState(svc, eps)
+    return node_port(name, port, pods, subnet=2, target=LONG_PORT)
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World()
+    w = World("spct-")
     servers: list[LineEcho] = []
     try:
         w.start()

@@ -13,12 +13,9 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,120 +24,29 @@ from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_layout import MAP_CT, endpoint_name, pack_endpoint
 from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
-    Endpoint,
     Protocol,
-    ServicePort,
     ServicePortKey,
-    ServicePortState,
     ServiceType,
     SessionAffinity,
     TrafficPolicy,
 )
-from svcproxy.sdk import Changes, NodeConfig, NodeContext, NodeState, resolve_context
+from svcproxy.sdk import Changes, NodeConfig, NodeState, resolve_context
 from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
-from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
-from tests.support.lab.plan import standard_spec
-from tests.support.lab.topology import Lab
+from tests.support.packet_path import CLIENT, NODE1, PODS, SPEC, World, node_port
 
 pytestmark = packet_path.marks("ip", "nft")
 
-SPEC = standard_spec()
-NODE1, NODE2 = SPEC.node("node1"), SPEC.node("node2")
-CLIENT = SPEC.clients[0]
-PODS = {p.name: p for p in SPEC.pods}
+NODE2 = SPEC.node("node2")
 TABLE = 16381
-
-
-class World:
-    """The lab, echo servers in the pods, a bpffs, and the packet backend on node1."""
-
-    def __init__(self) -> None:
-        self.lab = Lab(spec=SPEC)
-        self.bpffs = Path(tempfile.mkdtemp(prefix="sptc-"))
-        self.mounted = False
-        self.servers: list[EchoServer] = []
-        self.backend: PacketBackend | None = None
-        self.services: dict[ServicePortKey, ServicePortState] = {}
-        self.revision = 0
-
-    def start(self) -> World:
-        self.lab.build()
-        for name in ("pod-a", "pod-b", "pod-c", "pod-d"):
-            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
-        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
-        self.mounted = True
-        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
-        # The LAN device and the pods' bridge (what pods on node1 reach the node by);
-        # test_ebpf_packet_path_process leaves the default (the node IP's device) instead.
-        self.backend = PacketBackend(config, PacketLayout(self.bpffs / "pins",
-                                                          ("eth0", "br0"), maglev_size=TABLE))
-        return self
-
-    def stop(self) -> None:
-        try:
-            if self.backend is not None:
-                self.in_node(self.backend.cleanup)
-        finally:
-            for server in self.servers:
-                server.stop()
-            if self.mounted:
-                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
-            shutil.rmtree(self.bpffs, ignore_errors=True)
-            self.lab.destroy()
-
-    def in_node(self, fn: Any, *args: Any) -> Any:
-        return call_in(self.lab.ns("node1"), fn, *args)
-
-    def set(self, record: ServicePortState) -> None:
-        self.services[record.key] = record
-        self.sync(Changes(frozenset({record.key})))
-
-    def delete(self, key: ServicePortKey) -> None:
-        self.services.pop(key, None)
-        self.sync(Changes(frozenset({key})))
-
-    def sync(self, changes: Changes, context: NodeContext | None = None) -> None:
-        self.revision += 1
-        assert self.backend is not None
-        state = NodeState("node1", self.revision, None, dict(self.services), context)
-        self.in_node(self.backend.sync, state, changes)
-
-    def tcp(self, port: int, count: int = 12) -> Any:
-        return summarize(probe(self.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, port, count))
-
-    def udp(self, port: int, count: int = 12) -> Any:
-        return summarize(probe(self.lab.ns(CLIENT.name), "udp", NODE1.ipv4, port, count))
-
-
-def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
-              external: list[str] | None = None, family: int = 4,
-              internal: list[str] | None = None, cip: str = "",
-              **extra: Any) -> ServicePortState:
-    """A NodePort service ``port`` -> 8080 on ``pods`` (node1's are local); ``external``
-    and ``internal`` narrow the frontend's flags (default: every endpoint)."""
-    key = ServicePortKey("default", name, "p", Protocol(proto))
-    extra.setdefault("type", ServiceType.NODE_PORT)
-    if not cip:
-        cip = f"10.96.1.{port % 200}" if family == 4 else f"fd00:96::1:{port % 200:x}"
-    svc = ServicePort(key, cluster_ips=(cip,), port=80,
-                      node_port=port, has_endpoints=bool(pods), **extra)
-    eps = {}
-    for pod in pods:
-        spec = PODS[pod]
-        ip = spec.ipv4 if family == 4 else spec.ipv6
-        local = spec.node.name == "node1"
-        outside = external is None or pod in external
-        inside = internal is None or pod in internal
-        eps[ip] = Endpoint(ip, 8080, is_local=local, node_name=spec.node.name,
-                           internal=inside, external=outside, cluster=True, local=local)
-    return ServicePortState(svc, eps)
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World()
+    # The LAN device and the pods' bridge (what pods on node1 reach the node by);
+    # test_ebpf_packet_path_process leaves the default (the node IP's device) instead.
+    w = World("sptc-", maglev_size=TABLE)
     try:
         w.start()
         yield w

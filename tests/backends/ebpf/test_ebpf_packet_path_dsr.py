@@ -11,13 +11,10 @@ namespaces made here) are removed at the end, also when a test fails.
 from __future__ import annotations
 
 import errno
-import shutil
 import socket
-import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,105 +22,36 @@ from svcproxy.backends.ebpf.ct_gc import gc_pass
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from svcproxy.backends.ebpf.packet_layout import MAP_CT
-from svcproxy.backends.ebpf.packet_loader import PacketLayout
-from svcproxy.model import (
-    Endpoint,
-    Protocol,
-    ServicePort,
-    ServicePortKey,
-    ServicePortState,
-    ServiceType,
-)
-from svcproxy.sdk import Changes, NodeConfig, NodeState
 from tests.support import packet_path
-from tests.support.lab.checksums import tx_checksums_off
 from tests.support.lab.client import probe, summarize
-from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
-from tests.support.lab.plan import standard_spec
-from tests.support.lab.topology import Lab
+from tests.support.packet_path import CLIENT, NODE1, PODS, SPEC, World, node_port
 from tests.support.packet_path_sctp import exchange
 from tests.support.waiting import wait_for
 
 pytestmark = packet_path.marks("ip")
 
-SPEC = standard_spec()
 NODES = ("node1", "node2")
-NODE1 = SPEC.node("node1")
-CLIENT = SPEC.clients[0]
-PODS = {p.name: p for p in SPEC.pods}
 # <linux/in.h>, <linux/in6.h> (Python's socket module lacks them).
 IP_MTU_DISCOVER, IP_PMTUDISC_DO, IP_MTU = 10, 2, 14
 IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO, IPV6_MTU = 23, 2, 24
 
 
-def node_port(name: str, port: int, pods: list[str], node: str, proto: str = "TCP",
-              family: int = 4) -> ServicePortState:
-    """A NodePort service ``port`` -> 8080 on ``pods`` as ``node``'s backend gets it."""
-    key = ServicePortKey("default", name, "p", Protocol(proto))
-    cip = f"10.96.9.{port % 200}" if family == 4 else f"fd00:96::9:{port % 200:x}"
-    svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=port, has_endpoints=True,
-                      type=ServiceType.NODE_PORT)
-    eps = {}
-    for pod in pods:
-        spec = PODS[pod]
-        ip = spec.ipv4 if family == 4 else spec.ipv6
-        here = spec.node.name == node
-        eps[ip] = Endpoint(ip, 8080, is_local=here, node_name=spec.node.name, internal=True,
-                           external=True, cluster=True, local=here)
-    return ServicePortState(svc, eps)
+def dsr_world(**layout: Any) -> World:
+    """The lab with a DSR packet backend on each node (eth0 and the pods' bridge br0)."""
+    return World("spdsr-", nodes=NODES, servers=("pod-a", "pod-c", "pod-d"), dsr=True,
+                 **layout)
 
 
-class World:
-    """The lab, echo servers, a bpffs, and a DSR packet backend on each node."""
-
-    def __init__(self) -> None:
-        self.lab = Lab(spec=SPEC)
-        self.bpffs = Path(tempfile.mkdtemp(prefix="spdsr-"))
-        self.mounted = False
-        self.servers: list[EchoServer] = []
-        self.backends: dict[str, PacketBackend] = {}
-        self.services: list[tuple[str, int, list[str], str, int]] = []
-
-    def start(self, xdp: str = "off") -> World:
-        self.lab.build()
-        for name in ("pod-a", "pod-c", "pod-d"):
-            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
-        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
-        self.mounted = True
-        for node in NODES:
-            spec = SPEC.node(node)
-            config = NodeConfig(node_name=node, node_ips=(spec.ipv4, spec.ipv6))
-            layout = PacketLayout(self.bpffs / node, ("eth0", "br0"), dsr=True, xdp=xdp)
-            self.backends[node] = PacketBackend(config, layout)
-        return self
-
-    def stop(self) -> None:
-        try:
-            for node, backend in self.backends.items():
-                call_in(self.lab.ns(node), backend.cleanup)
-        finally:
-            for server in self.servers:
-                server.stop()
-            if self.mounted:
-                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
-            shutil.rmtree(self.bpffs, ignore_errors=True)
-            self.lab.destroy()
-
-    def add(self, name: str, port: int, pods: list[str], proto: str = "TCP",
-            family: int = 4) -> None:
-        """The service on every node, as each node's backend gets it (full syncs)."""
-        self.services.append((name, port, pods, proto, family))
-        for node, backend in self.backends.items():
-            records = [node_port(*s[:3], node, *s[3:]) for s in self.services]
-            state = NodeState(node, len(self.services), None, {r.key: r for r in records})
-            call_in(self.lab.ns(node), backend.sync, state,
-                    Changes(frozenset(state.services), full=True))
+def add(world: World, name: str, port: int, pods: list[str], proto: str = "TCP",
+        family: int = 4) -> None:
+    """The NodePort service on every node, as each node's backend gets it."""
+    world.set(lambda node: node_port(name, port, pods, proto, family, node=node, subnet=9))
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World()
+    w = dsr_world()
     try:
         w.start()
         yield w
@@ -152,7 +80,7 @@ def _exchange(host: str, port: int, count: int) -> list[str]:
 def test_the_pod_sees_the_client_and_replies_come_from_the_service(
         world: World, proto: str, family: int) -> None:
     port = 30200 + 10 * family + (proto == "udp")
-    world.add(f"dsr-{proto}{family}", port, ["pod-c"], proto.upper(), family)
+    add(world, f"dsr-{proto}{family}", port, ["pod-c"], proto.upper(), family)
     host = NODE1.ipv4 if family == 4 else NODE1.ipv6
     got = summarize(probe(world.lab.ns(CLIENT.name), proto, host, port, 8))
     # Every answer reached a socket connected to node1's NodePort: its source was the
@@ -164,7 +92,7 @@ def test_the_pod_sees_the_client_and_replies_come_from_the_service(
 def test_replies_skip_the_ingress_node(world: World) -> None:
     """50 datagrams and their answers: node1's eth0 receives the 50 requests (and a
     little ARP), not the 50 answers, which go from node2 to the client."""
-    world.add("dsr-direct", 30250, ["pod-d"], "UDP")
+    add(world, "dsr-direct", 30250, ["pod-d"], "UDP")
     client = world.lab.ns(CLIENT.name)
     assert call_in(client, _exchange, NODE1.ipv4, 30250, 1) == ["pod-d"]
     before = _rx_packets(world.lab.ns("node1"), "eth0")
@@ -196,7 +124,7 @@ def test_an_answered_flow_lives_as_one_on_both_nodes(world: World) -> None:
     """Neither node sees both directions of a DSR flow, yet it is an answered flow on
     each (UDP: 120 s, not 30): idle 60 s, a GC pass on both nodes keeps it, and its
     next datagram reaches the same pod."""
-    world.add("dsr-idle", 30290, ["pod-c", "pod-d"], "UDP")
+    add(world, "dsr-idle", 30290, ["pod-c", "pod-d"], "UDP")
 
     def talk() -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -229,7 +157,7 @@ def _ask(sock: socket.socket) -> str:
 def test_a_client_behind_the_node_is_snated_as_without_dsr(world: World) -> None:
     """A pod of node1 (outside any socket program) reaching the NodePort through br0:
     its reply would come back over another path, so it is SNATed, as without DSR."""
-    world.add("dsr-pod", 30260, ["pod-c"])
+    add(world, "dsr-pod", 30260, ["pod-c"])
     got = summarize(probe(world.lab.ns("client"), "tcp", NODE1.ipv4, 30260, 5))
     assert got.names == Counter({"pod-c": 5}) and got.sources == {NODE1.ipv4}, got
 
@@ -254,13 +182,12 @@ def test_with_xdp_dsr_flows_are_sent_in_geneve_by_xdp() -> None:
     from svcproxy.backends.ebpf import xdp
     from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
 
-    w = World()
+    # XDP updates checksums: the senders' must be whole.
+    w = dsr_world(xdp="generic", whole_checksums=(CLIENT.name, "pod-c", "pod-d"))
     try:
-        w.start(xdp="generic")
-        for name in (CLIENT.name, "pod-c", "pod-d"):
-            tx_checksums_off(w.lab.ns(name))  # XDP updates checksums: they must be whole
-        w.add("dsr-xdp", 30280, ["pod-c", "pod-d"])
-        w.add("dsr-xdp6", 30281, ["pod-c"], "UDP", 6)
+        w.start()
+        add(w, "dsr-xdp", 30280, ["pod-c", "pod-d"])
+        add(w, "dsr-xdp6", 30281, ["pod-c"], "UDP", 6)
         _know_neighbour(w.lab.ns("node1"), SPEC.node("node2").ipv4)
         _know_neighbour(w.lab.ns("node1"), SPEC.node("node2").ipv6)
         client = w.lab.ns(CLIENT.name)
@@ -272,7 +199,7 @@ def test_with_xdp_dsr_flows_are_sent_in_geneve_by_xdp() -> None:
         assert programs is not None
         stats = xdp.read_stats(programs.maps[MAP_XDP_STATS].fd)
         assert stats["new"] >= 15 and stats["forward"] >= 10 and stats["picked"] == 0, str(stats)
-        w.add("dsr-xdp-mtu", 30282, ["pod-c"], "UDP")
+        add(w, "dsr-xdp-mtu", 30282, ["pod-c"], "UDP")
         first, error, mtu, fits = call_in(client, _path_mtu_learned, NODE1.ipv4, 30282)
         assert (first, error, mtu, fits) == ("pod-c", errno.EMSGSIZE, 1440, "pod-c")
     finally:
@@ -316,7 +243,7 @@ def test_a_packet_too_big_for_geneve_gets_the_path_mtu_back(world: World, family
     (60 bytes, 80 for IPv6); the client's socket learns it, and a datagram of exactly
     that size reaches the pod."""
     port = 30270 + family
-    world.add(f"dsr-mtu{family}", port, ["pod-c"], "UDP", family)
+    add(world, f"dsr-mtu{family}", port, ["pod-c"], "UDP", family)
     host = NODE1.ipv4 if family == 4 else NODE1.ipv6
     first, error, mtu, fits = call_in(world.lab.ns(CLIENT.name), _path_mtu_learned, host, port)
     assert first == "pod-c"
@@ -332,7 +259,7 @@ def test_sctp_goes_by_dsr_too(world: World, family: int) -> None:
     not SNATed), and pod-c's INIT ACK reaches the client from the NodePort; CRC32c
     right both ways (computed again after each port rewrite)."""
     port = 30264 + family
-    world.add(f"dsr-sctp{family}", port, ["pod-c"], "SCTP", family)
+    add(world, f"dsr-sctp{family}", port, ["pod-c"], "SCTP", family)
     host, client, pod = ((NODE1.ipv4, CLIENT.ipv4, PODS["pod-c"].ipv4) if family == 4 else
                          (NODE1.ipv6, CLIENT.ipv6, PODS["pod-c"].ipv6))
     arrived, back = exchange(world.lab.ns(CLIENT.name), host, port, world.lab.ns("pod-c"),

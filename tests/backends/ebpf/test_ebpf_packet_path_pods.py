@@ -17,92 +17,43 @@ the end, also when a test fails.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_loader import PacketLayout
-from svcproxy.model import (
-    Endpoint,
-    Protocol,
-    ServicePort,
-    ServicePortKey,
-    ServicePortState,
-    ServiceType,
-)
-from svcproxy.sdk import Changes, NodeConfig, NodeState
+from svcproxy.model import ServicePortState, ServiceType
+from svcproxy.sdk import Changes, NodeConfig
 from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
-from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ip
-from tests.support.lab.plan import standard_spec
-from tests.support.lab.topology import Lab, addresses, veth
+from tests.support.lab.topology import addresses, veth
+from tests.support.packet_path import CLIENT, NODE1, PODS
 from tests.support.packet_path_sctp import crc32c, exchange
 
 pytestmark = packet_path.marks("ip")
 
-SPEC = standard_spec()
-NODE1, CLIENT = SPEC.node("node1"), SPEC.clients[0]
-PODS = {p.name: p for p in SPEC.pods}
 POD_IP, POD_GATEWAY, POD_DEVICE = "10.244.1.200", "169.254.1.1", "sppv0"
 
 
-class World:
+class World(packet_path.World):
     """The lab, echo servers in pod-a (node1) and pod-c (node2), and the packet backend
     on node1 with ``eth0`` and the pattern ``sppv*``."""
 
     def __init__(self) -> None:
-        self.lab = Lab(spec=SPEC)
-        self.bpffs = Path(tempfile.mkdtemp(prefix="sptcp-"))
-        self.mounted = False
-        self.servers: list[EchoServer] = []
-        self.backend: PacketBackend | None = None
-        self.services: dict[ServicePortKey, ServicePortState] = {}
-        self.revision = 0
-
-    def start(self) -> World:
-        self.lab.build()
-        for name in ("pod-a", "pod-c"):
-            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
-        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
-        self.mounted = True
-        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
-        layout = PacketLayout(self.bpffs / "pins", ("eth0",), pod_devices=("sppv*",))
-        self.backend = PacketBackend(config, layout)
-        return self
-
-    def stop(self) -> None:
-        try:
-            if self.backend is not None:
-                call_in(self.node, self.backend.cleanup)
-        finally:
-            for server in self.servers:
-                server.stop()
-            if self.mounted:
-                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
-            shutil.rmtree(self.bpffs, ignore_errors=True)
-            self.lab.destroy()
+        super().__init__("sptcp-", devices=("eth0",), servers=("pod-a", "pod-c"),
+                         pod_devices=("sppv*",))
 
     @property
     def node(self) -> str:
         return self.lab.ns("node1")
 
-    def set(self, record: ServicePortState) -> None:
-        self.services[record.key] = record
-        self.sync()
-
-    def sync(self) -> None:
-        self.revision += 1
-        assert self.backend is not None
-        state = NodeState("node1", self.revision, None, dict(self.services))
-        call_in(self.node, self.backend.sync, state, Changes(frozenset(self.services)))
+    def resync(self) -> None:
+        """A sync of every service (what finds the pod devices)."""
+        self.sync(Changes(frozenset(self.services)))
 
     def add_pod(self, name: str = "podv") -> str:
         """A pod routed through its own veth ``sppv0`` (Calico-style: a /32, its gateway
@@ -123,18 +74,8 @@ class World:
 def service(name: str, pods: list[str], proto: str = "TCP", node_port: int = 0,
             cip: str = "") -> ServicePortState:
     """A service ``cip``:80 (and ``node_port``) -> 8080 on ``pods``."""
-    key = ServicePortKey("default", name, "p", Protocol(proto))
-    svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=node_port,
-                      has_endpoints=bool(pods),
-                      type=ServiceType.NODE_PORT if node_port else ServiceType.CLUSTER_IP)
-    eps = {}
-    for pod in pods:
-        spec = PODS[pod]
-        local = spec.node.name == "node1"
-        eps[spec.ipv4] = Endpoint(spec.ipv4, 8080, ready=True, serving=True,
-                                          is_local=local, internal=True, external=True,
-                                          cluster=True, local=local)
-    return ServicePortState(svc, eps)
+    kind = ServiceType.NODE_PORT if node_port else ServiceType.CLUSTER_IP
+    return packet_path.node_port(name, node_port, pods, proto, cip=cip, type=kind)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +96,7 @@ def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: Wor
     world.set(service("pods-np", ["pod-c"], node_port=30180, cip="10.96.8.3"))
     assert not any(POD_DEVICE in p for p in world.pins())
     pod = world.add_pod()
-    world.sync()  # the next sync attaches what matches the pattern
+    world.resync()  # the next sync attaches what matches the pattern
     assert {f"link_{POD_DEVICE}_ingress", f"link_{POD_DEVICE}_egress"} <= world.pins()
     cip = summarize(probe(pod, "tcp", "10.96.8.1", 80, 5))
     assert cip.names == Counter({"pod-a": 5}) and cip.sources == {POD_IP}, cip
@@ -163,7 +104,7 @@ def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: Wor
     assert nodeport.names == Counter({"pod-c": 5}) and nodeport.sources == {NODE1.ipv4}, \
         nodeport
     ip(world.node, "link", "del", POD_DEVICE)
-    world.sync()
+    world.resync()
     assert not any(POD_DEVICE in p for p in world.pins()), world.pins()
     world.lab.created.remove(pod)
     subprocess.run(["ip", "netns", "del", pod], check=True)

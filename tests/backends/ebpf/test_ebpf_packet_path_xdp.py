@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,94 +28,34 @@ from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
 from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
-    Endpoint,
-    Protocol,
-    ServicePort,
-    ServicePortKey,
     ServicePortState,
-    ServiceType,
     TrafficPolicy,
 )
 from svcproxy.sdk import Changes, NodeConfig, NodeState
 from tests.support import packet_path
-from tests.support.lab.checksums import tx_checksums_off
 from tests.support.lab.client import probe, summarize
-from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ip, ns_exec
-from tests.support.lab.plan import standard_spec
-from tests.support.lab.topology import Lab, Namespaces
+from tests.support.lab.topology import Namespaces
+from tests.support.packet_path import CLIENT, NODE1
 
 pytestmark = packet_path.marks("ip", "bpftool")
 
-SPEC = standard_spec()
-NODE1 = SPEC.node("node1")
-CLIENT = SPEC.clients[0]
-PODS = {p.name: p for p in SPEC.pods}
 SENDERS = (CLIENT.name, "client", "pod-a", "pod-c", "pod-d")
 
 
 def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
               family: int = 4, **extra: Any) -> ServicePortState:
     """A NodePort service ``port`` -> 8080 on ``pods``, as node1's backend gets it."""
-    key = ServicePortKey("default", name, "p", Protocol(proto))
-    cip = f"10.96.8.{port % 200}" if family == 4 else f"fd00:96::8:{port % 200:x}"
-    svc = ServicePort(key, cluster_ips=(cip,), port=80, node_port=port, has_endpoints=True,
-                      type=ServiceType.NODE_PORT, **extra)
-    eps = {}
-    for pod in pods:
-        spec = PODS[pod]
-        ip_ = spec.ipv4 if family == 4 else spec.ipv6
-        here = spec.node.name == "node1"
-        eps[ip_] = Endpoint(ip_, 8080, is_local=here, node_name=spec.node.name,
-                            internal=True, external=True, cluster=True, local=here)
-    return ServicePortState(svc, eps)
+    return packet_path.node_port(name, port, pods, proto, family, subnet=8, **extra)
 
 
-class World:
+class World(packet_path.World):
     """The lab (whole checksums from its senders), echo servers, a bpffs, and the packet
     backend on node1 with XDP in generic mode."""
 
     def __init__(self) -> None:
-        self.lab = Lab(spec=SPEC)
-        self.bpffs = Path(tempfile.mkdtemp(prefix="spxdp-"))
-        self.mounted = False
-        self.servers: list[EchoServer] = []
-        self.backend: PacketBackend | None = None
-        self.services: dict[ServicePortKey, ServicePortState] = {}
-
-    def start(self) -> World:
-        self.lab.build()
-        for name in SENDERS:
-            tx_checksums_off(self.lab.ns(name))
-        for name in ("pod-a", "pod-c", "pod-d"):
-            self.servers.append(EchoServer(self.lab.ns(name), name, (8080,)).start())
-        subprocess.run(["mount", "-t", "bpf", "bpf", str(self.bpffs)], check=True)
-        self.mounted = True
-        config = NodeConfig(node_name="node1", node_ips=(NODE1.ipv4, NODE1.ipv6))
-        self.backend = PacketBackend(config, self.layout())
-        return self
-
-    def layout(self) -> PacketLayout:
-        return PacketLayout(self.bpffs / "pins", ("eth0", "br0"), xdp="generic")
-
-    def stop(self) -> None:
-        try:
-            if self.backend is not None:
-                call_in(self.lab.ns("node1"), self.backend.cleanup)
-        finally:
-            for server in self.servers:
-                server.stop()
-            if self.mounted:
-                subprocess.run(["umount", str(self.bpffs)], capture_output=True)
-            shutil.rmtree(self.bpffs, ignore_errors=True)
-            self.lab.destroy()
-
-    def set(self, record: ServicePortState) -> None:
-        self.services[record.key] = record
-        assert self.backend is not None
-        state = NodeState("node1", len(self.services), None, dict(self.services))
-        call_in(self.lab.ns("node1"), self.backend.sync, state,
-                Changes(frozenset({record.key})))
+        super().__init__("spxdp-", servers=("pod-a", "pod-c", "pod-d"), xdp="generic",
+                         whole_checksums=SENDERS)
 
     def stats(self) -> Counter[str]:
         assert self.backend is not None and self.backend.programs is not None
