@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from svcproxy.backends.ipvs import genl, ipsets, rtnl, system
+from svcproxy.backends.ipvs import apply, genl, ipsets, rtnl
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs import rules as R
-from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
+from svcproxy.backends.ipvs.desired import Desired, Touched
 from svcproxy.backends.ipvs.diff import (
     IpvsDelta,
     Kernel,
@@ -36,6 +37,7 @@ from svcproxy.backends.ipvs.diff import (
 )
 from svcproxy.backends.ipvs.drift import compare, in_our_spelling, owners, parse_ipset_save
 from svcproxy.backends.ipvs.genl import ServiceId
+from svcproxy.backends.ipvs.names import is_our_fwmark
 from svcproxy.backends.ipvs.netlink import (
     NETLINK_ROUTE,
     Failure,
@@ -147,7 +149,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
             built = genl.set_timeouts(o.tcp_timeout, o.tcpfin_timeout, o.udp_timeout)
             _raise_failures(self.ipvs.apply([Request("set IPVS timeouts",
                                                      genl.genl_body(*built))]))
-        self.ifindex = system.ensure_dummy(o.interface)
+        self.ifindex = apply.ensure_dummy(o.interface)
         self.reaper = threading.Thread(target=self._reap_loop, name="ipvs-drain", daemon=True)
         self.reaper.start()
 
@@ -291,7 +293,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
         started = time.monotonic()
         self._held = None
         if self._relink:
-            self.ifindex = system.ensure_dummy(self.options.interface)
+            self.ifindex = apply.ensure_dummy(self.options.interface)
             self._relink = False
         self.desired = Desired(marks=self.desired.marks)
         for key, plan in plans.items():
@@ -305,7 +307,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
                                  set(self.desired.routes) | self.kernel.routes)
         self._take_away(servers, links)
         entries = self.desired.entries_by_set()
-        system.ipset_restore(ipsets.full_restore(entries, self.families))
+        apply.ipset_restore(ipsets.full_restore(entries, self.families))
         self.kernel.entries = set(self.desired.entries)
         assert self.node_context is not None
         self._apply_rules(self.node_context)
@@ -331,7 +333,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
         want = {e for e in touched.entries if e in self.desired.entries}
         have = {e for e in touched.entries if e in self.kernel.entries}
         add, remove = want - have, have - want
-        system.ipset_restore(ipsets.delta_restore(_by_set(add), _by_set(remove)))
+        apply.ipset_restore(ipsets.delta_restore(_by_set(add), _by_set(remove)))
         self.kernel.entries = (self.kernel.entries - remove) | add
         self._bring_up(servers, links)
 
@@ -414,12 +416,12 @@ class IpvsBackend(StagedBackend[PortPlan]):
                 "filter": R.filter_rules(family),
                 "mangle": R.mangle_rules(family, local),
             }
-            saved = {t: system.iptables_save(family, t, self.iptables) for t in R.TABLES}
+            saved = {t: apply.iptables_save(family, t, self.iptables) for t in N.TABLES}
             missing = [j for j in R.JUMPS if j.rule() not in saved[j.table]]
-            system.iptables_restore(family, R.restore_text(tables, missing), self.iptables)
-            for table in R.TABLES:  # as iptables-save prints them, for the drift check
+            apply.iptables_restore(family, R.restore_text(tables, missing), self.iptables)
+            for table in N.TABLES:  # as iptables-save prints them, for the drift check
                 self._rules_seen[(family, table)] = R.our_rules(
-                    system.iptables_save(family, table, self.iptables), table)
+                    apply.iptables_save(family, table, self.iptables), table)
 
     # -- drift -----------------------------------------------------------------------------
 
@@ -460,11 +462,11 @@ class IpvsBackend(StagedBackend[PortPlan]):
 
     def _skeleton_drift(self) -> str:
         """Why kube-ipvs0 or our iptables rules are not as applied, or ""."""
-        if system.link_index(self.options.interface) != self.ifindex:
+        if apply.link_index(self.options.interface) != self.ifindex:
             self._relink = True
             return f"{self.options.interface} is gone"
         for (family, table), seen in self._rules_seen.items():
-            now = R.our_rules(system.iptables_save(family, table, self.iptables), table)
+            now = R.our_rules(apply.iptables_save(family, table, self.iptables), table)
             if now != seen:
                 return f"the IPv{family} {table} rules of kube-proxy's chains changed"
         return ""
@@ -477,14 +479,14 @@ class IpvsBackend(StagedBackend[PortPlan]):
         dests = {sid: {d.id: d.weight for d in self.ipvs.dests(sid)} for sid in servers}
         addresses = {a for index, a in self._addresses() if index == self.ifindex}
         routes = self._local_routes() - addresses
-        present, entries = parse_ipset_save(system.ipset_save(), names)
+        present, entries = parse_ipset_save(apply.ipset_save(), names)
         held = Kernel(servers, dests, addresses, routes,
                       in_our_spelling(entries, self.kernel.entries))
         return held, present
 
     def _set_names(self) -> set[str]:
         """Our ipsets: those of the node's families."""
-        return {ipsets.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
+        return {N.set_name(k.base, f) for f in self.families for k in ipsets.KINDS}
 
     def _adopt_held(self) -> None:
         """Take what ``find_drift`` read as what the kernel holds (the repair's start)."""
@@ -536,18 +538,18 @@ class IpvsBackend(StagedBackend[PortPlan]):
         """Remove IPVS services (outside --ipvs-exclude-cidrs), kube-ipvs0, rules (in both
         iptables modes: a sync writes in the node's), ipsets."""
         self._cleanup_ipvs()
-        if system.delete_link(self.options.interface):
+        if apply.delete_link(self.options.interface):
             log.info("ipvs: deleted %s", self.options.interface)
         for mode in IPTABLES_MODES:
             for family in (4, 6):
-                saved = {t: self._saved_or_empty(family, t, mode) for t in R.TABLES}
+                saved = {t: self._saved_or_empty(family, t, mode) for t in N.TABLES}
                 present = {t: _chains(text) for t, text in saved.items()}
                 jumps = [j for j in R.JUMPS if j.rule() in saved[j.table]]
                 text = R.cleanup_text(present, jumps)
                 if text:
-                    system.iptables_restore(family, text, mode)
-        existing = sorted(set(ipsets.all_set_names()) & system.ipset_names())
-        system.ipset_restore(ipsets.destroy_restore(existing))
+                    apply.iptables_restore(family, text, mode)
+        existing = sorted(set(ipsets.all_set_names()) & apply.ipset_names())
+        apply.ipset_restore(ipsets.destroy_restore(existing))
 
     def _cleanup_ipvs(self) -> None:
         try:
@@ -570,8 +572,8 @@ class IpvsBackend(StagedBackend[PortPlan]):
 
     def _saved_or_empty(self, family: int, table: str, mode: str) -> str:
         try:
-            return system.iptables_save(family, table, mode)
-        except (system.CommandError, FileNotFoundError):
+            return apply.iptables_save(family, table, mode)
+        except (apply.CommandError, FileNotFoundError):
             return ""
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Container
 from dataclasses import dataclass, field, replace
 
-from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs.genl import ServiceId, ServiceSpec, fwmark_service
 from svcproxy.backends.ipvs.render import PortPlan, VirtualServer
 from svcproxy.sdk import ServicePortKey
@@ -37,15 +37,6 @@ class Touched:
         self.entries |= plan.entries
 
 
-MARK_SHIFT = 16
-MAX_MARKS = 0xFFFF
-
-
-def is_our_fwmark(mark: int) -> bool:
-    """Marks this backend allocates: bits 16-31 only (clear of the 0x4000 masquerade bit)."""
-    return mark > 0 and not mark & ((1 << MARK_SHIFT) - 1)
-
-
 @dataclass(slots=True)
 class MarkAllocator:
     """One firewall mark per (service port, family), stable while the port needs it."""
@@ -58,8 +49,8 @@ class MarkAllocator:
         if (key, family) not in self.marks:
             if self.free:
                 mark = self.free.pop()
-            elif self.next_index <= MAX_MARKS:
-                mark = self.next_index << MARK_SHIFT
+            elif self.next_index <= N.MAX_MARKS:
+                mark = self.next_index << N.MARK_SHIFT
                 self.next_index += 1
             else:
                 raise OverflowError("more than 65535 externalTrafficPolicy=Local service ports")
@@ -119,7 +110,7 @@ class Desired:
             mark = self.marks.get(key, c.family)
             spec = ServiceSpec(fwmark_service(c.family, mark), c.scheduler, c.persistence)
             servers.append(VirtualServer(spec, c.dests))
-            name = S.set_name(S.EXTERNAL_LOCAL_FWMARK, c.family)
+            name = N.set_name(N.EXTERNAL_LOCAL_FWMARK, c.family)
             entries.update((name, f"{t} skbmark {mark:#x}") for t in c.targets)
         return replace(plan, servers=tuple(servers), entries=frozenset(entries))
 

@@ -9,25 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-LOOP_BACK = "LOOP-BACK"
-CLUSTER_IP = "CLUSTER-IP"
-EXTERNAL_IP = "EXTERNAL-IP"
-EXTERNAL_IP_LOCAL = "EXTERNAL-IP-LOCAL"
-LOAD_BALANCER = "LOAD-BALANCER"
-LOAD_BALANCER_LOCAL = "LOAD-BALANCER-LOCAL"
-LOAD_BALANCER_FW = "LOAD-BALANCER-FW"
-LOAD_BALANCER_SOURCE_IP = "LOAD-BALANCER-SOURCE-IP"
-LOAD_BALANCER_SOURCE_CIDR = "LOAD-BALANCER-SOURCE-CIDR"
-NODE_PORT_TCP = "NODE-PORT-TCP"
-NODE_PORT_LOCAL_TCP = "NODE-PORT-LOCAL-TCP"
-NODE_PORT_UDP = "NODE-PORT-UDP"
-NODE_PORT_LOCAL_UDP = "NODE-PORT-LOCAL-UDP"
-NODE_PORT_SCTP = "NODE-PORT-SCTP-HASH"
-NODE_PORT_LOCAL_SCTP = "NODE-PORT-LOCAL-SCTP-HASH"
-HEALTH_CHECK_NODE_PORT = "HEALTH-CHECK-NODE-PORT"
-IPVS_IPS = "IPVS-IPS"
-EXTERNAL_LOCAL_FWMARK = "EXTERNAL-LOCAL-FWMARK"
-NO_LOCAL_ENDPOINTS = "NO-LOCAL-ENDPOINTS"
+from svcproxy.backends.ipvs import names as N
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,62 +21,50 @@ class SetKind:
 
 
 KINDS = (
-    SetKind(LOOP_BACK, "hash:ip,port,ip",
+    SetKind(N.LOOP_BACK, "hash:ip,port,ip",
             "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
-    SetKind(CLUSTER_IP, "hash:ip,port",
+    SetKind(N.CLUSTER_IP, "hash:ip,port",
             "Kubernetes service cluster ip + port for masquerade purpose"),
-    SetKind(EXTERNAL_IP, "hash:ip,port",
+    SetKind(N.EXTERNAL_IP, "hash:ip,port",
             "Kubernetes service external ip + port for masquerade and filter purpose"),
-    SetKind(EXTERNAL_IP_LOCAL, "hash:ip,port",
+    SetKind(N.EXTERNAL_IP_LOCAL, "hash:ip,port",
             "Kubernetes service external ip + port with externalTrafficPolicy=local"),
-    SetKind(LOAD_BALANCER, "hash:ip,port",
+    SetKind(N.LOAD_BALANCER, "hash:ip,port",
             "Kubernetes service lb portal"),
-    SetKind(LOAD_BALANCER_LOCAL, "hash:ip,port",
+    SetKind(N.LOAD_BALANCER_LOCAL, "hash:ip,port",
             "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"),
-    SetKind(LOAD_BALANCER_FW, "hash:ip,port",
+    SetKind(N.LOAD_BALANCER_FW, "hash:ip,port",
             "Kubernetes service load balancer ip + port for load balancer with sourceRange"),
-    SetKind(LOAD_BALANCER_SOURCE_IP, "hash:ip,port,ip",
+    SetKind(N.LOAD_BALANCER_SOURCE_IP, "hash:ip,port,ip",
             "Kubernetes service load balancer ip + port + source IP for packet filter purpose"),
-    SetKind(LOAD_BALANCER_SOURCE_CIDR, "hash:ip,port,net",
+    SetKind(N.LOAD_BALANCER_SOURCE_CIDR, "hash:ip,port,net",
             "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"),
-    SetKind(NODE_PORT_TCP, "bitmap:port", "Kubernetes nodeport TCP port for masquerade purpose"),
-    SetKind(NODE_PORT_LOCAL_TCP, "bitmap:port",
+    SetKind(N.NODE_PORT_TCP, "bitmap:port", "Kubernetes nodeport TCP port for masquerade purpose"),
+    SetKind(N.NODE_PORT_LOCAL_TCP, "bitmap:port",
             "Kubernetes nodeport TCP port with externalTrafficPolicy=local"),
-    SetKind(NODE_PORT_UDP, "bitmap:port", "Kubernetes nodeport UDP port for masquerade purpose"),
-    SetKind(NODE_PORT_LOCAL_UDP, "bitmap:port",
+    SetKind(N.NODE_PORT_UDP, "bitmap:port", "Kubernetes nodeport UDP port for masquerade purpose"),
+    SetKind(N.NODE_PORT_LOCAL_UDP, "bitmap:port",
             "Kubernetes nodeport UDP port with externalTrafficPolicy=local"),
-    SetKind(NODE_PORT_SCTP, "hash:ip,port",
+    SetKind(N.NODE_PORT_SCTP, "hash:ip,port",
             "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"),
-    SetKind(NODE_PORT_LOCAL_SCTP, "hash:ip,port",
+    SetKind(N.NODE_PORT_LOCAL_SCTP, "hash:ip,port",
             "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type "
             "'hash ip:port'"),
-    SetKind(HEALTH_CHECK_NODE_PORT, "bitmap:port", "Kubernetes health check node port"),
-    SetKind(IPVS_IPS, "hash:ip", "Kubernetes ipvs addresses"),
-    SetKind(EXTERNAL_LOCAL_FWMARK, "hash:ip,port",
+    SetKind(N.HEALTH_CHECK_NODE_PORT, "bitmap:port", "Kubernetes health check node port"),
+    SetKind(N.IPVS_IPS, "hash:ip", "Kubernetes ipvs addresses"),
+    SetKind(N.EXTERNAL_LOCAL_FWMARK, "hash:ip,port",
             "external ip + port with externalTrafficPolicy=local: the fwmark of the virtual "
             "server with every endpoint, for traffic from pods", "skbinfo"),
-    SetKind(NO_LOCAL_ENDPOINTS, "hash:ip,port",
+    SetKind(N.NO_LOCAL_ENDPOINTS, "hash:ip,port",
             "external ip + port with externalTrafficPolicy=local and no local endpoint: dropped"),
 )
 KIND_BY_BASE = {k.base: k for k in KINDS}
 
 
-MAX_NAME = 31
-
-
-def set_name(base: str, family: int) -> str:
-    """KUBE-<base> for IPv4, KUBE-6-<base> for IPv6 (cut to ipset's 31 characters)."""
-    return (f"KUBE-{base}" if family == 4 else f"KUBE-6-{base}")[:MAX_NAME]
-
-
-def temp_name(family: int, index: int) -> str:
-    return f"KUBE-TMP-{family}-{index}"
-
-
 def all_set_names(families: Iterable[int] = (4, 6)) -> list[str]:
     """Every set this backend may create, the temporary ones of full syncs included."""
-    return [set_name(k.base, f) for f in families for k in KINDS] + [
-        temp_name(f, i) for f in families for i in range(len(KINDS))]
+    return [N.set_name(k.base, f) for f in families for k in KINDS] + [
+        N.temp_name(f, i) for f in families for i in range(len(KINDS))]
 
 
 def _create_line(name: str, kind: SetKind, family: int) -> str:
@@ -114,8 +84,8 @@ def full_restore(entries: Mapping[str, Iterable[str]], families: Iterable[int]) 
     lines: list[str] = []
     for family in families:
         for index, kind in enumerate(KINDS):
-            name = set_name(kind.base, family)
-            tmp = temp_name(family, index)
+            name = N.set_name(kind.base, family)
+            tmp = N.temp_name(family, index)
             create = _create_line(name, kind, family)
             lines.append(create)
             lines.append(create.replace(f"create {name} ", f"create {tmp} ", 1))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from svcproxy.backends.ipvs import names as N
+
 SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
-SCHEDULER_ANNOTATION = "svcproxy.io/ipvs-scheduler"
-DUMMY_INTERFACE = "kube-ipvs0"
 
 
 class OptionError(ValueError):
@@ -26,7 +26,7 @@ class IpvsOptions:
     graceful_termination_timeout: float = 600.0
     # How often draining real servers are checked.
     graceful_check_interval: float = 2.0
-    interface: str = DUMMY_INTERFACE
+    interface: str = N.DUMMY_INTERFACE
 
     def __post_init__(self) -> None:
         check_scheduler(self.scheduler, "--ipvs-scheduler")

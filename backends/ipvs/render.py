@@ -12,9 +12,10 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs.genl import DestId, ServiceId, ServiceSpec
-from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, SCHEDULERS
+from svcproxy.backends.ipvs.names import SCHEDULER_ANNOTATION
+from svcproxy.backends.ipvs.options import SCHEDULERS
 from svcproxy.sdk import (
     DEFAULT_AFFINITY_TIMEOUT,
     Endpoint,
@@ -131,13 +132,13 @@ class _Builder:
             if not targets:
                 continue
             if self.svc.has_endpoints and not _dests(self.external, family):
-                self.entries.update((S.set_name(S.NO_LOCAL_ENDPOINTS, family), t) for t in targets)
+                self.entries.update((N.set_name(N.NO_LOCAL_ENDPOINTS, family), t) for t in targets)
             result.append(ShortCircuit(family, frozenset(targets), _dests(self.cluster, family),
                                        self.scheduler, self.persistence))
         return tuple(result)
 
     def entry(self, base: str, family: int, value: str) -> None:
-        self.entries.add((S.set_name(base, family), value))
+        self.entries.add((N.set_name(base, family), value))
 
     def plan(self) -> PortPlan:
         short = self.short_circuits()
@@ -159,7 +160,7 @@ def render_port(state: ServicePortState, ctx: RenderContext) -> PortPlan:
         _node_ports(b, ctx, families)
     if svc.health_check_node_port and svc.external_policy_local:
         for family in families:
-            b.entry(S.HEALTH_CHECK_NODE_PORT, family, str(svc.health_check_node_port))
+            b.entry(N.HEALTH_CHECK_NODE_PORT, family, str(svc.health_check_node_port))
     return b.plan()
 
 
@@ -167,23 +168,23 @@ def _cluster_ips(b: _Builder) -> None:
     for ip in b.svc.cluster_ips:
         b.server(ip, b.svc.port, b.internal)
         b.addresses.add(ip)
-        b.entry(S.CLUSTER_IP, ip_family(ip), _ip_port(ip, b.proto, b.svc.port))
-        b.entry(S.IPVS_IPS, ip_family(ip), ip)
+        b.entry(N.CLUSTER_IP, ip_family(ip), _ip_port(ip, b.proto, b.svc.port))
+        b.entry(N.IPVS_IPS, ip_family(ip), ip)
 
 
 def _loop_back(b: _Builder) -> None:
     """Hairpin: a local endpoint reaching itself through the service is masqueraded."""
     for e in b.hairpin:
-        b.entry(S.LOOP_BACK, ip_family(e.ip), f"{_ip_port(e.ip, b.proto, e.port)},{e.ip}")
+        b.entry(N.LOOP_BACK, ip_family(e.ip), f"{_ip_port(e.ip, b.proto, e.port)},{e.ip}")
 
 
 def _external_ips(b: _Builder) -> None:
-    base = S.EXTERNAL_IP_LOCAL if b.svc.external_policy_local else S.EXTERNAL_IP
+    base = N.EXTERNAL_IP_LOCAL if b.svc.external_policy_local else N.EXTERNAL_IP
     for ip in b.svc.external_ips:
         b.server(ip, b.svc.port, b.external)
         b.addresses.add(ip)
         b.entry(base, ip_family(ip), _ip_port(ip, b.proto, b.svc.port))
-        b.entry(S.IPVS_IPS, ip_family(ip), ip)
+        b.entry(N.IPVS_IPS, ip_family(ip), ip)
 
 
 def _load_balancers(b: _Builder, ctx: RenderContext) -> None:
@@ -193,20 +194,20 @@ def _load_balancers(b: _Builder, ctx: RenderContext) -> None:
         key = _ip_port(ip, b.proto, svc.port)
         b.server(ip, svc.port, b.external)
         b.routes.add(ip)
-        b.entry(S.LOAD_BALANCER, family, key)
-        b.entry(S.IPVS_IPS, family, ip)
+        b.entry(N.LOAD_BALANCER, family, key)
+        b.entry(N.IPVS_IPS, family, ip)
         if svc.external_policy_local:
-            b.entry(S.LOAD_BALANCER_LOCAL, family, key)
+            b.entry(N.LOAD_BALANCER_LOCAL, family, key)
         ranges = [r for r in svc.load_balancer_source_ranges if ip_family(r) == family]
         if not ranges:
             continue
-        b.entry(S.LOAD_BALANCER_FW, family, key)
+        b.entry(N.LOAD_BALANCER_FW, family, key)
         for cidr in ranges:
-            b.entry(S.LOAD_BALANCER_SOURCE_CIDR, family, f"{key},{cidr}")
+            b.entry(N.LOAD_BALANCER_SOURCE_CIDR, family, f"{key},{cidr}")
         allowed = {ip} | {n for n in ctx.node_ips if ip_family(n) == family}
         allowed |= {e.ip for e in b.hairpin if e.external and ip_family(e.ip) == family}
         for source in allowed:
-            b.entry(S.LOAD_BALANCER_SOURCE_IP, family, f"{key},{source}")
+            b.entry(N.LOAD_BALANCER_SOURCE_IP, family, f"{key},{source}")
 
 
 def _node_ports(b: _Builder, ctx: RenderContext, families: Sequence[int]) -> None:
@@ -218,13 +219,13 @@ def _node_ports(b: _Builder, ctx: RenderContext, families: Sequence[int]) -> Non
             b.server(ip, svc.node_port, b.external)
     for family in families:
         if b.proto is Protocol.SCTP:
-            base = S.NODE_PORT_LOCAL_SCTP if local else S.NODE_PORT_SCTP
+            base = N.NODE_PORT_LOCAL_SCTP if local else N.NODE_PORT_SCTP
             for ip in ctx.node_port_ips:
                 if ip_family(ip) == family and not ipaddress.ip_address(ip).is_loopback:
                     b.entry(base, family, _ip_port(ip, b.proto, svc.node_port))
             continue
         if b.proto is Protocol.TCP:
-            base = S.NODE_PORT_LOCAL_TCP if local else S.NODE_PORT_TCP
+            base = N.NODE_PORT_LOCAL_TCP if local else N.NODE_PORT_TCP
         else:
-            base = S.NODE_PORT_LOCAL_UDP if local else S.NODE_PORT_UDP
+            base = N.NODE_PORT_LOCAL_UDP if local else N.NODE_PORT_UDP
         b.entry(base, family, str(svc.node_port))

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from svcproxy.backends.ipvs import ipsets as S
-
-MASQ_MARK = "0x4000"
+from svcproxy.backends.ipvs import names as N
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,44 +53,36 @@ JUMPS = (
     Jump("mangle", "OUTPUT", "KUBE-EXTERNAL-LOCAL-NODE",
          "externalTrafficPolicy=Local: the node reaches every endpoint"),
 )
-NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-NODE-PORT",
-              "KUBE-LOAD-BALANCER", "KUBE-MARK-NONLOCAL")
-FILTER_CHAINS = ("KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
-                 "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER")
-MANGLE_CHAINS = ("KUBE-EXTERNAL-LOCAL", "KUBE-EXTERNAL-LOCAL-NODE")
-CHAINS = {"nat": NAT_CHAINS, "filter": FILTER_CHAINS, "mangle": MANGLE_CHAINS}
-TABLES = ("filter", "nat", "mangle")
-FWMARK_MASK = "0xffff0000"
 
 
 def _set(base: str, family: int, match: str) -> str:
     kind = S.KIND_BY_BASE[base]
     return (f'-m comment --comment "{kind.comment}" '
-            f"-m set --match-set {S.set_name(base, family)} {match}")
+            f"-m set --match-set {N.set_name(base, family)} {match}")
 
 
 def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str, list[str]]:
     """The nat table's chains and their rules, in order. A packet leaving with a service
     address as its source (the node talking to its own LB IP or ExternalIP picks that
     address) is masqueraded: no endpoint could answer it."""
-    svc: list[str] = [f"{_set(S.LOAD_BALANCER, family, 'dst,dst')} -j KUBE-LOAD-BALANCER"]
+    svc: list[str] = [f"{_set(N.LOAD_BALANCER, family, 'dst,dst')} -j KUBE-LOAD-BALANCER"]
     if masquerade_all:
-        svc.append(f"{_set(S.CLUSTER_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
+        svc.append(f"{_set(N.CLUSTER_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
     elif local.implemented:
-        svc.append(f"{_set(S.CLUSTER_IP, family, 'dst,dst')} -j KUBE-MARK-NONLOCAL")
+        svc.append(f"{_set(N.CLUSTER_IP, family, 'dst,dst')} -j KUBE-MARK-NONLOCAL")
     else:
-        svc.append(f"{_set(S.CLUSTER_IP, family, 'src,dst')} -j KUBE-MARK-MASQ")
-    svc.append(f"{_set(S.EXTERNAL_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
-    for base in (S.EXTERNAL_IP, S.EXTERNAL_IP_LOCAL):
+        svc.append(f"{_set(N.CLUSTER_IP, family, 'src,dst')} -j KUBE-MARK-MASQ")
+    svc.append(f"{_set(N.EXTERNAL_IP, family, 'dst,dst')} -j KUBE-MARK-MASQ")
+    for base in (N.EXTERNAL_IP, N.EXTERNAL_IP_LOCAL):
         svc.append(f"{_set(base, family, 'dst,dst')} -m addrtype ! --src-type LOCAL -j ACCEPT")
         svc.append(f"{_set(base, family, 'dst,dst')} -m addrtype --dst-type LOCAL -j ACCEPT")
     svc.append("-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT")
 
     node_port: list[str] = []
     for proto, local_base, base, match in (
-        ("tcp", S.NODE_PORT_LOCAL_TCP, S.NODE_PORT_TCP, "dst"),
-        ("udp", S.NODE_PORT_LOCAL_UDP, S.NODE_PORT_UDP, "dst"),
-        ("sctp", S.NODE_PORT_LOCAL_SCTP, S.NODE_PORT_SCTP, "dst,dst"),
+        ("tcp", N.NODE_PORT_LOCAL_TCP, N.NODE_PORT_TCP, "dst"),
+        ("udp", N.NODE_PORT_LOCAL_UDP, N.NODE_PORT_UDP, "dst"),
+        ("sctp", N.NODE_PORT_LOCAL_SCTP, N.NODE_PORT_SCTP, "dst,dst"),
     ):
         node_port.append(f"-p {proto} {_set(local_base, family, match)} -j RETURN")
         node_port.append(f"-p {proto} {_set(base, family, match)} -j KUBE-MARK-MASQ")
@@ -102,19 +93,19 @@ def nat_rules(family: int, masquerade_all: bool, local: LocalDetect) -> dict[str
     return {
         "KUBE-SERVICES": svc,
         "KUBE-LOAD-BALANCER": [
-            f"{_set(S.LOAD_BALANCER_LOCAL, family, 'dst,dst')} -j RETURN",
+            f"{_set(N.LOAD_BALANCER_LOCAL, family, 'dst,dst')} -j RETURN",
             "-j KUBE-MARK-MASQ",
         ],
         "KUBE-NODE-PORT": node_port,
         "KUBE-MARK-NONLOCAL": nonlocal_rules if local.implemented else [],
         "KUBE-POSTROUTING": [
-            f"{_set(S.LOOP_BACK, family, 'dst,dst,src')} -j MASQUERADE",
-            f"{_set(S.IPVS_IPS, family, 'src')} -j MASQUERADE",
-            f"-m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN",
-            f"-j MARK --xor-mark {MASQ_MARK}",
+            f"{_set(N.LOOP_BACK, family, 'dst,dst,src')} -j MASQUERADE",
+            f"{_set(N.IPVS_IPS, family, 'src')} -j MASQUERADE",
+            f"-m mark ! --mark {N.MASQ_MARK}/{N.MASQ_MARK} -j RETURN",
+            f"-j MARK --xor-mark {N.MASQ_MARK}",
             '-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE',
         ],
-        "KUBE-MARK-MASQ": [f"-j MARK --or-mark {MASQ_MARK}"],
+        "KUBE-MARK-MASQ": [f"-j MARK --or-mark {N.MASQ_MARK}"],
     }
 
 
@@ -123,26 +114,26 @@ def filter_rules(family: int) -> dict[str, list[str]]:
     return {
         "KUBE-FORWARD": [
             f'-m comment --comment "kubernetes forwarding rules" '
-            f"-m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT",
+            f"-m mark --mark {N.MASQ_MARK}/{N.MASQ_MARK} -j ACCEPT",
             '-m comment --comment "kubernetes forwarding conntrack rule" '
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
         ],
-        "KUBE-NODE-PORT": [f"{_set(S.HEALTH_CHECK_NODE_PORT, family, 'dst')} -j ACCEPT"],
+        "KUBE-NODE-PORT": [f"{_set(N.HEALTH_CHECK_NODE_PORT, family, 'dst')} -j ACCEPT"],
         "KUBE-PROXY-FIREWALL": [
-            f"{_set(S.LOAD_BALANCER_FW, family, 'dst,dst')} -j KUBE-SOURCE-RANGES-FIREWALL",
+            f"{_set(N.LOAD_BALANCER_FW, family, 'dst,dst')} -j KUBE-SOURCE-RANGES-FIREWALL",
         ],
         "KUBE-SOURCE-RANGES-FIREWALL": [
-            f"{_set(S.LOAD_BALANCER_SOURCE_CIDR, family, 'dst,dst,src')} -j RETURN",
-            f"{_set(S.LOAD_BALANCER_SOURCE_IP, family, 'dst,dst,src')} -j RETURN",
+            f"{_set(N.LOAD_BALANCER_SOURCE_CIDR, family, 'dst,dst,src')} -j RETURN",
+            f"{_set(N.LOAD_BALANCER_SOURCE_IP, family, 'dst,dst,src')} -j RETURN",
             "-j DROP",
         ],
         "KUBE-IPVS-FILTER": [
-            f"{_set(S.LOAD_BALANCER, family, 'dst,dst')} -j RETURN",
-            f"{_set(S.CLUSTER_IP, family, 'dst,dst')} -j RETURN",
-            f"{_set(S.EXTERNAL_IP, family, 'dst,dst')} -j RETURN",
-            f"{_set(S.EXTERNAL_IP_LOCAL, family, 'dst,dst')} -j RETURN",
-            f"{_set(S.HEALTH_CHECK_NODE_PORT, family, 'dst')} -j RETURN",
-            f"-m conntrack --ctstate NEW {_set(S.IPVS_IPS, family, 'dst')} -j REJECT",
+            f"{_set(N.LOAD_BALANCER, family, 'dst,dst')} -j RETURN",
+            f"{_set(N.CLUSTER_IP, family, 'dst,dst')} -j RETURN",
+            f"{_set(N.EXTERNAL_IP, family, 'dst,dst')} -j RETURN",
+            f"{_set(N.EXTERNAL_IP_LOCAL, family, 'dst,dst')} -j RETURN",
+            f"{_set(N.HEALTH_CHECK_NODE_PORT, family, 'dst')} -j RETURN",
+            f"-m conntrack --ctstate NEW {_set(N.IPVS_IPS, family, 'dst')} -j REJECT",
         ],
     }
 
@@ -151,13 +142,13 @@ def mangle_rules(family: int, local: LocalDetect) -> dict[str, list[str]]:
     """externalTrafficPolicy Local: packets from pods and from the node itself to an
     external address get the firewall mark of the virtual server holding every endpoint
     (ipset skbinfo), and other packets to one without a local endpoint are dropped."""
-    marked = _set(S.EXTERNAL_LOCAL_FWMARK, family, "dst,dst")
-    mapping = (f"-j SET --map-set {S.set_name(S.EXTERNAL_LOCAL_FWMARK, family)} dst,dst "
+    marked = _set(N.EXTERNAL_LOCAL_FWMARK, family, "dst,dst")
+    mapping = (f"-j SET --map-set {N.set_name(N.EXTERNAL_LOCAL_FWMARK, family)} dst,dst "
                "--map-mark")
     rules = [f"-s {c} {marked} {mapping}" for c in local.cidrs]
     rules += [f"-i {i} {marked} {mapping}" for i in local.interfaces]
-    rules.append(f"-m mark --mark 0x0/{FWMARK_MASK} "
-                 f"{_set(S.NO_LOCAL_ENDPOINTS, family, 'dst,dst')} -j DROP")
+    rules.append(f"-m mark --mark 0x0/{N.FWMARK_MASK} "
+                 f"{_set(N.NO_LOCAL_ENDPOINTS, family, 'dst,dst')} -j DROP")
     return {"KUBE-EXTERNAL-LOCAL": rules, "KUBE-EXTERNAL-LOCAL-NODE": [f"{marked} {mapping}"]}
 
 
@@ -165,7 +156,7 @@ def restore_text(tables: Mapping[str, Mapping[str, Sequence[str]]],
                  missing_jumps: Sequence[Jump]) -> str:
     """iptables-restore --noflush input: our chains rewritten, missing jumps inserted."""
     out: list[str] = []
-    for table in TABLES:
+    for table in N.TABLES:
         chains = tables.get(table, {})
         out.append(f"*{table}")
         out.extend(f":{chain} - [0:0]" for chain in chains)
@@ -181,8 +172,8 @@ def restore_text(tables: Mapping[str, Mapping[str, Sequence[str]]],
 def cleanup_text(present: Mapping[str, set[str]], jumps_present: Sequence[Jump]) -> str:
     """iptables-restore --noflush input removing our jumps and chains that exist."""
     out: list[str] = []
-    for table in TABLES:
-        chains = [c for c in CHAINS[table] if c in present.get(table, set())]
+    for table in N.TABLES:
+        chains = [c for c in N.CHAINS[table] if c in present.get(table, set())]
         jumps = [j for j in jumps_present if j.table == table]
         if not chains and not jumps:
             continue
@@ -210,7 +201,7 @@ def our_rules(save_output: str, table: str) -> tuple[str, ...]:
     """The chains of ours in ``table`` (their names), their rules and the jumps into them,
     as iptables-save prints them, in order: what the drift check compares with what it
     saw right after applying."""
-    wanted = set(CHAINS[table])
+    wanted = set(N.CHAINS[table])
     found: list[str] = []
     for line in save_output.splitlines():
         parts = line.split()

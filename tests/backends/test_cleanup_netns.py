@@ -17,9 +17,10 @@ import pytest
 
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.nfacct import COUNTERS, INVALID_DROPPED, LOCALHOST_NODEPORTS, Nfacct
+from svcproxy.backends.ipvs import apply
 from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs import rules as R
-from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.sdk.backend import Changes, NodeState
@@ -92,14 +93,14 @@ def test_a_counter_someone_elses_rule_references_is_left(ns: str) -> None:
 def _ipvs_rules_then_cleanup(mode: str) -> str:
     """The ipvs backend's fixed rules written in ``mode`` (as its sync does on a node in
     that mode), then its cleanup; what is left in that mode."""
-    system.ipset_restore(S.full_restore({}, (4,)))
+    apply.ipset_restore(S.full_restore({}, (4,)))
     local = R.LocalDetect(cidrs=("10.244.0.0/16",))
     tables = {"nat": R.nat_rules(4, False, local), "filter": R.filter_rules(4),
               "mangle": R.mangle_rules(4, local)}
-    system.iptables_restore(4, R.restore_text(tables, list(R.JUMPS)), mode)
-    assert "KUBE-SERVICES" in system.iptables_save(4, "nat", mode)
+    apply.iptables_restore(4, R.restore_text(tables, list(R.JUMPS)), mode)
+    assert "KUBE-SERVICES" in apply.iptables_save(4, "nat", mode)
     IpvsBackend(NodeConfig(node_name="node1"), IpvsOptions(), (4,)).cleanup()
-    return "".join(system.iptables_save(4, t, mode) for t in R.TABLES)
+    return "".join(apply.iptables_save(4, t, mode) for t in N.TABLES)
 
 
 @pytest.mark.parametrize("mode", ["nft", "legacy"])

@@ -155,12 +155,12 @@ def test_objects_nobody_applied_and_a_lost_ipset_are_removed_by_a_rebuild(
 
 def test_our_chains_changed_behind_the_backend_rewrite_the_rules(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from svcproxy.backends.ipvs import system
+    from svcproxy.backends.ipvs import apply
 
     saved = {"nat": ":KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m set --match-set "
                     "KUBE-CLUSTER-IP dst,dst -j ACCEPT\n-A OTHER -j ACCEPT\n"}
     backend, _ipvs, _route, recorded, state = _synced(monkeypatch)
-    monkeypatch.setattr(system, "iptables_save", lambda family, table, mode="": saved.get(
+    monkeypatch.setattr(apply, "iptables_save", lambda family, table, mode="": saved.get(
         table, ""))
     backend.sync(state, Changes(frozenset(state.services), full=True, reason="initial"))  # seen
     rules = len(recorded.iptables)  # type: ignore[attr-defined]

@@ -14,12 +14,14 @@ from dataclasses import replace
 
 import pytest
 
-from svcproxy.backends.ipvs import genl, system
+from svcproxy.backends.ipvs import apply, genl
 from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.backend import IpvsBackend
+from svcproxy.backends.ipvs.names import SCHEDULER_ANNOTATION
 from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
-from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
+from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.model import ServiceType, SessionAffinity
 from svcproxy.sdk import NodeState
 from svcproxy.sdk.config import NodeConfig
@@ -125,7 +127,7 @@ def test_rr_alternates_exactly_over_nat_real_servers(lab: IpvsLab, make) -> None
     sid = genl.ServiceId("TCP", "10.96.0.10", 80)
     assert d.services()[sid].scheduler == "rr"
     assert {x.fwd_method for x in d.dests(sid).values()} == {genl.FWD_MASQ}
-    assert "10.96.0.10" in lab.on_node(system.link_addresses, d.backend.ifindex)
+    assert "10.96.0.10" in lab.on_node(apply.link_addresses, d.backend.ifindex)
 
 
 def test_wrr_spreads_in_proportion_to_weights(lab: IpvsLab, make) -> None:
@@ -220,9 +222,9 @@ def test_exclude_cidrs_are_never_touched(lab: IpvsLab, make) -> None:
     assert genl.ServiceId("TCP", "192.168.88.1", 80) not in kept
     lab.on_node(d.backend.cleanup)
     assert set(d.services()) == {genl.ServiceId("TCP", "192.168.77.1", 80)}
-    assert lab.on_node(system.link_index, "kube-ipvs0") is None
-    assert not set(S.all_set_names()) & lab.on_node(system.ipset_names)
-    assert "KUBE-SERVICES" not in lab.on_node(system.iptables_save, 4, "nat")
+    assert lab.on_node(apply.link_index, "kube-ipvs0") is None
+    assert not set(S.all_set_names()) & lab.on_node(apply.ipset_names)
+    assert "KUBE-SERVICES" not in lab.on_node(apply.iptables_save, 4, "nat")
     lab.on_node(_delete_service, genl.ServiceId("TCP", "192.168.77.1", 80))
 
 
@@ -250,8 +252,8 @@ def _node_ipv4_addresses(lab: IpvsLab) -> set[str]:
 
 
 def _our_rules() -> int:
-    chains = sorted(set(R.NAT_CHAINS) | set(R.FILTER_CHAINS) | set(R.MANGLE_CHAINS))
-    return sum(R.count_rules(system.iptables_save(4, t), chains) for t in R.TABLES)
+    chains = sorted(set(N.NAT_CHAINS) | set(N.FILTER_CHAINS) | set(N.MANGLE_CHAINS))
+    return sum(R.count_rules(apply.iptables_save(4, t), chains) for t in N.TABLES)
 
 
 def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, make) -> None:
@@ -266,7 +268,7 @@ def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, mak
         "no --node-port-addresses: NodePorts on every address of the node (kube-ipvs0's and "
         "loopback aside), as kube-proxy")
     assert len(d.services()) == 1000 * (1 + len(nodeports)), "a ClusterIP and the NodePorts"
-    assert len(lab.on_node(system.link_addresses, d.backend.ifindex)) == 1000
+    assert len(lab.on_node(apply.link_addresses, d.backend.ifindex)) == 1000
     assert "30999" in ns_exec(lab.node, "ipset", "list", "KUBE-NODE-PORT-TCP")
     assert lab.names("10.97.3.250", 80, 1) == [f"pod{1 + 999 % 3}"]
     assert lab.names("10.100.0.1", 30999, 1) == [f"pod{1 + 999 % 3}"]
@@ -284,11 +286,11 @@ def test_a_rebuild_with_nothing_changed_sends_nothing_to_ipvs(lab: IpvsLab, make
     d.sync(web, six)
     sent: list[str] = []
     for sock in (d.backend.ipvs, d.backend.route):
-        apply = sock.apply
+        send = sock.apply
 
-        def recording(requests, apply=apply):  # type: ignore[no-untyped-def]
+        def recording(requests, send=send):  # type: ignore[no-untyped-def]
             sent.extend(r.what for r in requests)
-            return apply(requests)
+            return send(requests)
 
         sock.apply = recording
     d.sync(web, six, reason="initial")
@@ -331,16 +333,16 @@ def test_drift_is_repaired_by_the_next_periodic_resync(
     d.sync(web, gone, local, lb)
     sent: list[str] = []
     for sock in (d.backend.ipvs, d.backend.route):
-        apply = sock.apply
+        send = sock.apply
 
-        def recording(requests, apply=apply):  # type: ignore[no-untyped-def]
+        def recording(requests, send=send):  # type: ignore[no-untyped-def]
             sent.extend(r.what for r in requests)
-            return apply(requests)
+            return send(requests)
 
         sock.apply = recording
     restores: list[str] = []
-    restore = system.ipset_restore
-    monkeypatch.setattr(system, "ipset_restore", lambda text: (text and restores.append(text),
+    restore = apply.ipset_restore
+    monkeypatch.setattr(apply, "ipset_restore", lambda text: (text and restores.append(text),
                                                                restore(text)))
     d.sync(web, gone, local, lb, reason="periodic")
     assert (sent, restores) == ([], []), "a clean kernel is no drift"

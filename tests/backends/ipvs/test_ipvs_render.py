@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs.backend import IpvsBackend
-from svcproxy.backends.ipvs.desired import Desired, Touched, is_our_fwmark
+from svcproxy.backends.ipvs.desired import Desired, Touched
 from svcproxy.backends.ipvs.genl import DestId, ServiceId, fwmark_service
-from svcproxy.backends.ipvs.options import SCHEDULER_ANNOTATION, IpvsOptions
+from svcproxy.backends.ipvs.names import SCHEDULER_ANNOTATION, is_our_fwmark
+from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.backends.ipvs.render import RenderContext, render_port
 from svcproxy.model import (
     LoadBalancerIngress,
@@ -87,7 +88,7 @@ def test_real_servers_match_the_virtual_server_family() -> None:
     servers = _servers(render_port(state, CTX))
     assert servers[ServiceId("TCP", "10.96.0.17", 80)] == {DestId("10.244.1.2", 8080)}
     assert servers[ServiceId("TCP", "fd00:96::17", 80)] == {DestId("fd00::2", 8080)}
-    assert (S.set_name(S.CLUSTER_IP, 6), "fd00:96::17,tcp:80") in render_port(state, CTX).entries
+    assert (N.set_name(N.CLUSTER_IP, 6), "fd00:96::17,tcp:80") in render_port(state, CTX).entries
 
 
 def test_source_ranges_fill_the_firewall_sets_and_allow_the_node() -> None:

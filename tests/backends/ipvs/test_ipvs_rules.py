@@ -8,6 +8,7 @@ import pytest
 
 from svcproxy.backends.ipvs import cli
 from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs import rules as R
 from svcproxy.backends.ipvs.options import IpvsOptions, OptionError
 from svcproxy.sdk.config import NodeConfig
@@ -32,7 +33,7 @@ def test_rules_reference_sets_so_their_number_is_fixed() -> None:
     assert "-m conntrack --ctstate NEW" in text and "KUBE-IPVS-IPS dst -j REJECT" in text
     assert '-I PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' \
         in text
-    chains = R.NAT_CHAINS + R.FILTER_CHAINS + R.MANGLE_CHAINS
+    chains = N.NAT_CHAINS + N.FILTER_CHAINS + N.MANGLE_CHAINS
     count = R.count_rules(text.replace("-I ", "-A "), chains)
     assert count == text.count("\n-A ") + len(R.JUMPS) < 60
 
@@ -63,13 +64,13 @@ def test_ipv6_uses_its_own_sets() -> None:
 def test_full_ipset_restore_swaps_complete_sets_in() -> None:
     text = S.full_restore({"KUBE-CLUSTER-IP": {"10.96.0.10,tcp:80"}}, (4,))
     lines = text.splitlines()
-    tmp = S.temp_name(4, [k.base for k in S.KINDS].index(S.CLUSTER_IP))
+    tmp = N.temp_name(4, [k.base for k in S.KINDS].index(N.CLUSTER_IP))
     assert "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 262144 " \
         "-exist" in lines
     assert lines.index(f"add {tmp} 10.96.0.10,tcp:80 -exist") < lines.index(
         f"swap {tmp} KUBE-CLUSTER-IP")
     assert "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 -exist" in lines
-    assert all(len(name) <= S.MAX_NAME for name in S.all_set_names())
+    assert all(len(name) <= N.MAX_NAME for name in S.all_set_names())
 
 
 def test_delta_restore_adds_and_deletes_entries() -> None:

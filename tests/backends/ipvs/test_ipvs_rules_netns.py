@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from svcproxy.backends.ipvs import apply
 from svcproxy.backends.ipvs import ipsets as S
+from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs import rules as R
-from svcproxy.backends.ipvs import system
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.sdk.config import NodeConfig
@@ -26,23 +27,23 @@ def ns() -> Iterator[str]:
 
 
 def _load(entries: dict[str, set[str]]) -> int:
-    system.ipset_restore(S.full_restore(entries, (4,)))
+    apply.ipset_restore(S.full_restore(entries, (4,)))
     local = R.LocalDetect(cidrs=("10.244.0.0/16",))
     tables = {"nat": R.nat_rules(4, False, local), "filter": R.filter_rules(4),
               "mangle": R.mangle_rules(4, local)}
-    saved = {t: system.iptables_save(4, t) for t in R.TABLES}
+    saved = {t: apply.iptables_save(4, t) for t in N.TABLES}
     missing = [j for j in R.JUMPS if j.rule() not in saved[j.table] and j.table in tables]
-    system.iptables_restore(4, R.restore_text(tables, missing))
-    chains = R.NAT_CHAINS + R.FILTER_CHAINS + R.MANGLE_CHAINS
-    return sum(R.count_rules(system.iptables_save(4, t), chains) for t in R.TABLES)
+    apply.iptables_restore(4, R.restore_text(tables, missing))
+    chains = N.NAT_CHAINS + N.FILTER_CHAINS + N.MANGLE_CHAINS
+    return sum(R.count_rules(apply.iptables_save(4, t), chains) for t in N.TABLES)
 
 
 def _cleanup_leaves_foreign_things() -> tuple[str, set[str]]:
-    system.run(["iptables", "-t", "nat", "-N", "FOREIGN"])
-    system.run(["ipset", "create", "FOREIGN-SET", "hash:ip"])
+    apply.run(["iptables", "-t", "nat", "-N", "FOREIGN"])
+    apply.run(["ipset", "create", "FOREIGN-SET", "hash:ip"])
     IpvsBackend(NodeConfig(node_name="n1"), IpvsOptions(), (4,)).cleanup()
-    saved = "".join(system.iptables_save(4, t) for t in R.TABLES)
-    return saved, system.ipset_names()
+    saved = "".join(apply.iptables_save(4, t) for t in N.TABLES)
+    return saved, apply.ipset_names()
 
 
 def test_rules_load_stay_fixed_and_cleanup_removes_only_ours(ns: str) -> None:

@@ -269,13 +269,13 @@ def test_the_families_and_the_iptables_are_the_node_contexts(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend programs the families the node context has, with the iptables it
     names (the one the agent found on the node), and writes no sysctl itself."""
-    from svcproxy.backends.ipvs import system
+    from svcproxy.backends.ipvs import apply
     from svcproxy.sdk import ProxyMode
 
     backend = IpvsBackend(CONFIG, IpvsOptions())
     _ipvs, _route, recorded = stand_in(backend, monkeypatch)
     invoked: list[tuple[int, str]] = []
-    monkeypatch.setattr(system, "iptables_restore",
+    monkeypatch.setattr(apply, "iptables_restore",
                         lambda family, text, mode="": invoked.append((family, mode)))
     state = replace(node_state([web(1, 1)]), context=resolve(
         CONFIG, None, mode=backend.proxy_mode, ip_families=(4,), iptables="legacy"))

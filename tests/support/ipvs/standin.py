@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from svcproxy.backends.ipvs import genl, rtnl, system
+from svcproxy.backends.ipvs import apply, genl, rtnl
 from svcproxy.backends.ipvs.backend import IpvsBackend
 from svcproxy.backends.ipvs.genl import DestId, DestStats, ServiceId, ServiceSpec
 from svcproxy.backends.ipvs.netlink import Failure, Request
@@ -188,13 +188,13 @@ def stand_in(backend: IpvsBackend, monkeypatch: pytest.MonkeyPatch,
         recorded.ipset.append(text)
         sets.restore(text)
 
-    monkeypatch.setattr(system, "ipset_restore", ipset_restore)
-    monkeypatch.setattr(system, "ipset_save", sets.save)
-    monkeypatch.setattr(system, "link_index", lambda name: IFINDEX)
+    monkeypatch.setattr(apply, "ipset_restore", ipset_restore)
+    monkeypatch.setattr(apply, "ipset_save", sets.save)
+    monkeypatch.setattr(apply, "link_index", lambda name: IFINDEX)
     recorded.sets = sets
-    monkeypatch.setattr(system, "iptables_restore",
+    monkeypatch.setattr(apply, "iptables_restore",
                         lambda family, text, mode="": recorded.iptables.append(text))
-    monkeypatch.setattr(system, "iptables_save", lambda *args: "")
+    monkeypatch.setattr(apply, "iptables_save", lambda *args: "")
     ipvs = ipvs or StandInIpvs()
     route = StandInRoute(node_addresses)
     backend.ipvs, backend.route, backend.ifindex = ipvs, route, IFINDEX  # type: ignore[assignment]

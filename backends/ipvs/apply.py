@@ -1,5 +1,6 @@
-"""Thin adapters for the rest of the node: the dummy link (pyroute2 IPRoute),
-``ipset restore`` and ``iptables-restore``."""
+"""The kernel, besides IPVS and rtnetlink (``netlink``): thin adapters for the dummy
+link (pyroute2 IPRoute), ``ipset restore``/``save`` and ``iptables-restore``/``save``.
+What they are given is rendered elsewhere (``render``, ``rules``, ``ipsets``: pure)."""
 
 from __future__ import annotations
 
