@@ -1,5 +1,10 @@
-"""The Node kind: the fields svcproxy reads, with the apiserver's rules
-(pkg/apis/core/validation), and their parse into ``objects.Node``."""
+"""The Node kind, whole: the fields svcproxy reads, the apiserver's rules for them
+(pkg/apis/core/validation) with their messages, and their parse into ``objects.Node``.
+
+No schema struct and no typed decode: Nodes are few (one per node, not one per service)
+and are listed as dicts (sources/events.RAW_KINDS), so the rules and the parse, side by
+side here, are the one description of the fields read.
+"""
 
 from __future__ import annotations
 
