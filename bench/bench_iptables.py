@@ -102,7 +102,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 def inner_iptables(args: argparse.Namespace) -> dict[str, Any]:
     """Our full sync, the input it wrote (to a file), endpoint changes, a no-op resync."""
-    from svcproxy.backends.iptables import tool
+    from svcproxy.backends.iptables import apply as tool
     from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 
     written: list[str] = []

@@ -1,15 +1,21 @@
 """The iptables backend: kube-proxy's iptables mode driven by the node's state.
 
 Built as any backend on the SDK is: a ``StagedBackend`` whose ``render`` stage turns a
-service port into its rules in every family (``planner.Rendered``), the SDK's ``diff``
+service port into its rules in every family (``render_plan.Rendered``), the SDK's ``diff``
 stage compares them with what is applied, and the ``apply`` stage writes the delta
 with one ``iptables-restore --noflush`` per family. What the kernel holds is the SDK's
 ``self.applied``; the backend keeps only what derives from it (each family's top-level
-chains and rule counts, in its ``Planner``). Every periodic resync reads the rules back
-(over netlink with iptables-nft, ``nftrules``; one ``iptables-save`` per family with
-iptables-legacy; ``drift``): a service port's chains that someone
-changed are written again from the applied values, a changed top-level chain or a
-missing jump rewrites everything.
+chains and rule counts, in its ``Planner``). The chains each restore wrote are read back
+at once (over netlink with iptables-nft, ``nftrules``; ``iptables-save -t TABLE`` with
+iptables-legacy) and every periodic resync compares what the kernel holds with that
+(``drift``; iptables-nft reads only the chains the kernel's change events say someone
+else touched): a service port's chains that someone changed are written again from the
+applied values, a changed top-level chain or a missing jump rewrites everything.
+
+Modules: ``render`` (one service port's rules), ``render_toplevel`` (the shared chains),
+``render_plan`` (one family's transaction from the SDK's delta), ``render_restore``
+(iptables-restore input, iptables-save output), all pure; ``apply`` (the iptables
+programs), ``nftrules`` (the netlink reader), ``drift``, ``names``, ``cli``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from svcproxy.backends.iptables import names
+from svcproxy.backends.iptables.apply import MODES, Iptables, IptablesError, Sysctl
 from svcproxy.backends.iptables.canary import CANARY_TABLES, Probe, make_probe
 from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.drift import (
@@ -39,7 +46,8 @@ from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
 from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct, remove_counters
 from svcproxy.backends.iptables.nftrules import FAMILIES, PER_CHAIN_MAX, NftRules, TableRules
-from svcproxy.backends.iptables.planner import (
+from svcproxy.backends.iptables.render import FamilyConfig, ServiceRules
+from svcproxy.backends.iptables.render_plan import (
     Plan,
     Planner,
     Rendered,
@@ -48,8 +56,7 @@ from svcproxy.backends.iptables.planner import (
     large_cluster,
     render,
 )
-from svcproxy.backends.iptables.render import FamilyConfig, ServiceRules
-from svcproxy.backends.iptables.restore import (
+from svcproxy.backends.iptables.render_restore import (
     ALL_CHAINS_MIN,
     AllChains,
     TableChanges,
@@ -57,8 +64,7 @@ from svcproxy.backends.iptables.restore import (
     parse_save,
     restore_text,
 )
-from svcproxy.backends.iptables.tool import MODES, Iptables, IptablesError, Sysctl
-from svcproxy.backends.iptables.toplevel import FILTER, NAT, uses_kubelet_firewall
+from svcproxy.backends.iptables.render_toplevel import FILTER, NAT, uses_kubelet_firewall
 from svcproxy.sdk import (
     Changes,
     Delta,

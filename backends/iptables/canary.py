@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from svcproxy.backends.iptables import names
-from svcproxy.backends.iptables.tool import Iptables, IptablesError
+from svcproxy.backends.iptables.apply import Iptables, IptablesError
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,19 @@ from collections.abc import Mapping
 
 from svcproxy.backends.iptables import names
 from svcproxy.backends.iptables.jumps import delete_lines
-from svcproxy.backends.iptables.restore import (
+from svcproxy.backends.iptables.render_restore import (
     SavedTable,
     TableChanges,
     all_chains_options,
     restore_text,
 )
-from svcproxy.backends.iptables.toplevel import FILTER, FILTER_CHAINS, MANGLE, NAT, NAT_CHAINS
+from svcproxy.backends.iptables.render_toplevel import (
+    FILTER,
+    FILTER_CHAINS,
+    MANGLE,
+    NAT,
+    NAT_CHAINS,
+)
 
 KUBELET_CANARY = "KUBE-KUBELET-CANARY"
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from svcproxy.backends.iptables.jumps import Jump, insert_lines
 from svcproxy.backends.iptables.nftrules import ChainDigest, TableRules
 from svcproxy.backends.iptables.render import ServiceRules
-from svcproxy.backends.iptables.restore import BUILTIN_CHAINS, SavedTable
-from svcproxy.backends.iptables.toplevel import NAT
+from svcproxy.backends.iptables.render_restore import BUILTIN_CHAINS, SavedTable
+from svcproxy.backends.iptables.render_toplevel import NAT
 from svcproxy.sdk import ServicePortKey
 
 

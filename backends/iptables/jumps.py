@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from svcproxy.backends.iptables import names
-from svcproxy.backends.iptables.restore import BUILTIN_CHAINS, SavedTable
+from svcproxy.backends.iptables.render_restore import BUILTIN_CHAINS, SavedTable
 
 NEW = "-m conntrack --ctstate NEW"
 

@@ -2,7 +2,7 @@
 
 The result is a ``ServiceRules`` fragment: the nat chains the service port owns
 (KUBE-SVC/SVL/EXT/FW/SEP-*) and the lines it contributes to the shared
-top-level chains. ``toplevel`` assembles the fragments; ``planner`` diffs them.
+top-level chains. ``render_toplevel`` assembles the fragments; ``render_plan`` diffs them.
 Rules follow pkg/proxy/iptables/proxier.go (syncProxyRules) line by line.
 """
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from svcproxy.backends.iptables import backend as backend_module
-from svcproxy.backends.iptables.tool import IptablesError
+from svcproxy.backends.iptables.apply import IptablesError
 
 
 class RecordingIptables:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from svcproxy.backends.iptables import backend as backend_module
+from svcproxy.backends.iptables.apply import IptablesError
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
-from svcproxy.backends.iptables.tool import IptablesError
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk.backend import Changes, NodeState
 from svcproxy.sdk.config import NodeConfig

@@ -448,8 +448,8 @@ def test_nft_all_chains_form_writes_the_same_rules(lab: Lab,
     """The ``-S``-first restore (big nft transactions) programs exactly the usual rules,
     on a fresh table and over existing chains, and its two-step cleanup leaves foreign
     rules alone."""
+    from svcproxy.backends.iptables import apply as tool
     from svcproxy.backends.iptables import backend as backend_module
-    from svcproxy.backends.iptables import tool
 
     _foreign_rules(lab)
     counted = "[7:700] -A MY-NAT -s 9.9.9.9/32 -j RETURN"  # -S leaves rule counters

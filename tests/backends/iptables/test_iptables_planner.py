@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from svcproxy.backends.iptables import names
+from svcproxy.backends.iptables.apply import failing_lines
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
 from svcproxy.backends.iptables.cleanup import cleanup_text
 from svcproxy.backends.iptables.jumps import JUMPS, insert_lines
-from svcproxy.backends.iptables.planner import Plan, Planner, Rendered, render
 from svcproxy.backends.iptables.render import FamilyConfig
-from svcproxy.backends.iptables.restore import parse_save, restore_text
-from svcproxy.backends.iptables.tool import failing_lines
+from svcproxy.backends.iptables.render_plan import Plan, Planner, Rendered, render
+from svcproxy.backends.iptables.render_restore import parse_save, restore_text
 from svcproxy.model import Endpoint, Protocol, ServicePort, ServicePortKey, ServicePortState
 from svcproxy.sdk import Applied, Changes, Delta, NodeConfig, NodeState
 from tests.support.iptables_fakes import RecordingIptables, stand_in
@@ -200,7 +200,7 @@ def test_restore_errors_show_the_failing_line() -> None:
 
 
 def test_big_nft_transactions_start_with_a_chainless_line() -> None:
-    from svcproxy.backends.iptables.restore import (
+    from svcproxy.backends.iptables.render_restore import (
         LIST_LINE,
         ZERO_LINE,
         AllChains,
@@ -225,7 +225,7 @@ def test_big_nft_transactions_start_with_a_chainless_line() -> None:
 
 
 def test_the_one_dump_is_chosen_against_the_size_of_the_table() -> None:
-    from svcproxy.backends.iptables.restore import TableChanges, all_chains_options
+    from svcproxy.backends.iptables.render_restore import TableChanges, all_chains_options
 
     tables = {"nat": TableChanges(), "filter": TableChanges()}
     # 4,000 chains into a 110,000-chain table: the list (0.2 s) beats the dump (2.5 s)

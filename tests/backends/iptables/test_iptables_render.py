@@ -85,9 +85,9 @@ SEED_EXTERNAL_IP_NAT = [
 
 # ---------------------------------------------------------------------------
 
-from svcproxy.backends.iptables.planner import Planner, large_cluster, render  # noqa: E402
 from svcproxy.backends.iptables.render import FamilyConfig, render_service  # noqa: E402
-from svcproxy.backends.iptables.restore import restore_text  # noqa: E402
+from svcproxy.backends.iptables.render_plan import Planner, large_cluster, render  # noqa: E402
+from svcproxy.backends.iptables.render_restore import restore_text  # noqa: E402
 from svcproxy.model import (  # noqa: E402
     Endpoint,
     LoadBalancerIngress,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from svcproxy.backends.iptables.nftrules import NftRules
-from svcproxy.backends.iptables.restore import SavedTable, parse_save
+from svcproxy.backends.iptables.render_restore import SavedTable, parse_save
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -24,8 +24,8 @@ from svcproxy.backends.iptables.render import (
     ServiceRules,
     render_service,
 )
-from svcproxy.backends.iptables.restore import TableChanges
-from svcproxy.backends.iptables.toplevel import FIELDS, FILTER, NAT, top_level
+from svcproxy.backends.iptables.render_restore import TableChanges
+from svcproxy.backends.iptables.render_toplevel import FIELDS, FILTER, NAT, top_level
 from svcproxy.sdk import Delta, ServicePortKey, ServicePortState
 
 
