@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from svcproxy.collector import resume_collector_after_start
-from svcproxy.frontend.edge.limits import ObjectLimits
+from svcproxy.frontend.edge.limits import ObjectLimits, allow_kubernetes_depth
 from svcproxy.frontend.fleet.service import FleetService
 from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
@@ -116,6 +116,7 @@ class Frontend:
         (``start_listing``), for the options' apiserver."""
         self.opts = opts
         self._listing = listing
+        allow_kubernetes_depth()  # json and msgspec decode what the apiserver stores
         self.engine = Engine(proxy_name=opts.service_proxy_name, history_limit=opts.history,
                              bounds=opts.view_bounds)
         self.engine.store.intake = Intake(source_name(opts), opts.object_limits)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from svcproxy.frontend.edge.verdict import Problem
+
+# The deepest nesting the apiserver decodes, and so stores: at most 10,000 nested maps
+# and lists, the object itself included (sigs.k8s.io/json: encoding/json's
+# maxNestingDepth; YAML through sigs.k8s.io/yaml, go-yaml's max depth), that is 9,999
+# levels below the object. Fields svcproxy does not read may go that deep.
+KUBERNETES_MAX_DEPTH = 9_999
+# Python's json and msgspec count one recursion per level (the limit is 1,000 by
+# default); the frames below the decoder need the rest. About 0.5 KiB of C stack a
+# level: 11,000 levels fit a thread's 8 MiB.
+_RECURSION_LIMIT = KUBERNETES_MAX_DEPTH + 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,11 +24,19 @@ class ObjectLimits:
     """Bounds on what one object may cost; each has a ``svcproxy frontend`` flag."""
 
     max_object_bytes: int = 1_572_864  # etcd's default request limit (1.5 MiB)
-    max_depth: int = 64
+    max_depth: int = KUBERNETES_MAX_DEPTH  # levels below the object
     max_name_length: int = 253  # the longest name Kubernetes allows
 
 
 DEFAULT_LIMITS = ObjectLimits()
+
+
+def allow_kubernetes_depth() -> None:
+    """Lets the JSON decoders (json, msgspec) read any object the apiserver stores:
+    Python's recursion limit raised above KUBERNETES_MAX_DEPTH levels (never lowered).
+    Deeper input stops them with RecursionError, as before, at that limit."""
+    if sys.getrecursionlimit() < _RECURSION_LIMIT:
+        sys.setrecursionlimit(_RECURSION_LIMIT)
 
 
 class _TooBig(Exception):
@@ -88,5 +107,11 @@ def _walk(root: dict[Any, Any] | list[Any], depth: int, budget: list[int],
 
 
 def _DEEP(max_depth: int) -> Problem:  # noqa: N802 - reads as the constant problem it is
-    return Problem("", "too_deep", f"nested deeper than {max_depth} levels "
-                   "(--max-object-depth)")
+    return Problem("", "too_deep", deep_message(max_depth))
+
+
+def deep_message(max_depth: int) -> str:
+    """Why an object nested deeper than ``max_depth`` levels is refused."""
+    past = " (the apiserver refuses it too)" if max_depth >= KUBERNETES_MAX_DEPTH else ""
+    return (f"nested deeper than {max_depth} levels below the object{past} "
+            "(--max-object-depth)")

@@ -26,6 +26,8 @@ an event on one rescans the directory, so a ConfigMap update is seen.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import itertools
 import logging
 import threading
@@ -37,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from svcproxy.frontend.edge.limits import KUBERNETES_MAX_DEPTH, allow_kubernetes_depth, deep_message
 from svcproxy.frontend.edge.verdict import Problem
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import KINDS, Delete, Event, Replace, Sink, Upsert
@@ -67,7 +70,7 @@ class ManifestLimits:
 
     max_file_bytes: int = 16 * 1024 * 1024
     max_alias_expansion: int = 100_000  # nodes YAML aliases may add to one document
-    max_depth: int = 64
+    max_depth: int = KUBERNETES_MAX_DEPTH  # levels of maps and lists below the document
 
 
 DEFAULT_MANIFEST_LIMITS = ManifestLimits()
@@ -81,6 +84,29 @@ class Fingerprint:
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml refuses a file nesting deeper than 1,000 levels (a syntax error: the whole file
+# is refused); raised to twice what Kubernetes takes, so a document deeper than that
+# limit is refused alone, by _graph_problem, naming --max-object-depth.
+YAML_NESTING_LIMIT = 2 * (KUBERNETES_MAX_DEPTH + 1)
+
+
+@functools.cache
+def _allow_deep_yaml() -> bool:
+    """Raise libyaml's nesting limit (yaml_set_max_nest_level, libyaml 0.2.5+, a
+    process-wide setting of the copy PyYAML's C extension holds); False when this
+    PyYAML has no such libyaml (its 1,000 levels then stand, documented in
+    docs/edge-fields.md). Python's recursion limit too (comparing documents)."""
+    allow_kubernetes_depth()
+    module = getattr(yaml, "_yaml", None)
+    try:
+        setter = ctypes.CDLL(module.__file__).yaml_set_max_nest_level  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError):
+        log.warning("libyaml's nesting limit cannot be raised: manifests nested deeper "
+                    "than 1,000 levels are refused whole")
+        return False
+    setter.argtypes, setter.restype = [ctypes.c_int], None
+    setter(YAML_NESTING_LIMIT)
+    return True
 
 
 def refuse_file(source: str, where: str, problem: Problem | str) -> None:
@@ -98,33 +124,36 @@ class _Refused(Exception):
 def _graph_problem(root: yaml.Node, limits: ManifestLimits) -> Problem | None:
     """Why a document must not be built (its aliases expand too much, it nests too deep
     or it refers to itself), found before anything is built from it; None if it may.
-    A loop over a stack of open nodes, so any depth the limit allows is walked."""
-    expanded: dict[int, int] = {}
+    Maps and lists count for the depth, as in JSON (a scalar is no level), an alias's
+    node as deep as where it is used. A loop over a stack of open nodes, so any depth
+    the limit allows is walked."""
+    expanded: dict[int, tuple[int, int]] = {}  # a node's expanded size and height
     active: set[int] = set()
-    stack: list[list[Any]] = []  # [node, depth, its parts left, nodes so far]
+    stack: list[list[Any]] = []  # [node, depth, its parts left, nodes so far, height]
 
-    def enter(node: yaml.Node, depth: int) -> int | None:
-        """The expanded size of ``node`` when known now, else None (pushed to walk)."""
-        if depth > limits.max_depth:
-            raise _Refused(Problem("", "too_deep", f"nested deeper than {limits.max_depth} "
-                                   "levels (--max-object-depth)"))
+    def enter(node: yaml.Node, depth: int) -> tuple[int, int] | None:
+        """The expanded size and height of ``node`` when known now, else None (pushed
+        to walk)."""
         hit = expanded.get(id(node))
+        if not isinstance(node, yaml.SequenceNode | yaml.MappingNode):
+            expanded[id(node)] = 1, -1  # a scalar, once: what aliases add is counted
+            return 1, -1
+        if depth + (hit[1] if hit is not None else 0) > limits.max_depth:
+            raise _Refused(Problem("", "too_deep", deep_message(limits.max_depth)))
         if hit is not None:
             return hit
         if id(node) in active:
             raise _Refused(Problem("", "malformed", "a YAML alias refers to the node that "
                                    "holds it"))
-        if not isinstance(node, yaml.SequenceNode | yaml.MappingNode):
-            expanded[id(node)] = 1
-            return 1
         active.add(id(node))
         parts = itertools.chain.from_iterable(
             child if isinstance(child, tuple) else (child,) for child in node.value)
-        stack.append([node, depth, parts, 1])
+        stack.append([node, depth, parts, 1, 0])
         return None
 
-    def add(frame: list[Any], count: int) -> None:
+    def add(frame: list[Any], count: int, height: int) -> None:
         frame[3] += count
+        frame[4] = max(frame[4], height + 1)
         if frame[3] - len(expanded) > limits.max_alias_expansion:
             raise _Refused(Problem(
                 "", "too_large", "YAML aliases expand it by more than "
@@ -139,13 +168,13 @@ def _graph_problem(root: yaml.Node, limits: ManifestLimits) -> Problem | None:
             if part is None:
                 stack.pop()
                 active.discard(id(frame[0]))
-                expanded[id(frame[0])] = frame[3]
+                expanded[id(frame[0])] = frame[3], frame[4]
                 if stack:
-                    add(stack[-1], frame[3])
+                    add(stack[-1], frame[3], frame[4])
                 continue
-            count = enter(part, frame[1] + 1)
-            if count is not None:
-                add(frame, count)
+            known = enter(part, frame[1] + 1)
+            if known is not None:
+                add(frame, *known)
     except _Refused as refused:
         return refused.problem
     return None
@@ -191,6 +220,7 @@ def parse_documents(path: Path, limits: ManifestLimits = DEFAULT_MANIFEST_LIMITS
 
 def parse_text(path: Path, text: str, limits: ManifestLimits) -> list[Any]:
     """``parse_documents`` of the text read from ``path``."""
+    _allow_deep_yaml()
     loader = _Loader(text)
     docs: list[Any] = []
     try:

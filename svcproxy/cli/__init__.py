@@ -166,9 +166,12 @@ def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-object-bytes", type=int, default=1_572_864, metavar="BYTES",
                    help="largest object accepted, counted as its JSON would be with YAML "
                    "aliases expanded (default %(default)s: etcd's 1.5 MiB)")
-    g.add_argument("--max-object-depth", type=int, default=64, metavar="LEVELS",
-                   help="deepest nesting of maps and lists in an object or manifest "
-                   "document, 1-500 (default %(default)s)")
+    g.add_argument("--max-object-depth", type=int, default=9_999, metavar="LEVELS",
+                   help="deepest nesting of maps and lists below an object or manifest "
+                   "document, 1-9999 (default %(default)s: the apiserver decodes, and so "
+                   "stores, 10,000 nested levels, the object itself included; fields "
+                   "svcproxy does not read may nest that deep, and a lower value refuses "
+                   "objects the apiserver stores)")
     g.add_argument("--max-name-length", type=int, default=253, metavar="CHARS",
                    help="longest name of any object, port or node accepted; Kubernetes' own "
                    "limits (63 for Service and namespace names) always apply "
@@ -184,14 +187,20 @@ def _frontend_object_limit_arguments(p: argparse.ArgumentParser) -> None:
 
 def _object_limits(args: argparse.Namespace) -> ObjectLimits:
     """--max-object-* and --max-name-length (every limit flag checked)."""
-    from svcproxy.frontend.edge.limits import ObjectLimits
+    from svcproxy.frontend.edge.limits import (
+        KUBERNETES_MAX_DEPTH,
+        ObjectLimits,
+        allow_kubernetes_depth,
+    )
 
     sizes = (args.max_object_bytes, args.max_name_length, args.manifest_max_file_bytes)
     if min(sizes) < 1 or args.manifest_max_alias_expansion < 0 or \
-            not 1 <= args.max_object_depth <= 500:
+            not 1 <= args.max_object_depth <= KUBERNETES_MAX_DEPTH:
         raise SystemExit("svcproxy: --max-object-bytes, --max-name-length and "
                          "--manifest-max-file-bytes must be 1 or more, "
-                         "--manifest-max-alias-expansion 0 or more, --max-object-depth 1-500")
+                         "--manifest-max-alias-expansion 0 or more, --max-object-depth "
+                         f"1-{KUBERNETES_MAX_DEPTH} (the apiserver's own limit)")
+    allow_kubernetes_depth()  # before the early listing's first page is decoded
     return ObjectLimits(args.max_object_bytes, args.max_object_depth, args.max_name_length)
 
 

@@ -114,8 +114,6 @@ UNBUILDABLE = {
     "key": ("kind: Service\nmetadata: {name: key, namespace: shop}\nspec:\n  ports:\n"
             "  - ? [a]\n    : b\n", "unhashable"),
     "self": ("kind: Service\nmetadata: &m {name: r, self: *m}\n", "refers to the node"),
-    "deep": ("kind: Service\nmetadata: {name: d}\nspec: " + "[" * 100 + "]" * 100 + "\n",
-             "--max-object-depth"),
     "bomb": ("kind: Service\na: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + _LEVELS
              + "metadata: {name: *f, namespace: shop}\n", "--manifest-max-alias-expansion"),
 }
