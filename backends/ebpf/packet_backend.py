@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import logging
 import socket
+import threading
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ from svcproxy.sdk import (
     rtnetlink,
 )
 
-from . import libbpf, maglev, packet_stats, xdp
+from . import libbpf, maglev, packet_stats, pod_devices, xdp
 from .apply import MapApply
 from .ct_gc import CtGc
 from .layout import ServiceAddress
@@ -145,6 +146,8 @@ class PacketBackend(MapsBackend):
         self.ranges: set[bytes] | None = None  # spp_ranges as written; None: read it
         self.cluster_ips: set[bytes] | None = None  # spp_cluster_ips as written
         self.cluster_ips_of: dict[ServicePortKey, tuple[bytes, ...]] = {}
+        self.links: pod_devices.LinkMonitor | None = None  # attaches devices as they come
+        self._devices_lock = threading.Lock()  # the link monitor's thread and sync's
 
     def start(self, node_ips: Iterable[str] = ()) -> PacketBackend:
         """Load the programs (adopting pinned maps and links) and attach them to the
@@ -168,9 +171,34 @@ class PacketBackend(MapsBackend):
         self.forget()
         self._write_devices(programs.maps[MAP_DEVICES])
         self.ct_gc = CtGc(programs.maps[MAP_CT], layout.ct_timeouts, self.gc_interval).start()
+        self.links = pod_devices.LinkMonitor(self._on_link_events).start()
         log.info("tc programs attached to %s, maps pinned in %s", ", ".join(layout.devices),
                  layout.dir)
         return self
+
+    def _on_link_events(self, events: list[pod_devices.LinkEvent]) -> None:
+        """A device of --ebpf-devices or --ebpf-pod-devices came or went, or an attached
+        one's addresses changed: attach, forget, or write its addresses now (the link
+        monitor's thread), not at the next sync."""
+        programs = self.programs
+        if programs is None or not pod_devices.concerns(
+                events, self.layout.pod_devices, self.layout.devices,
+                programs.attached.values()):
+            return
+        self._refresh_devices(always=True)
+
+    def _refresh_devices(self, always: bool) -> None:
+        """Attach the programs to the devices that appeared, forget those that went, and
+        write the devices' addresses when any was attached (or ``always``)."""
+        with self._devices_lock:
+            programs = self.programs
+            if programs is None:
+                return
+            if programs.refresh():
+                log.info("tc programs attached to %s", ", ".join(programs.attached))
+            elif not always:
+                return
+            self._write_devices(programs.maps[MAP_DEVICES])
 
     def _write_devices(self, devices: Map) -> None:
         """Each attached device's first global address of each family: what endpoints on
@@ -198,13 +226,7 @@ class PacketBackend(MapsBackend):
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         self.start(node_port_ips(self.config, state))
-        programs = self.programs
-        assert programs is not None
-        if programs.refresh():
-            log.info("tc programs attached to %s", ", ".join(programs.attached))
-            self._write_devices(programs.maps[MAP_DEVICES])
-        elif changes.full:  # addresses may have come since
-            self._write_devices(programs.maps[MAP_DEVICES])
+        self._refresh_devices(always=changes.full)  # a full sync: addresses may have come
         self.refusals.prune(state.services)
         gone = self._write_ranges(state, changes)
         self._write_cluster_ips(state, changes)
@@ -332,6 +354,9 @@ class PacketBackend(MapsBackend):
         log.info("Removed %d tc pins from %s", len(removed), self.layout.dir)
 
     def close(self) -> None:
+        if self.links is not None:
+            self.links.stop()
+            self.links = None
         if self.ct_gc is not None:
             self.ct_gc.stop()
             self.ct_gc = None

@@ -57,8 +57,9 @@ def add_packet_arguments(parser: argparse._ArgumentGroup) -> None:
         help="with --ebpf-packet-path bpf: also attach the tc programs to every device whose "
         "name matches (shell-style, e.g. 'cali*' or 'lxc*': each pod's host-side veth, as "
         "Calico's eBPF dataplane does), so what the socket programs cannot take - "
-        "processes outside --ebpf-cgroup, SCTP - is served as it enters the node; devices "
-        "that appear later are attached at the next sync (default: none)")
+        "processes outside --ebpf-cgroup, SCTP - is served as it enters the node; a device "
+        "that appears later is attached when the kernel announces it, and forgotten when "
+        "it goes (default: none)")
     parser.add_argument(
         "--ebpf-lb-algorithm", choices=LB_ALGORITHMS, default="random",
         help="with --ebpf-packet-path bpf: how a new flow from outside picks its endpoint: "

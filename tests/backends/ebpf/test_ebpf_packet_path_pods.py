@@ -33,6 +33,7 @@ from tests.support.lab.netns import call_in, ip
 from tests.support.lab.topology import addresses, veth
 from tests.support.packet_path import CLIENT, NODE1, PODS
 from tests.support.packet_path_sctp import crc32c, exchange
+from tests.support.waiting import wait_for
 
 pytestmark = packet_path.marks("ip")
 
@@ -108,6 +109,26 @@ def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: Wor
     assert not any(POD_DEVICE in p for p in world.pins()), world.pins()
     world.lab.created.remove(pod)
     subprocess.run(["ip", "netns", "del", pod], check=True)
+
+
+def test_a_pod_device_is_attached_when_it_appears_not_at_the_next_sync(world: World) -> None:
+    """No sync after the start: the backend's link monitor (rtnetlink notifications)
+    attaches the programs to a matching veth as it appears, the pod is served through it,
+    and the device's pins go when it goes."""
+    world.set(service("pods-event", ["pod-a"], cip="10.96.8.5"))
+    links = {f"link_{POD_DEVICE}_ingress", f"link_{POD_DEVICE}_egress"}
+    assert not links & world.pins()
+    pod = world.add_pod("podw")
+    try:
+        wait_for(lambda: links <= world.pins(), timeout=30)
+        cip = summarize(probe(pod, "tcp", "10.96.8.5", 80, 5))
+        assert cip.names == Counter({"pod-a": 5}) and cip.sources == {POD_IP}, cip
+        ip(world.node, "link", "del", POD_DEVICE)
+        wait_for(lambda: not links & world.pins(), timeout=30)
+    finally:
+        ip(world.node, "link", "del", POD_DEVICE, check=False)
+        world.lab.created.remove(pod)
+        subprocess.run(["ip", "netns", "del", pod], check=True)
 
 
 # --- SCTP, crafted (tests.support.packet_path_sctp) ---------------------------------
