@@ -148,3 +148,84 @@ def test_an_op_the_sdk_cannot_apply_is_named_and_counted(
         wait_for(lambda: probe_ips(client, last) == {"10.2.0.1"}, timeout=20)
     finally:
         client.stop()
+
+
+# Every other wire field at its extreme: names as long as Kubernetes allows, the widest
+# addresses and ranges, ports at both ends, every condition, the most hints of the
+# longest names, zones of every width of code point, a thousand endpoints, the node's
+# own fields.
+NS, NAME, PORT_NAME = "n" * 63, "w" + "x" * 62, "p" * 63  # DNS-1123/1035 labels
+NODE_NAME = ".".join(["a" * 63] * 3 + ["b" * 61])  # a 253-character subdomain
+ZONE = "\x00\u00e9\uffff\U0010ffff" * 250
+V6 = "2001:db8:ffff:ffff:ffff:ffff:ffff:"
+RANGES = ("0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104", V6 + "ffff/128")
+HINT_ZONES = tuple(f"{i}{'Z' * 62}" for i in range(8))
+HINT_NODES = tuple(f"{i}{NODE_NAME[1:]}" for i in range(8))
+
+
+def widest() -> list[Upsert]:
+    node_a = {"kind": "Node", "metadata": {"name": "node-a", "labels": {
+        "topology.kubernetes.io/zone": "Z" * 63, "kubernetes.io/hostname": "node-a",
+        "example.com/" + "k" * 63: ""}},
+        "spec": {"podCIDRs": ["10.244.1.0/24", V6 + "0/112"]},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.10.11"},
+                                 {"type": "InternalIP", "address": V6 + "fffe"}]}}
+    svc = service(NAME, ns=NS, ip="10.96.3.1", port=1, target="a" * 15, type="LoadBalancer",
+                  clusterIPs=["10.96.3.1", V6 + "fff0"], ipFamilyPolicy="RequireDualStack",
+                  externalIPs=["255.255.255.254", V6 + "fffd"], externalTrafficPolicy="Local",
+                  healthCheckNodePort=65534, sessionAffinity="ClientIP",
+                  sessionAffinityConfig={"clientIP": {"timeoutSeconds": 1}},
+                  loadBalancerSourceRanges=list(RANGES), trafficDistribution="PreferSameNode")
+    svc["spec"]["ports"] = [
+        {"name": PORT_NAME, "port": 1, "targetPort": "a" * 15, "nodePort": 65535},
+        {"name": "s", "port": 65535, "protocol": "SCTP", "targetPort": 65535, "nodePort": 1}]
+    svc["metadata"]["annotations"] = {"svcproxy.io/" + "o" * 63: ""}
+    svc["status"] = {"loadBalancer": {"ingress": [{"ip": V6 + "fffc", "ipMode": "Proxy"},
+                                                  {"ip": "203.0.113.255", "ipMode": "VIP"}]}}
+    hinted = {"addresses": [V6 + "1"], "nodeName": NODE_NAME, "zone": ZONE,
+              "hostname": "h" * 63, "conditions": {"ready": False, "serving": True,
+                                                   "terminating": True},
+              "hints": {"forZones": [{"name": z} for z in HINT_ZONES],
+                        "forNodes": [{"name": n} for n in HINT_NODES]}}
+    v6 = slice_(f"{NAME}-6", NAME, [hinted], ns=NS, port=65535, family="IPv6",
+                port_name=PORT_NAME)
+    v4 = slice_(f"{NAME}-4", NAME, [endpoint(f"10.4.{i // 250}.{i % 250 + 1}", node="node-a")
+                                    for i in range(1000)], ns=NS, port=1, port_name=PORT_NAME)
+    return [Upsert("Node", node_a), Upsert("Service", svc), Upsert("EndpointSlice", v6),
+            Upsert("EndpointSlice", v4)]
+
+
+def test_the_widest_names_addresses_and_counts_stop_no_stream(
+        clients: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fe, (node_a, node_b) = clients
+    caplog.set_level(logging.WARNING, logger="svcproxy.sdk")
+    fe.submit(widest())
+    last: dict[str, Any] = {}
+    for version in (1, 2, 3):  # changes keep reaching both nodes meanwhile
+        fe.submit(web(version))
+        for client in (node_a, node_b):
+            wait_for(lambda c=client, v=version: probe_ips(c, last) == {f"10.2.0.{v}"},
+                     timeout=20)
+    state = node_a.take() or (last["state"], None)
+    mine = {key: rec for key, rec in state[0].services.items() if key.name == NAME}
+    by_port = {key.port_name: rec for key, rec in mine.items()}
+    first = by_port[PORT_NAME]
+    svc = first.service
+    assert (svc.key.namespace, svc.port, svc.node_port, svc.health_check_node_port,
+            svc.session_affinity_timeout) == (NS, 1, 65535, 65534, 1)
+    assert set(svc.load_balancer_source_ranges) == {"0.0.0.0/0", "::/0", "10.0.0.0/8",
+                                                    V6 + "ffff/128"}
+    assert {(i.ip, i.ip_mode) for i in svc.load_balancer_ingress} == {
+        (V6 + "fffc", "Proxy"), ("203.0.113.255", "VIP")}
+    assert svc.options == (("svcproxy.io/" + "o" * 63, ""),)
+    assert len([ip for ip in first.endpoints if "." in ip]) == 1000
+    ep = first.endpoints[V6 + "1"]
+    assert (ep.port, ep.node_name, ep.zone, ep.hint_zones, ep.hint_nodes) == (
+        65535, NODE_NAME, ZONE, HINT_ZONES, HINT_NODES)
+    assert (ep.ready, ep.serving, ep.terminating) == (False, True, True)
+    assert by_port["s"].service.port == 65535 and by_port["s"].service.node_port == 1
+    node = state[0].node
+    assert node is not None and node.zone == "Z" * 63 and V6 + "0/112" in node.pod_cidrs
+    assert node_a.connected and node_b.connected
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], \
+        "a stream ended: " + "; ".join(r.getMessage() for r in caplog.records)
