@@ -10,6 +10,7 @@ removed at the end, also when the test fails.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
@@ -27,35 +28,28 @@ from typing import Any
 import pytest
 
 from svcproxy.backends.ebpf import libbpf
-from svcproxy.backends.ebpf.packet_loader import OBJECT, _tcx_info
+from svcproxy.backends.ebpf.packet_loader import _tcx_info
 from tests.backends.ebpf.test_ebpf_process import eventually
+from tests.support import packet_path
 from tests.support.lab import manifests as m
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
 from tests.support.lab.netns import call_in, ns_exec
-from tests.support.lab.plan import standard_spec
 from tests.support.lab.topology import Lab
+from tests.support.packet_path import CLIENT, NODE1, PODS, SPEC
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
-SPEC = standard_spec()
-NODE1 = SPEC.node("node1")
-CLIENT = SPEC.clients[0]
-PODS = {p.name: p for p in SPEC.pods}
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
 TCP_PORT, UDP_PORT = 30090, 30091
+LOCAL_PORT, HEALTH_PORT = 30092, 32090  # an eTP Local LoadBalancer and its health check
 AFTER_KILL = 200  # connections the traffic must complete after the kill
 
 
 def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root"
-    if not (CGROUP2 / "cgroup.procs").exists():
-        return f"needs cgroup v2 at {CGROUP2}"
-    if shutil.which("nsenter") is None or shutil.which("nft") is None:
-        return "needs nsenter and nft"
-    if not OBJECT.exists():
-        return f"{OBJECT} not built (python -m svcproxy.backends.ebpf.build)"
-    return ""
+    why = packet_path.missing("nsenter", "nft")
+    if not why and not (CGROUP2 / "cgroup.procs").exists():
+        why = f"needs cgroup v2 at {CGROUP2}"
+    return why
 
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
@@ -68,7 +62,25 @@ def _write(directory: Path, pods: list[str]) -> None:
         m.service("web", ["10.96.5.1"], ports, type="NodePort"),
         m.endpoint_slice("web", [m.endpoint(PODS[p]) for p in pods],
                          [m.slice_port("tcp", 8080, "TCP"), m.slice_port("udp", 8080, "UDP")]),
+        m.service("local", ["10.96.5.2"], [m.port("http", 80, 8080, "TCP", LOCAL_PORT)],
+                  type="LoadBalancer", externalTrafficPolicy="Local",
+                  healthCheckNodePort=HEALTH_PORT),
+        m.endpoint_slice("local", [m.endpoint(PODS["pod-a"])], [m.slice_port("http", 8080)]),
     ])
+
+
+def _health_check() -> tuple[int, str]:
+    """The answer of node1's health-check node port to a GET from here (0 and the error
+    while it does not answer: the agent opens it after its first sync)."""
+    conn = http.client.HTTPConnection(NODE1.ipv4, HEALTH_PORT, timeout=5)
+    try:
+        conn.request("GET", "/")
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    except OSError as err:
+        return 0, str(err)
+    finally:
+        conn.close()
 
 
 class Traffic:
@@ -205,6 +217,13 @@ def test_process_serves_survives_kill_adopts_and_cleans_up(
     try:
         backend = start()
         eventually(lambda: serves({"pod-a", "pod-c"}), timeout=60, why=log.read_text)
+        # The agent's health-check node port answers the LAN as it does with nft: the
+        # programs leave it alone (it is no service port), and it counts pod-a.
+        def healthy() -> None:
+            status, body = call_in(client, _health_check)
+            assert status == 200 and '"localEndpoints": 1' in body, (status, body)
+
+        eventually(healthy, timeout=60, why=log.read_text)
         assert ns_exec(node, "nft", "list", "ruleset").strip() == "", "no nftables rule"
         if shutil.which("iptables-save"):
             rules = [r for r in ns_exec(node, "iptables-save").splitlines()
