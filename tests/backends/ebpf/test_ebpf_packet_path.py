@@ -214,6 +214,32 @@ def test_external_ips_and_load_balancer_vips(world: World) -> None:
     assert not summarize(probe(client, "tcp", "192.168.60.11", 80, 2)).names
 
 
+def test_ipv6_external_ips_vips_source_ranges_and_local_policy(world: World) -> None:
+    """The external rows over IPv6: an externalIP to node2's pod (SNATed to node1), a
+    load-balancer VIP to node1's pod (masqueraded to the pods' bridge), its
+    loadBalancerSourceRanges letting one client through and dropping the other, and
+    externalTrafficPolicy Local keeping the client's address."""
+    from svcproxy.model import LoadBalancerIngress
+
+    world.set(node_port("ext6", 0, ["pod-c"], family=6, cip="fd00:96::7:20",
+                        type=ServiceType.CLUSTER_IP, external_ips=("fd00:60::10",)))
+    client, other = world.lab.ns(CLIENT.name), world.lab.ns(SPEC.clients[1].name)
+    remote = summarize(probe(client, "tcp", "fd00:60::10", 80, 5))
+    assert remote.names == Counter({"pod-c": 5}) and remote.sources == {NODE1.ipv6}, remote
+    world.set(node_port("lb6", 30089, ["pod-a"], family=6, type=ServiceType.LOAD_BALANCER,
+                        load_balancer_ingress=(LoadBalancerIngress("fd00:60::11"),),
+                        load_balancer_source_ranges=(f"{CLIENT.ipv6}/128",)))
+    allowed = summarize(probe(client, "tcp", "fd00:60::11", 80, 5))
+    assert allowed.names == Counter({"pod-a": 5}), allowed
+    assert allowed.sources == {NODE1.gateways[1]}, allowed
+    denied = summarize(probe(other, "tcp", "fd00:60::11", 80, 2))
+    assert denied.errors == Counter({"timeout": 2}), denied
+    world.set(node_port("etp6", 30092, ["pod-a", "pod-c"], family=6, external=["pod-a"],
+                        external_traffic_policy=TrafficPolicy.LOCAL))
+    kept = summarize(probe(client, "tcp", NODE1.ipv6, 30092, 10))
+    assert kept.names == Counter({"pod-a": 10}) and kept.sources == {CLIENT.ipv6}, kept
+
+
 @pytest.mark.parametrize("family", [4, 6])
 def test_no_endpoints_is_refused(world: World, family: int) -> None:
     """kube-proxy's REJECT: the program answers ICMP port unreachable itself (an
