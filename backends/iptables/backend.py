@@ -382,7 +382,8 @@ class IptablesBackend(StagedBackend[Rendered]):
         deleted: not known (every chain is read at the next check)."""
         events = self._events
         try:
-            groups, lost = events.drain() if events is not None else ([], True)
+            groups, lost = (events.drain(self._kernel.generation if self._kernel else None)
+                            if events is not None else ([], True))
         except OSError:
             groups, lost = [], True
         for gen, _ in groups:

@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
 ATTR_HEADER = struct.Struct("=HH")  # nlattr: length, type
@@ -251,38 +251,60 @@ class NftablesEvents:
         self._sock.bind((0, 1 << (NFNLGRP_NFTABLES - 1)))
         self._sock.setblocking(False)
         self._group: set[Touched] = set()
+        # After a loss: events of transactions up to this generation may be missing from
+        # the group received next (None: none missing).
+        self._suspect: int | None = None
 
-    def drain(self) -> tuple[list[tuple[int, set[Touched]]], bool]:
+    def drain(self, generation: Callable[[], int] | None = None
+              ) -> tuple[list[tuple[int, set[Touched]]], bool]:
         """(the transactions received since the last drain: (generation, what it
-        touched), whether events were lost meanwhile)."""
+        touched), whether events were lost meanwhile). ``generation`` (the ruleset's,
+        read now) lets a loss end cleanly: the events left of a transaction whose end
+        was dropped are discarded, and the next transaction counts as whole if it was
+        committed after the loss (without it, the next one counts as lost too)."""
         done: list[tuple[int, set[Touched]]] = []
         lost = False
         while True:
             try:
                 data = self._sock.recv(1 << 20)
             except BlockingIOError:
-                return done, lost
+                break
             except OSError as err:
                 if err.errno != 105:  # ENOBUFS: events dropped; the queue goes on
                     raise
                 lost = True
                 continue
-            for kind, _flags, _seq, start, end in message_spans(data):
-                if kind >> 8 != NFNL_SUBSYS_NFTABLES or end - start < NFGENMSG.size:
-                    continue
-                msg = kind & 0xFF
-                if msg == NFT_MSG_NEWGEN:
-                    found = attrs(data[start:end], NFGENMSG.size).get(NFTA_GEN_ID)
-                    if found is not None:
-                        done.append((struct.unpack(">I", found)[0], self._group))
-                    self._group = set()
-                    continue
-                names = _NAMES.get(msg)
-                if names is None:
-                    continue
-                found = attrs(data[start:end], NFGENMSG.size)
-                table, chain = found.get(names[0], b""), found.get(names[1], b"")
-                self._group.add((data[start], _name(table), _name(chain)))
+            lost = self._take(data, done) or lost
+        if lost and self._group:
+            self._group = set()
+            self._suspect = generation() if generation is not None else 1 << 32
+        return done, lost
+
+    def _take(self, data: bytes, done: list[tuple[int, set[Touched]]]) -> bool:
+        """The events of one buffer into ``done`` (whole transactions) and the group
+        under way; True if a transaction ended that may miss events (see drain)."""
+        lost = False
+        for kind, _flags, _seq, start, end in message_spans(data):
+            if kind >> 8 != NFNL_SUBSYS_NFTABLES or end - start < NFGENMSG.size:
+                continue
+            msg = kind & 0xFF
+            if msg == NFT_MSG_NEWGEN:
+                found = attrs(data[start:end], NFGENMSG.size).get(NFTA_GEN_ID)
+                if found is not None:
+                    gen = struct.unpack(">I", found)[0]
+                    if self._suspect is not None and gen <= self._suspect:
+                        lost = True
+                    self._suspect = None
+                    done.append((gen, self._group))
+                self._group = set()
+                continue
+            names = _NAMES.get(msg)
+            if names is None:
+                continue
+            found = attrs(data[start:end], NFGENMSG.size)
+            table, chain = found.get(names[0], b""), found.get(names[1], b"")
+            self._group.add((data[start], _name(table), _name(chain)))
+        return lost
 
     def close(self) -> None:
         self._sock.close()
