@@ -313,7 +313,11 @@ CROSS_FIELD = [
                                                   "ipMode": "VIP"}]))],
     [at("metadata.annotations", {SOURCE_RANGES: "10.0.0.0/8"})],  # not LoadBalancer
     [at("spec.sessionAffinityConfig", {"clientIP": {"timeoutSeconds": 60}})],
-    # and what is stored
+    # and what is stored: the bounds of what is allowed among them
+    [_compose(at("spec.sessionAffinity", "ClientIP"),
+              at("spec.sessionAffinityConfig", {"clientIP": {"timeoutSeconds": 86400}}))],
+    [_compose(at("spec.sessionAffinity", "ClientIP"),
+              at("spec.sessionAffinityConfig", {"clientIP": {"timeoutSeconds": 1}}))],
     [_compose(at("spec.type", "LoadBalancer"),
               at("metadata.annotations", {SOURCE_RANGES: "10.0.0.0/8, 192.168.0.0/16"}))],
     [_compose(at("spec.type", "LoadBalancer"),
