@@ -5,20 +5,35 @@
 Loads the tc object (attached to no device) into a temporary bpffs, fills spp_ct with
 ``--flows`` flows (a forward and a reply entry each; half of them expired for their
 state: SYN-only, unanswered UDP, closed TCP), runs one GC pass and reports its time,
-what it removed and kept; the pins and the mount are removed at the end.
+what it removed and kept; then the same with the pass as it was before (the map read
+into a dict, each entry judged by slicing it, a lookup and a delete per expired key),
+alternating which goes first each round. The pins and the mount are removed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from svcproxy.backends.ebpf.ct_gc import CTS_FIN_FWD, CTS_FIN_REV, CTS_REPLIED, CtTimeouts, gc_pass
+from svcproxy.backends.ebpf import libbpf
+from svcproxy.backends.ebpf.ct_gc import (
+    CTS_FIN_FWD,
+    CTS_FIN_REV,
+    CTS_REPLIED,
+    CtTimeouts,
+    GcResult,
+    _forward_key_of,
+    _reply_key_of,
+    gc_pass,
+)
+from svcproxy.backends.ebpf.libbpf import Map
 from svcproxy.backends.ebpf.packet_layout import (
     CT_FORWARD,
     CT_KEY,
@@ -56,6 +71,50 @@ def flows(count: int, now: int) -> tuple[list[bytes], list[bytes]]:
     return keys, values
 
 
+def before_pass(ct: Map, timeouts: CtTimeouts) -> GcResult:
+    """The pass before the columnwise judgement and atomic deletes, for comparison."""
+    started = time.monotonic()
+    now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    entries = ct.read_all()
+    alive, dead = set(), []
+    for key, value in entries.items():
+        if key[38] == CT_FORWARD:
+            idle = int.from_bytes(value[48:56], "little") < now_ns - timeouts.lifetime(
+                key[36], value[37]) * NS
+            (dead.append if idle else alive.add)(key)
+    for key, value in entries.items():
+        if key[38] == CT_FORWARD:
+            continue
+        forward = _forward_key_of(key, value)
+        fvalue = entries.get(forward)
+        if fvalue is not None and _reply_key_of(forward, fvalue) == key:
+            if forward not in alive:
+                dead.append(key)
+        elif now_ns - int.from_bytes(value[48:56], "little") > timeouts.lifetime(
+                key[36], 0) * NS:
+            dead.append(key)
+    lib = libbpf.lib()
+    buf = ctypes.create_string_buffer(ct.value_size)
+    removed = 0
+    for key in dead:
+        if (lib.bpf_map_lookup_elem(ct.fd, key, buf) == 0 and buf.raw == entries[key]
+                and lib.bpf_map_delete_elem(ct.fd, key) == 0):
+            removed += 1
+    return GcResult(len(alive), removed, time.monotonic() - started)
+
+
+def timed(name: str, ct: Map, count: int, run: Callable[[Map, CtTimeouts], GcResult]) -> None:
+    """Fill ``ct``, run one pass, print it, empty the map."""
+    keys, values = flows(count, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+    ct.update_many(keys, values)
+    cpu = time.process_time()
+    result = run(ct, CtTimeouts())
+    cpu = time.process_time() - cpu
+    print(f"{name}: {len(keys)} entries: GC pass {result.seconds:.2f} s ({cpu:.2f} s CPU), "
+          f"{result.expired} removed, {result.flows} flows kept")
+    ct.delete_many([k for k, _ in ct.items()])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flows", type=int, default=100_000)
@@ -68,15 +127,10 @@ def main() -> None:
         programs = PacketPrograms(layout).load()
         ct = programs.maps[MAP_CT]
         try:
-            for _ in range(args.rounds):
-                keys, values = flows(args.flows, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-                ct.update_many(keys, values)
-                cpu = time.process_time()
-                result = gc_pass(ct, CtTimeouts())
-                cpu = time.process_time() - cpu
-                print(f"{len(keys)} entries: GC pass {result.seconds:.2f} s ({cpu:.2f} s CPU), "
-                      f"{result.expired} removed, {result.flows} flows kept")
-                ct.delete_many([k for k, _ in ct.items()])
+            for i in range(args.rounds):
+                passes = [("now", gc_pass), ("before", before_pass)]
+                for name, run in passes[::1 if i % 2 == 0 else -1]:
+                    timed(name, ct, args.flows, run)
         finally:
             programs.close()
             remove_packet_pins(layout.pin_dir)

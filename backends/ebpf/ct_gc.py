@@ -14,17 +14,24 @@ still returns the value it judged (a packet since has changed its time).
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import errno
 import logging
+import struct
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import compress
 from typing import TYPE_CHECKING
+
+from svcproxy.sdk import parse_duration
 
 from . import libbpf
 from .libbpf import BpfError, Map
-from .packet_layout import CT_FORWARD, CT_TIMEOUTS, CT_TIMEOUTS_SECTION
+from .packet_layout import CT_FORWARD, CT_KEY, CT_TIMEOUTS, CT_TIMEOUTS_SECTION, CT_VAL
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -32,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TCP, UDP = 6, 17
+NOEXIST = 1  # BPF_NOEXIST
 CTS_REPLIED, CTS_FIN_FWD, CTS_FIN_REV, CTS_RST = 1, 2, 4, 8
 _BOTH_FINS = CTS_FIN_FWD | CTS_FIN_REV
 
@@ -40,6 +48,23 @@ KERNEL_DEFAULTS = {"tcp_established": 432000, "tcp_close_wait": 60, "udp": 30,
                    "udp_stream": 120}
 CILIUM_TCP_SYN = 60  # bpf-ct-timeout-regular-tcp-syn
 CILIUM_TCP_FIN = 10  # bpf-ct-timeout-regular-tcp-fin
+
+
+MIN_INTERVAL, MAX_INTERVAL = 1.0, 7 * 86400.0  # --ebpf-ct-gc-interval: 1s to 168h, or 0
+_INTERVALS = "a duration from 1s to 168h0m0s (e.g. 30s, 1m, 10m), or 0 for no pass"
+
+
+def gc_interval(text: str) -> float:
+    """``--ebpf-ct-gc-interval``'s argparse type: seconds between passes (0: never, the
+    LRU alone makes room). Shorter than 1s would spin a core (a pass over 100,000 flows
+    takes a second of CPU); longer than a week outlasts every lifetime."""
+    try:
+        value = parse_duration(text)
+    except ValueError:
+        value = -1.0
+    if value != 0 and not MIN_INTERVAL <= value <= MAX_INTERVAL:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {_INTERVALS}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,37 +140,138 @@ def _forward_key_of(key: bytes, value: bytes) -> bytes:
 
 def expired_entries(entries: dict[bytes, bytes], timeouts: CtTimeouts,
                     now_ns: int) -> tuple[list[bytes], int]:
-    """The keys to remove from ``entries`` (as read at ``now_ns``) and how many flows
-    stay (pure). A forward entry expires when idle past its state's lifetime; a reply
-    entry with its flow's forward entry (which every reply refreshes), or, when that
-    entry is gone or now leads elsewhere, when idle past its protocol's first lifetime."""
-    limits: dict[tuple[int, int], int] = {}
-    dead: list[bytes] = []
-    alive_forward: set[bytes] = set()
-    replies: list[tuple[bytes, bytes]] = []
-    for key, value in entries.items():
-        if key[38] != CT_FORWARD:
-            replies.append((key, value))
-            continue
-        kind = (key[36], value[37])
-        limit = limits.get(kind)
-        if limit is None:
-            limit = limits[kind] = now_ns - timeouts.lifetime(*kind) * 1_000_000_000
-        if int.from_bytes(value[48:56], "little") < limit:
-            dead.append(key)
+    """``expired`` of the entries of a dict (pure)."""
+    return expired(b"".join(entries), b"".join(entries.values()), timeouts, now_ns)
+
+
+def expired(keys: bytes, values: bytes, timeouts: CtTimeouts,
+            now_ns: int) -> tuple[list[bytes], int]:
+    """The keys to remove among the entries ``keys`` and ``values`` hold end to end (as
+    read at ``now_ns``) and how many flows stay (pure). A forward entry expires when idle
+    past its state's lifetime; a reply entry with its flow's forward entry (which every
+    reply refreshes), or, when that entry is gone or now leads elsewhere, when idle past
+    its protocol's first lifetime."""
+    key_list = _split(CT_KEY.size, len(keys) // CT_KEY.size).unpack(keys)
+    rows, flows = expired_rows(keys, values, timeouts, now_ns)
+    return [key_list[row] for row in rows], flows
+
+
+def expired_rows(keys: bytes, values: bytes, timeouts: CtTimeouts,
+                 now_ns: int) -> tuple[list[int], int]:
+    """``expired`` as the entries' row numbers.
+
+    Each field is taken for all entries at once by strided slices, the entries of one
+    direction by ``compress`` (C loops); what is left per entry is a comparison and, for
+    a reply, two lookups."""
+    ks, vs = CT_KEY.size, CT_VAL.size
+    n = len(keys) // ks
+    if not n:
+        return [], 0
+    key_list = _split(ks, n).unpack(keys)
+    other = _split(ks, n).unpack(_other_keys(keys, values, n))
+    row_of = dict(zip(key_list, range(n), strict=True))
+    lasts = memoryview(values).cast("Q")[_LAST_WORD::vs // 8]
+    protos, states = keys[36::ks], values[37::vs]
+    limits = {(proto, state): now_ns - timeouts.lifetime(proto, state) * 1_000_000_000
+              for proto in set(protos) for state in {0, *states}}
+    forward = keys[38::ks].translate(_IS_FORWARD)
+    reply = forward.translate(_FLIP)
+    alive: set[int] = set()
+    dead: list[int] = []
+    for row, proto, state, last in zip(compress(range(n), forward), compress(protos, forward),
+                                       compress(states, forward), compress(lasts, forward),
+                                       strict=True):
+        (dead.append if last < limits[proto, state] else alive.add)(row)
+    for row, proto, last, flow in zip(compress(range(n), reply), compress(protos, reply),
+                                      compress(lasts, reply), compress(other, reply),
+                                      strict=True):
+        owner = row_of.get(flow)
+        if owner is not None and other[owner] == key_list[row]:  # its flow leads back here
+            if owner not in alive:
+                dead.append(row)
+        elif last < limits[proto, 0]:
+            dead.append(row)
+    return dead, len(alive)
+
+
+_LAST_WORD = CT_VAL.size // 8 - 1  # last_ns, the value's last u64
+_FLIP = bytes.maketrans(b"\x00\x01", b"\x01\x00")
+_IS_FORWARD = bytes([1 if i == CT_FORWARD else 0 for i in range(256)])
+
+
+def _other_keys(keys: bytes, values: bytes, n: int) -> bytes:
+    """For each entry, the key of its flow's other direction, end to end: where its
+    rewrite leads (addresses and ports of the value swapped, protocol and family of the
+    key, the direction flipped), built a column of words at a time."""
+    ks, vs = CT_KEY.size, CT_VAL.size
+    out = bytearray(ks * n)
+    words, value_words = memoryview(out).cast("I"), memoryview(values).cast("I")
+    for to, frm in ((0, 4), (4, 0)):  # saddr <- the value's daddr, daddr <- its saddr
+        for w in range(4):
+            words[to + w::ks // 4] = value_words[frm + w::vs // 4]
+    halves, value_halves = memoryview(out).cast("H"), memoryview(values).cast("H")
+    halves[16::ks // 2], halves[17::ks // 2] = value_halves[17::vs // 2], value_halves[16::vs // 2]
+    out[36::ks], out[37::ks] = keys[36::ks], keys[37::ks]
+    out[38::ks] = keys[38::ks].translate(_FLIP)
+    return bytes(out)
+
+
+@lru_cache(maxsize=8)
+def _split(size: int, count: int) -> struct.Struct:
+    """``count`` strings of ``size`` bytes."""
+    return struct.Struct(f"{size}s" * count)
+
+
+def read_raw(ct: Map, chunk: int = 8192) -> tuple[bytes, bytes]:
+    """Every entry of ``ct``: its keys and its values end to end, one
+    BPF_MAP_LOOKUP_BATCH call per ``chunk`` entries."""
+    lib = libbpf.lib()
+    kbuf = ctypes.create_string_buffer(ct.key_size * chunk)
+    vbuf = ctypes.create_string_buffer(ct.value_size * chunk)
+    token_in, token_out = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    first = True
+    while True:
+        count = ctypes.c_uint32(chunk)
+        result = lib.bpf_map_lookup_batch(
+            ct.fd, None if first else ctypes.byref(token_in), ctypes.byref(token_out),
+            kbuf, vbuf, ctypes.byref(count), None)
+        if result < 0 and result != -errno.ENOENT:
+            libbpf.check(result, f"read {ct.name}")
+        keys.append(kbuf.raw[:count.value * ct.key_size])
+        values.append(vbuf.raw[:count.value * ct.value_size])
+        if result == -errno.ENOENT:
+            return b"".join(keys), b"".join(values)
+        token_in.value = token_out.value
+        first = False
+
+
+@lru_cache(maxsize=1)
+def _lookup_and_delete() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    """libbpf's bpf_map_lookup_and_delete_elem (hash maps: Linux 5.14)."""
+    take = libbpf.lib().bpf_map_lookup_and_delete_elem
+    take.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    take.restype = ctypes.c_int
+    return take
+
+
+def remove_unchanged(ct: Map, judged: dict[bytes, bytes]) -> int:
+    """Delete each entry of ``judged`` whose value is still the one judged; returns how
+    many. One atomic BPF_MAP_LOOKUP_AND_DELETE_ELEM each: an entry deleted held exactly
+    the value judged; one a packet changed since is put back at once (unless the program
+    wrote it again first), so a flow a packet revived stays."""
+    lib, fd, take = libbpf.lib(), ct.fd, _lookup_and_delete()
+    buf = ctypes.create_string_buffer(ct.value_size)
+    removed = 0
+    for key, value in judged.items():
+        if take(fd, key, buf) != 0:
+            continue  # gone already (the LRU, or the program)
+        if buf.raw == value:
+            removed += 1
         else:
-            alive_forward.add(key)
-    for key, value in replies:
-        forward = _forward_key_of(key, value)
-        fvalue = entries.get(forward)
-        if fvalue is not None and _reply_key_of(forward, fvalue) == key:
-            if forward not in alive_forward:
-                dead.append(key)
-            continue
-        last = int.from_bytes(value[48:56], "little")
-        if now_ns - last > timeouts.lifetime(key[36], 0) * 1_000_000_000:
-            dead.append(key)
-    return dead, len(alive_forward)
+            lib.bpf_map_update_elem(fd, key, buf, NOEXIST)
+    return removed
 
 
 def gc_pass(ct: Map, timeouts: CtTimeouts) -> GcResult:
@@ -153,15 +279,12 @@ def gc_pass(ct: Map, timeouts: CtTimeouts) -> GcResult:
     is kept (its value differs)."""
     started = time.monotonic()
     now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns's clock
-    entries = ct.read_all()
-    dead, flows = expired_entries(entries, timeouts, now_ns)
-    lib, fd = libbpf.lib(), ct.fd
-    lookup, delete = lib.bpf_map_lookup_elem, lib.bpf_map_delete_elem
-    buf = ctypes.create_string_buffer(ct.value_size)
-    removed = 0
-    for key in dead:  # each judged again just before its delete: microseconds apart
-        if lookup(fd, key, buf) == 0 and buf.raw == entries[key] and delete(fd, key) == 0:
-            removed += 1
+    keys, values = read_raw(ct)
+    dead, flows = expired_rows(keys, values, timeouts, now_ns)
+    n = len(keys) // ct.key_size
+    key_list = _split(ct.key_size, n).unpack(keys) if n else ()
+    value_list = _split(ct.value_size, n).unpack(values) if n else ()
+    removed = remove_unchanged(ct, {key_list[row]: value_list[row] for row in dead})
     return GcResult(flows, removed, time.monotonic() - started)
 
 

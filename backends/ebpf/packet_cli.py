@@ -9,7 +9,7 @@ from pathlib import Path
 from svcproxy.sdk import NodeConfig, parse_duration
 
 from . import maglev, pod_devices, xdp
-from .ct_gc import CtTimeouts
+from .ct_gc import CtTimeouts, gc_interval
 from .loader import LoadError
 from .packet_backend import PacketBackend
 from .packet_loader import OBJECT, PacketLayout
@@ -119,10 +119,11 @@ def add_conntrack_arguments(parser: argparse._ArgumentGroup) -> None:
         help="with --ebpf-packet-path bpf: idle lifetime of a UDP flow that was answered "
         "(0: nf_conntrack's 120s) (default 0)")
     parser.add_argument(
-        "--ebpf-ct-gc-interval", type=_duration, default=60.0, metavar="DURATION",
+        "--ebpf-ct-gc-interval", type=gc_interval, default=60.0, metavar="DURATION",
         help="with --ebpf-packet-path bpf: how often expired flows are removed from the "
         "connection tracking map (a flow idle past its lifetime is a new flow at its next "
-        "packet whenever the pass runs; 0: never) (default 1m0s)")
+        "packet whenever the pass runs): from 1s to 168h0m0s, or 0 for never (the LRU "
+        "alone makes room) (default 1m0s)")
 
 
 def ct_timeouts(args: argparse.Namespace) -> CtTimeouts:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import socket
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from svcproxy.backends.ebpf.ct_gc import (
     CTS_FIN_FWD,
     CTS_FIN_REV,
@@ -110,3 +113,53 @@ def test_kube_proxys_conntrack_section_sets_the_lifetimes() -> None:
     got = ct_timeouts(ns)
     assert (got.tcp_established, got.tcp_close_wait, got.udp, got.udp_stream) == (
         7200, 1800, 5, 60)
+
+
+def _judged_one_by_one(entries: dict[bytes, bytes], timeouts: CtTimeouts,
+                       now: int) -> tuple[set[bytes], int]:
+    """The pass's rule entry by entry, as the sentences of ``expired`` say it."""
+    def idle_past(value: bytes, lifetime: int) -> bool:
+        return CT_VAL.unpack(value)[-1] < now - lifetime * NS
+
+    alive = {k for k, v in entries.items() if k[38] == CT_FORWARD
+             and not idle_past(v, timeouts.lifetime(k[36], v[37]))}
+    dead = {k for k in entries if k[38] == CT_FORWARD and k not in alive}
+    for key, value in entries.items():
+        if key[38] == CT_FORWARD:
+            continue
+        forward = _forward_key_of(key, value)
+        if forward in entries and _reply_key_of(forward, entries[forward]) == key:
+            if forward not in alive:
+                dead.add(key)
+        elif idle_past(value, timeouts.lifetime(key[36], 0)):
+            dead.add(key)
+    return dead, len(alive)
+
+
+_AGES = st.sampled_from([0, 5, 11, 31, 61, 121, 1801, 3601, 86401]).map(lambda s: s * NS)
+_STATES = st.sampled_from([0, CTS_REPLIED, CTS_REPLIED | CTS_FIN_FWD,
+                           CTS_REPLIED | CTS_FIN_FWD | CTS_FIN_REV, CTS_RST])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([TCP, UDP]), _STATES, _AGES, _AGES,
+                          st.sampled_from(["pair", "forward", "reply", "elsewhere"])),
+                max_size=40))
+def test_the_columnwise_judgement_is_the_rule_entry_by_entry(flows: list) -> None:
+    """Any mix of flows (pairs, forward entries alone, replies alone, a forward entry
+    that now leads elsewhere), each direction with its own age: the pass removes exactly
+    what the rule says, entry by entry."""
+    now = 100_000 * NS
+    entries: dict[bytes, bytes] = {}
+    for i, (proto, state, fwd_age, rep_age, shape) in enumerate(flows):
+        (fwd, fval), (rep, rval) = _flow(i, proto, state, now - fwd_age).items()
+        rval = CT_VAL.pack(*CT_VAL.unpack(rval)[:-1], now - rep_age)
+        if shape == "elsewhere":
+            fval = CT_VAL.pack(*CT_VAL.unpack(fval)[:2], b"\x00\x01", *CT_VAL.unpack(fval)[3:])
+        if shape != "reply":
+            entries[fwd] = fval
+        if shape != "forward":
+            entries[rep] = rval
+    removed, kept = expired_entries(entries, CtTimeouts(), now)
+    assert len(removed) == len(set(removed))
+    assert (set(removed), kept) == _judged_one_by_one(entries, CtTimeouts(), now)

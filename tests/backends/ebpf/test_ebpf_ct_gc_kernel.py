@@ -1,0 +1,54 @@
+"""The GC pass's delete against a real LRU hash map (root, no namespace needed: the map
+belongs to this process and goes with its fd): an entry is removed only while it holds
+the value the pass judged; one a packet changed since stays, with the packet's value."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from svcproxy.backends.ebpf import libbpf
+from svcproxy.backends.ebpf.ct_gc import read_raw, remove_unchanged
+from svcproxy.backends.ebpf.libbpf import Map
+from svcproxy.backends.ebpf.packet_layout import CT_KEY, CT_VAL
+
+BPF_MAP_TYPE_LRU_HASH = 9
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="BPF maps need root")
+
+
+@pytest.fixture
+def ct() -> Iterator[Map]:
+    create = libbpf.lib().bpf_map_create
+    create.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                       ctypes.c_uint32, ctypes.c_void_p]
+    create.restype = ctypes.c_int
+    fd = libbpf.check(create(BPF_MAP_TYPE_LRU_HASH, b"test_ct", CT_KEY.size, CT_VAL.size,
+                             1024, None), "create an LRU hash")
+    try:
+        yield Map("test_ct", fd, CT_KEY.size, CT_VAL.size)
+    finally:
+        os.close(fd)
+
+
+def _key(i: int) -> bytes:
+    return CT_KEY.pack(bytes((10, 0, 0, i)) + bytes(12), bytes(16), b"\0\1", b"\0\2", 6, 4,
+                       0, 0)
+
+
+def _value(last: int) -> bytes:
+    return CT_VAL.pack(bytes(16), bytes(16), b"\0\3", b"\0\4", 0, 1, 1, last)
+
+
+def test_only_entries_still_as_judged_are_removed(ct: Map) -> None:
+    judged = {_key(i): _value(100) for i in range(1, 6)}
+    ct.update_many(list(judged), list(judged.values()))
+    touched = _value(200)  # a packet of flow 2 after the pass read the map
+    ct.update(_key(2), touched)
+    ct.delete(_key(3))  # flow 3 evicted (or ended) meanwhile
+    assert remove_unchanged(ct, judged) == 3
+    keys, values = read_raw(ct)
+    assert (keys, values) == (_key(2), touched), "flow 2 stays, with the packet's value"
