@@ -169,8 +169,13 @@ def connects(lab: Lab, name: str, count: int, tries: int) -> dict[str, float]:
     connections; the rate and CPU of the best run (the least disturbed by the
     neighbours, as timeit takes the fastest), the latencies of all."""
     host, port = target(lab, name)
-    call_in(lab.ns("client"), connect_loop, host, port, 5)  # warm: neighbours
-    runs = [call_in(lab.ns("client"), connect_loop, host, port, count) for _ in range(tries)]
+    try:
+        call_in(lab.ns("client"), connect_loop, host, port, 5)  # warm: neighbours
+        runs = [call_in(lab.ns("client"), connect_loop, host, port, count)
+                for _ in range(tries)]
+    except OSError as err:
+        raise RuntimeError(f"{LABELS[name]} does not forward {host}:{port} to pod-c "
+                           f"({err}): check that its backend loaded (its log above)") from err
     latencies = [us for run in runs for us in run.latencies]
     return {"conn_rate": max(run.count / (run.end - run.start) for run in runs),
             "conn_cpu": min(run.cpu / run.count for run in runs) * 1e6,
