@@ -276,6 +276,22 @@ def test_session_affinity_client_ip(world: World) -> None:
     assert len(picks) >= 2, "after the affinity timeout another endpoint gets chosen"
 
 
+def test_session_affinity_client_ip_over_ipv6(world: World) -> None:
+    """ClientIP affinity over IPv6: 20 connections, one endpoint; that endpoint removed,
+    the client moves to one other and sticks."""
+    pods = ["pod-a", "pod-b", "pod-c", "pod-d"]
+    sticky = {"session_affinity": SessionAffinity.CLIENT_IP, "session_affinity_timeout": 600}
+    world.set(node_port("sticky6", 30110, pods, family=6, **sticky))
+    client = world.lab.ns(CLIENT.name)
+    first = summarize(probe(client, "tcp", NODE1.ipv6, 30110, 20))
+    assert len(first.names) == 1 and not first.errors, f"one client, one endpoint: {first}"
+    chosen = next(iter(first.names))
+    world.set(node_port("sticky6", 30110, [p for p in pods if p != chosen], family=6,
+                        **sticky))
+    moved = summarize(probe(client, "tcp", NODE1.ipv6, 30110, 10))
+    assert len(moved.names) == 1 and chosen not in moved.names and not moved.errors, moved
+
+
 def _connected_udp(ns: str, host: str, port: int, sport: int) -> socket.socket:
     def make() -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
