@@ -219,6 +219,8 @@ def measure_size(lab: Lab, names: list[str], backends: dict[str, Backend | None]
     return each dataplane's per-round figures."""
     state = NodeState("bench", 1, None, services(size, lab.spec.pod("pod-c").ipv4))
     loads = {name: load(lab, name, backends[name], state) for name in names}
+    if isinstance(ipt := backends.get("iptables"), IptablesBackend):
+        print(f"iptables: iptables-{ipt.mode} (the node context's pick)", flush=True)
     rows: dict[str, dict[str, list[float]]] = {n: {f[1]: [] for f in FIGURES} for n in names}
     averages = [loadavg()]
     for round_ in range(args.rounds):
