@@ -286,6 +286,9 @@ def test_external_names_kubernetes_refuses_are_refused(name: str) -> None:
     ("spec.taints", [{"key": "a", "effect": "NoSchedule"}] * 2, "duplicate"),
     ("spec.podCIDRs", ["10.0.0.0/24", "10.1.0.0/24"], "ip_family"),
     ("spec.podCIDRs", ["fd00::/64", "fd00::/64"], "ip_family"),
+    # ValidateCIDR trims nothing (only loadBalancerSourceRanges' entries are trimmed)
+    ("spec.podCIDRs", [" 10.0.0.0/24"], "invalid_ip"),
+    ("spec", {"podCIDR": "10.0.0.0/24 "}, "invalid_ip"),  # podCIDRs unset: converted
 ])
 def test_nodes_kubernetes_refuses_are_refused(path: str, value: Any, reason: str) -> None:
     verdict = validate_node(set_path(node(), path, value))
