@@ -206,9 +206,9 @@ def test_with_xdp_dsr_flows_are_sent_in_geneve_by_xdp() -> None:
         w.stop()
 
 
-def _path_mtu_learned(host: str, port: int) -> tuple[str, int, int, str]:
-    """A connected UDP socket that forbids fragmentation: a small datagram, then one as
-    big as the client's link carries (1,500 bytes of IP). Returns who answered the
+def _path_mtu_learned(host: str, port: int, size: int = 1500) -> tuple[str, int, int, str]:
+    """A connected UDP socket that forbids fragmentation: a small datagram, then one of
+    ``size`` bytes of IP (as big as the client's link carries). Returns who answered the
     first, the error the big one got, the path MTU the socket learned, and who answered
     a datagram exactly that big."""
     v6 = ":" in host
@@ -223,7 +223,7 @@ def _path_mtu_learned(host: str, port: int) -> tuple[str, int, int, str]:
         s.connect((host, port))
         s.send(b"ping\n")
         first = s.recv(256).decode().split()[0]
-        s.send(bytes(1500 - ip_header - 8))
+        s.send(bytes(size - ip_header - 8))
         try:
             s.recv(256)
             error = 0
@@ -250,6 +250,22 @@ def test_a_packet_too_big_for_geneve_gets_the_path_mtu_back(world: World, family
     assert error == errno.EMSGSIZE, "the client was not told its datagram was too big"
     assert mtu == (1440 if family == 4 else 1420)
     assert fits == "pod-c"
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_small_mtu_toward_the_endpoint_is_announced(world: World, family: int) -> None:
+    """node1's eth0 (the veth toward node2) at MTU 1,400: a 1,400-byte datagram, which
+    node1 receives, gets 1,340 (IPv6: 1,320) back, and one of that size reaches the pod."""
+    port = 30274 + family
+    add(world, f"dsr-small{family}", port, ["pod-c"], "UDP", family)
+    host = NODE1.ipv4 if family == 4 else NODE1.ipv6
+    node = world.lab.ns("node1")
+    ns_exec(node, "ip", "link", "set", "eth0", "mtu", "1400")
+    try:
+        got = call_in(world.lab.ns(CLIENT.name), _path_mtu_learned, host, port, 1400)
+    finally:
+        ns_exec(node, "ip", "link", "set", "eth0", "mtu", "1500")
+    assert got == ("pod-c", errno.EMSGSIZE, 1340 if family == 4 else 1320, "pod-c")
 
 
 @pytest.mark.parametrize("family", [4, 6])
