@@ -164,6 +164,14 @@ def load(lab: Lab, name: str, backend: Backend | None, state: NodeState) -> floa
     return time.perf_counter() - t0
 
 
+def check_xdp(lab: Lab) -> None:
+    """The ``xdp`` node's eth0 runs an XDP program in generic mode (a device where XDP
+    cannot attach is served by tc alone: its figures would be tc's under XDP's name)."""
+    link = ip(lab.ns("xdp"), "link", "show", "dev", "eth0")
+    if "xdpgeneric" not in link:
+        raise RuntimeError(f"no generic XDP program on the xdp node's eth0: {link.strip()}")
+
+
 def connects(lab: Lab, name: str, count: int, tries: int) -> dict[str, float]:
     """One round's connection figures through ``name``: ``tries`` runs of ``count``
     connections; the rate and CPU of the best run (the least disturbed by the
@@ -219,6 +227,8 @@ def measure_size(lab: Lab, names: list[str], backends: dict[str, Backend | None]
     return each dataplane's per-round figures."""
     state = NodeState("bench", 1, None, services(size, lab.spec.pod("pod-c").ipv4))
     loads = {name: load(lab, name, backends[name], state) for name in names}
+    if "xdp" in names:
+        check_xdp(lab)
     if isinstance(ipt := backends.get("iptables"), IptablesBackend):
         print(f"iptables: iptables-{ipt.mode} (the node context's pick)", flush=True)
     rows: dict[str, dict[str, list[float]]] = {n: {f[1]: [] for f in FIGURES} for n in names}
