@@ -201,6 +201,9 @@ class IptablesBackend(StagedBackend[Rendered]):
         if self._kernel is not None:
             try:
                 self._events = self._kernel.events()
+                # What was committed before we listened is no one's to trace: the first
+                # (full) sync writes everything and reads it back.
+                self._announced = self._kernel.generation()
             except OSError as err:
                 log.warning("Cannot subscribe to nftables' change events (%s): every check "
                             "reads all of our chains", err)
@@ -375,19 +378,26 @@ class IptablesBackend(StagedBackend[Rendered]):
             written.generation = after
         return keys, why
 
-    def _take_events(self, ours: range) -> None:
+    def _take_events(self, ours: range, settled: bool = False) -> bool:
         """What the transactions committed since the last look touched, into each
         family's ``touched``; those of ``ours`` (generations: our own write) left out.
         Events lost (a large write overflowed the socket), or a table of ours created or
-        deleted: not known (every chain is read at the next check)."""
+        deleted: not known (every chain is read at the next check), unless ``settled``
+        (every transaction before ours was announced before it) and nobody committed
+        since ours: then only our own events were lost. Returns whether the events of
+        others are all known."""
         events = self._events
         try:
             groups, lost = (events.drain(self._kernel.generation if self._kernel else None)
                             if events is not None else ([], True))
+            if lost and settled and ours and self._kernel is not None:
+                lost = self._kernel.generation() != ours[-1]
         except OSError:
             groups, lost = [], True
         for gen, _ in groups:
             self._announced = max(self._announced, gen)
+        if settled and ours and not lost:
+            self._announced = max(self._announced, ours[-1])
         for family, written in self._written.items():
             if lost:
                 written.touched = None
@@ -403,6 +413,7 @@ class IptablesBackend(StagedBackend[Rendered]):
                         written.touched = None
                         break
                     written.touched.add((table, chain))
+        return not lost
 
     def _restore(self, fam: _Family, text: str, tables: dict[str, TableChanges],
                  full: bool) -> None:
@@ -416,10 +427,12 @@ class IptablesBackend(StagedBackend[Rendered]):
             self._restore_legacy(fam, text, tables, full)
             return
         written = self._written.setdefault(fam.family, ReadBack())
+        self._take_events(range(0))  # what others committed before this write
         try:
             before: int | None = kernel.generation()
         except OSError:
             before = None
+        settled = before is not None and self._announced >= before
         try:
             fam.tool.restore(text)
         except IptablesError:
@@ -444,8 +457,10 @@ class IptablesBackend(StagedBackend[Rendered]):
         sections = text.count("\n*") + text.startswith("*")
         # Each table section commits one transaction, or none if it changed nothing.
         clean = before is not None and after is not None and after - before <= sections
-        self._take_events(range(before + 1, after + 1) if clean and before is not None
-                          and after is not None else range(0))
+        known = self._take_events(range(before + 1, after + 1) if clean and before is not None
+                                  and after is not None else range(0), settled and clean)
+        if full and clean and settled and known:
+            written.touched = set()  # everything read back, nobody else committed since
         many = sum(map(len, writes.values())) > PER_CHAIN_MAX
         if not clean:
             log.debug("IPv%d: the ruleset's generation went %s -> %s over a write of %d "

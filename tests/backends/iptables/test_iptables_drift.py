@@ -18,8 +18,8 @@ from collections.abc import Callable, Collection, Iterator
 import pytest
 
 from svcproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
-from svcproxy.backends.iptables.nftrules import TableRules
-from svcproxy.sdk import Changes, Drift, NodeState, ServicePortKey
+from svcproxy.backends.iptables.nftrules import NftRules, TableRules
+from svcproxy.sdk import Changes, Drift, NodeState, ServicePortKey, netlink
 from svcproxy.sdk.health import ProxyHealth
 from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
@@ -49,7 +49,7 @@ class Watched(IptablesBackend):
         self.paused = threading.Lock()  # held by a test: no sync runs meanwhile
         self.full_syncs = 0  # syncs that rewrote everything
         # Run once right after the next sync's write, before anything can check it.
-        self.after_sync: Callable[[], None] | None = None
+        self.after_sync: Callable[[Watched], None] | None = None
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         try:
@@ -58,7 +58,7 @@ class Watched(IptablesBackend):
                 self.full_syncs += bool(self.last_sync_full)
                 hook, self.after_sync = self.after_sync, None
                 if hook is not None:
-                    hook()
+                    hook(self)
         finally:
             with self.changed:
                 self.done[changes.reason] = self.done.get(changes.reason, 0) + 1
@@ -109,7 +109,8 @@ def lab(mode: str) -> Iterator[ModeLab]:
 def agent(lab: ModeLab, mode: str) -> Iterator[Callable[[NodeState], Watched]]:
     started: list[tuple[SyncRunner, threading.Thread]] = []
 
-    def start(state: NodeState, after_sync: Callable[[], None] | None = None) -> Watched:
+    def start(state: NodeState, after_sync: Callable[[Watched], None] | None = None
+              ) -> Watched:
         source, backend = FakeSource(), Watched(lab, mode)
         backend.after_sync = after_sync
         runner = SyncRunner(source, backend, health=ProxyHealth(timeout=10), poll=0.02,
@@ -179,7 +180,7 @@ def test_a_rule_changed_right_after_the_write_is_back_within_one_period(
     still drift."""
     changed: list[str] = []
 
-    def replace_dnat() -> None:  # the endpoint's DNAT rule, to another port
+    def replace_dnat(_: Watched) -> None:  # the endpoint's DNAT rule, to another port
         sep = nat_chain(lab, "KUBE-SEP")
         rules = [line for line in saved(lab).splitlines()
                  if line.startswith(f"-A {sep} ")]
@@ -217,35 +218,47 @@ def test_a_flushed_top_level_chain_and_a_deleted_jump_are_back_within_one_period
     assert ours(lab) == before and answers(lab) == ["pod-a 10.244.1.1"]
 
 
+@pytest.mark.parametrize("buffer", [None, 8192], ids=["events", "overflowed"])
 def test_a_check_reads_only_the_chains_someone_else_changed(
-        lab: ModeLab, agent: Callable[[NodeState], Watched]) -> None:
+        lab: ModeLab, agent: Callable[..., Watched], buffer: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """iptables-nft: after someone else commits, the check reads only the chains the
-    kernel's change events name (none for a table not ours), and still repairs them."""
+    kernel's change events name (none for a table not ours), and still repairs them;
+    the first check after the initial sync reads none, also when that sync's own events
+    overflowed the socket (``overflowed``: an 8 KiB buffer), as nobody else committed."""
     if lab.mode != "nft":
         pytest.skip("the change events are nftables' (iptables-nft)")
-    backend = agent(node_state(service("web", VIP, ("pod-a",), node_port=30080)))
-    kernel = backend._kernel
-    assert kernel is not None
+    if buffer is not None:
+        monkeypatch.setattr(NftRules, "events", lambda self: netlink.NftablesEvents(
+            self._path, rcvbuf=buffer))
     reads: list[str] = []  # the chains the checks read (not the repairs' read-backs)
     checking = threading.local()
-    chains, find_drift = kernel.chains, backend.find_drift
 
-    def counted(family: int, table: str, wanted: Collection[str],
-                builtin: Collection[str] = ()) -> TableRules:
-        if getattr(checking, "on", False):
-            reads.extend(f"{table} {c}" for c in (*wanted, *builtin))
-        return chains(family, table, wanted, builtin)
+    def watch(backend: Watched) -> None:  # right after the initial sync, before any check
+        kernel = backend._kernel
+        assert kernel is not None
+        chains, find_drift = kernel.chains, backend.find_drift
 
-    def check(state: NodeState) -> Drift[ServicePortKey]:
-        checking.on = True
-        try:
-            return find_drift(state)
-        finally:
-            checking.on = False
+        def counted(family: int, table: str, wanted: Collection[str],
+                    builtin: Collection[str] = ()) -> TableRules:
+            if getattr(checking, "on", False):
+                reads.extend(f"{table} {c}" for c in (*wanted, *builtin))
+            return chains(family, table, wanted, builtin)
 
-    kernel.chains = counted  # type: ignore[method-assign]
-    backend.find_drift = check  # type: ignore[method-assign]
-    backend.wait("periodic", 1)  # a first check (it may read every chain)
+        def check(state: NodeState) -> Drift[ServicePortKey]:
+            checking.on = True
+            try:
+                return find_drift(state)
+            finally:
+                checking.on = False
+
+        kernel.chains = counted  # type: ignore[method-assign]
+        backend.find_drift = check  # type: ignore[method-assign]
+
+    backend = agent(node_state(service("web", VIP, ("pod-a",), node_port=30080)),
+                    after_sync=watch)
+    backend.wait("periodic", 1, since=0)
+    assert reads == []  # the first check after the initial sync
     sep = nat_chain(lab, "KUBE-SEP")
     with backend.paused:
         ns_exec(lab.node, "nft", "add", "table", "ip", "someone-else")
