@@ -6,8 +6,9 @@ Loads the tc object (attached to no device) into a temporary bpffs, fills spp_ct
 ``--flows`` flows (a forward and a reply entry each; half of them expired for their
 state: SYN-only, unanswered UDP, closed TCP), runs one GC pass and reports its time,
 what it removed and kept; then the same with the pass as it was before (the map read
-into a dict, each entry judged by slicing it, a lookup and a delete per expired key),
-alternating which goes first each round. The pins and the mount are removed at the end.
+into a dict, each entry judged by slicing it, a lookup and a delete per expired key; no
+C helper), alternating which goes first each round. The pins and the mount are removed
+at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from svcproxy.backends.ebpf import libbpf
+from svcproxy.backends.ebpf import ct_gc_native, libbpf
 from svcproxy.backends.ebpf.ct_gc import (
     CTS_FIN_FWD,
     CTS_FIN_REV,
@@ -128,7 +129,8 @@ def main() -> None:
         ct = programs.maps[MAP_CT]
         try:
             for i in range(args.rounds):
-                passes = [("now", gc_pass), ("before", before_pass)]
+                now = "now (C helper)" if ct_gc_native.available() else "now (Python)"
+                passes = [(now, gc_pass), ("before", before_pass)]
                 for name, run in passes[::1 if i % 2 == 0 else -1]:
                     timed(name, ct, args.flows, run)
         finally:

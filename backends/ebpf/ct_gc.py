@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from svcproxy.sdk import parse_duration
 
-from . import libbpf
+from . import ct_gc_native, libbpf
 from .libbpf import BpfError, Map
 from .packet_layout import CT_FORWARD, CT_KEY, CT_TIMEOUTS, CT_TIMEOUTS_SECTION, CT_VAL
 
@@ -158,22 +158,33 @@ def expired(keys: bytes, values: bytes, timeouts: CtTimeouts,
 
 def expired_rows(keys: bytes, values: bytes, timeouts: CtTimeouts,
                  now_ns: int) -> tuple[list[int], int]:
-    """``expired`` as the entries' row numbers.
+    """``expired`` as the entries' row numbers: judged by the C helper
+    (``ct_gc_native``) when it is built, else by ``_expired_rows``, the same rule."""
+    ks, vs = CT_KEY.size, CT_VAL.size
+    if len(keys) < ks:
+        return [], 0
+    protos, states = keys[36::ks], values[37::vs]
+    limits = {(proto, state): now_ns - timeouts.lifetime(proto, state) * 1_000_000_000
+              for proto in set(protos) for state in {0, *states}}
+    found = ct_gc_native.expired_rows(keys, values, limits)
+    return found if found is not None else _expired_rows(keys, values, limits)
+
+
+def _expired_rows(keys: bytes, values: bytes,
+                  limits: dict[tuple[int, int], int]) -> tuple[list[int], int]:
+    """``expired_rows`` in Python, ``limits[proto, state]`` the last_ns below which an
+    entry is idle past its lifetime.
 
     Each field is taken for all entries at once by strided slices, the entries of one
     direction by ``compress`` (C loops); what is left per entry is a comparison and, for
     a reply, two lookups."""
     ks, vs = CT_KEY.size, CT_VAL.size
     n = len(keys) // ks
-    if not n:
-        return [], 0
     key_list = _split(ks, n).unpack(keys)
     other = _split(ks, n).unpack(_other_keys(keys, values, n))
     row_of = dict(zip(key_list, range(n), strict=True))
     lasts = memoryview(values).cast("Q")[_LAST_WORD::vs // 8]
     protos, states = keys[36::ks], values[37::vs]
-    limits = {(proto, state): now_ns - timeouts.lifetime(proto, state) * 1_000_000_000
-              for proto in set(protos) for state in {0, *states}}
     forward = keys[38::ks].translate(_IS_FORWARD)
     reply = forward.translate(_FLIP)
     alive: set[int] = set()
@@ -261,6 +272,9 @@ def remove_unchanged(ct: Map, judged: dict[bytes, bytes]) -> int:
     many. One atomic BPF_MAP_LOOKUP_AND_DELETE_ELEM each: an entry deleted held exactly
     the value judged; one a packet changed since is put back at once (unless the program
     wrote it again first), so a flow a packet revived stays."""
+    done = ct_gc_native.remove_unchanged(ct.fd, b"".join(judged), b"".join(judged.values()))
+    if done is not None:
+        return done
     lib, fd, take = libbpf.lib(), ct.fd, _lookup_and_delete()
     buf = ctypes.create_string_buffer(ct.value_size)
     removed = 0
@@ -281,10 +295,12 @@ def gc_pass(ct: Map, timeouts: CtTimeouts) -> GcResult:
     now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns's clock
     keys, values = read_raw(ct)
     dead, flows = expired_rows(keys, values, timeouts, now_ns)
-    n = len(keys) // ct.key_size
-    key_list = _split(ct.key_size, n).unpack(keys) if n else ()
-    value_list = _split(ct.value_size, n).unpack(values) if n else ()
-    removed = remove_unchanged(ct, {key_list[row]: value_list[row] for row in dead})
+    removed = ct_gc_native.remove_unchanged(ct.fd, keys, values, dead)
+    if removed is None:
+        n = len(keys) // ct.key_size
+        key_list = _split(ct.key_size, n).unpack(keys) if n else ()
+        value_list = _split(ct.value_size, n).unpack(values) if n else ()
+        removed = remove_unchanged(ct, {key_list[row]: value_list[row] for row in dead})
     return GcResult(flows, removed, time.monotonic() - started)
 
 

@@ -5,11 +5,17 @@ entries a pass removes."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from svcproxy.backends.ebpf import ct_gc_native
 from svcproxy.backends.ebpf.ct_gc import (
     CTS_FIN_FWD,
     CTS_FIN_REV,
@@ -141,11 +147,25 @@ _STATES = st.sampled_from([0, CTS_REPLIED, CTS_REPLIED | CTS_FIN_FWD,
                            CTS_REPLIED | CTS_FIN_FWD | CTS_FIN_REV, CTS_RST])
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([TCP, UDP]), _STATES, _AGES, _AGES,
-                          st.sampled_from(["pair", "forward", "reply", "elsewhere"])),
-                max_size=40))
-def test_the_columnwise_judgement_is_the_rule_entry_by_entry(flows: list) -> None:
+@contextmanager
+def python_only() -> Iterator[None]:
+    """The GC without its C helper (as on a node where it was not built)."""
+    real = ct_gc_native.LIBRARY
+    ct_gc_native.LIBRARY = Path("/nonexistent/libsvcproxy_ct_gc.so")
+    ct_gc_native._library.cache_clear()
+    try:
+        yield
+    finally:
+        ct_gc_native.LIBRARY = real
+        ct_gc_native._library.cache_clear()
+
+
+_MIXES = st.lists(st.tuples(st.sampled_from([TCP, UDP]), _STATES, _AGES, _AGES,
+                            st.sampled_from(["pair", "forward", "reply", "elsewhere"])),
+                  max_size=40)
+
+
+def _check_judgement(flows: list) -> None:
     """Any mix of flows (pairs, forward entries alone, replies alone, a forward entry
     that now leads elsewhere), each direction with its own age: the pass removes exactly
     what the rule says, entry by entry."""
@@ -163,3 +183,20 @@ def test_the_columnwise_judgement_is_the_rule_entry_by_entry(flows: list) -> Non
     removed, kept = expired_entries(entries, CtTimeouts(), now)
     assert len(removed) == len(set(removed))
     assert (set(removed), kept) == _judged_one_by_one(entries, CtTimeouts(), now)
+
+
+@pytest.mark.skipif(not ct_gc_native.available() and shutil.which("cc") is None,
+                    reason="no C compiler: the GC's helper cannot be built here")
+@settings(max_examples=200, deadline=None)
+@given(_MIXES)
+def test_the_c_judgement_is_the_rule_entry_by_entry(flows: list) -> None:
+    assert ct_gc_native.available(), "run python -m svcproxy.backends.ebpf.build"
+    _check_judgement(flows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_MIXES)
+def test_the_python_judgement_is_the_rule_entry_by_entry(flows: list) -> None:
+    with python_only():
+        assert not ct_gc_native.available()
+        _check_judgement(flows)
