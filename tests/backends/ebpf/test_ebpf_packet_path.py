@@ -104,6 +104,21 @@ def test_pods_of_this_node_reach_node_ports_and_hairpin(world: World) -> None:
     assert hairpin.sources == {NODE1.gateways[0]}, hairpin
 
 
+def test_a_pod_reaches_itself_through_its_load_balancer_vip(world: World) -> None:
+    """Hairpin through a VIP (and an externalIP), as through a NodePort: pod-a, outside
+    the cgroup, reaches the load-balancer address whose only endpoint it is, SNATed to
+    the pods' bridge so that its answer comes back through the node."""
+    from svcproxy.model import LoadBalancerIngress
+
+    world.set(node_port("hairpin-lb", 30101, ["pod-a"], type=ServiceType.LOAD_BALANCER,
+                        load_balancer_ingress=(LoadBalancerIngress("192.168.60.21"),),
+                        external_ips=("192.168.60.22",)))
+    for vip in ("192.168.60.21", "192.168.60.22"):
+        got = summarize(probe(world.lab.ns("pod-a"), "tcp", vip, 80, 5))
+        assert got.names == Counter({"pod-a": 5}), (vip, got)
+        assert got.sources == {NODE1.gateways[0]}, (vip, got)
+
+
 def test_cluster_ip_routed_to_the_node_from_outside(world: World) -> None:
     """The LAN routes the service CIDR to node1: its ClusterIPs use the endpoints the
     frontend marked internal (here pod-c and pod-a, not pod-d), pods outside the cgroup
