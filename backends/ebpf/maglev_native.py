@@ -3,7 +3,7 @@
 ``build.py`` compiles it into ``native/libsvcproxy_maglev.so`` when a C compiler is
 there; without it (or on a machine the library was not built for) ``populate`` says so
 by returning False, and ``maglev`` runs the same loop in Python: the same table, about
-100 times slower.
+30 times slower.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     try:
         lib = ctypes.CDLL(str(LIBRARY))
     except OSError as err:
-        log.info("Maglev tables are built in Python, about 100 times slower (%s; "
+        log.info("Maglev tables are built in Python, about 30 times slower (%s; "
                  "python -m svcproxy.backends.ebpf.build builds the C helper with cc)", err)
         return None
     fn = lib.svcproxy_maglev_populate
