@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import resource
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,9 @@ KUBERNETES_MAX_DEPTH = 9_999
 # default); the frames below the decoder need the rest. About 0.5 KiB of C stack a
 # level: 11,000 levels fit a thread's 8 MiB.
 _RECURSION_LIMIT = KUBERNETES_MAX_DEPTH + 1_000
+# The C stack 9,999 levels take in json and msgspec: more than 4 MiB, at most 8. A
+# thread gets 2 MiB where `ulimit -s` is unlimited (glibc's default), and segfaults.
+_STACK_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,19 @@ def allow_kubernetes_depth() -> None:
     Deeper input stops them with RecursionError, as before, at that limit."""
     if sys.getrecursionlimit() < _RECURSION_LIMIT:
         sys.setrecursionlimit(_RECURSION_LIMIT)
+    _allow_deep_stacks()
+
+
+def _allow_deep_stacks() -> None:
+    """Room on the C stack for KUBERNETES_MAX_DEPTH levels: threads started from now on
+    get _STACK_BYTES (address space; only what is used is memory), and the main thread
+    may grow as far (its soft limit raised within the hard one)."""
+    if threading.stack_size() < _STACK_BYTES:
+        threading.stack_size(_STACK_BYTES)
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    if soft != resource.RLIM_INFINITY and soft < _STACK_BYTES:
+        room = _STACK_BYTES if hard == resource.RLIM_INFINITY else min(hard, _STACK_BYTES)
+        resource.setrlimit(resource.RLIMIT_STACK, (max(soft, room), hard))
 
 
 class _TooBig(Exception):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,3 +125,30 @@ def test_a_yaml_alias_is_as_deep_as_where_it_is_used() -> None:
     assert isinstance(deep, Problem) and "--max-object-depth" in deep.message, deep
     served, = parse_text(Path("x.yaml"), text, ManifestLimits(max_depth=11))
     assert served["spec"]["b"][0][0][0][0][0] == [[[[["x"]]]]]
+
+
+_DECODE_DEEPEST = f"""
+import json, threading, msgspec
+from svcproxy.frontend.edge.limits import allow_kubernetes_depth
+allow_kubernetes_depth()
+doc = ('{{"a":' * {KUBERNETES_MAX_DEPTH} + '1' + '}}' * {KUBERNETES_MAX_DEPTH}).encode()
+def decode():
+    msgspec.json.decode(doc)
+    json.loads(doc)
+worker = threading.Thread(target=decode)
+worker.start()
+worker.join()
+decode()
+print("decoded")
+"""
+
+
+def test_the_deepest_object_decodes_whatever_the_stack_limit() -> None:
+    """A frontend started with `ulimit -s unlimited` (glibc then gives each thread
+    2 MiB) or a small soft stack limit decodes the deepest object in a thread and in the main
+    thread: without room made on the stack, the process dies of SIGSEGV."""
+    for limit in ("unlimited", "-S 4096"):
+        run = subprocess.run(
+            ["bash", "-c", f'ulimit -s {limit} && exec "$0" -c "$1"', sys.executable,
+             _DECODE_DEEPEST], capture_output=True, text=True, timeout=120)
+        assert (run.returncode, run.stdout.strip()) == (0, "decoded"), (limit, run.stderr)
