@@ -26,7 +26,7 @@ from svcproxy.frontend.serving.server import NodeStateServicer, TLSFiles, start_
 
 if TYPE_CHECKING:
     from svcproxy.frontend.serving.workers import StreamWorkers
-    from svcproxy.frontend.sources.apiserver_early import Listing
+    from svcproxy.frontend.sources.apiserver_early import EarlySource
     from svcproxy.frontend.sources.manifests import ManifestLimits
     from svcproxy.sdk.credentials import ClientTLS, TokenFile
 
@@ -64,7 +64,7 @@ class FrontendOptions:
     lag_warning: float = 10.0
 
 
-def _start_source(opts: FrontendOptions, engine: Engine, listing: Listing | None) -> object:
+def _start_source(opts: FrontendOptions, engine: Engine, listing: EarlySource | None) -> object:
     """The source the options name, started (its module imported only then; the
     apiserver's may have been started before, ``listing``)."""
     if opts.manifests is not None:
@@ -111,7 +111,7 @@ def start_metrics(address: str) -> None:
 class Frontend:
     """The running frontend; ``await start()``, then ``await stop()``."""
 
-    def __init__(self, opts: FrontendOptions, listing: Listing | None = None) -> None:
+    def __init__(self, opts: FrontendOptions, listing: EarlySource | None = None) -> None:
         """``listing``: the apiserver source, started before the frontend was imported
         (``start_listing``), for the options' apiserver."""
         self.opts = opts
@@ -169,7 +169,7 @@ class Frontend:
             await self._server.stop(grace=1)  # type: ignore[attr-defined]
 
 
-async def run_frontend(opts: FrontendOptions, listing: Listing | None = None) -> int:
+async def run_frontend(opts: FrontendOptions, listing: EarlySource | None = None) -> int:
     """Serve until SIGINT/SIGTERM (``listing``: see ``Frontend``)."""
     from svcproxy.frontend.sources.apiserver import ApiserverConfigError
 

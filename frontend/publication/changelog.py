@@ -34,7 +34,7 @@ from svcproxy.frontend.publication.views import CLUSTER_VIEW, NodeView
 from svcproxy.frontend.publication.wire import WireOp, delete_node, diff_with_digest, set_node
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.runtime.gctuning import collector_paused
-from svcproxy.frontend.store.store import ObjKey, Store, Touched, node_info
+from svcproxy.frontend.store.store import ChangedKeys, ObjKey, Store, node_info
 from svcproxy.model import NodeInfo, ServicePortKey, ServicePortState
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class Changelog:
         self.started = True
 
     # ---- publishing ----------------------------------------------------
-    def publish(self, touched: Touched) -> None:
+    def publish(self, touched: ChangedKeys) -> None:
         """Publish what a batch changed, as one revision of every view it changed."""
         if not self.started:
             self.records.compute_settled(touched.services)

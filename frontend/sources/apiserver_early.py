@@ -41,14 +41,14 @@ class HeldSink:
 
 
 @dataclass(frozen=True, slots=True)
-class Listing:
+class EarlySource:
     """A started apiserver source and the sink holding its events."""
 
     source: ApiserverSource
     sink: HeldSink
 
 
-def start_listing(kubeconfig: str | None, master: str = "") -> Listing:
+def start_listing(kubeconfig: str | None, master: str = "") -> EarlySource:
     """The apiserver source (see ``load_api_client``), started; raises
     ApiserverConfigError."""
     from svcproxy.frontend.sources.apiserver import ApiserverSource
@@ -56,4 +56,4 @@ def start_listing(kubeconfig: str | None, master: str = "") -> Listing:
     sink = HeldSink()
     source = ApiserverSource(sink, kubeconfig=kubeconfig, master=master)
     source.start()
-    return Listing(source, sink)
+    return EarlySource(source, sink)

@@ -40,7 +40,7 @@ def node_info(node: Node) -> NodeInfo:
 
 
 @dataclass
-class Touched:
+class ChangedKeys:
     """What one batch changed: services (by namespace, name) and nodes (by name)."""
 
     services: set[ObjKey] = field(default_factory=set)
@@ -81,9 +81,9 @@ class Store:
         """Every node, by name."""
         return [node_info(self.nodes[n]) for n in sorted(self.nodes)]
 
-    def apply(self, events: Iterable[Event]) -> Touched:
+    def apply(self, events: Iterable[Event]) -> ChangedKeys:
         """Apply one batch; an event that fails unexpectedly is logged, counted and skipped."""
-        touched = Touched()
+        touched = ChangedKeys()
         for ev in events:
             try:
                 if isinstance(ev, Replace):
@@ -108,7 +108,7 @@ class Store:
                   (ns, name) in (self.services if kind == "Service" else self.slices))
         return self.intake.parse(kind, obj, served)
 
-    def _upsert(self, kind: Kind, obj: dict[str, Any], key: ObjKey, touched: Touched) -> None:
+    def _upsert(self, kind: Kind, obj: dict[str, Any], key: ObjKey, touched: ChangedKeys) -> None:
         """Keep ``obj`` (whose ``object_key`` is ``key``) if it is valid and changed."""
         parsed = self._parse(kind, obj, key)
         if isinstance(parsed, Service):
@@ -133,7 +133,7 @@ class Store:
                 self.nodes[parsed.name] = parsed
                 touched.nodes.add(parsed.name)
 
-    def _serve(self, services: dict[ObjKey, Service | None], touched: Touched) -> None:
+    def _serve(self, services: dict[ObjKey, Service | None], touched: ChangedKeys) -> None:
         """Serve each Service as the claims leave it (None: not at all)."""
         for key, svc in services.items():
             if svc is None:
@@ -143,7 +143,7 @@ class Store:
                 self.services[key] = svc
                 touched.services.add(key)
 
-    def _delete(self, kind: Kind, key: ObjKey, touched: Touched) -> None:
+    def _delete(self, kind: Kind, key: ObjKey, touched: ChangedKeys) -> None:
         if kind == "Service":
             if key in self.claims.declared:
                 self._serve(self.claims.update(key, None), touched)
@@ -161,7 +161,7 @@ class Store:
         elif self.nodes.pop(key[1], None) is not None:
             touched.nodes.add(key[1])
 
-    def _replace(self, ev: Replace, touched: Touched) -> None:
+    def _replace(self, ev: Replace, touched: ChangedKeys) -> None:
         """One part of a listing: its objects now, the deletions at its last part."""
         kind = ev.kind
         if ev.first or kind not in self._listing:

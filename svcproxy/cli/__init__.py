@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from svcproxy.frontend.main import FrontendOptions
     from svcproxy.frontend.publication.changelog import ViewBounds
     from svcproxy.frontend.serving.access.auth import AuthConfig
-    from svcproxy.frontend.sources.apiserver_early import Listing
+    from svcproxy.frontend.sources.apiserver_early import EarlySource
     from svcproxy.sdk.plugins import BackendPlugin, InstalledBackend
 
 
@@ -215,7 +215,7 @@ def _with_object_limits(opts: FrontendOptions, args: argparse.Namespace) -> Fron
                                        args.manifest_max_alias_expansion, args.max_object_depth))
 
 
-def _early_listing(args: argparse.Namespace) -> Listing | None:
+def _early_listing(args: argparse.Namespace) -> EarlySource | None:
     """The apiserver's listing, started before the rest of the frontend is imported (its
     requests are out meanwhile); None for another source, or when the configuration is
     unusable (the frontend's start then says why)."""

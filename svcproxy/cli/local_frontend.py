@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from svcproxy.loop_thread import LoopThread
 
 if TYPE_CHECKING:
-    from svcproxy.frontend.sources.apiserver_early import Listing
+    from svcproxy.frontend.sources.apiserver_early import EarlySource
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class LocalFrontend:
         self._frontend = Frontend(opts, listing)
         await self._frontend.start()
 
-    def _early_listing(self) -> Listing | None:
+    def _early_listing(self) -> EarlySource | None:
         """The apiserver's listing started as ``svcproxy frontend`` starts it: before the
         rest of the frontend is imported (its requests are out meanwhile); None when the
         configuration is unusable (the frontend's start then says why)."""
