@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svcproxy.frontend.computation.compute import NodeClassCache, service_base  # noqa: E402
 from svcproxy.frontend.computation.selection import categorize, categorize_by_family  # noqa: E402
 from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice  # noqa: E402
-from svcproxy.frontend.edge.objects import EndpointSlice, Service, parse_service  # noqa: E402
+from svcproxy.frontend.edge.objects import EndpointSlice, Service  # noqa: E402
+from svcproxy.frontend.edge.service import parse_service  # noqa: E402
 
 
 def objects(i: int, endpoints: int, nodes: int) -> tuple[Service, list[EndpointSlice]]:

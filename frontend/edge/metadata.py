@@ -1,4 +1,4 @@
-"""What the typed paths for listed objects (endpointslice.py, service_decode.py) share:
+"""What the typed paths for listed objects (endpointslice.py, service.py) share:
 the metadata's struct and checks, and the bounds under which a typed decoding stands in
 for ``check_size``. Each check says whether validation.py would accept the value as it
 is; False means "take the general path" (which says why, or accepts it after all).

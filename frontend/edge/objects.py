@@ -1,10 +1,10 @@
 """The cluster objects the frontend uses (Service, EndpointSlice, Node: only the fields
-svcproxy needs), the readers every kind's parse shares, and the Service's parse.
+svcproxy needs) and the readers every kind's parse shares.
 
-Each kind's module (endpointslice.py, node.py) makes these objects from Kubernetes JSON.
-Parsing is strict where a mistake would program wrong rules (ports, protocols) and
-forgiving where Kubernetes itself is (IPs with leading zeros, spaces in source ranges):
-a bad object raises ``ParseError`` with a reason a person can act on.
+Each kind's module (service.py, endpointslice.py, node.py) makes these objects from
+Kubernetes JSON. Parsing is strict where a mistake would program wrong rules (ports,
+protocols) and forgiving where Kubernetes itself is (IPs with leading zeros, spaces in
+source ranges): a bad object raises ``ParseError`` with a reason a person can act on.
 """
 
 from __future__ import annotations
@@ -15,14 +15,8 @@ from typing import Any
 import msgspec
 
 from svcproxy.frontend.edge import rfc3339
-from svcproxy.frontend.edge.addresses import CANONICAL_IPV4, kube_cidr
-from svcproxy.frontend.edge.wellknown import (
-    OPTION_PREFIX,
-    SERVICE_PROXY_NAME_LABEL,
-    TOPOLOGY_ANNOTATIONS,
-)
+from svcproxy.frontend.edge.addresses import CANONICAL_IPV4
 from svcproxy.model import (
-    DEFAULT_AFFINITY_TIMEOUT,
     LoadBalancerIngress,
     Protocol,
     ServiceType,
@@ -191,107 +185,6 @@ def read_ips(values: list[Any], where: str) -> tuple[str, ...]:
             ip = str(mapped) if mapped is not None else ip
         out.append(ip)
     return tuple(dict.fromkeys(out))
-
-
-def _policy(value: Any, where: str) -> TrafficPolicy:
-    if value in (None, ""):
-        return TrafficPolicy.CLUSTER
-    if value == "Local":
-        return TrafficPolicy.LOCAL
-    if value == "Cluster":
-        return TrafficPolicy.CLUSTER
-    raise ParseError(f"{where}: traffic policy {value!r} is neither Cluster nor Local")
-
-
-def _service_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
-    ports = []
-    raw = as_list(spec.get("ports"), "spec.ports")
-    for i, p in enumerate(raw):
-        where = f"spec.ports[{i}]"
-        p = as_mapping(p, where)
-        name = str(p.get("name") or "")
-        if len(raw) > 1 and not name:
-            raise ParseError(f"{where}: a service with several ports must name each")
-        port = read_port(p.get("port"), where)
-        target = p.get("targetPort", port)
-        ports.append(SvcPort(name, read_protocol(p.get("protocol"), where), port,
-                             read_port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True),
-                             str(target)))
-    return tuple(ports)
-
-
-def _affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
-    if spec.get("sessionAffinity") != "ClientIP":
-        return SessionAffinity.NONE, 0
-    cfg = as_mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
-    client = as_mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
-    timeout = client.get("timeoutSeconds")
-    if timeout is None:  # SetDefaults_Service: unset (or null) is 10800 s
-        timeout = DEFAULT_AFFINITY_TIMEOUT
-    if not isinstance(timeout, int) or not 0 < timeout <= 86400:
-        raise ParseError(f"sessionAffinityConfig.clientIP.timeoutSeconds {timeout!r} "
-                         "must be 1-86400")
-    return SessionAffinity.CLIENT_IP, timeout
-
-
-def _source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
-    out = []
-    for value in as_list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges"):
-        for part in str(value).split(","):
-            if not part.strip():
-                continue
-            cidr = kube_cidr(part)
-            if cidr is None:
-                raise ParseError(f"loadBalancerSourceRanges: {part.strip()!r} is not a CIDR")
-            out.append(cidr)
-    return tuple(dict.fromkeys(out))
-
-
-def _lb_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
-    lb = as_mapping(status.get("loadBalancer"), "status.loadBalancer")
-    out = []
-    for i, ing in enumerate(as_list(lb.get("ingress"), "status.loadBalancer.ingress")):
-        ing = as_mapping(ing, f"status.loadBalancer.ingress[{i}]")
-        if not ing.get("ip"):
-            continue
-        (ip,) = read_ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
-        out.append(LoadBalancerIngress(ip, str(ing.get("ipMode") or "VIP")))
-    return tuple(out)
-
-
-def parse_service(obj: dict[str, Any]) -> Service:
-    """A Service from its JSON; raises ParseError."""
-    namespace, name, meta = read_meta(obj, namespaced=True)
-    spec = as_mapping(obj.get("spec"), "spec")
-    labels = as_mapping(meta.get("labels"), "metadata.labels")
-    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
-    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    cluster_ips = [] if "None" in cluster_ips else cluster_ips
-    affinity, timeout = _affinity(spec)
-    topology = next((str(annotations[a]) for a in TOPOLOGY_ANNOTATIONS if a in annotations), "")
-    hc_port = spec.get("healthCheckNodePort")
-    return Service(
-        namespace=namespace, name=name, type=str(spec.get("type") or "ClusterIP"),
-        cluster_ips=read_ips(as_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
-        ports=_service_ports(spec),
-        external_ips=read_ips(as_list(spec.get("externalIPs"), "spec.externalIPs"),
-                              "spec.externalIPs"),
-        load_balancer_ingress=_lb_ingress(as_mapping(obj.get("status"), "status")),
-        load_balancer_source_ranges=_source_ranges(spec),
-        session_affinity=affinity, session_affinity_timeout=timeout,
-        internal_traffic_policy=_policy(spec.get("internalTrafficPolicy"),
-                                        "spec.internalTrafficPolicy"),
-        external_traffic_policy=_policy(spec.get("externalTrafficPolicy"),
-                                        "spec.externalTrafficPolicy"),
-        health_check_node_port=read_port(hc_port, "spec.healthCheckNodePort", allow_zero=True),
-        traffic_distribution=str(spec.get("trafficDistribution") or ""),
-        topology_mode=topology,
-        proxy_name=str(labels[SERVICE_PROXY_NAME_LABEL])
-        if SERVICE_PROXY_NAME_LABEL in labels else None,
-        options=tuple(sorted((str(k), str(v)) for k, v in annotations.items()
-                             if str(k).startswith(OPTION_PREFIX))),
-        created=parse_time(meta.get("creationTimestamp")),
-    )
 
 
 def parse_time(text: Any) -> float:

@@ -1,20 +1,78 @@
-"""A Service as the apiserver validates the fields svcproxy reads
-(pkg/apis/core/validation)."""
+"""The Service kind, whole: its schema (the fields svcproxy reads), the apiserver's rules
+for them (pkg/apis/core/validation) with their messages, the parse of a valid Service
+into ``objects.Service``, and the typed decode of a listed Service's JSON.
+
+The schema (the msgspec structs below, one per level of the object) drives the typed
+decode: msgspec decodes a listed Service's JSON straight into it, in C, and a field it
+does not name sends the Service to the general path. The rules stay code, each citing
+the Kubernetes function it mirrors: Kubernetes' messages, and reading any value to say
+what is wrong with it, are beyond a struct's decoding.
+
+Two paths give one object. A listed Service of the common shape (``decode_service``) is
+decoded and checked without messages; anything else, or any doubt (a field not in the
+schema, ExternalName, IPv6 or dual-stack, source ranges, a null targetPort or
+timeoutSeconds, limits below the defaults), gives None and the caller takes the general
+path: ``validate_service`` (which says why), then ``parse_service``, which makes the
+same object (property tests in tests/frontend/sources/test_parse_fast_paths.py hold the
+two to it).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from svcproxy.frontend.edge.addresses import cidr_family
+import msgspec
+
+from svcproxy.frontend.edge.addresses import (
+    CANONICAL_IPV4,
+    FORBIDDEN_IPV4,
+    cidr_family,
+    kube_cidr,
+)
 from svcproxy.frontend.edge.checker import (
+    PROTOCOLS,
     Checker,
     check_app_protocol,
     check_cidrs,
     check_object,
 )
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.names import DNS1035_LABEL, is_port_name
+from svcproxy.frontend.edge.metadata import Meta, decoded, metadata_ok
+from svcproxy.frontend.edge.names import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    is_app_protocol,
+    is_port_name,
+    matches,
+)
+from svcproxy.frontend.edge.objects import (
+    ParseError,
+    Service,
+    SvcPort,
+    as_list,
+    as_mapping,
+    parse_time,
+    read_ips,
+    read_meta,
+    read_port,
+    read_protocol,
+)
 from svcproxy.frontend.edge.verdict import Verdict, shown
+from svcproxy.frontend.edge.wellknown import (
+    OPTION_PREFIX,
+    SERVICE_PROXY_NAME_LABEL,
+    SOURCE_RANGES_ANNOTATION,
+    TOPOLOGY_ANNOTATIONS,
+    TOPOLOGY_HINTS_ANNOTATION,
+    TOPOLOGY_MODE_ANNOTATION,
+)
+from svcproxy.model import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    LoadBalancerIngress,
+    Protocol,
+    SessionAffinity,
+    TrafficPolicy,
+)
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 POLICIES = ("Cluster", "Local")
@@ -23,9 +81,88 @@ TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
 IP_MODES = ("VIP", "Proxy")
 IP_FAMILIES = ("IPv4", "IPv6")
 IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
-TOPOLOGY_MODE = "service.kubernetes.io/topology-mode"
-TOPOLOGY_HINTS = "service.kubernetes.io/topology-aware-hints"
-SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
+
+
+# The schema: the fields of a listed Service the typed decode reads, one struct per level.
+# Absent and null are alike (None) unless a field says otherwise.
+class _Port(msgspec.Struct, forbid_unknown_fields=True):
+    name: str | None = None
+    protocol: str | None = None
+    port: int | None = None
+    # Absent is the port itself, null is "None" to the general path: null is not typed.
+    targetPort: int | str | msgspec.UnsetType = msgspec.UNSET
+    nodePort: int | None = None
+    appProtocol: str | None = None
+
+
+class _ClientIP(msgspec.Struct, forbid_unknown_fields=True):
+    timeoutSeconds: int | msgspec.UnsetType = msgspec.UNSET  # null: the general path
+
+
+class _AffinityConfig(msgspec.Struct, forbid_unknown_fields=True):
+    clientIP: _ClientIP | None = None
+
+
+class _Spec(msgspec.Struct, forbid_unknown_fields=True):
+    ports: list[_Port] | None = None
+    selector: dict[str, str] | None = None
+    clusterIP: str | None = None
+    clusterIPs: list[str] | None = None
+    type: str | None = None
+    externalIPs: list[str] | None = None
+    sessionAffinity: str | None = None
+    sessionAffinityConfig: _AffinityConfig | None = None
+    loadBalancerIP: str | None = None
+    loadBalancerSourceRanges: list[str] | None = None
+    loadBalancerClass: str | None = None
+    allocateLoadBalancerNodePorts: bool | None = None
+    externalName: str | None = None
+    externalTrafficPolicy: str | None = None
+    internalTrafficPolicy: str | None = None
+    healthCheckNodePort: int | None = None
+    publishNotReadyAddresses: bool | None = None
+    ipFamilies: list[str] | None = None
+    ipFamilyPolicy: str | None = None
+    trafficDistribution: str | None = None
+
+
+class _Ingress(msgspec.Struct, forbid_unknown_fields=True):
+    ip: str | None = None
+    hostname: str | None = None
+    ipMode: str | None = None
+
+
+class _LoadBalancer(msgspec.Struct, forbid_unknown_fields=True):
+    ingress: list[_Ingress] | None = None
+
+
+class _Status(msgspec.Struct, forbid_unknown_fields=True):
+    loadBalancer: _LoadBalancer | None = None
+
+
+class _Service(msgspec.Struct, forbid_unknown_fields=True):
+    metadata: Meta
+    spec: _Spec | None = None
+    status: _Status | None = None
+    kind: str | None = None
+    apiVersion: str | None = None
+
+
+_DECODER = msgspec.json.Decoder(_Service)
+_DEPTH = 3  # these structs are at most 3 levels deep; an ingress entry is at 4
+_EMPTY_SPEC = _Spec()
+_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+_POLICIES = {None: TrafficPolicy.CLUSTER, "": TrafficPolicy.CLUSTER,
+             "Cluster": TrafficPolicy.CLUSTER, "Local": TrafficPolicy.LOCAL}
+_AFFINITIES = (None, "", "None", "ClientIP")
+_DISTRIBUTIONS = (None, *TRAFFIC_DISTRIBUTIONS)  # "" is set: refused
+_IP_MODES = (None, "VIP", "Proxy")
+_FAMILY_POLICIES = (None, *IP_FAMILY_POLICIES)
+_FAMILIES = ["IPv4"]  # the family of the one cluster IP this path takes
+# What no service CIDR holds beyond the endpoint rules, as prefixes of canonical IPv4
+# addresses: multicast (224.0.0.0/4) and the broadcast address.
+_FORBIDDEN_CLUSTER_IPV4 = (*FORBIDDEN_IPV4, *(f"{n}." for n in range(224, 240)),
+                           "255.255.255.255")
 
 
 def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
@@ -285,8 +422,268 @@ def _topology_annotations(c: Checker, obj: dict[str, Any]) -> None:
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
     if not isinstance(annotations, dict):
         return
-    mode = annotations.get(TOPOLOGY_MODE)
-    hints = annotations.get(TOPOLOGY_HINTS)
+    mode = annotations.get(TOPOLOGY_MODE_ANNOTATION)
+    hints = annotations.get(TOPOLOGY_HINTS_ANNOTATION)
     if mode is not None and hints is not None and mode != hints:
-        c.err(f"metadata.annotations.{TOPOLOGY_MODE}", "invalid_value",
-              f"{shown(mode)} must match annotations[{TOPOLOGY_HINTS}] when both are set")
+        c.err(f"metadata.annotations.{TOPOLOGY_MODE_ANNOTATION}", "invalid_value",
+              f"{shown(mode)} must match annotations[{TOPOLOGY_HINTS_ANNOTATION}] when both "
+              "are set")
+
+
+def _read_policy(value: Any, where: str) -> TrafficPolicy:
+    if value in (None, ""):
+        return TrafficPolicy.CLUSTER
+    if value == "Local":
+        return TrafficPolicy.LOCAL
+    if value == "Cluster":
+        return TrafficPolicy.CLUSTER
+    raise ParseError(f"{where}: traffic policy {value!r} is neither Cluster nor Local")
+
+
+def _read_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
+    ports = []
+    raw = as_list(spec.get("ports"), "spec.ports")
+    for i, p in enumerate(raw):
+        where = f"spec.ports[{i}]"
+        p = as_mapping(p, where)
+        name = str(p.get("name") or "")
+        if len(raw) > 1 and not name:
+            raise ParseError(f"{where}: a service with several ports must name each")
+        port = read_port(p.get("port"), where)
+        target = p.get("targetPort", port)
+        ports.append(SvcPort(name, read_protocol(p.get("protocol"), where), port,
+                             read_port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True),
+                             str(target)))
+    return tuple(ports)
+
+
+def _read_affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
+    if spec.get("sessionAffinity") != "ClientIP":
+        return SessionAffinity.NONE, 0
+    cfg = as_mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client = as_mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    timeout = client.get("timeoutSeconds")
+    if timeout is None:  # SetDefaults_Service: unset (or null) is 10800 s
+        timeout = DEFAULT_AFFINITY_TIMEOUT
+    if not isinstance(timeout, int) or not 0 < timeout <= 86400:
+        raise ParseError(f"sessionAffinityConfig.clientIP.timeoutSeconds {timeout!r} "
+                         "must be 1-86400")
+    return SessionAffinity.CLIENT_IP, timeout
+
+
+def _read_source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
+    out = []
+    for value in as_list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges"):
+        for part in str(value).split(","):
+            if not part.strip():
+                continue
+            cidr = kube_cidr(part)
+            if cidr is None:
+                raise ParseError(f"loadBalancerSourceRanges: {part.strip()!r} is not a CIDR")
+            out.append(cidr)
+    return tuple(dict.fromkeys(out))
+
+
+def _read_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
+    lb = as_mapping(status.get("loadBalancer"), "status.loadBalancer")
+    out = []
+    for i, ing in enumerate(as_list(lb.get("ingress"), "status.loadBalancer.ingress")):
+        ing = as_mapping(ing, f"status.loadBalancer.ingress[{i}]")
+        if not ing.get("ip"):
+            continue
+        (ip,) = read_ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
+        out.append(LoadBalancerIngress(ip, str(ing.get("ipMode") or "VIP")))
+    return tuple(out)
+
+
+def parse_service(obj: dict[str, Any]) -> Service:
+    """A Service from its JSON; raises ParseError."""
+    namespace, name, meta = read_meta(obj, namespaced=True)
+    spec = as_mapping(obj.get("spec"), "spec")
+    labels = as_mapping(meta.get("labels"), "metadata.labels")
+    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
+    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    cluster_ips = [] if "None" in cluster_ips else cluster_ips
+    affinity, timeout = _read_affinity(spec)
+    topology = next((str(annotations[a]) for a in TOPOLOGY_ANNOTATIONS if a in annotations), "")
+    hc_port = spec.get("healthCheckNodePort")
+    return Service(
+        namespace=namespace, name=name, type=str(spec.get("type") or "ClusterIP"),
+        cluster_ips=read_ips(as_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
+        ports=_read_ports(spec),
+        external_ips=read_ips(as_list(spec.get("externalIPs"), "spec.externalIPs"),
+                              "spec.externalIPs"),
+        load_balancer_ingress=_read_ingress(as_mapping(obj.get("status"), "status")),
+        load_balancer_source_ranges=_read_source_ranges(spec),
+        session_affinity=affinity, session_affinity_timeout=timeout,
+        internal_traffic_policy=_read_policy(spec.get("internalTrafficPolicy"),
+                                        "spec.internalTrafficPolicy"),
+        external_traffic_policy=_read_policy(spec.get("externalTrafficPolicy"),
+                                        "spec.externalTrafficPolicy"),
+        health_check_node_port=read_port(hc_port, "spec.healthCheckNodePort", allow_zero=True),
+        traffic_distribution=str(spec.get("trafficDistribution") or ""),
+        topology_mode=topology,
+        proxy_name=str(labels[SERVICE_PROXY_NAME_LABEL])
+        if SERVICE_PROXY_NAME_LABEL in labels else None,
+        options=tuple(sorted((str(k), str(v)) for k, v in annotations.items()
+                             if str(k).startswith(OPTION_PREFIX))),
+        created=parse_time(meta.get("creationTimestamp")),
+    )
+
+
+def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service | None:
+    """The Service the general path would make of ``data`` (an item's JSON), or None when
+    not of the common shape (then take the general path)."""
+    obj = decoded(_DECODER, data, limits, _DEPTH)
+    if obj is None:
+        return None
+    meta = obj.metadata
+    spec = obj.spec or _EMPTY_SPEC
+    stype = spec.type or "ClusterIP"
+    if stype not in _TYPES or not metadata_ok(meta, DNS1035_LABEL, 63, limits) or \
+            spec.loadBalancerSourceRanges or spec.sessionAffinity not in _AFFINITIES or \
+            spec.internalTrafficPolicy not in _POLICIES or spec.internalTrafficPolicy == "" or \
+            spec.externalTrafficPolicy not in _POLICIES or \
+            spec.trafficDistribution not in _DISTRIBUTIONS or \
+            spec.ipFamilies and spec.ipFamilies != _FAMILIES or \
+            spec.ipFamilyPolicy not in _FAMILY_POLICIES or \
+            spec.healthCheckNodePort is not None and not 0 <= spec.healthCheckNodePort <= 65535:
+        return None
+    if _decoded_cross_field(spec, stype, meta.annotations):  # the general path says why
+        return None
+    cluster_ips = _decoded_cluster_ips(spec, stype)
+    if cluster_ips is None:
+        return None
+    ports = _decoded_ports(spec.ports or [], stype, cluster_ips == ("None",))
+    external_ips = _decoded_ips(spec.externalIPs or [], FORBIDDEN_IPV4)
+    ingress = _decoded_ingress(obj.status, limits)
+    timeout = _decoded_timeout(spec)
+    if ports is None or external_ips is None or ingress is None or timeout is None:
+        return None
+    labels = meta.labels or {}
+    annotations = meta.annotations or {}
+    return Service(
+        namespace=meta.namespace or "default", name=meta.name, type=stype,
+        cluster_ips=() if cluster_ips == ("None",) else cluster_ips, ports=ports,
+        external_ips=external_ips, load_balancer_ingress=ingress,
+        session_affinity=SessionAffinity.CLIENT_IP if timeout else SessionAffinity.NONE,
+        session_affinity_timeout=timeout,
+        internal_traffic_policy=_POLICIES[spec.internalTrafficPolicy],
+        external_traffic_policy=_POLICIES[spec.externalTrafficPolicy],
+        health_check_node_port=spec.healthCheckNodePort or 0,
+        traffic_distribution=spec.trafficDistribution or "",
+        topology_mode=next((annotations[a] for a in TOPOLOGY_ANNOTATIONS if a in annotations),
+                           ""),
+        proxy_name=labels.get(SERVICE_PROXY_NAME_LABEL),
+        options=tuple(sorted((k, v) for k, v in annotations.items()
+                             if k.startswith(OPTION_PREFIX))) if annotations else (),
+        created=parse_time(meta.creationTimestamp))
+
+
+def _decoded_cross_field(spec: _Spec, stype: str, annotations: dict[str, str] | None) -> bool:
+    """Whether one of ValidateService's cross-field rules (service.py) may refuse it:
+    externalTrafficPolicy where not reachable from outside, healthCheckNodePort without
+    LoadBalancer and Local, clusterIPs without clusterIP, the two topology annotations
+    disagreeing, the source ranges annotation (checked there)."""
+    external = stype != "ClusterIP" or bool(spec.externalIPs)
+    notes = annotations or {}
+    return bool(spec.externalTrafficPolicy and not external
+                or spec.healthCheckNodePort and not (
+                    stype == "LoadBalancer" and spec.externalTrafficPolicy == "Local")
+                or spec.clusterIPs and not spec.clusterIP
+                or len({notes[a] for a in TOPOLOGY_ANNOTATIONS if a in notes}) > 1
+                or SOURCE_RANGES_ANNOTATION in notes)
+
+
+def _decoded_cluster_ips(spec: _Spec, stype: str) -> tuple[str, ...] | None:
+    """("None",) for a headless service, () for none, (ip,) for one IPv4 cluster IP."""
+    single = spec.clusterIP or ""
+    ips = spec.clusterIPs or ()
+    if len(ips) > 1 or ips and single and ips[0] != single:
+        return None
+    value = ips[0] if ips else single
+    if value == "None":
+        return ("None",) if stype == "ClusterIP" else None
+    if not value:  # clusterIPs [""]: valid to the rules, refused by parse
+        return None if ips else ()
+    return _decoded_ips((value,), _FORBIDDEN_CLUSTER_IPV4)
+
+
+def _decoded_ips(values: list[str] | tuple[str, ...], forbidden: tuple[str, ...]
+         ) -> tuple[str, ...] | None:
+    """Canonical IPv4 addresses none of which starts with ``forbidden``, without repeats."""
+    for value in values:
+        if not CANONICAL_IPV4.fullmatch(value) or value.startswith(forbidden):
+            return None
+    return tuple(dict.fromkeys(values))
+
+
+def _decoded_ports(ports: list[_Port], stype: str, headless: bool) -> tuple[SvcPort, ...] | None:
+    if not ports and not headless:
+        return None
+    names: set[str] = set()
+    seen: set[tuple[int, str]] = set()
+    node_ports: set[tuple[int, str]] = set()
+    out = []
+    for p in ports:
+        name, port, protocol = p.name or "", p.port, p.protocol or "TCP"
+        if not name and len(ports) > 1 or name and (
+                len(name) > 63 or not matches(DNS1123_LABEL, name) or name in names):
+            return None
+        names.add(name)
+        if port is None or not 1 <= port <= 65535 or protocol not in PROTOCOLS or \
+                (port, protocol) in seen:
+            return None
+        seen.add((port, protocol))
+        if p.appProtocol is not None and not is_app_protocol(p.appProtocol):
+            return None
+        target = p.targetPort
+        if target is msgspec.UNSET:
+            target = port
+        elif type(target) is int:
+            if target and not 1 <= target <= 65535:
+                return None
+        elif target and not is_port_name(target):
+            return None
+        node_port = p.nodePort or 0
+        if node_port:
+            if not 0 < node_port <= 65535 or stype == "ClusterIP" or \
+                    (node_port, protocol) in node_ports:
+                return None
+            node_ports.add((node_port, protocol))
+        out.append(SvcPort(name, Protocol(protocol), port, node_port, str(target)))
+    return tuple(out)
+
+
+def _decoded_timeout(spec: _Spec) -> int | None:
+    """The ClientIP affinity's timeout (0 without that affinity), None when invalid (a
+    sessionAffinityConfig without ClientIP affinity too)."""
+    if spec.sessionAffinity != "ClientIP":
+        return 0 if spec.sessionAffinityConfig is None else None
+    cfg = spec.sessionAffinityConfig
+    client = cfg.clientIP if cfg is not None else None
+    timeout = client.timeoutSeconds if client is not None else msgspec.UNSET
+    if timeout is msgspec.UNSET:
+        return DEFAULT_AFFINITY_TIMEOUT
+    return timeout if 0 < timeout <= 86400 else None
+
+
+def _decoded_ingress(status: _Status | None, limits: ObjectLimits
+             ) -> tuple[LoadBalancerIngress, ...] | None:
+    """The load balancer's addresses (an entry without one is skipped)."""
+    lb = status.loadBalancer if status is not None else None
+    entries = lb.ingress if lb is not None else None
+    if not entries:
+        return ()
+    if limits.max_depth < _DEPTH + 1:
+        return None
+    out = []
+    for entry in entries:
+        if not entry.ip:
+            if entry.ipMode is not None:  # an ipMode needs an IP
+                return None
+            continue
+        if not CANONICAL_IPV4.fullmatch(entry.ip) or entry.ipMode not in _IP_MODES:
+            return None
+        out.append(LoadBalancerIngress(entry.ip, entry.ipMode or "VIP"))
+    return tuple(out)

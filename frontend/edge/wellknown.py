@@ -10,6 +10,9 @@ TOPOLOGY_MODE_ANNOTATION = "service.kubernetes.io/topology-mode"
 TOPOLOGY_HINTS_ANNOTATION = "service.kubernetes.io/topology-aware-hints"  # deprecated
 # The order kube-proxy reads them in: topology-mode first, else the deprecated one.
 TOPOLOGY_ANNOTATIONS = (TOPOLOGY_MODE_ANNOTATION, TOPOLOGY_HINTS_ANNOTATION)
+# ValidateService checks it without spec.loadBalancerSourceRanges (svcproxy reads the
+# field alone, as kube-proxy does).
+SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 # discovery/v1: the Service a slice belongs to; when its endpoints last changed.
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"

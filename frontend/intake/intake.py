@@ -22,14 +22,8 @@ import msgspec
 from svcproxy.frontend.edge.endpointslice import decode_slice, parse_endpoint_slice
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.node import parse_node
-from svcproxy.frontend.edge.objects import (
-    EndpointSlice,
-    Node,
-    ParseError,
-    Service,
-    parse_service,
-)
-from svcproxy.frontend.edge.service_decode import decode_service
+from svcproxy.frontend.edge.objects import EndpointSlice, Node, ParseError, Service
+from svcproxy.frontend.edge.service import decode_service, parse_service
 from svcproxy.frontend.edge.validation import object_key, validate
 from svcproxy.frontend.edge.verdict import Verdict, shortened
 from svcproxy.frontend.runtime import metrics
@@ -78,7 +72,7 @@ class Intake:
 
     def decode(self, raw: RawObject) -> Service | EndpointSlice | dict[str, Any] | None:
         """A listed object's JSON: its object when of the common shape (valid as it is, see
-        edge/service_decode.py and edge/endpointslice.py), else its dict, for
+        edge/service.py and edge/endpointslice.py), else its dict, for
         ``parse`` to say why or read it."""
         parsed = _TYPED[raw.kind](raw.data, self.limits)
         if parsed is not None:

@@ -8,7 +8,8 @@ import pytest
 
 from svcproxy.frontend.computation import compute
 from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice
-from svcproxy.frontend.edge.objects import ParseError, parse_service
+from svcproxy.frontend.edge.objects import ParseError
+from svcproxy.frontend.edge.service import parse_service
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import Delete, Replace, Upsert

@@ -11,7 +11,7 @@ import pytest
 from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice
 from svcproxy.frontend.edge.fields import DEGRADED, FIELDS, EdgeField, markdown
 from svcproxy.frontend.edge.node import parse_node
-from svcproxy.frontend.edge.objects import parse_service
+from svcproxy.frontend.edge.service import parse_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.intake.intake import field_label
 from tests.support.hostile import endpoint_slice, node, service, set_path

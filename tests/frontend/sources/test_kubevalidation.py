@@ -16,8 +16,7 @@ from svcproxy.frontend.edge.endpointslice import (
 )
 from svcproxy.frontend.edge.limits import ObjectLimits, check_size
 from svcproxy.frontend.edge.node import parse_node, validate_node
-from svcproxy.frontend.edge.objects import parse_service
-from svcproxy.frontend.edge.service import validate_service
+from svcproxy.frontend.edge.service import parse_service, validate_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.publication.wire import replace_service, set_node
 from svcproxy.frontend.sources.upstream_objects import service_objects

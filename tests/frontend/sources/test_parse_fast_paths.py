@@ -27,14 +27,8 @@ from svcproxy.frontend.edge.endpointslice import (
     validate_endpoint_slice,
 )
 from svcproxy.frontend.edge.limits import ObjectLimits, _walk
-from svcproxy.frontend.edge.objects import (
-    Service,
-    SvcPort,
-    canonical_ip,
-    parse_service,
-)
-from svcproxy.frontend.edge.service import validate_service
-from svcproxy.frontend.edge.service_decode import decode_service
+from svcproxy.frontend.edge.objects import Service, SvcPort, canonical_ip
+from svcproxy.frontend.edge.service import decode_service, parse_service, validate_service
 from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.sources.events import RawObject, Replace
 from svcproxy.frontend.store.store import Store
