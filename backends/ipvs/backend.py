@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from svcproxy.backends.ipvs import apply, genl, ipsets, rtnl
 from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs import rules as R
-from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.desired import Desired, TouchedObjects
 from svcproxy.backends.ipvs.diff import (
     IpvsDelta,
     Kernel,
@@ -297,7 +297,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
             self._relink = False
         self.desired = Desired(marks=self.desired.marks)
         for key, plan in plans.items():
-            self.desired.replace(key, None, plan, Touched())
+            self.desired.replace(key, None, plan, TouchedObjects())
         self.desired.release_marks_except(plans)
         for line in self.desired.conflicts():
             log.warning("address conflict: %s", line)
@@ -318,7 +318,7 @@ class IpvsBackend(StagedBackend[PortPlan]):
                  time.monotonic() - started)
 
     def _update(self, delta: Delta[ServicePortKey, PortPlan]) -> None:
-        touched = Touched()
+        touched = TouchedObjects()
         if delta.repair:
             self._adopt_held()
             for key, plan in delta.repair.items():

@@ -22,8 +22,8 @@ from svcproxy.sdk import ServicePortKey
 
 
 @dataclass(slots=True)
-class Touched:
-    """The objects whose desired state may have changed."""
+class TouchedObjects:
+    """The kernel objects whose desired state may have changed."""
 
     servers: set[ServiceId] = field(default_factory=set)
     addresses: set[str] = field(default_factory=set)
@@ -75,7 +75,7 @@ class Desired:
     marks: MarkAllocator = field(default_factory=MarkAllocator)
 
     def replace(self, key: ServicePortKey, old: PortPlan | None, new: PortPlan | None,
-                touched: Touched) -> None:
+                touched: TouchedObjects) -> None:
         """Swap the plan of one service port: ``old`` (what the index holds for it, the
         applied plan) for ``new`` (None: none)."""
         if old is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from svcproxy.backends.ipvs import genl
-from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.desired import Desired, TouchedObjects
 from svcproxy.backends.ipvs.diff import Kernel, diff_servers, reap
 from svcproxy.backends.ipvs.genl import DestId, DestStats, ServiceId
 from svcproxy.backends.ipvs.render import RenderContext, render_port
@@ -19,7 +19,7 @@ SID = ServiceId("TCP", "10.96.0.10", 80)
 def _desired(*states) -> Desired:
     desired = Desired()
     for state in states:
-        desired.replace(state.key, None, render_port(state, CTX), Touched())
+        desired.replace(state.key, None, render_port(state, CTX), TouchedObjects())
     return desired
 
 
@@ -46,7 +46,7 @@ def test_new_servers_come_after_the_changes_of_existing_ones() -> None:
     other = port_state("other", "10.96.0.11", [endpoint("10.244.1.3")])
     desired = Desired()
     for port in (_web("10.244.2.2"), other):
-        desired.replace(port.key, None, render_port(port, RenderContext("rr")), Touched())
+        desired.replace(port.key, None, render_port(port, RenderContext("rr")), TouchedObjects())
     delta = diff_servers(set(desired.claims) | set(applied.servers), desired, applied, 0, 60)
     assert [r.body[0] for r in delta.changes] == [genl.CMD_NEW_DEST, genl.CMD_SET_DEST]
     assert [r.body[0] for r in delta.creations] == [genl.CMD_NEW_SERVICE, genl.CMD_NEW_DEST]
@@ -84,7 +84,7 @@ def test_scheduler_change_updates_in_place_and_deleted_service_goes() -> None:
     applied = _applied(_desired(_web("10.244.1.2")))
     wrr = Desired()
     wrr.replace(_web().key, None, render_port(_web("10.244.1.2"), RenderContext("wrr")),
-                Touched())
+                TouchedObjects())
     assert [r.body[0] for r in diff_servers({SID}, wrr, applied, 0, 60).requests] == [
         genl.CMD_SET_SERVICE]
     assert [r.body[0] for r in diff_servers({SID}, Desired(), applied, 0, 60).requests] == [
@@ -105,9 +105,9 @@ def test_shared_addresses_stay_until_the_last_port_goes() -> None:
     https = replace(b.key, port_name="https")
     b = ServicePortState(replace(b.service, key=https), b.endpoints)
     desired = _desired(a, b)
-    touched = Touched()
+    touched = TouchedObjects()
     desired.replace(a.key, render_port(a, CTX), None, touched)
     assert "10.96.0.20" in touched.addresses
     assert "10.96.0.20" in desired.addresses
-    desired.replace(b.key, render_port(b, CTX), None, Touched())
+    desired.replace(b.key, render_port(b, CTX), None, TouchedObjects())
     assert "10.96.0.20" not in desired.addresses

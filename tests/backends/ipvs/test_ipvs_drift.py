@@ -9,7 +9,7 @@ import pytest
 
 from svcproxy.backends.ipvs import genl
 from svcproxy.backends.ipvs.backend import IpvsBackend
-from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.desired import Desired, TouchedObjects
 from svcproxy.backends.ipvs.diff import Kernel
 from svcproxy.backends.ipvs.drift import (
     ObjectDrift,
@@ -88,7 +88,7 @@ def test_drifted_objects_name_the_service_ports_whose_plans_hold_them() -> None:
     }
     desired = Desired()
     for key, plan in plans.items():
-        desired.replace(key, None, plan, Touched())
+        desired.replace(key, None, plan, TouchedObjects())
     assert owners(ObjectDrift(servers=frozenset({S1})), plans, desired) == {keys[0]}
     by_entry = ObjectDrift(entries=frozenset({("KUBE-CLUSTER-IP", "10.96.0.2,tcp:80")}))
     assert owners(by_entry, plans, desired) == {keys[1]}

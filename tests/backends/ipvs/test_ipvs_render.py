@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from svcproxy.backends.ipvs import names as N
 from svcproxy.backends.ipvs.backend import IpvsBackend
-from svcproxy.backends.ipvs.desired import Desired, Touched
+from svcproxy.backends.ipvs.desired import Desired, TouchedObjects
 from svcproxy.backends.ipvs.genl import DestId, ServiceId, fwmark_service
 from svcproxy.backends.ipvs.names import SCHEDULER_ANNOTATION, is_our_fwmark
 from svcproxy.backends.ipvs.options import IpvsOptions
@@ -138,7 +138,7 @@ def test_external_policy_local_short_circuits_pods_to_every_endpoint() -> None:
         external_traffic_policy=TrafficPolicy.LOCAL,
         load_balancer_ingress=(LoadBalancerIngress("198.51.100.4"),))
     desired = Desired()
-    desired.replace(state.key, None, render_port(state, CTX), Touched())
+    desired.replace(state.key, None, render_port(state, CTX), TouchedObjects())
     mark = desired.marks.get(state.key, 4)
     assert is_our_fwmark(mark) and not mark & 0x4000
     everyone = {DestId("10.244.1.2", 8080), DestId("10.244.2.2", 8080)}
@@ -158,8 +158,8 @@ def test_external_policy_local_without_local_endpoints_is_dropped_and_mark_freed
     plan = render_port(state, CTX)
     assert ("KUBE-NO-LOCAL-ENDPOINTS", "203.0.113.9,tcp:80") in plan.entries
     desired = Desired()
-    desired.replace(state.key, None, plan, Touched())
-    desired.replace(state.key, plan, None, Touched())
+    desired.replace(state.key, None, plan, TouchedObjects())
+    desired.replace(state.key, plan, None, TouchedObjects())
     assert desired.marks.marks == {} and not desired.claims
 
 
@@ -174,7 +174,7 @@ def test_short_circuit_uses_the_cluster_set_not_the_internal_one() -> None:
         external_traffic_policy=TrafficPolicy.LOCAL, internal_traffic_policy=TrafficPolicy.LOCAL,
         load_balancer_ingress=(LoadBalancerIngress("198.51.100.5"),))
     desired = Desired()
-    desired.replace(state.key, None, render_port(state, CTX), Touched())
+    desired.replace(state.key, None, render_port(state, CTX), TouchedObjects())
     assert desired.server(ServiceId("TCP", "10.96.0.22", 80)).dests == {
         DestId("10.244.2.2", 8080)}
     mark = desired.marks.get(state.key, 4)
