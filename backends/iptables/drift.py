@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from svcproxy.backends.iptables.jumps import Jump, insert_lines
+from svcproxy.backends.iptables.jumps import JumpChain, insert_lines
 from svcproxy.backends.iptables.nftrules import ChainDigest, TableRules
 from svcproxy.backends.iptables.render import ServiceRules
 from svcproxy.backends.iptables.render_restore import BUILTIN_CHAINS, SavedTable
@@ -74,7 +74,7 @@ def _digest(lines: list[str]) -> bytes:
 
 
 def compare_saved(top: Mapping[str, Mapping[str, str]],
-                  services: Mapping[ServicePortKey, ServiceRules], jumps: tuple[Jump, ...],
+                  services: Mapping[ServicePortKey, ServiceRules], jumps: tuple[JumpChain, ...],
                   saved: Saved, reference: ReadBack) -> tuple[set[ServicePortKey], str]:
     """iptables-legacy: (the service ports whose chains differ, why the skeleton differs
     or ""), from ``iptables-save`` of the tables of ours."""

@@ -16,7 +16,10 @@ NEW = "-m conntrack --ctstate NEW"
 
 
 @dataclass(frozen=True, slots=True)
-class Jump:
+class JumpChain:
+    """A jump from built-in chain ``source`` into our ``target`` (kube-proxy's
+    iptablesJumpChain)."""
+
     table: str
     source: str
     target: str
@@ -42,30 +45,30 @@ class Jump:
         )
 
 
-JUMPS: tuple[Jump, ...] = (
-    Jump("filter", "INPUT", names.EXTERNAL_SERVICES,
+JUMPS: tuple[JumpChain, ...] = (
+    JumpChain("filter", "INPUT", names.EXTERNAL_SERVICES,
          "kubernetes externally-visible service portals", NEW),
-    Jump("filter", "FORWARD", names.EXTERNAL_SERVICES,
+    JumpChain("filter", "FORWARD", names.EXTERNAL_SERVICES,
          "kubernetes externally-visible service portals", NEW),
-    Jump("filter", "INPUT", names.NODEPORTS, "kubernetes health check service ports"),
-    Jump("filter", "FORWARD", names.SERVICES, "kubernetes service portals", NEW),
-    Jump("filter", "OUTPUT", names.SERVICES, "kubernetes service portals", NEW),
-    Jump("filter", "FORWARD", names.FORWARD, "kubernetes forwarding rules"),
-    Jump("filter", "INPUT", names.PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
-    Jump("filter", "OUTPUT", names.PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
-    Jump("filter", "FORWARD", names.PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
-    Jump("nat", "OUTPUT", names.SERVICES, "kubernetes service portals"),
-    Jump("nat", "PREROUTING", names.SERVICES, "kubernetes service portals"),
-    Jump("nat", "POSTROUTING", names.POSTROUTING, "kubernetes postrouting rules"),
+    JumpChain("filter", "INPUT", names.NODEPORTS, "kubernetes health check service ports"),
+    JumpChain("filter", "FORWARD", names.SERVICES, "kubernetes service portals", NEW),
+    JumpChain("filter", "OUTPUT", names.SERVICES, "kubernetes service portals", NEW),
+    JumpChain("filter", "FORWARD", names.FORWARD, "kubernetes forwarding rules"),
+    JumpChain("filter", "INPUT", names.PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
+    JumpChain("filter", "OUTPUT", names.PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
+    JumpChain("filter", "FORWARD", names.PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
+    JumpChain("nat", "OUTPUT", names.SERVICES, "kubernetes service portals"),
+    JumpChain("nat", "PREROUTING", names.SERVICES, "kubernetes service portals"),
+    JumpChain("nat", "POSTROUTING", names.POSTROUTING, "kubernetes postrouting rules"),
 )
 
-KUBELET_JUMPS: tuple[Jump, ...] = (
-    Jump("filter", "INPUT", names.KUBELET_FIREWALL, ""),
-    Jump("filter", "OUTPUT", names.KUBELET_FIREWALL, ""),
+KUBELET_JUMPS: tuple[JumpChain, ...] = (
+    JumpChain("filter", "INPUT", names.KUBELET_FIREWALL, ""),
+    JumpChain("filter", "OUTPUT", names.KUBELET_FIREWALL, ""),
 )
 
 
-def insert_lines(jumps: tuple[Jump, ...], table: str, saved: SavedTable | None) -> list[str]:
+def insert_lines(jumps: tuple[JumpChain, ...], table: str, saved: SavedTable | None) -> list[str]:
     """``-I SOURCE 1`` lines for the jumps of ``table`` missing from the saved table."""
     rules = saved.rules if saved else ()
     return [f"-I {j.source} 1 {j.spec()}" for j in jumps
