@@ -12,7 +12,7 @@ from .backend import EbpfBackend
 from .compose import Composed
 from .loader import OBJECT, Layout, LoadError
 from .names import PIN_DIR
-from .packet_cli import add_packet_arguments, packet_backend
+from .packet_cli import add_packet_arguments, capacity, packet_backend
 
 HELP = "balance at connect()/sendmsg() with cgroup BPF programs (socket level)"
 
@@ -30,13 +30,6 @@ def unified_cgroup(mounts: str | None = None) -> Path:
         if len(fields) > 2 and fields[2] == "cgroup2":
             return Path(fields[1])
     return Path("/sys/fs/cgroup")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be 1 or more")
-    return value
 
 
 PACKET_PATHS = ("nft", "bpf", "none")
@@ -70,11 +63,11 @@ def add_arguments(parser: argparse._ArgumentGroup) -> None:
         "--ebpf-object", type=Path, default=OBJECT, metavar="FILE",
         help="the compiled programs (default: the packaged object)")
     parser.add_argument(
-        "--ebpf-max-services", type=_positive, default=65536, metavar="N",
+        "--ebpf-max-services", type=capacity, default=65536, metavar="N",
         help="capacity of the services map: addresses x ports x protocols (default "
         "%(default)s; changing it on a node needs --cleanup first)")
     parser.add_argument(
-        "--ebpf-max-endpoints", type=_positive, default=262144, metavar="N",
+        "--ebpf-max-endpoints", type=capacity, default=262144, metavar="N",
         help="capacity of the endpoints map; a changing service briefly holds its old and "
         "new endpoints (default %(default)s)")
     parser.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -15,16 +16,37 @@ from .packet_backend import PacketBackend
 from .packet_loader import OBJECT, PacketLayout
 from .packet_render import LB_ALGORITHMS, LB_ANNOTATION
 
+log = logging.getLogger(__name__)
+
+MAX_CAPACITY = 1 << 31  # the most entries the kernel gives a BPF hash map (E2BIG beyond)
+MAX_LIFETIME = (1 << 32) - 1  # struct ct_timeouts (bpf/ct.h) holds u32 seconds
+CT_FLAGS = (("--conntrack-tcp-timeout-established", "conntrack_tcp_timeout_established"),
+            ("--conntrack-tcp-timeout-close-wait", "conntrack_tcp_timeout_close_wait"),
+            ("--conntrack-udp-timeout", "conntrack_udp_timeout"),
+            ("--conntrack-udp-timeout-stream", "conntrack_udp_timeout_stream"))
+
 
 def _devices(text: str) -> tuple[str, ...]:
-    return tuple(d for d in (part.strip() for part in text.split(",")) if d)
+    """``eth0,bond0`` as its device names; a name the kernel never gives a device
+    (its dev_valid_name) is refused with what is valid."""
+    found = tuple(d for d in (part.strip() for part in text.split(",")) if d)
+    for name in found:
+        if (len(name.encode()) >= pod_devices.IFNAMSIZ or name in (".", "..")
+                or any(c in "/:" or c.isspace() for c in name)):
+            raise argparse.ArgumentTypeError(
+                f"{name!r} is no device name; expected names of 1 to 15 characters without "
+                "'/', ':' or whitespace, comma-separated (e.g. eth0,bond0)")
+    return found
 
 
 def _table_size(text: str) -> int:
-    size = int(text)
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
     if not 251 <= size <= 65521 or not maglev.is_prime(size):
         raise argparse.ArgumentTypeError(
-            f"{size} is not a prime between 251 and 65521 (e.g. "
+            f"{text!r} is not a prime between 251 and 65521 (e.g. "
             f"{', '.join(map(str, maglev.SIZES))})")
     return size
 
@@ -40,10 +62,16 @@ def _duration(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be 1 or more")
+def capacity(text: str) -> int:
+    """A map size flag's argparse type: a count of entries the kernel can give a map."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CAPACITY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count of entries from 1 to {MAX_CAPACITY} (the most a BPF "
+            "hash map holds)")
     return value
 
 
@@ -73,7 +101,7 @@ def add_packet_arguments(parser: argparse._ArgumentGroup) -> None:
         "endpoints; each table takes 2 bytes a slot (default %(default)s; changing it on a "
         "node needs --cleanup first)")
     parser.add_argument(
-        "--ebpf-max-flows", type=_positive, default=262144, metavar="N",
+        "--ebpf-max-flows", type=capacity, default=262144, metavar="N",
         help="capacity of the connection tracking map (LRU: the least recently used flow "
         "goes first); each flow to another node takes two entries (default %(default)s)")
     parser.add_argument(
@@ -127,9 +155,19 @@ def add_conntrack_arguments(parser: argparse._ArgumentGroup) -> None:
 
 
 def ct_timeouts(args: argparse.Namespace) -> CtTimeouts:
-    return CtTimeouts.of(args.conntrack_tcp_timeout_established,
-                         args.conntrack_tcp_timeout_close_wait, args.conntrack_udp_timeout,
-                         args.conntrack_udp_timeout_stream)
+    """The lifetimes of the --conntrack-* values (kube-proxy's config file sets the same
+    attributes), each longer than the map holds clamped (``held``)."""
+    return CtTimeouts.of(*(held(flag, getattr(args, dest)) for flag, dest in CT_FLAGS))
+
+
+def held(flag: str, seconds: float) -> float:
+    """``seconds``, or the longest lifetime the map holds (about 136 years) when it is
+    longer, with a warning: a valid value we cannot hold degrades that value alone."""
+    if seconds <= MAX_LIFETIME:
+        return seconds
+    log.warning("%s %gs is longer than the tc connection tracking map holds; using %ds "
+                "(about 136 years) for it", flag, seconds, MAX_LIFETIME)
+    return float(MAX_LIFETIME)
 
 
 def packet_backend(args: argparse.Namespace, config: NodeConfig) -> PacketBackend:
