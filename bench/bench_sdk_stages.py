@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.backends.nft.context import family_context  # noqa: E402
-from svcproxy.backends.nft.render import ServiceRules, render_service  # noqa: E402
+from svcproxy.backends.nft.render import ServiceObjects, render_service  # noqa: E402
 from svcproxy.sdk import (  # noqa: E402
     Changes,
     Delta,
@@ -38,7 +38,7 @@ from svcproxy.sdk import (  # noqa: E402
 from tests.support.nft_fixtures import CONFIG, big_state, endpoint  # noqa: E402
 
 
-class DictBackend(StagedBackend[ServiceRules]):
+class DictBackend(StagedBackend[ServiceObjects]):
     """The nft renderer, applied to a dict: the SDK's work without a kernel's."""
 
     name = "dict"
@@ -46,13 +46,13 @@ class DictBackend(StagedBackend[ServiceRules]):
     def __init__(self) -> None:
         super().__init__()
         self.ctx = family_context(CONFIG, None, 4)
-        self.table: dict[ServicePortKey, ServiceRules] = {}
+        self.table: dict[ServicePortKey, ServiceObjects] = {}
         self.applied_items = 0
 
-    def render(self, state: NodeState, record: ServicePortState) -> ServiceRules | None:
+    def render(self, state: NodeState, record: ServicePortState) -> ServiceObjects | None:
         return render_service(record, self.ctx)
 
-    def apply(self, delta: Delta[ServicePortKey, ServiceRules]) -> None:
+    def apply(self, delta: Delta[ServicePortKey, ServiceObjects]) -> None:
         if delta.rebuild:
             self.table.clear()
         for key in delta.removed:

@@ -50,7 +50,7 @@ from .drift import Learnt, compare
 from .elements import encode, layouts
 from .kernel_view import KernelReadError, TableReader, TableView, netns_path
 from .names import TABLE, lb_chain
-from .render import ServiceRules, render_service
+from .render import ServiceObjects, render_service
 from .render_skeleton import MAPS, SETS, chain_block, skeleton_chains
 from .render_table import (
     FamilyTable,
@@ -70,7 +70,7 @@ FAMILIES = (4, 6)
 READ_BACK_MAX = 200
 
 # What one service port holds in each family's table (in ``families`` order).
-PerFamily = tuple[ServiceRules | None, ...]
+PerFamily = tuple[ServiceObjects | None, ...]
 _REFERENCES = re.compile(r"(?:goto|jump) (\S+)|@(\S+)")
 
 
@@ -85,7 +85,7 @@ class TransactionReport:
     apply_seconds: float
 
 
-class FamilyView(Mapping[ServicePortKey, ServiceRules]):
+class FamilyView(Mapping[ServicePortKey, ServiceObjects]):
     """One family's rules of per-family values (read only; what ``plan_delta`` reads as
     what each service port applied)."""
 
@@ -93,7 +93,7 @@ class FamilyView(Mapping[ServicePortKey, ServiceRules]):
         self._values = values
         self._index = index
 
-    def __getitem__(self, key: ServicePortKey) -> ServiceRules:
+    def __getitem__(self, key: ServicePortKey) -> ServiceObjects:
         rules = self._values[key][self._index]
         if rules is None:
             raise KeyError(key)
@@ -372,7 +372,7 @@ class NftBackend(StagedBackend[PerFamily]):
             self._read_back(f, d.written, d.deleted)
         return done
 
-    def _ours_again(self, family: int, rules: Iterable[ServiceRules]) -> None:
+    def _ours_again(self, family: int, rules: Iterable[ServiceObjects]) -> None:
         """Chains and sets left in place before (a foreign rule used them) that these
         rules own again."""
         left = self._leftovers.get(family)
@@ -494,8 +494,8 @@ class NftBackend(StagedBackend[PerFamily]):
     def _isolate_delta(
         self,
         tables: dict[int, FamilyTable],
-        old: Mapping[int, Mapping[ServicePortKey, ServiceRules]],
-        per: Mapping[int, Mapping[ServicePortKey, ServiceRules | None]],
+        old: Mapping[int, Mapping[ServicePortKey, ServiceObjects]],
+        per: Mapping[int, Mapping[ServicePortKey, ServiceObjects | None]],
         err: NftError,
     ) -> tuple[dict[int, TableDelta], list[ServicePortKey]]:
         """After a refused delta: find the refused service ports (they keep what the
@@ -538,8 +538,8 @@ class NftBackend(StagedBackend[PerFamily]):
         return deltas, accepted
 
     def _kept(self, keys: list[ServicePortKey],
-              old: Mapping[int, Mapping[ServicePortKey, ServiceRules]],
-              per: Mapping[int, Mapping[ServicePortKey, ServiceRules | None]],
+              old: Mapping[int, Mapping[ServicePortKey, ServiceObjects]],
+              per: Mapping[int, Mapping[ServicePortKey, ServiceObjects | None]],
               ) -> dict[int, dict[str, tuple[str, ServicePortKey, str]]]:
         """Per family, the chains (and what they use) that ``keys`` stop using and that a
         foreign rule jumps to: the kernel will not delete them (kind, owner, culprit)."""
@@ -701,7 +701,7 @@ def _held(view: TableView | None, ipx: str, container: str, key: str, want: str)
     return "same" if held == pair[1] else "other"
 
 
-def _keep_with_uses(left: dict[str, tuple[str, ServicePortKey, str]], rules: ServiceRules,
+def _keep_with_uses(left: dict[str, tuple[str, ServicePortKey, str]], rules: ServiceObjects,
                     name: str, key: ServicePortKey, culprit: str) -> None:
     """Keep ``name`` and, transitively, the chains and sets of ``rules`` it uses."""
     pending = [name]

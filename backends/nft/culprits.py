@@ -16,14 +16,14 @@ from collections.abc import Collection, Iterable, Mapping
 from svcproxy.sdk import ServicePortKey
 
 from .kernel_view import TableView
-from .render import ServiceRules
+from .render import ServiceObjects
 
 _LOCATION = re.compile(r":(\d+):(\d+)-\d+: Error")
 _ELEMENTS = re.compile(r"(?:add|delete) element \S+ \S+ (\S+) \{ (.*) \}")
 _BLOCK = re.compile(r"\s*(?:chain|set|map) (\S+) \{")
 _COMMAND = re.compile(r"(?:add|flush|delete) (?:chain|set|map) \S+ \S+ (\S+)")
 
-Rules = Iterable[Mapping[ServicePortKey, ServiceRules]]
+Rules = Iterable[Mapping[ServicePortKey, ServiceObjects]]
 
 
 def named_in_error(text: str, error: str, rules: Rules) -> list[ServicePortKey]:

@@ -1,7 +1,7 @@
 """What of one family's table the kernel no longer holds as applied (pure).
 
 Compared with what the backend applied (the claims of ``FamilyTable`` and each service
-port's ``ServiceRules``): every chain of ours by its rule count and the digest of its
+port's ``ServiceObjects``): every chain of ours by its rule count and the digest of its
 rules' messages that the kernel showed right after the backend wrote it (``Learnt``:
 read back at apply time, as the kernel's encoding cannot be predicted from the text; a
 chain without one is not known as written, and is drift); every set and map of ours by
@@ -23,7 +23,7 @@ from svcproxy.sdk import ServicePortKey
 from .elements import Held, encode, encode_all
 from .kernel_view import ADDR, TableView, encoder
 from .names import lb_chain, lb_map
-from .render import ServiceRules
+from .render import ServiceObjects
 from .render_skeleton import BASE_CHAINS, CONTAINERS, lb_rules, skeleton_chains
 from .render_table import FamilyTable
 
@@ -52,7 +52,7 @@ class Learnt:
             self.chains.pop(name, None)
 
 
-def compare(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules],
+def compare(table: FamilyTable, services: Mapping[ServicePortKey, ServiceObjects],
             view: TableView | None, learnt: Learnt) -> tuple[set[ServicePortKey], str]:
     """(the service ports whose objects differ, why the skeleton differs or "")."""
     ctx = table.ctx

@@ -1,6 +1,6 @@
 """Render one service port into the chains, affinity sets and map elements of one family.
 
-Pure: (ServicePortState, TableContext) -> ServiceRules. The structure follows
+Pure: (ServicePortState, TableContext) -> ServiceObjects. The structure follows
 kube-proxy's nftables mode: the ``service-ips`` / ``service-nodeports`` verdict
 maps dispatch on address . protocol . port; services without usable endpoints
 go to the ``no-endpoint-*`` maps (reject, or drop when only local endpoints
@@ -45,7 +45,7 @@ Element = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceRules:
+class ServiceObjects:
     """Everything one service port contributes to one family's table.
 
     ``chains`` are in dependency order (a chain only jumps to chains before it);
@@ -167,7 +167,7 @@ def _firewall_sources(ctx: TableContext, ranges: list[str], vips: list[str]) -> 
     return ranges + (vips if from_node else [])
 
 
-def render_service(state: ServicePortState, ctx: TableContext) -> ServiceRules | None:
+def render_service(state: ServicePortState, ctx: TableContext) -> ServiceObjects | None:
     """The rules of one service port in one family; None if it has no ClusterIP there."""
     svc = state.service
     cips = of_family(svc.cluster_ips, ctx.family)
@@ -229,7 +229,7 @@ def render_service(state: ServicePortState, ctx: TableContext) -> ServiceRules |
             b.element("service-nodeports", key, f"goto {ext_chain}")
         if not external and not (ext_chain and short_circuit):
             b.element("no-endpoint-nodeports", key, no_eps_verdict)
-    return ServiceRules(b.chains, b.sets, tuple(b.elements), frozenset(b.lb_sizes))
+    return ServiceObjects(b.chains, b.sets, tuple(b.elements), frozenset(b.lb_sizes))
 
 
 def _external_chain(b: _Builder, external: list[Endpoint], cluster: list[Endpoint]) -> str:

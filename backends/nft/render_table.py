@@ -21,7 +21,7 @@ from svcproxy.sdk import ServicePortKey
 from .context import TableContext
 from .elements import Encoded, update
 from .names import lb_chain, lb_map
-from .render import ServiceRules
+from .render import ServiceObjects
 from .render_skeleton import chain_block, lb_declarations, render_skeleton
 
 ElementId = tuple[str, str]  # (container, key)
@@ -54,7 +54,7 @@ class TableDelta:
     writes (None: removed), the claims after it, and the chains it writes and deletes."""
 
     text: str
-    services: dict[ServicePortKey, ServiceRules | None]
+    services: dict[ServicePortKey, ServiceObjects | None]
     claims: dict[ElementId, int]
     applied: dict[ElementId, Claimed | None]
     lb_users: dict[int, int]
@@ -66,7 +66,7 @@ class TableDelta:
         return not self.text
 
 
-def _claims_of(rules: ServiceRules | None) -> dict[ElementId, str]:
+def _claims_of(rules: ServiceObjects | None) -> dict[ElementId, str]:
     return {(c, k): v for c, k, v in rules.elements} if rules else {}
 
 
@@ -92,7 +92,8 @@ def _table_block(ctx: TableContext, parts: Iterable[str]) -> str:
     return f"table {ctx.ipx} {ctx.table} {{\n{body}\n}}" if body else ""
 
 
-def build_table(ctx: TableContext, services: Mapping[ServicePortKey, ServiceRules]) -> FamilyTable:
+def build_table(ctx: TableContext,
+                services: Mapping[ServicePortKey, ServiceObjects]) -> FamilyTable:
     """The claims of ``services`` written whole (the first claimant in their order owns
     a shared element)."""
     table = FamilyTable(ctx)
@@ -110,7 +111,7 @@ def build_table(ctx: TableContext, services: Mapping[ServicePortKey, ServiceRule
     return table
 
 
-def full_text(table: FamilyTable, services: Mapping[ServicePortKey, ServiceRules]) -> str:
+def full_text(table: FamilyTable, services: Mapping[ServicePortKey, ServiceObjects]) -> str:
     """Text replacing the whole table by ``services`` (whose claims ``table`` holds) in one
     transaction: the table is deleted first (a clean slate)."""
     ctx = table.ctx
@@ -139,8 +140,8 @@ def element_lines(ctx: TableContext, verb: str,
 
 def plan_delta(
     table: FamilyTable,
-    old: Mapping[ServicePortKey, ServiceRules],
-    updates: Mapping[ServicePortKey, ServiceRules | None],
+    old: Mapping[ServicePortKey, ServiceObjects],
+    updates: Mapping[ServicePortKey, ServiceObjects | None],
     keep: Collection[str] = (),
     existing: Collection[str] = (),
 ) -> TableDelta:
@@ -159,7 +160,7 @@ def plan_delta(
     removed_chains: list[str] = []
     new_sets: dict[str, str] = {}
     removed_sets: list[str] = []
-    changed: dict[ServicePortKey, ServiceRules | None] = {}
+    changed: dict[ServicePortKey, ServiceObjects | None] = {}
     count_change: dict[ElementId, int] = {}
     wanted: dict[ElementId, dict[ServicePortKey, str]] = {}
     users: dict[int, int] = {}
@@ -237,8 +238,8 @@ def plan_delta(
 
 
 def old_claims_touched(
-    old: Mapping[ServicePortKey, ServiceRules],
-    changed: Mapping[ServicePortKey, ServiceRules | None],
+    old: Mapping[ServicePortKey, ServiceObjects],
+    changed: Mapping[ServicePortKey, ServiceObjects | None],
 ) -> set[ElementId]:
     """Elements the changed service ports claimed before (their value may change hands)."""
     touched: set[ElementId] = set()
@@ -248,8 +249,8 @@ def old_claims_touched(
 
 
 def _winner(
-    old: Mapping[ServicePortKey, ServiceRules],
-    changed: Mapping[ServicePortKey, ServiceRules | None],
+    old: Mapping[ServicePortKey, ServiceObjects],
+    changed: Mapping[ServicePortKey, ServiceObjects | None],
     wanted: Mapping[ServicePortKey, str],
     eid: ElementId,
     have: Claimed | None,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from svcproxy.backends.nft.culprits import named_in_error
-from svcproxy.backends.nft.render import ServiceRules
+from svcproxy.backends.nft.render import ServiceObjects
 from tests.support.nft_fixtures import key
 
 RULES = {
-    key("a"): ServiceRules(chains={"external-A-ns/a/tcp/http": ("goto x",)},
+    key("a"): ServiceObjects(chains={"external-A-ns/a/tcp/http": ("goto x",)},
                            elements=(("service-ips", "10.96.0.1 . tcp . 80", "goto lb-1"),)),
-    key("b"): ServiceRules(sets={"affinity-60-B": "type ipv4_addr;"},
+    key("b"): ServiceObjects(sets={"affinity-60-B": "type ipv4_addr;"},
                            elements=(("service-ips", "10.96.0.2 . tcp . 80", "goto lb-1"),
                                      ("hairpin", "10.244.1.2 . 10.244.1.2", ""))),
 }

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from svcproxy.backends.nft import names
 from svcproxy.backends.nft.context import family_context, from_node_context
-from svcproxy.backends.nft.render import ServiceRules, render_service
+from svcproxy.backends.nft.render import ServiceObjects, render_service
 from svcproxy.backends.nft.render_skeleton import lb_declarations, render_skeleton
 from svcproxy.backends.nft.render_table import build_table, commit, full_text, plan_delta
 from svcproxy.model import (
@@ -29,7 +29,7 @@ CTX4 = family_context(CONFIG, None, 4)
 CTX6 = family_context(CONFIG, None, 6)
 
 
-def verdicts(rules: ServiceRules | None, container: str) -> dict[str, str]:
+def verdicts(rules: ServiceObjects | None, container: str) -> dict[str, str]:
     assert rules is not None
     return {k: v for c, k, v in rules.elements if c == container}
 
