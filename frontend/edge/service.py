@@ -13,7 +13,7 @@ decoded and checked without messages; anything else, or any doubt (a field not i
 schema, ExternalName, IPv6 or dual-stack, source ranges, a null targetPort or
 timeoutSeconds, limits below the defaults), gives None and the caller takes the general
 path: ``validate_service`` (which says why), then ``parse_service``, which makes the
-same object (property tests in tests/frontend/sources/test_parse_fast_paths.py hold the
+same object (property tests in tests/frontend/edge/test_parse_fast_paths.py hold the
 two to it).
 """
 
