@@ -35,14 +35,8 @@ from svcproxy.backends.ebpf.ct_gc import (
     gc_pass,
 )
 from svcproxy.backends.ebpf.libbpf import Map
-from svcproxy.backends.ebpf.packet_layout import (
-    CT_FORWARD,
-    CT_KEY,
-    CT_REPLY,
-    CT_SNAT,
-    CT_VAL,
-    MAP_CT,
-)
+from svcproxy.backends.ebpf.names import TC_MAP_CT
+from svcproxy.backends.ebpf.packet_layout import CT_FORWARD, CT_KEY, CT_REPLY, CT_SNAT, CT_VAL
 from svcproxy.backends.ebpf.packet_loader import PacketLayout, PacketPrograms, remove_packet_pins
 
 NS = 1_000_000_000
@@ -126,7 +120,7 @@ def main() -> None:
     try:
         layout = PacketLayout(bpffs / "pins", (), max_flows=max(262144, 3 * args.flows))
         programs = PacketPrograms(layout).load()
-        ct = programs.maps[MAP_CT]
+        ct = programs.maps[TC_MAP_CT]
         try:
             for i in range(args.rounds):
                 now = "now (C helper)" if ct_gc_native.available() else "now (Python)"

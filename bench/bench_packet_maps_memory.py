@@ -29,16 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from svcproxy.backends.ebpf.names import TC_MAP_CT, TC_MAPS  # noqa: E402
 from svcproxy.backends.ebpf.packet_backend import PacketBackend  # noqa: E402
-from svcproxy.backends.ebpf.packet_layout import (  # noqa: E402
-    CT_FORWARD,
-    CT_KEY,
-    CT_REPLY,
-    CT_SNAT,
-    CT_VAL,
-    MAP_CT,
-    MAPS,
-)
+from svcproxy.backends.ebpf.packet_layout import CT_FORWARD, CT_KEY, CT_REPLY, CT_SNAT, CT_VAL  # noqa: E402
 from svcproxy.backends.ebpf.packet_loader import PacketLayout  # noqa: E402
 from svcproxy.model import (  # noqa: E402
     Endpoint,
@@ -142,12 +135,12 @@ def main() -> None:
         loaded = time.process_time() - start
         assert backend.programs is not None
         keys, values = flows(args.flows)
-        backend.programs.maps[MAP_CT].update_many(keys, values)
+        backend.programs.maps[TC_MAP_CT].update_many(keys, values)
         total = 0
         print(f"{args.services} services x {args.endpoints} endpoints"
               f"{' (maglev)' if args.maglev else ''}, {args.flows} flows "
               f"({len(keys)} CT entries); sync {loaded:.1f} s CPU")
-        for name in MAPS:
+        for name in TC_MAPS:
             used = memlock(backend.programs.maps[name].fd)
             total += used
             print(f"  {name:16} {used / 2**20:9.1f} MiB")

@@ -1,8 +1,8 @@
 """What the ebpf backend names in the kernel: its maps, where it pins them, its links.
 
 A restarted backend finds what the previous one left by these names, so they never
-change between versions. The packet path's maps are named beside their layouts
-(``packet_layout.py``, ``spp_*``) and pinned under ``TC_SUBDIR``.
+change between versions: the socket programs' maps (``sp_*``) and the tc packet path's
+(``spp_*``, layouts in ``packet_layout.py``), pinned under ``TC_SUBDIR``.
 """
 
 from __future__ import annotations
@@ -18,3 +18,16 @@ MAP_ENDPOINTS = "sp_endpoints"
 MAP_AFFINITY = "sp_affinity"
 MAP_REVNAT = "sp_revnat"
 MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_AFFINITY, MAP_REVNAT)
+
+TC_MAP_SERVICES = "spp_services"
+TC_MAP_ENDPOINTS = "spp_endpoints"
+TC_MAP_MAGLEV = "spp_maglev"
+TC_MAP_CT = "spp_ct"
+TC_MAP_DEVICES = "spp_devices"
+TC_MAP_AFFINITY = "spp_affinity"
+TC_MAP_RANGES = "spp_ranges"
+TC_MAP_CLUSTER_IPS = "spp_cluster_ips"
+TC_MAP_XDP_STATS = "spp_xdp_stats"  # per-CPU counters of the XDP program (xdp.read_stats)
+TC_MAP_STATS = "spp_stats"  # per-CPU counters of tc and XDP (packet_stats.py)
+TC_MAPS = (TC_MAP_SERVICES, TC_MAP_ENDPOINTS, TC_MAP_MAGLEV, TC_MAP_CT, TC_MAP_DEVICES,
+           TC_MAP_AFFINITY, TC_MAP_RANGES, TC_MAP_CLUSTER_IPS, TC_MAP_XDP_STATS, TC_MAP_STATS)

@@ -37,22 +37,19 @@ from .ct_gc import CtGc
 from .layout import ServiceAddress
 from .libbpf import Map
 from .maps_backend import MapsBackend, node_port_ips
-from .packet_layout import (
-    F_MAGLEV,
-    MAP_AFFINITY,
-    MAP_CLUSTER_IPS,
-    MAP_CT,
-    MAP_DEVICES,
-    MAP_ENDPOINTS,
-    MAP_MAGLEV,
-    MAP_RANGES,
-    MAP_SERVICES,
-    MAP_STATS,
-    MAP_XDP_STATS,
-    endpoint_name,
-    pack_cluster_ip,
-    pack_device,
+from .names import (
+    TC_MAP_AFFINITY,
+    TC_MAP_CLUSTER_IPS,
+    TC_MAP_CT,
+    TC_MAP_DEVICES,
+    TC_MAP_ENDPOINTS,
+    TC_MAP_MAGLEV,
+    TC_MAP_RANGES,
+    TC_MAP_SERVICES,
+    TC_MAP_STATS,
+    TC_MAP_XDP_STATS,
 )
+from .packet_layout import F_MAGLEV, endpoint_name, pack_cluster_ip, pack_device
 from .packet_loader import HOOKS, PacketLayout, PacketPrograms, remove_packet_pins
 from .packet_render import packet_entries, source_ranges
 from .render import Entry, ServicePortEntries
@@ -164,13 +161,13 @@ class PacketBackend(MapsBackend):
             self.layout = layout
         programs = PacketPrograms(layout).load()
         self.programs = programs
-        self.sets = EndpointSets(programs.maps[MAP_ENDPOINTS], programs.maps[MAP_MAGLEV],
+        self.sets = EndpointSets(programs.maps[TC_MAP_ENDPOINTS], programs.maps[TC_MAP_MAGLEV],
                                  layout.maglev_size)
-        self.tables = Tables(programs.maps[MAP_SERVICES], self.sets)
+        self.tables = Tables(programs.maps[TC_MAP_SERVICES], self.sets)
         self.maps = MapApply(self.tables)
         self.forget()
-        self._write_devices(programs.maps[MAP_DEVICES])
-        self.ct_gc = CtGc(programs.maps[MAP_CT], layout.ct_timeouts, self.gc_interval).start()
+        self._write_devices(programs.maps[TC_MAP_DEVICES])
+        self.ct_gc = CtGc(programs.maps[TC_MAP_CT], layout.ct_timeouts, self.gc_interval).start()
         self.links = pod_devices.LinkMonitor(self._on_link_events).start()
         log.info("tc programs attached to %s, maps pinned in %s", ", ".join(layout.devices),
                  layout.dir)
@@ -198,7 +195,7 @@ class PacketBackend(MapsBackend):
                 log.info("tc programs attached to %s", ", ".join(programs.attached))
             elif not always:
                 return
-            self._write_devices(programs.maps[MAP_DEVICES])
+            self._write_devices(programs.maps[TC_MAP_DEVICES])
 
     def _write_devices(self, devices: Map) -> None:
         """Each attached device's first global address of each family: what endpoints on
@@ -251,7 +248,7 @@ class PacketBackend(MapsBackend):
         written before the services, removed ones deleted too (no entry depends on
         them)."""
         assert self.programs is not None
-        cips = self.programs.maps[MAP_CLUSTER_IPS]
+        cips = self.programs.maps[TC_MAP_CLUSTER_IPS]
         if self.cluster_ips is None or changes.full:
             self.cluster_ips = set(_keys(cips))
             self.cluster_ips_of = {k: _cluster_ip_keys(r) for k, r in state.services.items()}
@@ -271,7 +268,7 @@ class PacketBackend(MapsBackend):
 
     def _ranges_map(self) -> Map:
         assert self.programs is not None
-        return self.programs.maps[MAP_RANGES]
+        return self.programs.maps[TC_MAP_RANGES]
 
     def _write_ranges(self, state: NodeState, changes: Changes) -> set[bytes]:
         """Write the source ranges the services want that the map lacks (before any
@@ -325,11 +322,11 @@ class PacketBackend(MapsBackend):
         programs, tables = self.programs, self.tables
         if programs is not None and tables is not None and tables.applied is not None:
             layout = self.layout
-            counts = {MAP_SERVICES: (len(tables.applied), layout.max_services),
-                      MAP_ENDPOINTS: (tables.slot_count, layout.max_endpoints),
-                      MAP_CT: (len(programs.maps[MAP_CT]), layout.max_flows),
-                      MAP_MAGLEV: (len(self.sets.have) if self.sets else 0, layout.max_services),
-                      MAP_AFFINITY: (len(programs.maps[MAP_AFFINITY]), AFFINITY_ENTRIES)}
+            counts = {TC_MAP_SERVICES: (len(tables.applied), layout.max_services),
+                      TC_MAP_ENDPOINTS: (tables.slot_count, layout.max_endpoints),
+                      TC_MAP_CT: (len(programs.maps[TC_MAP_CT]), layout.max_flows),
+                      TC_MAP_MAGLEV: (len(self.sets.have) if self.sets else 0, layout.max_services),
+                      TC_MAP_AFFINITY: (len(programs.maps[TC_MAP_AFFINITY]), AFFINITY_ENTRIES)}
             for name, (count, size) in counts.items():
                 entries.add_metric([name], count)
                 capacity.add_metric([name], size)
@@ -341,11 +338,11 @@ class PacketBackend(MapsBackend):
         yield capacity
         yield attached
         if programs is not None and self.layout.xdp != "off":
-            yield from xdp.metrics(programs.xdp_modes, programs.maps[MAP_XDP_STATS].fd)
+            yield from xdp.metrics(programs.xdp_modes, programs.maps[TC_MAP_XDP_STATS].fd)
         if self.ct_gc is not None:
             yield from self.ct_gc.metrics()
         if programs is not None:
-            yield from packet_stats.metrics(programs.maps[MAP_STATS].fd)
+            yield from packet_stats.metrics(programs.maps[TC_MAP_STATS].fd)
 
     def cleanup(self) -> None:
         """Detach the tc programs and remove the packet path's pins."""

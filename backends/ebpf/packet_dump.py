@@ -10,19 +10,15 @@ from pathlib import Path
 from . import libbpf, packet_stats, xdp
 from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress, Target
 from .libbpf import Map
-from .names import TC_SUBDIR
-from .packet_layout import (
-    CT_FORWARD,
-    EP_LOCAL,
-    F_MAGLEV,
-    MAP_CT,
-    MAP_ENDPOINTS,
-    MAP_MAGLEV,
-    MAP_SERVICES,
-    MAP_STATS,
-    SIZES,
-    CtEntry,
+from .names import (
+    TC_MAP_CT,
+    TC_MAP_ENDPOINTS,
+    TC_MAP_MAGLEV,
+    TC_MAP_SERVICES,
+    TC_MAP_STATS,
+    TC_SUBDIR,
 )
+from .packet_layout import CT_FORWARD, EP_LOCAL, F_MAGLEV, SIZES, CtEntry
 from .tables import read_kernel
 
 
@@ -39,15 +35,15 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
     """One line per tc services-map entry, a sample of the flows, then the counts; nothing
     when the packet path has no pins here."""
     tc_dir = pin_dir / TC_SUBDIR
-    if not (tc_dir / MAP_SERVICES).exists():
+    if not (tc_dir / TC_MAP_SERVICES).exists():
         return
     maps = {name: _open(tc_dir, name, *SIZES[name])
-            for name in (MAP_SERVICES, MAP_ENDPOINTS, MAP_CT)}
+            for name in (TC_MAP_SERVICES, TC_MAP_ENDPOINTS, TC_MAP_CT)}
     try:
-        applied, _orphans = read_kernel(maps[MAP_SERVICES], maps[MAP_ENDPOINTS])
-        flows = [CtEntry.unpack(k, v) for k, v in maps[MAP_CT].items()]
+        applied, _orphans = read_kernel(maps[TC_MAP_SERVICES], maps[TC_MAP_ENDPOINTS])
+        flows = [CtEntry.unpack(k, v) for k, v in maps[TC_MAP_CT].items()]
         per_service = packet_stats.ServiceFlows.of(flows)
-        tables = _table_ids(tc_dir / MAP_MAGLEV)
+        tables = _table_ids(tc_dir / TC_MAP_MAGLEV)
         for fe, entry in sorted((ServiceAddress.unpack(k), a) for k, a in applied.items()):
             value = entry.value
             if value.flags & F_REFUSE:
@@ -77,8 +73,8 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
                f"{len(tables)} Maglev tables, {len(forward)} flows "
                f"({sum(f.snat for f in forward)} SNATed), "
                f"{sum(per_service.nat.values())} NAT entries, {len(flows)} flow entries")
-        if (tc_dir / MAP_STATS).exists():
-            fd = libbpf.obj_get(str(tc_dir / MAP_STATS))
+        if (tc_dir / TC_MAP_STATS).exists():
+            fd = libbpf.obj_get(str(tc_dir / TC_MAP_STATS))
             try:
                 counts = packet_stats.read_stats(fd)
             finally:

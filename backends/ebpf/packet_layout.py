@@ -1,4 +1,5 @@
-"""The packet path's maps, mirrored from bpf/svcproxy_tc.bpf.c (pure).
+"""The packet path's maps' layouts, mirrored from bpf/svcproxy_tc.bpf.c (pure); their
+names (``spp_*``) are in ``names.py``.
 
 The services and endpoints maps have the socket programs' layouts (``layout.py``),
 except that an endpoint's last byte says whether it runs on this node.
@@ -13,6 +14,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .layout import EP_KEY, EP_VAL, SVC_KEY, SVC_VAL, _addr, _ip
+from .names import (
+    TC_MAP_AFFINITY,
+    TC_MAP_CLUSTER_IPS,
+    TC_MAP_CT,
+    TC_MAP_DEVICES,
+    TC_MAP_ENDPOINTS,
+    TC_MAP_RANGES,
+    TC_MAP_SERVICES,
+    TC_MAP_STATS,
+    TC_MAP_XDP_STATS,
+)
 
 F_MAGLEV = 4  # next to layout.F_AFFINITY and F_REFUSE: pick by the set's Maglev table
 F_RANGES = 8  # loadBalancerSourceRanges: only the sources in spp_ranges get through
@@ -21,19 +33,6 @@ F_MASQ_ALL = 32  # --masquerade-all: ClusterIP traffic from outside SNATed too (
 EP_LOCAL = 1
 CT_FORWARD, CT_REPLY = 0, 1
 CT_SNAT = 1
-
-MAP_SERVICES = "spp_services"
-MAP_ENDPOINTS = "spp_endpoints"
-MAP_MAGLEV = "spp_maglev"
-MAP_CT = "spp_ct"
-MAP_DEVICES = "spp_devices"
-MAP_AFFINITY = "spp_affinity"
-MAP_RANGES = "spp_ranges"
-MAP_CLUSTER_IPS = "spp_cluster_ips"
-MAP_XDP_STATS = "spp_xdp_stats"  # per-CPU counters of the XDP program (xdp.read_stats)
-MAP_STATS = "spp_stats"  # per-CPU counters of tc and XDP (packet_stats.py)
-MAPS = (MAP_SERVICES, MAP_ENDPOINTS, MAP_MAGLEV, MAP_CT, MAP_DEVICES, MAP_AFFINITY, MAP_RANGES,
-        MAP_CLUSTER_IPS, MAP_XDP_STATS, MAP_STATS)
 
 # struct ct_key {u32 saddr[4], daddr[4]; u16 sport, dport; u8 proto, family, dir, pad}
 CT_KEY = struct.Struct("=16s16s2s2sBBBB")
@@ -47,15 +46,15 @@ CT_TIMEOUTS_SECTION = ".rodata.ct"
 # struct dev_val {u32 addr4; u32 addr6[4]}
 DEV_VAL = struct.Struct("=4s16s")
 SIZES = {
-    MAP_SERVICES: (SVC_KEY.size, SVC_VAL.size),
-    MAP_ENDPOINTS: (EP_KEY.size, EP_VAL.size),
-    MAP_CT: (CT_KEY.size, CT_VAL.size),
-    MAP_DEVICES: (4, DEV_VAL.size),
-    MAP_AFFINITY: (40, 32),
-    MAP_RANGES: (40, 1),
-    MAP_CLUSTER_IPS: (20, 1),
-    MAP_XDP_STATS: (4, 8),  # per CPU
-    MAP_STATS: (4, 8),  # per CPU
+    TC_MAP_SERVICES: (SVC_KEY.size, SVC_VAL.size),
+    TC_MAP_ENDPOINTS: (EP_KEY.size, EP_VAL.size),
+    TC_MAP_CT: (CT_KEY.size, CT_VAL.size),
+    TC_MAP_DEVICES: (4, DEV_VAL.size),
+    TC_MAP_AFFINITY: (40, 32),
+    TC_MAP_RANGES: (40, 1),
+    TC_MAP_CLUSTER_IPS: (20, 1),
+    TC_MAP_XDP_STATS: (4, 8),  # per CPU
+    TC_MAP_STATS: (4, 8),  # per CPU
 }
 
 

@@ -21,15 +21,16 @@ from . import libbpf, pod_devices, rodata, xdp
 from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
-from .names import LINK_PREFIX, TC_SUBDIR
-from .packet_layout import (
-    MAP_CT,
-    MAP_ENDPOINTS,
-    MAP_MAGLEV,
-    MAP_SERVICES,
-    MAPS,
-    SIZES,
+from .names import (
+    LINK_PREFIX,
+    TC_MAP_CT,
+    TC_MAP_ENDPOINTS,
+    TC_MAP_MAGLEV,
+    TC_MAP_SERVICES,
+    TC_MAPS,
+    TC_SUBDIR,
 )
+from .packet_layout import SIZES
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class PacketPrograms:
                     "message above says more). If the maps pinned in "
                     f"{layout.dir} were made with other sizes (--ebpf-maglev-table-size, "
                     "--ebpf-max-flows), run --cleanup first")
-            for name in MAPS:
+            for name in TC_MAPS:
                 m = lib.bpf_object__find_map_by_name(obj, name.encode())
                 key, value = SIZES.get(name, (4, 2 * layout.maglev_size))
                 self.maps[name] = Map(name, lib.bpf_map__fd(m), key, value)
@@ -146,14 +147,14 @@ class PacketPrograms:
         rodata.set_constants(obj, {"maglev_size": self.layout.maglev_size,
                                    "dsr_enabled": int(self.layout.dsr)})
         set_timeouts(obj, self.layout.ct_timeouts)
-        sizes = {MAP_SERVICES: self.layout.max_services, MAP_MAGLEV: self.layout.max_services,
-                 MAP_ENDPOINTS: self.layout.max_endpoints, MAP_CT: self.layout.max_flows}
-        for name in MAPS:
+        sizes = {TC_MAP_SERVICES: self.layout.max_services, TC_MAP_MAGLEV: self.layout.max_services,
+                 TC_MAP_ENDPOINTS: self.layout.max_endpoints, TC_MAP_CT: self.layout.max_flows}
+        for name in TC_MAPS:
             m = libbpf.check_ptr(lib.bpf_object__find_map_by_name(obj, name.encode()),
                                  f"map {name}")
             if name in sizes:
                 libbpf.check(lib.bpf_map__set_max_entries(m, sizes[name]), f"size {name}")
-            if name == MAP_MAGLEV:
+            if name == TC_MAP_MAGLEV:
                 libbpf.check(lib.bpf_map__set_value_size(m, 2 * self.layout.maglev_size),
                              f"value size {name}")
             libbpf.check(lib.bpf_map__set_pin_path(m, str(self.layout.dir / name).encode()),
@@ -254,7 +255,7 @@ def remove_packet_pins(pin_dir: Path) -> list[str]:
             log.warning("Detaching %s: %s", pin, err.strerror)
         pin.unlink()
         removed.append(pin.name)
-    for name in MAPS:
+    for name in TC_MAPS:
         pin = tc_dir / name
         if pin.exists():
             pin.unlink()

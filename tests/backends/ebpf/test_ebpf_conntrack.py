@@ -25,15 +25,8 @@ from svcproxy.backends.ebpf.ct_gc import (
     gc_pass,
 )
 from svcproxy.backends.ebpf.libbpf import Map
-from svcproxy.backends.ebpf.packet_layout import (
-    CT_FORWARD,
-    CT_KEY,
-    CT_REPLY,
-    CT_SNAT,
-    CT_VAL,
-    MAP_AFFINITY,
-    MAP_CT,
-)
+from svcproxy.backends.ebpf.names import TC_MAP_AFFINITY, TC_MAP_CT
+from svcproxy.backends.ebpf.packet_layout import CT_FORWARD, CT_KEY, CT_REPLY, CT_SNAT, CT_VAL
 from svcproxy.model import (
     ServicePortState,
     SessionAffinity,
@@ -124,7 +117,7 @@ def world() -> Iterator[World]:
 
 def _ct(world: World) -> Map:
     assert world.backend is not None and world.backend.programs is not None
-    return world.backend.programs.maps[MAP_CT]
+    return world.backend.programs.maps[TC_MAP_CT]
 
 
 def _forward_key(sport: int, port: int, proto: int) -> bytes:
@@ -361,7 +354,7 @@ def test_affinity_holds_across_the_services_addresses(world: World) -> None:
                         session_affinity=SessionAffinity.CLIENT_IP,
                         session_affinity_timeout=10800))
     assert world.backend is not None and world.backend.programs is not None
-    affinity = world.backend.programs.maps[MAP_AFFINITY]
+    affinity = world.backend.programs.maps[TC_MAP_AFFINITY]
     client = world.lab.ns(CLIENT.name)
     for _round in range(3):
         affinity.delete_many([k for k, _ in affinity.items()])

@@ -20,8 +20,9 @@ from collections.abc import Iterator
 import pytest
 
 from svcproxy.backends.ebpf import libbpf, maglev
+from svcproxy.backends.ebpf.names import TC_MAP_CT
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
-from svcproxy.backends.ebpf.packet_layout import MAP_CT, endpoint_name, pack_endpoint
+from svcproxy.backends.ebpf.packet_layout import endpoint_name, pack_endpoint
 from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
     Protocol,
@@ -398,7 +399,7 @@ def _predicted(pods: list[str], sports: range, port: int) -> dict[int, str]:
 def _forget_flows(world: World) -> None:
     """Empty the connection tracking map, as a node that never saw these flows."""
     assert world.backend is not None and world.backend.programs is not None
-    ct = world.backend.programs.maps[MAP_CT]
+    ct = world.backend.programs.maps[TC_MAP_CT]
     ct.delete_many([k for k, _ in ct.items()])
     assert len(ct) == 0
 

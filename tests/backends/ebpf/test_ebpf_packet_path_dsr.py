@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from svcproxy.backends.ebpf.ct_gc import gc_pass
+from svcproxy.backends.ebpf.names import TC_MAP_CT
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
-from svcproxy.backends.ebpf.packet_layout import MAP_CT
 from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, ns_exec
@@ -108,7 +108,7 @@ def _flow_entries(backend: PacketBackend, client_port: int) -> dict[bytes, bytes
     """The spp_ct entries of the flow from the client's ``client_port``."""
     assert backend.programs is not None
     port = client_port.to_bytes(2, "big")
-    return {k: v for k, v in backend.programs.maps[MAP_CT].read_all().items()
+    return {k: v for k, v in backend.programs.maps[TC_MAP_CT].read_all().items()
             if port in (k[32:34], k[34:36])}
 
 
@@ -117,7 +117,7 @@ def _age(backend: PacketBackend, entries: dict[bytes, bytes], seconds: int) -> N
     assert backend.programs is not None
     for key, value in entries.items():
         last = int.from_bytes(value[48:56], "little") - seconds * 1_000_000_000
-        backend.programs.maps[MAP_CT].update(key, value[:48] + last.to_bytes(8, "little"))
+        backend.programs.maps[TC_MAP_CT].update(key, value[:48] + last.to_bytes(8, "little"))
 
 
 def test_an_answered_flow_lives_as_one_on_both_nodes(world: World) -> None:
@@ -142,7 +142,7 @@ def test_an_answered_flow_lives_as_one_on_both_nodes(world: World) -> None:
             assert entries, node
             _age(backend, entries, 60)
             assert backend.programs is not None
-            gc_pass(backend.programs.maps[MAP_CT], backend.layout.ct_timeouts)
+            gc_pass(backend.programs.maps[TC_MAP_CT], backend.layout.ct_timeouts)
             assert _flow_entries(backend, 47123).keys() == entries.keys(), node
         assert _ask(sock) == answers[0]
     finally:
@@ -180,7 +180,7 @@ def test_with_xdp_dsr_flows_are_sent_in_geneve_by_xdp() -> None:
     program; none left to tc), TCP over IPv4 and UDP over IPv6; the pod still sees the
     client. A datagram too big for Geneve is left to tc, which answers with the MTU."""
     from svcproxy.backends.ebpf import xdp
-    from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
+    from svcproxy.backends.ebpf.names import TC_MAP_XDP_STATS
 
     # XDP updates checksums: the senders' must be whole.
     w = dsr_world(xdp="generic", whole_checksums=(CLIENT.name, "pod-c", "pod-d"))
@@ -197,7 +197,7 @@ def test_with_xdp_dsr_flows_are_sent_in_geneve_by_xdp() -> None:
         assert got6.names == Counter({"pod-c": 5}) and got6.sources == {CLIENT.ipv6}, got6
         programs = w.backends["node1"].programs
         assert programs is not None
-        stats = xdp.read_stats(programs.maps[MAP_XDP_STATS].fd)
+        stats = xdp.read_stats(programs.maps[TC_MAP_XDP_STATS].fd)
         assert stats["new"] >= 15 and stats["forward"] >= 10 and stats["picked"] == 0, str(stats)
         add(w, "dsr-xdp-mtu", 30282, ["pod-c"], "UDP")
         first, error, mtu, fits = call_in(client, _path_mtu_learned, NODE1.ipv4, 30282)

@@ -181,8 +181,9 @@ def _metric(world: World, name: str) -> float:
 def test_nat_port_exhaustion_is_counted_and_dump_shows_flows_per_service(world: World) -> None:
     """Every NAT port of (endpoint, node address) taken: a new flow to the remote
     endpoint is dropped and counted; --dump shows each service's flows and NAT entries."""
+    from svcproxy.backends.ebpf.names import TC_MAP_CT
     from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
-    from svcproxy.backends.ebpf.packet_layout import CT_KEY, CT_REPLY, CT_SNAT, CT_VAL, MAP_CT
+    from svcproxy.backends.ebpf.packet_layout import CT_KEY, CT_REPLY, CT_SNAT, CT_VAL
 
     world.set(service("nat", ["pod-c"], node_port=30182, cip="10.96.8.5"))
     ok = summarize(probe(world.lab.ns(CLIENT.name), "tcp", NODE1.ipv4, 30182, 3))
@@ -193,7 +194,7 @@ def test_nat_port_exhaustion_is_counted_and_dump_shows_flows_per_service(world: 
     assert any(x.startswith("# ") and "NAT entries" in x for x in lines), lines
     assert any(x.startswith("# tc counters: 0 nat_port_exhausted") for x in lines), lines
     assert world.backend is not None and world.backend.programs is not None
-    ct = world.backend.programs.maps[MAP_CT]
+    ct = world.backend.programs.maps[TC_MAP_CT]
     pod_c = socket.inet_aton(PODS["pod-c"].ipv4) + bytes(12)
     node = socket.inet_aton(NODE1.ipv4) + bytes(12)
     keys = [CT_KEY.pack(pod_c, node, (8080).to_bytes(2, "big"), port.to_bytes(2, "big"),

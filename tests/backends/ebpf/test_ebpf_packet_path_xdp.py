@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from svcproxy.backends.ebpf import libbpf, xdp
+from svcproxy.backends.ebpf.names import TC_MAP_XDP_STATS
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
-from svcproxy.backends.ebpf.packet_layout import MAP_XDP_STATS
 from svcproxy.backends.ebpf.packet_loader import PacketLayout
 from svcproxy.model import (
     ServicePortState,
@@ -59,7 +59,7 @@ class World(packet_path.World):
 
     def stats(self) -> Counter[str]:
         assert self.backend is not None and self.backend.programs is not None
-        return Counter(xdp.read_stats(self.backend.programs.maps[MAP_XDP_STATS].fd))
+        return Counter(xdp.read_stats(self.backend.programs.maps[TC_MAP_XDP_STATS].fd))
 
     def xdp_links(self) -> dict[str, int]:
         """Pinned XDP link name -> link id."""
