@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from array import array
-from pathlib import Path
 
-log = logging.getLogger(__name__)
+from . import native_lib
 
-LIBRARY = Path(__file__).parent / "native" / "libsvcproxy_ct_gc.so"
+LIBRARY = native_lib.library_path("ct_gc")
 KEY, VALUE = 40, 56  # struct ct_key, struct ct_val
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The helper, or None (logged once) when it cannot be loaded."""
-    try:
-        lib = ctypes.CDLL(str(LIBRARY))
-    except OSError as err:
-        log.info("The CT GC runs in Python (%s; python -m svcproxy.backends.ebpf.build "
-                 "builds its C helper with cc)", err)
+    lib = native_lib.load(LIBRARY, "The CT GC runs in Python")
+    if lib is None:
         return None
     lib.svcproxy_ct_expired.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from array import array
-from pathlib import Path
 
-log = logging.getLogger(__name__)
+from . import native_lib
 
-LIBRARY = Path(__file__).parent / "native" / "libsvcproxy_maglev.so"
+LIBRARY = native_lib.library_path("maglev")
 
 
 @functools.cache
 def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """The C function, or None (logged once) when the library cannot be loaded."""
-    try:
-        lib = ctypes.CDLL(str(LIBRARY))
-    except OSError as err:
-        log.info("Maglev tables are built in Python, about 30 times slower (%s; "
-                 "python -m svcproxy.backends.ebpf.build builds the C helper with cc)", err)
+    lib = native_lib.load(LIBRARY, "Maglev tables are built in Python, about 30 times slower")
+    if lib is None:
         return None
     fn = lib.svcproxy_maglev_populate
     fn.argtypes = [ctypes.c_uint32, ctypes.c_uint32] + [ctypes.c_void_p] * 4
