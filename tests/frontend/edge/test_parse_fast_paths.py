@@ -210,7 +210,7 @@ def test_merged_endpoints_are_whole_dataclasses(endpoints: list[dict[str, Any]])
 # A listed slice as the apiserver serves it, every field the typed decoding knows set.
 TYPED_SLICE = dict(PLAIN_SLICE, endpoints=[
     {k: v for k, v in WIDE_ENDPOINT.items() if k not in ("hints", "hostname")},
-    dict(endpoint_slice()["endpoints"][0], hostname=None),
+    dict(endpoint_slice()["endpoints"][0], hostname=None, hints=None),
     {"addresses": ["10.0.0.9", "10.0.0.9", "10.0.0.8"],
      "conditions": {"ready": False, "serving": True, "terminating": True}},
     {"addresses": ["10.0.0.10"]}], ports=[
@@ -218,7 +218,8 @@ TYPED_SLICE = dict(PLAIN_SLICE, endpoints=[
     {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "all"}, {"port": 9}],
     metadata={"name": "web-1", "namespace": "shop", "uid": "u-1", "resourceVersion": "7",
               "generation": 3, "creationTimestamp": "2026-11-27T05:00:00Z",
-              "generateName": "web-", "labels": {"kubernetes.io/service-name": "web",
+              "generateName": "web-", "finalizers": ["example.com/keep"],
+              "labels": {"kubernetes.io/service-name": "web",
                                                  "endpointslice.kubernetes.io/managed-by": "x"},
               "annotations": {"endpoints.kubernetes.io/last-change-trigger-time":
                               "2026-11-27T05:00:00Z", "note": "a b"},
@@ -227,7 +228,8 @@ TYPED_SLICE = dict(PLAIN_SLICE, endpoints=[
                                    "blockOwnerDeletion": True}],
               "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
                                  "apiVersion": "discovery.k8s.io/v1", "fieldsType": "FieldsV1",
-                                 "time": "2026-11-27T05:00:00Z", "fieldsV1": {
+                                 "subresource": "", "time": "2026-11-27T05:00:00Z",
+                                 "fieldsV1": {
                                      "f:addressType": {}, "f:endpoints": {}, "f:metadata": {
                                          "f:labels": {".": {}, "f:kubernetes.io/service-name":
                                                       {}}}}}]})
@@ -339,7 +341,11 @@ def test_json_the_decoders_may_read_differently(text: str) -> None:
 
 # A listed Service as the apiserver serves it, every field the typed decoding knows set.
 TYPED_SERVICE: dict[str, Any] = {
+    "kind": "Service", "apiVersion": "v1",
     "metadata": {"name": "web", "namespace": "shop", "uid": "u-2", "resourceVersion": "9",
+                 "generateName": "web-", "ownerReferences": [
+                     {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                      "uid": "u-3", "controller": False, "blockOwnerDeletion": False}],
                  "creationTimestamp": "2026-11-27T05:00:00Z", "generation": 1,
                  "labels": {"app": "web", "service.kubernetes.io/service-proxy-name": "x"},
                  "annotations": {"svcproxy.io/b": "2", "svcproxy.io/a": "1", "note": "a b",
@@ -347,7 +353,7 @@ TYPED_SERVICE: dict[str, Any] = {
                  "finalizers": ["service.kubernetes.io/load-balancer-cleanup"],
                  "managedFields": [{"manager": "kubectl", "operation": "Apply",
                                     "apiVersion": "v1", "fieldsType": "FieldsV1",
-                                    "time": "2026-11-27T05:00:00Z",
+                                    "time": "2026-11-27T05:00:00Z", "subresource": "status",
                                     "fieldsV1": {"f:spec": {"f:ports": {}}}}]},
     "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
              "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
@@ -363,6 +369,7 @@ TYPED_SERVICE: dict[str, Any] = {
              "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Cluster",
              "healthCheckNodePort": 31000, "allocateLoadBalancerNodePorts": True,
              "loadBalancerClass": "lb", "loadBalancerIP": "", "publishNotReadyAddresses": False,
+             "loadBalancerSourceRanges": [],
              "trafficDistribution": "PreferClose", "externalName": ""},
     "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.100", "ipMode": "Proxy"},
                                             {"hostname": "lb.example"}, {"ip": "192.0.2.101"}]}}}
