@@ -8,8 +8,9 @@ namespace it creates; the client connects from its own namespace.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
@@ -23,12 +24,15 @@ from svcproxy.backends.ipvs.names import SCHEDULER_ANNOTATION
 from svcproxy.backends.ipvs.netlink import IpvsNetlink, Request
 from svcproxy.backends.ipvs.options import IpvsOptions
 from svcproxy.model import ServiceType, SessionAffinity
-from svcproxy.sdk import NodeState
+from svcproxy.sdk import Changes, NodeState
 from svcproxy.sdk.config import NodeConfig
+from svcproxy.sdk.health import ProxyHealth
 from svcproxy.sdk.node_context import ContextResolver
+from svcproxy.sdk.runner import SyncRunner
+from svcproxy.sdk.testing import FakeSource
 from tests.support.ipvs.lab import CLIENT_IPS, IpvsLab, counts, pod_ip
 from tests.support.ipvs.states import changed, endpoint, full, node_state, port_state
-from tests.support.lab.netns import ns_exec
+from tests.support.lab.netns import enter, ns_exec
 
 pytestmark = [pytest.mark.ipvs, pytest.mark.netns]
 IN_GUEST = os.environ.get("SVCPROXY_IPVS_GUEST") == "1"
@@ -263,11 +267,12 @@ def test_iptables_rule_count_constant_from_10_to_1000_services(lab: IpvsLab, mak
     assert small > 20
     d.sync(*_many(1000))
     assert lab.on_node(_our_rules) == small
-    nodeports = {sid.address for sid in d.services() if sid.port == 30999}
+    found = d.services()  # one dump: 5,000 virtual servers take a while in the guest
+    nodeports = {sid.address for sid in found if sid.port == 30999}
     assert nodeports == _node_ipv4_addresses(lab), (
         "no --node-port-addresses: NodePorts on every address of the node (kube-ipvs0's and "
         "loopback aside), as kube-proxy")
-    assert len(d.services()) == 1000 * (1 + len(nodeports)), "a ClusterIP and the NodePorts"
+    assert len(found) == 1000 * (1 + len(nodeports)), "a ClusterIP and the NodePorts"
     assert len(lab.on_node(apply.link_addresses, d.backend.ifindex)) == 1000
     assert "30999" in ns_exec(lab.node, "ipset", "list", "KUBE-NODE-PORT-TCP")
     assert lab.names("10.97.3.250", 80, 1) == [f"pod{1 + 999 % 3}"]
@@ -362,3 +367,99 @@ def test_drift_is_repaired_by_the_next_periodic_resync(
     assert restores == []
     assert sorted(set(lab.names("10.96.0.20", 80, 4))) == ["pod1", "pod2"]
     assert lab.names("10.96.0.21", 80, 1) == ["pod3"]
+
+
+RUNNER_PERIOD = 2.0  # seconds: --sync-period of the runner test (a resync of 2 services
+# takes well under a second in the guest)
+RUNNER_WAIT = 300.0  # at most this for the syncs waited for (the emulated guest, loaded)
+
+
+class Watched(IpvsBackend):
+    """The ipvs backend, counting the syncs it finished by reason; ``paused`` (held by
+    the test) keeps any sync from running while it breaks something."""
+
+    def __init__(self) -> None:
+        super().__init__(CONFIG, IpvsOptions(), (4,))
+        self.done: dict[str, int] = {}
+        self.changed = threading.Condition()
+        self.paused = threading.Lock()
+
+    def sync(self, state: NodeState, changes: Changes) -> None:
+        try:
+            with self.paused:
+                super().sync(state, changes)
+        finally:
+            with self.changed:
+                for reason in (changes.reason, "any"):
+                    self.done[reason] = self.done.get(reason, 0) + 1
+                self.changed.notify_all()
+
+    def wait(self, reason: str, more: int) -> None:
+        """Until ``more`` syncs of ``reason`` finished from now (at most RUNNER_WAIT)."""
+        with self.changed:
+            target = self.done.get(reason, 0) + more
+            assert self.changed.wait_for(lambda: self.done.get(reason, 0) >= target,
+                                         RUNNER_WAIT), f"no {reason} sync in {RUNNER_WAIT}s"
+
+
+def _in_namespace(ns: str, run: Callable[[], None]) -> Callable[[], None]:
+    def entered() -> None:
+        enter(ns)
+        run()
+    return entered
+
+
+def _held() -> tuple[dict[genl.ServiceId, list[tuple[genl.DestId, int]]], list[str]]:
+    """Every virtual server with its real servers (weights), and our ipsets' entries."""
+    sock = IpvsNetlink()
+    try:
+        servers = {s.id: sorted((d.id, d.weight) for d in sock.dests(s.id))
+                   for s in sock.services()}
+    finally:
+        sock.close()
+    ours = set(S.all_set_names((4,)))
+    entries = sorted(line for line in apply.ipset_save().splitlines()
+                     if line.startswith("add ") and line.split()[1] in ours)
+    return servers, entries
+
+
+def test_drift_is_repaired_within_one_period_under_the_sync_runner(lab: IpvsLab) -> None:
+    """The backend under the node agent's sync runner (``--sync-period`` 2 s): a real
+    server, a virtual server and an ipset entry deleted out of band (the service whose
+    KUBE-CLUSTER-IP entry is gone refuses connections: KUBE-IPVS-FILTER) are back after
+    the first periodic resync that began after the change, and connections reach every
+    pod again."""
+    backend = lab.on_node(Watched)
+    context = lab.on_node(ContextResolver.for_backend(CONFIG, backend), None)
+    web = port_state("rweb", "10.96.0.30", pods(1, 2))
+    gone = port_state("rgone", "10.96.0.31", pods(3))
+    source = FakeSource()
+    runner = SyncRunner(source, backend, health=ProxyHealth(timeout=60), poll=0.05,
+                        sync_period=RUNNER_PERIOD, min_sync_period=0.0)
+    thread = threading.Thread(target=_in_namespace(lab.node, runner.run), daemon=True)
+    thread.start()
+    try:
+        source.push(replace(node_state((web, gone), 1), context=context))
+        backend.wait("initial", 1)
+        before = lab.on_node(_held)
+        sid = genl.ServiceId("TCP", "10.96.0.30", 80)
+        with backend.paused:
+            lab.on_node(_tamper, sid, genl.DestId(pod_ip(2), 8080),
+                        genl.ServiceId("TCP", "10.96.0.31", 80))
+            assert set(lab.names("10.96.0.30", 80, 4)) == {"pod1"}
+            with pytest.raises(ConnectionRefusedError):
+                lab.names("10.96.0.31", 80, 1)
+            lab.on_node(apply.run, ["ipset", "del", N.set_name(N.CLUSTER_IP, 4),
+                                    "10.96.0.30,tcp:80"])
+            with pytest.raises(ConnectionRefusedError):  # KUBE-IPVS-FILTER rejects it now
+                lab.names("10.96.0.30", 80, 1)
+            assert lab.on_node(_held) != before
+        backend.wait("periodic", 1)  # the first resync that began after the change
+        assert lab.on_node(_held) == before
+        assert sorted(set(lab.names("10.96.0.30", 80, 4))) == ["pod1", "pod2"]
+        assert lab.names("10.96.0.31", 80, 1) == ["pod3"]
+    finally:
+        runner.stop()
+        thread.join(timeout=60)
+        lab.on_node(backend.cleanup)
+        lab.on_node(backend.close)
