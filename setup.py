@@ -43,15 +43,17 @@ def generate_protos() -> None:
 
 
 def compile_bpf() -> None:
-    """Build the ebpf backend's programs when clang is there and works; a missing or
-    failing clang leaves them out (the backend says so when started, and how to build
-    them) and never fails the package's build."""
+    """Build the ebpf backend's C helpers (Maglev, CT GC) with the host's C compiler
+    whenever there is one, and its programs when clang is there and works; a missing or
+    failing compiler leaves its part out (Python does the helpers' work; the backend says
+    so when started, and how to build the programs) and never fails the package's build."""
+    build = ROOT / "backends" / "ebpf" / "build.py"
+    subprocess.run([sys.executable, str(build), "--native"], cwd=ROOT, check=False)
     if shutil.which("clang") is None:
         print("setup: clang not found; the ebpf backend's programs are not built")
         return
-    build = ROOT / "backends" / "ebpf" / "build.py"
     try:
-        subprocess.run([sys.executable, str(build)], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, str(build), "--bpf"], cwd=ROOT, check=True)
     except subprocess.CalledProcessError as err:
         print(f"setup: building the ebpf backend's programs failed ({err}); the package is "
               "built without them (python -m svcproxy.backends.ebpf.build builds them later)")

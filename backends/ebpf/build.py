@@ -1,9 +1,12 @@
-"""Compile the BPF programs: ``python -m svcproxy.backends.ebpf.build [--force]``.
+"""Compile the BPF programs: ``python -m svcproxy.backends.ebpf.build [--force]
+[--native | --bpf]``.
 
-Run by scripts/setup.sh and by the package build; needs clang. Recompiles only when
-a source, or a header of bpf/ (which the sources include), is newer than its object.
-It first builds the host helpers of native/ (the Maglev table builder) with the C
-compiler, if any: a missing or failing one only leaves them out (Python does their work).
+Run by scripts/setup.sh and by the package build. It first builds the host helpers of
+native/ (the Maglev table builder, the CT GC) with the host's C compiler, if any: a
+missing or failing one only leaves them out (Python does their work). Then the BPF
+objects, which need clang; recompiled only when a source, or a header of bpf/ (which the
+sources include), is newer than its object. ``--native`` builds the helpers alone (it
+never fails), ``--bpf`` the objects alone.
 """
 
 from __future__ import annotations
@@ -76,7 +79,10 @@ def _compile_native(source: Path, output: Path) -> None:
 
 
 if __name__ == "__main__":
-    for lib in build_native(force="--force" in sys.argv[1:]):
-        print(lib)
-    for obj in build(force="--force" in sys.argv[1:]):
-        print(obj)
+    _args = set(sys.argv[1:])
+    if "--bpf" not in _args:
+        for lib in build_native(force="--force" in _args):
+            print(lib)
+    if "--native" not in _args:
+        for obj in build(force="--force" in _args):
+            print(obj)
