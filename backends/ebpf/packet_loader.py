@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import libbpf, pod_devices, rodata, xdp
+from . import libbpf, nat_ports, pod_devices, rodata, xdp
 from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
@@ -55,6 +55,7 @@ class PacketLayout:
     dsr: bool = False  # --ebpf-dsr: remote endpoints' flows sent in Geneve (bpf/dsr.h)
     xdp: str = "off"  # --ebpf-xdp: off, auto, native or generic (xdp.py)
     pod_devices: tuple[str, ...] = ()  # --ebpf-pod-devices: name patterns (pod_devices.py)
+    nat_ports: tuple[int, int] | None = None  # (first, count); None: nat_ports.for_this_node
 
     @property
     def dir(self) -> Path:
@@ -144,8 +145,10 @@ class PacketPrograms:
 
     def _prepare(self, obj: int) -> None:
         lib = _lib()
+        first, count = self.layout.nat_ports or nat_ports.for_this_node()
         rodata.set_constants(obj, {"maglev_size": self.layout.maglev_size,
-                                   "dsr_enabled": int(self.layout.dsr)})
+                                   "dsr_enabled": int(self.layout.dsr),
+                                   "nat_port_min": first, "nat_port_span": count})
         set_timeouts(obj, self.layout.ct_timeouts)
         sizes = {TC_MAP_SERVICES: self.layout.max_services, TC_MAP_MAGLEV: self.layout.max_services,
                  TC_MAP_ENDPOINTS: self.layout.max_endpoints, TC_MAP_CT: self.layout.max_flows}

@@ -40,8 +40,9 @@ def metrics(stats_fd: int) -> Iterator[Metric]:
     counts = read_stats(stats_fd)
     exhausted = CounterMetricFamily(
         "svcproxy_ebpf_tc_nat_port_exhausted",
-        "New flows dropped because no NAT port was free for them (16 tries in 32768-65535 "
-        "per endpoint and node address): raise --ebpf-max-flows or spread the clients")
+        "New flows dropped because no NAT port was free for them (16 tries among the ports "
+        "above net.ipv4.ip_local_port_range, per endpoint and node address): raise "
+        "--ebpf-max-flows or spread the clients")
     exhausted.add_metric([], counts.get("nat_port_exhausted", 0))
     sctp = CounterMetricFamily(
         "svcproxy_ebpf_tc_sctp_checksum_failures",

@@ -59,14 +59,15 @@
 #define CT_REPLY 1
 #define CT_SNAT 1 /* the flow is SNATed to this node's address */
 
-#define NAT_PORT_MIN 32768
-#define NAT_PORT_SPAN 32768
 #define NAT_TRIES 16
 
 #define MAGLEV_MAX 65521
 
 /* Set by the loader before the object is loaded (the verifier sees constants). */
 volatile const __u32 maglev_size = 16381;
+/* The NAT ports: those the node's own connections never take (nat_ports.py). */
+volatile const __u32 nat_port_min = 32768;
+volatile const __u32 nat_port_span = 32768;
 
 struct ct_key {
 	__u32 saddr[4];
@@ -476,8 +477,8 @@ static __always_inline int nat_port(struct pkt *p, const struct ep_val *ep, cons
 		struct ct_key rk = {};
 		__u16 candidate = bpf_ntohs(p->sport);
 
-		if (i || candidate < NAT_PORT_MIN)
-			candidate = NAT_PORT_MIN + bpf_get_prandom_u32() % NAT_PORT_SPAN;
+		if (i || candidate < nat_port_min || candidate - nat_port_min >= nat_port_span)
+			candidate = nat_port_min + bpf_get_prandom_u32() % nat_port_span;
 		ct_tuple(&rk, ep->addr, snat, ep->port, bpf_htons(candidate), p, CT_REPLY);
 		if (!bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_NOEXIST)) {
 			*port = bpf_htons(candidate);
