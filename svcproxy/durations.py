@@ -4,36 +4,46 @@ from __future__ import annotations
 
 import re
 
-_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
+_NANOSECONDS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # micro sign
+    "\u03bcs": 1_000,  # Greek small mu
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
 }
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+# Go's time.Duration is an int64 of nanoseconds: time.ParseDuration refuses more.
+_MAX_NANOSECONDS = 2**63 - 1
+# time.ParseDuration's grammar: a number (digits, a point, digits; one side may be empty)
+# and a unit: the run of characters up to the next digit or point.
+_PART = re.compile(r"(\d*)(?:\.(\d*))?([^\d.]*)")
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a Go duration; raises ValueError for anything else (negative included)."""
-    text = text.strip()
-    if text in ("0", "+0"):
+    """Seconds in a duration Go's ``time.ParseDuration`` accepts, negative ones excepted
+    (kube-proxy's validation refuses those for every duration it reads); raises
+    ValueError for anything else."""
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if body == "0":
         return 0.0
-    body = text[1:] if text.startswith("+") else text
-    if not body:
-        raise ValueError(f"invalid duration {text!r}")
-    total = 0.0
-    pos = 0
-    for match in _PART.finditer(body):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if pos != len(body):
+    if text.startswith("-") or not body:
         raise ValueError(f"invalid duration {text!r} (examples: 1s, 500ms, 1m30s, 0)")
-    return total
+    total = 0
+    pos = 0
+    while pos < len(body):
+        match = _PART.match(body, pos)
+        whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
+        if not (whole or fraction) or unit not in _NANOSECONDS:
+            raise ValueError(f"invalid duration {text!r} (examples: 1s, 500ms, 1m30s, 0)")
+        scale = _NANOSECONDS[unit]
+        total += int(whole or 0) * scale + int(fraction or 0) * scale // 10 ** len(fraction)
+        if total > _MAX_NANOSECONDS:
+            raise ValueError(f"invalid duration {text!r}: longer than Go's longest, "
+                             "2562047h47m16.854775807s")
+        pos = match.end()
+    return total / 1e9
 
 
 def format_duration(seconds: float) -> str:

@@ -42,12 +42,17 @@ def parse(*argv: str) -> argparse.Namespace:
 @pytest.mark.parametrize(("text", "seconds"), [
     ("0", 0.0), ("1s", 1.0), ("500ms", 0.5), ("1m30s", 90.0), ("1h", 3600.0),
     ("1.5s", 1.5), ("250us", 0.00025), ("2m0.5s", 120.5),
+    ("-0", 0.0), ("+5s", 5.0), ("1.s", 1.0), (".5s", 0.5), ("1\u00b5s", 1e-6),
+    ("1\u03bcs", 1e-6), ("1h1h", 7200.0), ("2562047h47m16.854775807s", 9223372036.854775807),
 ])
 def test_durations_as_kube_proxy_writes_them(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "1", "s", "-1s", "1x", "1s2", "ms"])
+@pytest.mark.parametrize("text", [
+    "", "1", "s", "-1s", "1x", "1s2", "ms", ".s", "+", "-", " 1s", "1s ", "1 s", "1sm",
+    "2562047h47m16.854775808s", "1000000000h",
+])
 def test_invalid_durations_are_rejected(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)

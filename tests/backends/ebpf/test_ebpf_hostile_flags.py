@@ -84,8 +84,8 @@ LONGEST = 4294967295  # seconds: struct ct_timeouts holds u32 (bpf/ct.h)
 
 
 @pytest.mark.parametrize("flag", CT_FLAGS)
-@pytest.mark.parametrize("value", ["1000000000h", "2562047h47m16s", "4294967296s",
-                                   "9" * 400 + "h"])
+@pytest.mark.parametrize("value", ["2562047h", "2562047h47m16s", "4294967296s",
+                                   "9223372036854775807ns"])
 def test_a_conntrack_lifetime_longer_than_the_map_holds_is_clamped_with_one_warning(
         caplog: pytest.LogCaptureFixture, flag: str, value: str) -> None:
     """Before: struct.error when the lifetimes were packed for the loader (the backend
@@ -119,7 +119,7 @@ def test_a_huge_lifetime_from_kube_proxys_config_file_is_clamped_too() -> None:
 
     config = load_config("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
                          "kind: KubeProxyConfiguration\nconntrack:\n"
-                         "  tcpEstablishedTimeout: 1000000000h\n")
+                         "  tcpEstablishedTimeout: 2562047h\n")
     parser = argparse.ArgumentParser()
     add_agent_arguments(parser)
     add_arguments(parser)  # type: ignore[arg-type]
@@ -130,7 +130,8 @@ def test_a_huge_lifetime_from_kube_proxys_config_file_is_clamped_too() -> None:
 
 
 @pytest.mark.parametrize("flag", CT_FLAGS)
-@pytest.mark.parametrize("value", ["-1s", "garbage", "10", "", "1x"])
+@pytest.mark.parametrize("value", ["-1s", "garbage", "10", "", "1x", "1000000000h",
+                                   "9" * 400 + "h"])
 def test_a_conntrack_lifetime_that_is_no_duration_or_negative_is_refused(
         capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
     err = _refusal(capsys, f"{flag}={value}")
