@@ -13,8 +13,10 @@ prefix). Then, ``--rounds`` times each, printed as median (min-max):
    the kernel's change events name no chain of ours, none is read), and the same with
    the events taken as lost (every chain of ours read over netlink and compared: the
    check before the events). iptables-legacy (``--iptables-mode legacy``): the check
-   (``iptables-save -t nat`` and ``-t filter``) beside the read it replaced
-   (``iptables-save`` of every table);
+   (the nat and filter tables' blobs read and digested, ``legacyblob``), the read alone,
+   the check after a foreign rule (the blob differs: ``iptables-save -t nat`` and ``-t
+   filter`` compared), and beside them the check before the blobs (``iptables-save``
+   every period) and the read before that (``iptables-save`` of every table);
 2. a periodic resync after one element (nft: a service's ``service-ips`` entry) or one
    rule (iptables: a KUBE-SEP DNAT rule) was deleted behind the backend's back: found,
    and that service port's objects written again.
@@ -152,13 +154,32 @@ def bench_iptables(state: NodeState, rounds: int, mode: str = "auto") -> None:
                     if (r := v.rules[0]) is not None}
         wanted = {t: list(c) for t, c in fam.planner.top.items()}
         wanted.setdefault("nat", []).extend(c for r in services.values() for c in r.chains)
+        blobs = fam.blobs
+        assert blobs is not None
         quiet = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
+        read = [timed(lambda: [blobs.digest(t) for t in ("nat", "filter")])
+                for _ in range(rounds)]
+        foreign = []
+        for n in range(rounds):  # a rule not ours: the blob differs, iptables-save compared
+            subprocess.run([tool, "-A", "INPUT", "-p", "udp", "--dport", str(9 + n),
+                            "-j", "ACCEPT"], check=True)
+            foreign.append(timed(lambda: backend.sync(state, periodic(state))))
+        fam.blobs = None  # the check before the blobs: iptables-save every period
+        before = [timed(lambda: backend.sync(state, periodic(state))) for _ in range(rounds)]
+        fam.blobs = blobs
         every = [timed(lambda: fam.tool.save_stream(lambda lines: read_saved(lines, wanted)))
                  for _ in range(rounds)]
-        print("   " + show("check, nothing changed (iptables-save -t nat, -t filter): wall",
-                           [w for w, _ in quiet]) + ", " + show("cpu", [c for _, c in quiet]))
-        print("   " + show("before: the read alone, iptables-save of every table: wall",
-                           [w for w, _ in every]) + ", " + show("cpu", [c for _, c in every]))
+        assert not any(r.chains_written for r in backend.reports)
+        for label, runs in (
+                ("check, nothing changed (the nat and filter blobs digested): wall", quiet),
+                ("the two blobs read and digested alone: wall", read),
+                ("check after a foreign rule (blob differs, iptables-save compared): wall",
+                 foreign),
+                ("before: check, nothing changed (iptables-save -t nat, -t filter): wall",
+                 before),
+                ("before that: iptables-save of every table alone: wall", every)):
+            print("   " + show(label, [w for w, _ in runs]) + ", "
+                  + show("cpu", [c for _, c in runs]))
     repaired: list[tuple[float, float]] = []
     saved_lines = subprocess.run([f"{tool}-save", "-t", "nat"], capture_output=True,
                                  text=True, check=True).stdout.splitlines()

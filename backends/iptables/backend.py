@@ -35,6 +35,7 @@ from svcproxy.backends.iptables.cleanup import cleanup_texts
 from svcproxy.backends.iptables.drift import (
     ReadBack,
     Saved,
+    adopt_blobs,
     assumed,
     compare_kernel,
     compare_saved,
@@ -43,6 +44,7 @@ from svcproxy.backends.iptables.drift import (
 )
 from svcproxy.backends.iptables.familyconfig import family_config
 from svcproxy.backends.iptables.jumps import JUMPS, KUBELET_JUMPS, insert_lines
+from svcproxy.backends.iptables.legacyblob import TableBlobs
 from svcproxy.backends.iptables.metrics import IptablesMetrics, ip_family
 from svcproxy.backends.iptables.nfacct import COUNTERS, Nfacct, remove_counters
 from svcproxy.backends.iptables.nftrules import FAMILIES, PER_CHAIN_MAX, NftRules, TableRules
@@ -119,6 +121,7 @@ class _Family:
     tool: Iptables
     probe: Probe
     planner: Planner
+    blobs: TableBlobs | None = None  # iptables-legacy: the tables' digests, read directly
 
 
 class IptablesBackend(StagedBackend[Rendered]):
@@ -195,8 +198,10 @@ class IptablesBackend(StagedBackend[Rendered]):
         self._counters = self._make_counters()
         for index, family in enumerate(families):
             tool = Iptables(family, self.mode, opts.prefix)
+            blobs = TableBlobs(family, opts.prefix) if self.mode == "legacy" else None
             self._families[family] = _Family(family, tool, make_probe(tool),
-                                             Planner(FamilyConfig(family=family), index))
+                                             Planner(FamilyConfig(family=family), index),
+                                             blobs)
             self._kernel = self._kernel or tool.rules()  # one reader for the namespace
         if self._kernel is not None:
             try:
@@ -295,7 +300,8 @@ class IptablesBackend(StagedBackend[Rendered]):
         over netlink, with what the kernel held right after each write (nothing read
         but the generation when no transaction was committed since the last check);
         iptables-legacy with one iptables-save, our chains by rule count and saved
-        digest, our jumps by presence."""
+        digest, our jumps by presence (nothing saved when the tables' blobs are as
+        last seen holding all of it)."""
         drifted: set[ServicePortKey] = set()
         for family, fam in self._families.items():
             planner = fam.planner
@@ -311,6 +317,10 @@ class IptablesBackend(StagedBackend[Rendered]):
                     return Drift(skeleton=f"IPv{family}: {why}")
                 drifted |= keys
                 continue
+            written = self._written.setdefault(family, ReadBack())
+            blobs = self._blobs(fam, set(planner.top) | {NAT})
+            if blobs is not None and all(written.blobs.get(t) == d for t, d in blobs.items()):
+                continue  # no table of ours changed since all of it was seen as applied
             wanted = {table: list(chains) for table, chains in planner.top.items()}
             wanted.setdefault(NAT, []).extend(c for r in services.values() for c in r.chains)
             try:
@@ -320,11 +330,12 @@ class IptablesBackend(StagedBackend[Rendered]):
                             "this period", family, err)
                 return Drift()
             jumps = JUMPS + (KUBELET_JUMPS if uses_kubelet_firewall(planner.cfg) else ())
-            keys, why = compare_saved(planner.top, services, jumps, saved,
-                                      self._written.setdefault(family, ReadBack()))
+            keys, why = compare_saved(planner.top, services, jumps, saved, written)
             if why:
                 self._why = self._why or "changed behind our back"
                 return Drift(skeleton=f"IPv{family}: {why}")
+            if not keys and blobs is not None:
+                written.blobs = blobs  # read before the save: a later change differs
             drifted |= keys
         self._drifted = frozenset(drifted)
         return Drift(self._drifted)
@@ -340,6 +351,19 @@ class IptablesBackend(StagedBackend[Rendered]):
             saved.chains.update(one.chains)
             saved.builtin.update(one.builtin)
         return saved
+
+    @staticmethod
+    def _blobs(fam: _Family, tables: Iterable[str]) -> dict[str, bytes] | None:
+        """iptables-legacy: each of ``tables``' digest as the kernel holds it (None: not
+        read; the check falls back to iptables-save)."""
+        if fam.blobs is None:
+            return None
+        try:
+            return {table: fam.blobs.digest(table) for table in tables}
+        except OSError as err:
+            log.debug("Cannot read the IPv%d tables' blobs (%s): comparing iptables-save",
+                      fam.family, err)
+            return None
 
     def _kernel_drift(self, fam: _Family, services: dict[ServicePortKey, ServiceRules],
                       ) -> tuple[set[ServicePortKey], str]:
@@ -483,7 +507,8 @@ class IptablesBackend(StagedBackend[Rendered]):
                         full: bool) -> None:
         """iptables-legacy: one iptables-restore of ``tables``, then the chains it wrote
         read back with one ``iptables-save -t TABLE`` per table written (no generation
-        tells whether someone else wrote in between: taken as read)."""
+        tells whether someone else wrote in between: taken as read). After a full one,
+        the tables' blobs are digested (``drift.adopt_blobs``)."""
         written = self._written.setdefault(fam.family, ReadBack())
         if full:
             written.chains = {}
@@ -495,16 +520,19 @@ class IptablesBackend(StagedBackend[Rendered]):
             for chain in changes.delete:
                 written.chains.pop((table, chain), None)
         fam.tool.restore(text)
+        blobs = self._blobs(fam, tables) if full else None  # before the read-back
         try:
             saved = self._saved(fam, writes)
         except (IptablesError, OSError) as err:
             log.warning("Cannot read back the IPv%d rules just written (%s): they are "
                         "written again at the next check", fam.family, err)
+            adopt_blobs(written, tables, None)
             return
         for table, chains in writes.items():
             got = saved.chains.get(table, {})
             for chain in chains:
                 written.chains[(table, chain)] = got.get(chain)
+        adopt_blobs(written, tables, blobs)
 
     def render(self, state: NodeState, record: ServicePortState) -> Rendered | None:
         """One service port's rules in every family (the SDK's stages screen out a version

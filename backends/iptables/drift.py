@@ -10,7 +10,9 @@ be compared with it), our jumps by their presence in the built-in chains. A
 top-level chain (KUBE-SERVICES, ...) or a jump that differs is the skeleton's drift
 (everything is rewritten); a service port's own chain (KUBE-SVC/SEP/EXT/FW/SVL-*) that
 differs is that service port's drift (its chains are written again); a chain not known
-as written is drift too. Chains that are not ours are not looked at.
+as written is drift too. Chains that are not ours are not looked at. iptables-legacy
+runs ``iptables-save`` only when a table's blob digest (``legacyblob``) differs from
+``ReadBack.blobs``.
 """
 
 from __future__ import annotations
@@ -101,6 +103,23 @@ class ReadBack:
     # iptables-nft: the (table, chain)s someone else's transactions changed since the
     # last check, from the kernel's events (None: not known, every chain is read).
     touched: set[tuple[str, str]] | None = None
+    # iptables-legacy: per table the digest of its blob (``legacyblob``) when the kernel
+    # was last seen holding all that was applied (a table not here: to be compared).
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+
+def adopt_blobs(applied: ReadBack, tables: Iterable[str],
+                after: Mapping[str, bytes] | None) -> None:
+    """iptables-legacy, after a restore of ``tables``: the blob digests read right after
+    a full restore (``after``, it wrote every chain of ours) are the reference; after
+    a partial one (None) the tables are compared with iptables-save at the next check
+    (a change someone made since the last check is not taken as ours; reading the
+    blobs before and after each partial restore would cost more than that check)."""
+    for table in tables:
+        if after is not None and table in after:
+            applied.blobs[table] = after[table]
+        else:
+            applied.blobs.pop(table, None)
 
 
 def assumed(applied: ReadBack, read: Mapping[str, TableRules]) -> dict[str, TableRules]:

@@ -274,3 +274,59 @@ def test_a_check_reads_only_the_chains_someone_else_changed(
     backend.wait("periodic", 1, lambda: f"nat {sep}" in reads)
     assert set(reads) == {f"nat {sep}"}
     assert answers(lab) == ["pod-a 10.244.1.1"]
+
+
+def test_a_legacy_check_runs_iptables_save_only_when_a_table_changed(
+        lab: ModeLab, agent: Callable[..., Watched]) -> None:
+    """iptables-legacy: a check compares the tables' blobs (counters aside) with those
+    read after our writes; only a changed table is read with iptables-save: checks
+    with nothing changed, or only traffic, run none; a foreign rule runs it once (no
+    drift, then none again); a deleted DNAT rule is found and repaired."""
+    if lab.mode != "legacy":
+        pytest.skip("the blobs are iptables-legacy's tables")
+    saves: list[tuple[str, ...]] = []  # the tables the checks saved (not the read-backs)
+
+    def watch(backend: Watched) -> None:  # right after the initial sync, before any check
+        find_drift = backend.find_drift
+        for fam in backend._families.values():
+            save_stream = fam.tool.save_stream
+
+            def counted(consume: Callable[..., object], *tables: str,
+                        save: Callable[..., object] = save_stream) -> object:
+                if getattr(checking, "on", False):
+                    saves.append(tables)
+                return save(consume, *tables)
+
+            fam.tool.save_stream = counted  # type: ignore[method-assign,assignment]
+
+        def check(state: NodeState) -> Drift[ServicePortKey]:
+            checking.on = True
+            try:
+                return find_drift(state)
+            finally:
+                checking.on = False
+
+        backend.find_drift = check  # type: ignore[method-assign]
+
+    checking = threading.local()
+    backend = agent(node_state(service("web", VIP, ("pod-a",), node_port=30080)),
+                    after_sync=watch)
+    backend.wait("periodic", 2, since=0)
+    assert answers(lab) == ["pod-a 10.244.1.1"]  # traffic: the counters change
+    backend.wait("periodic", 1)
+    assert saves == []
+    with backend.paused:
+        iptables(lab, "-t", "filter", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j", "ACCEPT")
+    backend.wait("periodic", 1)
+    assert saves and all(t in (("nat",), ("filter",)) for t in saves)
+    saves.clear()
+    backend.wait("periodic", 1)
+    assert saves == []
+    sep = nat_chain(lab, "KUBE-SEP")
+    rules = [line for line in saved(lab).splitlines() if line.startswith(f"-A {sep} ")]
+    dnat = next(i for i, line in enumerate(rules, 1) if "DNAT" in line)
+    with backend.paused:
+        iptables(lab, "-t", "nat", "-D", sep, str(dnat))
+        assert answers(lab) == ["timeout"]
+    backend.wait("periodic", 1)
+    assert answers(lab) == ["pod-a 10.244.1.1"]
