@@ -9,12 +9,15 @@
 # Usage: scripts/ipvs-vm/run.sh CMD [ARGS...]
 # Environment: SVCPROXY_IPVS_VM_TIMEOUT (seconds, default 900),
 #   SVCPROXY_IPVS_VM_MEMORY (default 3G), SVCPROXY_IPVS_VM_CPUS (default 2),
-#   SVCPROXY_IPVS_VM_KERNEL (path to a vmlinuz with matching /lib/modules).
+#   SVCPROXY_IPVS_VM_KERNEL (path to a vmlinuz with matching /lib/modules),
+#   SVCPROXY_IPVS_VM_CACHE (the initramfs cache, default ~/.cache/svcproxy/ipvs-vm).
 set -euo pipefail
 (($#)) || { echo "usage: $0 CMD [ARGS...]" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-cache=$repo/.cache/ipvs-vm
+# The initramfs, keyed by its inputs, outside the checkout: a fresh clone on the same
+# machine reuses it (SVCPROXY_IPVS_VM_CACHE to put it elsewhere).
+cache=${SVCPROXY_IPVS_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/svcproxy/ipvs-vm}
 
 kernel=${SVCPROXY_IPVS_VM_KERNEL:-}
 if [[ -z $kernel ]]; then
@@ -30,6 +33,7 @@ kver=${kernel##*/vmlinuz-}
 
 mkdir -p "$cache"
 key=$(cat "$here/build-initramfs.sh" "$here/init.sh" "$here/guest-modprobe.sh" \
+  "$(command -v busybox || echo /dev/null)" "/lib/modules/$kver/modules.dep" 2>/dev/null \
   | { cat; echo "$kver"; } | sha256sum | cut -c1-16)
 initrd=$cache/initramfs-$kver-$key.cpio.gz
 [[ -f $initrd ]] || "$here/build-initramfs.sh" "$kver" "$initrd"

@@ -56,5 +56,29 @@ BACKENDS: tuple[BackendCase, ...] = (
             "test_no_endpoints_reject_and_unallocated_drop")),
     )),
 )
+# ipvs-local runs only what local mode changes for ipvs (the node's state computed in
+# process, kube-proxy's flags reaching the backend): the emulated guest is slow, and the
+# rest repeats the ipvs case's programming.
+_IPVS_LOCAL_RUNS = ("test_cluster_ip_protocols_ports_and_target_port_names",
+                    "test_external_traffic_policy_local",
+                    "test_local_mode_follows_the_apiserver_and_a_difference_is_caught")
+_IPVS_LOCAL_REPEATS = (
+    "repeats the ipvs case: local mode changes where the node's state is computed, not what "
+    "the ipvs backend programs (nft-local, iptables-local and ebpf-local compare that state "
+    "with split mode's after every scenario)")
+_SCENARIOS = (
+    "test_cluster_ip_protocols_ports_and_target_port_names", "test_node_port_on_selected_addresses",
+    "test_load_balancer_source_ranges", "test_external_ips",
+    "test_session_affinity_client_ip_until_timeout", "test_external_traffic_policy_local",
+    "test_external_policy_local_short_circuit_uses_cluster_endpoints",
+    "test_external_policy_local_without_endpoints_is_rejected",
+    "test_node_ports_on_loopback_only_where_kube_proxy_serves_them",
+    "test_internal_traffic_policy_local", "test_terminating_endpoints_fallback",
+    "test_topology_hints", "test_no_endpoints_reject_and_unallocated_drop",
+    "test_masquerade_and_hairpin", "test_masquerade_all_flag",
+    "test_local_mode_follows_the_apiserver_and_a_difference_is_caught",
+    "test_cleanup_removes_everything_the_backend_made_and_nothing_else")
 if os.environ.get("SVCPROXY_IPVS_GUEST") == "1":
-    BACKENDS += (BackendCase("ipvs"), BackendCase("ipvs", local=True, label="ipvs-local"))
+    BACKENDS += (BackendCase("ipvs"), BackendCase(
+        "ipvs", local=True, label="ipvs-local", not_applicable=tuple(
+            (name, _IPVS_LOCAL_REPEATS) for name in _SCENARIOS if name not in _IPVS_LOCAL_RUNS)))
