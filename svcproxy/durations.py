@@ -34,6 +34,7 @@ def parse_duration(text: str) -> float:
     pos = 0
     while pos < len(body):
         match = _PART.match(body, pos)
+        assert match is not None  # every group of _PART may be empty
         whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
         if not (whole or fraction) or unit not in _NANOSECONDS:
             raise ValueError(f"invalid duration {text!r} (examples: 1s, 500ms, 1m30s, 0)")

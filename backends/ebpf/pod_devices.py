@@ -161,7 +161,7 @@ class LinkMonitor:
     def _run(self) -> None:
         assert self._sock is not None
         while True:
-            ready, _, _ = select.select([self._sock, self._wake_r], [], [])
+            ready, _, _ = select.select([self._sock.fileno(), self._wake_r], [], [])
             if self._wake_r in ready:
                 return
             try:

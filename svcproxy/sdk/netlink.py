@@ -301,8 +301,8 @@ class NftablesEvents:
             names = _NAMES.get(msg)
             if names is None:
                 continue
-            found = attrs(data[start:end], NFGENMSG.size)
-            table, chain = found.get(names[0], b""), found.get(names[1], b"")
+            named = attrs(data[start:end], NFGENMSG.size)
+            table, chain = named.get(names[0], b""), named.get(names[1], b"")
             self._group.add((data[start], _name(table), _name(chain)))
         return lost
 
