@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from svcproxy.frontend.intake import intake
 from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.sources.manifests import ManifestSource
@@ -29,6 +26,7 @@ from svcproxy.model import Protocol, ServicePortKey
 from tests.support import kubemodel
 from tests.support.fakeapiserver import FakeApiserver
 from tests.support.hostile import endpoint_slice, node, service
+from tests.support.refusal_log import refusals_logged
 from tests.support.waiting import wait_for
 
 WEB = ServicePortKey("shop", "web", "http", Protocol.TCP)
@@ -184,18 +182,6 @@ def _compose(*mutations: Mutation) -> Mutation:
         for mutation in mutations:
             mutation(obj)
     return apply
-
-
-@contextmanager
-def refusals_logged() -> Iterator[list[str]]:
-    lines: list[str] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    intake.log.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        intake.log.removeHandler(handler)
 
 
 _API: list[FakeApiserver] = []

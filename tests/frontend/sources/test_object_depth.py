@@ -6,7 +6,6 @@ more the apiserver refuses, and so does svcproxy, naming --max-object-depth."""
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,12 +17,12 @@ import yaml
 
 from svcproxy.frontend.edge.limits import KUBERNETES_MAX_DEPTH
 from svcproxy.frontend.edge.verdict import Problem
-from svcproxy.frontend.intake import intake
 from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.sources.manifests import ManifestLimits, ManifestSource, parse_text
 from tests.support.fakeapiserver import FakeApiserver, write_kubeconfig
 from tests.support.hostile import endpoint_slice, node, service
+from tests.support.refusal_log import refusals_logged
 from tests.support.waiting import wait_for
 
 
@@ -61,18 +60,6 @@ def recursion_limit(limit: int) -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(before)
-
-
-@contextmanager
-def refusals_logged() -> Iterator[list[str]]:
-    lines: list[str] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    intake.log.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        intake.log.removeHandler(handler)
 
 
 def test_a_manifest_as_deep_as_the_apiserver_takes_is_served_one_level_more_refused_alone(

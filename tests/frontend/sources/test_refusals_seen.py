@@ -3,31 +3,15 @@ version of its file, named or not (the intake's memo keys on file and position).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from svcproxy.frontend.intake import intake
 from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.manifests import ManifestSource
 from svcproxy.frontend.store.store import Store
-
-
-@contextmanager
-def refusals_logged() -> Iterator[list[str]]:
-    """The intake's refusal lines logged meanwhile."""
-    lines: list[str] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    intake.log.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        intake.log.removeHandler(handler)
+from tests.support.refusal_log import refusals_logged
 
 
 def refused(reason: str = "malformed") -> float:
