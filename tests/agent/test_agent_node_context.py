@@ -165,7 +165,7 @@ def test_the_agent_resolves_and_sets_the_node_in_its_own_namespace(netns: str) -
     assert sysctl("net/ipv4/conf/all/route_localnet") == "1"
 
     run("sysctl", "-w", "net.ipv6.conf.all.disable_ipv6=1")
-    run("iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+    run("iptables-legacy", "-w", "30", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
     ipvs = ContextResolver.for_backend(CONFIG, IpvsBackend(CONFIG, IpvsOptions(strict_arp=True)))
     found = call_in(netns, ipvs, None)
     assert found.ip_families == (4,) and found.iptables == "legacy"
