@@ -1,6 +1,7 @@
 """What the ebpf packet-path tests share: what they need on the machine (as their
 module's marks), the service records they give the backend (``node_port``) and the
-lab they run in (``World``)."""
+lab they run in (``World``, with namespaces routed through a veth of their own on the
+node, as a pod or a client behind a named device is)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ from svcproxy.sdk import Changes, NodeConfig, NodeContext, NodeState
 from tests.support.lab.checksums import tx_checksums_off
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.echo import EchoServer
-from tests.support.lab.netns import call_in
+from tests.support.lab.netns import call_in, ip
 from tests.support.lab.plan import standard_spec
-from tests.support.lab.topology import Lab
+from tests.support.lab.topology import Lab, addresses, veth
 
 
 def missing(*tools: str) -> str:
@@ -150,8 +151,37 @@ class World:
         """What the first node's backend was given."""
         return self.views[self.nodes[0]]
 
+    @property
+    def node(self) -> str:
+        """The first node's namespace."""
+        return self.lab.ns(self.nodes[0])
+
     def in_node(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return call_in(self.lab.ns(self.nodes[0]), fn, *args)
+        return call_in(self.node, fn, *args)
+
+    def tc_links(self) -> set[str]:
+        """The names of the first node's pinned tc links (``link_<device>_<hook>``)."""
+        pins = self.bpffs / ("pins" if len(self.nodes) == 1 else self.nodes[0])
+        return {p.name for p in (pins / "tc").glob("link_*")}
+
+    def add_routed(self, name: str, device: str, address: str, gateway: str) -> str:
+        """A namespace routed through its own veth ``device`` on the first node, made now
+        (Calico-style: ``address``/32, its gateway ``gateway`` an address of the node's
+        end, no bridge); returns it. ``remove_routed`` removes it."""
+        ns = self.lab.add_ns(name)
+        veth(ns, "eth0", self.node, device)
+        addresses(ns, "eth0", f"{address}/32")
+        ip(ns, "route", "add", gateway, "dev", "eth0")
+        ip(ns, "route", "add", "default", "via", gateway, "dev", "eth0", "onlink")
+        addresses(self.node, device, f"{gateway}/32")
+        ip(self.node, "route", "add", f"{address}/32", "dev", device)
+        return ns
+
+    def remove_routed(self, ns: str, device: str) -> None:
+        """``ns`` and its veth ``device`` (the node's end, if it is still there)."""
+        ip(self.node, "link", "del", device, check=False)
+        self.lab.created.remove(ns)
+        subprocess.run(["ip", "netns", "del", ns], check=True)
 
     def set(self, record: Record) -> None:
         """The service on every node: ``record``, or ``record(node)`` as each node sees it."""

@@ -18,7 +18,6 @@ the end, also when a test fails.
 from __future__ import annotations
 
 import socket
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 
@@ -30,10 +29,10 @@ from svcproxy.sdk import Changes, NodeConfig
 from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, ip
-from tests.support.lab.topology import addresses, veth
 from tests.support.packet_path import CLIENT, NODE1, PODS
 from tests.support.packet_path_sctp import crc32c, exchange
 from tests.support.waiting import wait_for
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip")
 
@@ -48,10 +47,6 @@ class World(packet_path.World):
         super().__init__("sptcp-", devices=("eth0",), servers=("pod-a", "pod-c"),
                          pod_devices=("sppv*",))
 
-    @property
-    def node(self) -> str:
-        return self.lab.ns("node1")
-
     def resync(self) -> None:
         """A sync of every service (what finds the pod devices)."""
         self.sync(Changes(frozenset(self.services)))
@@ -59,17 +54,7 @@ class World(packet_path.World):
     def add_pod(self, name: str = "podv") -> str:
         """A pod routed through its own veth ``sppv0`` (Calico-style: a /32, its gateway
         an address of the node's end), made now; returns its namespace."""
-        ns = self.lab.add_ns(name)
-        veth(ns, "eth0", self.node, POD_DEVICE)
-        addresses(ns, "eth0", f"{POD_IP}/32")
-        ip(ns, "route", "add", POD_GATEWAY, "dev", "eth0")
-        ip(ns, "route", "add", "default", "via", POD_GATEWAY, "dev", "eth0", "onlink")
-        addresses(self.node, POD_DEVICE, f"{POD_GATEWAY}/32")
-        ip(self.node, "route", "add", f"{POD_IP}/32", "dev", POD_DEVICE)
-        return ns
-
-    def pins(self) -> set[str]:
-        return {p.name for p in (self.bpffs / "pins" / "tc").glob("link_*")}
+        return self.add_routed(name, POD_DEVICE, POD_IP, POD_GATEWAY)
 
 
 def service(name: str, pods: list[str], proto: str = "TCP", node_port: int = 0,
@@ -81,12 +66,7 @@ def service(name: str, pods: list[str], proto: str = "TCP", node_port: int = 0,
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World()
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World())
 
 
 def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: World) -> None:
@@ -95,10 +75,10 @@ def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: Wor
     to node1); its device's pins go with it."""
     world.set(service("pods-cip", ["pod-a"], cip="10.96.8.1"))
     world.set(service("pods-np", ["pod-c"], node_port=30180, cip="10.96.8.3"))
-    assert not any(POD_DEVICE in p for p in world.pins())
+    assert not any(POD_DEVICE in p for p in world.tc_links())
     pod = world.add_pod()
     world.resync()  # the next sync attaches what matches the pattern
-    assert {f"link_{POD_DEVICE}_ingress", f"link_{POD_DEVICE}_egress"} <= world.pins()
+    assert {f"link_{POD_DEVICE}_ingress", f"link_{POD_DEVICE}_egress"} <= world.tc_links()
     cip = summarize(probe(pod, "tcp", "10.96.8.1", 80, 5))
     assert cip.names == Counter({"pod-a": 5}) and cip.sources == {POD_IP}, cip
     nodeport = summarize(probe(pod, "tcp", NODE1.ipv4, 30180, 5))
@@ -106,9 +86,8 @@ def test_pod_devices_that_appear_later_are_attached_and_serve_the_pod(world: Wor
         nodeport
     ip(world.node, "link", "del", POD_DEVICE)
     world.resync()
-    assert not any(POD_DEVICE in p for p in world.pins()), world.pins()
-    world.lab.created.remove(pod)
-    subprocess.run(["ip", "netns", "del", pod], check=True)
+    assert not any(POD_DEVICE in p for p in world.tc_links()), world.tc_links()
+    world.remove_routed(pod, POD_DEVICE)
 
 
 def test_a_pod_device_is_attached_when_it_appears_not_at_the_next_sync(world: World) -> None:
@@ -117,18 +96,16 @@ def test_a_pod_device_is_attached_when_it_appears_not_at_the_next_sync(world: Wo
     and the device's pins go when it goes."""
     world.set(service("pods-event", ["pod-a"], cip="10.96.8.5"))
     links = {f"link_{POD_DEVICE}_ingress", f"link_{POD_DEVICE}_egress"}
-    assert not links & world.pins()
+    assert not links & world.tc_links()
     pod = world.add_pod("podw")
     try:
-        wait_for(lambda: links <= world.pins(), timeout=30)
+        wait_for(lambda: links <= world.tc_links(), timeout=30)
         cip = summarize(probe(pod, "tcp", "10.96.8.5", 80, 5))
         assert cip.names == Counter({"pod-a": 5}) and cip.sources == {POD_IP}, cip
         ip(world.node, "link", "del", POD_DEVICE)
-        wait_for(lambda: not links & world.pins(), timeout=30)
+        wait_for(lambda: not links & world.tc_links(), timeout=30)
     finally:
-        ip(world.node, "link", "del", POD_DEVICE, check=False)
-        world.lab.created.remove(pod)
-        subprocess.run(["ip", "netns", "del", pod], check=True)
+        world.remove_routed(pod, POD_DEVICE)
 
 
 # --- SCTP, crafted (tests.support.packet_path_sctp) ---------------------------------
