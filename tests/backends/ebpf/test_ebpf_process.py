@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.backends.ebpf.test_ebpf_sockets import EPS4, NODE_IP, PORT, World, enter, pytestmark
+from tests.support.ebpf_sockets import EPS4, NODE_IP, PORT, World, marks
+from tests.support.lab.netns import enter
 
-__all__ = ["pytestmark"]
+pytestmark = marks()
 
 SVCPROXY = [sys.executable, "-m", "svcproxy.cli"]
 # A hammer stops when the test says so; the limit only bounds a test that never does.

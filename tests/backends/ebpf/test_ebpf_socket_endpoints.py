@@ -7,93 +7,23 @@ connection is left alone. And ClientIP affinity holds across a service's address
 
 from __future__ import annotations
 
-import errno
-import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from svcproxy.backends.ebpf.names import MAP_AFFINITY
 from svcproxy.model import SessionAffinity
-from tests.backends.ebpf.test_ebpf_sockets import (
-    EPS4,
-    EPS6,
-    NODE_IP,
-    World,
-    pytestmark,
-    service,
-)
+from tests.support import ebpf_sockets
+from tests.support.ebpf_sockets import DESTROYED, EPS4, EPS6, NODE_IP, Holder, World, service
+from tests.support.world_fixture import running
 
-__all__ = ["pytestmark"]
-
-# What a destroyed UDP socket's next send() gets: it is disconnected (EDESTADDRREQ), or
-# the error the destroy left (ECONNABORTED).
-DESTROYED = (errno.EDESTADDRREQ, errno.ECONNABORTED)
-
-# One JSON command per line, one JSON answer per line; sockets held by id.
-HOLDER = r'''
-import json, socket, sys
-held = {}
-def ask(s):
-    try:
-        s.send(b"hello\n")
-        return {"name": s.recv(2048).decode().split()[0]}
-    except OSError as e:
-        return {"errno": e.errno or 0, "error": str(e)}
-for line in sys.stdin:
-    c = json.loads(line)
-    if c["op"] == "ready":
-        out = {"ok": True}
-    elif c["op"] == "open":
-        kind = socket.SOCK_DGRAM if c["proto"] == "udp" else socket.SOCK_STREAM
-        s = socket.socket(socket.AF_INET6 if ":" in c["host"] else socket.AF_INET, kind)
-        s.settimeout(3)
-        s.connect((c["host"], 80))
-        held[c["id"]] = s
-        out = ask(s) if kind == socket.SOCK_DGRAM else {
-            "name": s.recv(2048).decode().split()[0]}
-    else:
-        out = ask(held[c["id"]])
-    print(json.dumps(out), flush=True)
-'''
-
-
-class Holder:
-    """A process in the cgroup and namespace of ``world`` that keeps its sockets open."""
-
-    def __init__(self, world: World) -> None:
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", world.ns, sys.executable, "-u", "-c", HOLDER],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        Path(world.cgroup / "cgroup.procs").write_text(f"{self.proc.pid}\n")
-        assert self.call(op="ready") == {"ok": True}
-
-    def call(self, **command: Any) -> Any:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the holder process died"
-        return json.loads(line)
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(5)
+pytestmark = ebpf_sockets.marks()
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World()
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World())
 
 
 @pytest.mark.parametrize("family", [4, 6])

@@ -12,20 +12,16 @@ import pytest
 
 from svcproxy.backends.ebpf.backend import EbpfBackend
 from svcproxy.sdk import Changes
-from tests.backends.ebpf.test_ebpf_socket_endpoints import DESTROYED, Holder
-from tests.backends.ebpf.test_ebpf_sockets import CONFIG, EPS4, World, pytestmark, service
+from tests.support import ebpf_sockets
+from tests.support.ebpf_sockets import CONFIG, DESTROYED, EPS4, Holder, World, service
+from tests.support.world_fixture import running
 
-__all__ = ["pytestmark"]
+pytestmark = ebpf_sockets.marks()
 
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    w = World()
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World())
 
 
 def socket_to_another(holder: Holder, host: str, chosen: str) -> tuple[str, int]:
@@ -52,7 +48,7 @@ def test_udp_socket_of_an_endpoint_that_left_while_the_backend_was_down(world: W
         left = service("dns", (dns,), [e for e in pair if e != chosen], proto="UDP")
         world.services[left.key] = left
         world.backend = EbpfBackend(CONFIG, world.layout).start()
-        world._sync(Changes(frozenset(world.services), full=True, reason="initial"))
+        world.sync(Changes(frozenset(world.services), full=True, reason="initial"))
         other = next(e for e in pair if e != chosen)
         got = holder.call(op="ask", id="u")
         assert got.get("errno") in DESTROYED, f"the socket of the endpoint that left: {got}"
