@@ -38,6 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import svgplot  # noqa: E402
+from bench.svgplot import Axis, Plot, Series  # noqa: E402
 from svcproxy.backends.ebpf.backend import EbpfBackend  # noqa: E402
 from svcproxy.backends.ebpf.loader import Layout  # noqa: E402
 from svcproxy.model import (  # noqa: E402
@@ -301,53 +303,25 @@ def changes(bench: Bench, services: int, per: int, count: int) -> dict[str, Any]
         backend.cleanup()
 
 
+COLORS = {"ebpf": "#1b7837", "ebpf+nft": "#7fbf7b", "nft": "#2166ac", "iptables": "#b2182b",
+          "direct": "#777777", "direct+iptables": "#f4a582"}
+
+
+def latency_plot(results: dict[str, dict[int, list[float]]]) -> Plot:
+    """p50 (solid) and p90 (dashed) per backend over the service counts, both axes log:
+    iptables' growth and ebpf's floor both show."""
+    sizes = tuple(sorted({n for r in results.values() for n in r}))
+    series = tuple(
+        Series(name, tuple((n, pct(v, q)) for n, v in sorted(by_size.items())),
+               COLORS.get(name, "black"), dashed=q == 0.9, legend=q == 0.5)
+        for name, by_size in sorted(results.items()) for q in (0.5, 0.9))
+    return Plot("connect() + first byte, microseconds, log scale (p50 solid, p90 dashed)",
+                Axis("services", log=True, ticks=sizes), Axis(log=True), series)
+
+
 def svg(results: dict[str, dict[int, list[float]]], path: Path) -> None:
-    """A log-x line plot of p50 (solid) and p90 (dashed) per backend, hand-written SVG."""
-    import math
-
-    colors = {"ebpf": "#1b7837", "ebpf+nft": "#7fbf7b", "nft": "#2166ac", "iptables": "#b2182b",
-              "direct": "#777777", "direct+iptables": "#f4a582"}
-    width, height, left, right, top, bottom = 760, 420, 70, 190, 40, 50
-    sizes = sorted({n for r in results.values() for n in r})
-    ymax = max(pct(v, 0.9) for r in results.values() for v in r.values()) * 1.2
-    ymin = min(pct(v, 0.5) for r in results.values() for v in r.values()) * 0.8
-    lx0, lx1 = math.log10(sizes[0]), math.log10(sizes[-1])
-    ly0, ly1 = math.log10(ymin), math.log10(ymax)
-
-    def x(n: int) -> float:
-        span = (lx1 - lx0) or 1
-        return left + (math.log10(n) - lx0) / span * (width - left - right)
-
-    def y(v: float) -> float:  # log scale: iptables' growth and ebpf's floor both show
-        return top + (1 - (math.log10(v) - ly0) / (ly1 - ly0)) * (height - top - bottom)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{left}" y="22" font-size="14">connect() + first byte, microseconds, '
-             'log scale (p50 solid, p90 dashed)</text>']
-    ticks = [t * 10**e for e in range(0, 6) for t in (1, 2, 5) if ymin <= t * 10**e <= ymax]
-    for v in ticks:
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
-                     'stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 8}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
-    for n in sizes:
-        parts.append(f'<text x="{x(n):.1f}" y="{height - bottom + 18}" text-anchor="middle">'
-                     f'{n:,}</text>')
-    parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 12}" '
-                 'text-anchor="middle">services</text>')
-    for row, (name, by_size) in enumerate(sorted(results.items())):
-        color = colors.get(name, "black")
-        for q, dash in ((0.5, ""), (0.9, ' stroke-dasharray="5,4"')):
-            pts = " ".join(f"{x(n):.1f},{y(pct(v, q)):.1f}" for n, v in sorted(by_size.items()))
-            parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" '
-                         f'stroke-width="2"{dash}/>')
-        ly = top + 20 + row * 20
-        parts.append(f'<line x1="{width - right + 15}" x2="{width - right + 40}" y1="{ly}" '
-                     f'y2="{ly}" stroke="{color}" stroke-width="2"/>')
-        parts.append(f'<text x="{width - right + 46}" y="{ly + 4}">{name}</text>')
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n")
+    """The latency plot, written to ``path``."""
+    svgplot.write(path, [latency_plot(results)])
 
 
 def main() -> None:

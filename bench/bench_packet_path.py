@@ -33,9 +33,14 @@ absolute figures. The client's and pod-c's veths send
 whole checksums (XDP needs them: tests/support/lab/checksums.py). Everything is removed
 on the way out (namespaces, programs, pins, the bpffs mount), also on failure.
 
+``--json`` saves each size's per-round figures, ``--svg`` draws CPU per packet and
+connect()'s p50 per dataplane over the sizes (bench/packet_path_plot.py), and
+``--plot-only`` draws ``--svg`` again from a saved ``--json`` (no root, no lab).
+
 Usage: .venv/bin/python bench/bench_packet_path.py [--sizes 100,10000,30000]
        [--rounds 7] [--tries 3] [--connects 100] [--packets 10000]
-       [--dataplanes tc,xdp,nft,iptables,routed]
+       [--dataplanes tc,xdp,nft,iptables,routed] [--json FILE] [--svg FILE]
+       .venv/bin/python bench/bench_packet_path.py --plot-only FILE --svg FILE
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from types import FrameType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import packet_path_plot, svgplot  # noqa: E402
 from bench.packet_path_figures import (  # noqa: E402
     paired_differences,
     paired_ratios,
@@ -323,7 +329,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "through a node of its own: the floor; default: all five)")
     parser.add_argument("--object", type=Path, default=OBJECT,
                         help="the tc/XDP object to load (default: the built one)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE",
+                        help="write each size's per-round figures here (what --plot-only "
+                        "reads)")
+    parser.add_argument("--svg", type=Path, default=None, metavar="FILE",
+                        help="draw CPU per packet and connect() p50 per dataplane over the "
+                        "sizes here")
+    parser.add_argument("--plot-only", type=Path, default=None, metavar="JSON",
+                        help="measure nothing: draw --svg from the figures a run wrote "
+                        "with --json")
     args = parser.parse_args(argv)
+    if args.plot_only and not args.svg:
+        parser.error("--plot-only draws a picture: name its file with --svg FILE")
     unknown = set(args.dataplanes.split(",")) - set(LABELS)
     if unknown:
         parser.error(f"unknown dataplane(s) {', '.join(sorted(unknown))}: "
@@ -340,8 +357,17 @@ def cleaned(steps: list[Callable[[], object]]) -> None:
             print(f"cleanup: {err}", file=sys.stderr)
 
 
+def draw(path: Path, results: packet_path_plot.Results) -> None:
+    """The run's picture (bench/packet_path_plot.py) written to ``path``."""
+    svgplot.write(path, packet_path_plot.plots(results))
+    print(f"plot: {path}")
+
+
 def main() -> None:
     args = parse()
+    if args.plot_only:
+        draw(args.svg, packet_path_plot.load(args.plot_only))
+        return
     if os.geteuid() != 0:
         sys.exit("bench_packet_path.py needs root (network namespaces, BPF, nft, iptables)")
     signal.signal(signal.SIGTERM, _terminate)
@@ -360,7 +386,8 @@ def main() -> None:
         lab.start(lab.ns("pod-c"), SERVER, str(POD_PORT))
         if "routed" in names:
             route_floor(lab)
-        print(f"{os.cpu_count()} CPUs, Linux {os.uname().release}; NodePort to pod-c on "
+        machine = f"{os.cpu_count()} CPUs, Linux {os.uname().release}"
+        print(f"{machine}; NodePort to pod-c on "
               f"another node; {args.rounds} rounds, each the best of {args.tries} runs of "
               f"{args.connects} connections and of {args.tries} bursts of "
               f"{args.packets:,} datagrams per dataplane", flush=True)
@@ -375,6 +402,12 @@ def main() -> None:
                         call_in(lab.ns(name), backend.cleanup)
         if len(sizes) > 1:
             flatness(names, sizes, results)
+        if args.json:
+            packet_path_plot.save(args.json, results, {
+                "machine": machine, "command": " ".join(sys.argv), "rounds": args.rounds,
+                "tries": args.tries})
+        if args.svg:
+            draw(args.svg, results)
     finally:
         cleaned(undo)
 

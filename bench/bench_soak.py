@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc  # noqa: E402
 
+from bench import svgplot  # noqa: E402
+from bench.svgplot import Axis, Plot, Series  # noqa: E402
 from svcproxy.sdk.client import NodeStateClient, open_channel  # noqa: E402
 from svcproxy.v1 import nodestate_pb2 as pb  # noqa: E402
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc  # noqa: E402
@@ -347,49 +349,19 @@ def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
     return samples
 
 
+def memory_plot(samples: list[dict[str, Any]], warmup: float, title: str) -> Plot:
+    """RSS and Python-allocated MB over minutes, the warm-up's end marked."""
+    minutes = [s["t"] / 60 for s in samples]
+    series = tuple(Series(name, tuple(zip(minutes, (s[key] / 2**20 for s in samples),
+                                          strict=True)), color)
+                   for name, key, color in (("RSS", "rss", "#2166ac"),
+                                            ("Python (tracemalloc)", "traced", "#b2182b")))
+    return Plot(title, Axis("minutes of churn"), Axis(unit=" MB"), series, marks=(warmup,))
+
+
 def svg(samples: list[dict[str, Any]], warmup: float, title: str, path: Path) -> None:
-    """RSS and Python-allocated MB over minutes, hand-written SVG (no matplotlib here)."""
-    width, height, left, right, top, bottom = 760, 400, 60, 150, 40, 50
-    xs = [s["t"] / 60 for s in samples]
-    series = {"RSS": ("#2166ac", [s["rss"] / 2**20 for s in samples]),
-              "Python (tracemalloc)": ("#b2182b", [s["traced"] / 2**20 for s in samples])}
-    xmax = max(xs) or 1
-    ymax = max(max(v) for _, v in series.values()) * 1.15
-
-    def x(v: float) -> float:
-        return left + v / xmax * (width - left - right)
-
-    def y(v: float) -> float:
-        return top + (1 - v / ymax) * (height - top - bottom)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{left}" y="22" font-size="14">{title}</text>']
-    step = 10 ** max(0, len(str(int(ymax))) - 1)
-    for tick in range(0, int(ymax) + 1, step if ymax / step > 2 else max(1, step // 5)):
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" '
-                     f'y2="{y(tick):.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">'
-                     f'{tick} MB</text>')
-    xstep = 5 if xmax > 15 else 1
-    for tick in range(0, int(xmax) + 1, xstep):
-        parts.append(f'<text x="{x(tick):.1f}" y="{height - bottom + 18}" '
-                     f'text-anchor="middle">{tick}</text>')
-    parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 12}" '
-                 'text-anchor="middle">minutes of churn</text>')
-    parts.append(f'<line x1="{x(warmup):.1f}" x2="{x(warmup):.1f}" y1="{top}" '
-                 f'y2="{height - bottom}" stroke="#999" stroke-dasharray="4,4"/>')
-    for row, (name, (color, values)) in enumerate(series.items()):
-        pts = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in zip(xs, values, strict=True))
-        parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" '
-                     'stroke-width="2"/>')
-        ly = top + 20 + row * 20
-        parts.append(f'<line x1="{width - right + 10}" x2="{width - right + 35}" y1="{ly}" '
-                     f'y2="{ly}" stroke="{color}" stroke-width="2"/>')
-        parts.append(f'<text x="{width - right + 40}" y="{ly + 4}">{name}</text>')
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n")
+    """The memory plot, written to ``path``."""
+    svgplot.write(path, [memory_plot(samples, warmup, title)])
 
 
 # ---- CPU per change (``--cpu``) ----------------------------------------------------------
