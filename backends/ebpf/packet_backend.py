@@ -317,8 +317,10 @@ class PacketBackend(MapsBackend):
                                      "Capacity of each map of the tc packet path",
                                      labels=["map"])
         attached = GaugeMetricFamily("svcproxy_ebpf_tc_attached",
-                                     "1 when the tc program is attached to the device's hook",
-                                     labels=["device", "hook"])
+                                     "1 when the tc program is attached to the device's hook, "
+                                     "by a tcx link or (kernels before 6.6) a clsact qdisc's "
+                                     "tc filter (mode); 0 with mode none",
+                                     labels=["device", "hook", "mode"])
         programs, tables = self.programs, self.tables
         if programs is not None and tables is not None and tables.applied is not None:
             layout = self.layout
@@ -332,8 +334,9 @@ class PacketBackend(MapsBackend):
                 capacity.add_metric([name], size)
             pods = [d for d in programs.attached if d not in layout.devices]
             for device in (*layout.devices, *pods):
+                mode = programs.tc_modes.get(device, "") if device in programs.attached else ""
                 for hook in HOOKS:
-                    attached.add_metric([device, hook], 1 if device in programs.attached else 0)
+                    attached.add_metric([device, hook, mode or "none"], 1 if mode else 0)
         yield entries
         yield capacity
         yield attached

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import libbpf, packet_stats, xdp
+from . import device_pins, libbpf, packet_stats, xdp
 from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress, Target
 from .libbpf import Map
 from .names import (
@@ -67,6 +67,7 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
             via = f" via {_host(flow.new_source)}" if flow.snat else ""
             yield (f"flow {flow.proto} {_host(flow.source)} -> {_host(flow.destination)} => "
                    f"{_host(flow.new_destination)}{via}")
+        yield from device_pins.dump_lines(tc_dir)
         yield from xdp.dump_lines(tc_dir)
         yield (f"# {len(applied)} tc services, "
                f"{sum(a.value.count for a in applied.values())} endpoint slots, "

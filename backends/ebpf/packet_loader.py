@@ -1,10 +1,13 @@
 """Load the tc programs, pin their maps and links, attach them to the node's devices.
 
 Each device gets two tcx links (BPF_TCX_INGRESS, BPF_TCX_EGRESS; Linux 6.6), pinned as
-``link_<device>_ingress`` / ``_egress`` under the packet path's pin directory. As with
-the socket programs, a restarted backend reuses the pinned maps (connection tracking
-included) and switches each pinned link to the new program in place
-(BPF_LINK_UPDATE), so no packet ever passes a device without a program.
+``link_<device>_ingress`` / ``_egress`` under the packet path's pin directory; on a
+kernel without tcx, a clsact qdisc and two direct-action tc filters (``clsact.py``). As
+with the socket programs, a restarted backend reuses the pinned maps (connection
+tracking included) and switches each pinned link (or filter) to the new program in
+place (BPF_LINK_UPDATE, BPF_TC_F_REPLACE), so no packet ever passes a device without a
+program. The pins of a device that went or is no longer served go then
+(``device_pins.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import libbpf, nat_ports, pod_devices, rodata, xdp
+from . import clsact, device_pins, libbpf, nat_ports, pod_devices, rodata, xdp
 from .ct_gc import CtTimeouts, set_timeouts
 from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
@@ -38,6 +41,7 @@ OBJECT = Path(__file__).parent / "bpf" / "svcproxy_tc.bpf.o"
 TCX_INGRESS, TCX_EGRESS = 46, 47  # enum bpf_attach_type (Linux 6.6)
 LINK_TYPE_TCX = 11
 HOOKS = {"ingress": ("spp_ingress", TCX_INGRESS), "egress": ("spp_egress", TCX_EGRESS)}
+NO_TCX = (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP)  # how a kernel before 6.6 refuses tcx
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,8 @@ class PacketPrograms:
         self._obj: int | None = None
         self.maps: dict[str, Map] = {}
         self.attached: dict[str, int] = {}  # device -> the ifindex its links are on
+        self.tc_modes: dict[str, str] = {}  # device -> 'tcx' or 'clsact' (the fallback)
+        self.tcx = True  # False once the kernel refused a tcx link: clsact from then on
         self.xdp_modes: dict[str, str] = {}  # device -> its XDP mode, '' for none
 
     def load(self) -> PacketPrograms:
@@ -173,13 +179,15 @@ class PacketPrograms:
         pods = pod_devices.matching(self.layout.pod_devices, named)
         for device in [d for d in self.attached if d not in named and d not in pods]:
             self.attached.pop(device)
-        pod_devices.sweep(self.layout.dir, self.layout.pod_devices, pods)
+            self.tc_modes.pop(device, None)
+        device_pins.sweep(self.layout.dir, (*named, *pods))
         for device in (*named, *pods):
             try:
                 ifindex = socket.if_nametoindex(device)
             except OSError:
                 self.attached.pop(device, None)
                 self.xdp_modes.pop(device, None)
+                self.tc_modes.pop(device, None)
                 continue
             if self.attached.get(device) != ifindex:
                 self._attach_device(self._obj, device, ifindex)
@@ -188,21 +196,48 @@ class PacketPrograms:
         return done
 
     def _attach_device(self, obj: int, device: str, ifindex: int) -> None:
+        """Both programs on ``device``: by tcx links, or by the clsact fallback when the
+        device is pinned that way or the kernel has no tcx."""
         lib = libbpf.lib()
-        for hook, (program, attach_type) in HOOKS.items():
+        programs = {}
+        for hook, (program, _) in HOOKS.items():
             prog = libbpf.check_ptr(lib.bpf_object__find_program_by_name(obj, program.encode()),
                                     f"program {program}")
-            try:
-                self._attach(device, hook, lib.bpf_program__fd(prog), ifindex, attach_type)
-            except BpfError as err:
-                if err.errno in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
-                    raise LoadError(f"attaching tc {hook} to {device}: this kernel lacks tcx "
-                                    "links (Linux 6.6); use --ebpf-packet-path nft on this "
-                                    "node") from None
-                raise LoadError(f"attaching tc {hook} to {device}: {err.strerror}") from None
+            programs[hook] = lib.bpf_program__fd(prog)
+        mode = "clsact" if clsact.pinned(self.layout.dir, device) or not self.tcx else "tcx"
+        if mode == "tcx":
+            mode = self._attach_tcx(device, ifindex, programs)
+        if mode == "clsact":
+            for hook, prog_fd in programs.items():
+                try:
+                    clsact.attach(self.layout.dir, device, ifindex, hook, prog_fd)
+                except BpfError as err:
+                    raise LoadError(f"attaching tc {hook} to {device} (clsact qdisc and tc "
+                                    f"filter): {err.strerror}") from None
+            log.info("tc programs attached to %s by a clsact qdisc and direct-action tc "
+                     "filters (pref %d)", device, clsact.PRIORITY)
+        self.tc_modes[device] = mode
         if device in self.layout.devices:  # not on pods' devices (--ebpf-pod-devices)
             self.xdp_modes[device] = xdp.serve(obj, self.layout.dir, device, ifindex,
                                                self.layout.xdp)
+
+    def _attach_tcx(self, device: str, ifindex: int, programs: dict[str, int]) -> str:
+        """Both programs by tcx links; 'clsact' when the kernel has no tcx (said once)."""
+        for hook, (_, attach_type) in HOOKS.items():
+            try:
+                self._attach(device, hook, programs[hook], ifindex, attach_type)
+            except BpfError as err:
+                if err.errno not in NO_TCX:
+                    raise LoadError(f"attaching tc {hook} to {device}: {err.strerror}") from None
+                log.warning("This kernel lacks tcx links (Linux 6.6): the tc programs are "
+                            "attached by a clsact qdisc and direct-action tc filters instead "
+                            "(%s)", err.strerror)
+                self.tcx = False
+                for pin in device_pins.link_pins(self.layout.dir, device):
+                    if not pin.name.startswith(f"link_{device}_xdp_"):
+                        pin.unlink()
+                return "clsact"
+        return "tcx"
 
     def _attach(self, device: str, hook: str, prog_fd: int, ifindex: int,
                 attach_type: int) -> None:
@@ -224,8 +259,7 @@ class PacketPrograms:
             finally:
                 os.close(fd)
             pin.unlink()
-        fd = libbpf.check(lib.bpf_link_create(prog_fd, ifindex, attach_type, None),
-                          f"attach {device} {hook}")
+        fd = create_tcx_link(prog_fd, ifindex, attach_type, f"attach {device} {hook}")
         try:
             libbpf.obj_pin(fd, str(pin))
         finally:
@@ -239,6 +273,12 @@ class PacketPrograms:
             self.maps.clear()
 
 
+def create_tcx_link(prog_fd: int, ifindex: int, attach_type: int, what: str) -> int:
+    """A new tcx link of ``prog_fd`` on ``ifindex`` (its fd); BpfError with EINVAL on a
+    kernel before 6.6, which knows no such attach type."""
+    return libbpf.check(libbpf.lib().bpf_link_create(prog_fd, ifindex, attach_type, None), what)
+
+
 def remove_packet_pins(pin_dir: Path) -> list[str]:
     """Detach every pinned tc link and remove the packet path's pins and directory (then
     ``pin_dir`` itself if nothing else is left in it). Returns what was removed."""
@@ -246,6 +286,8 @@ def remove_packet_pins(pin_dir: Path) -> list[str]:
     tc_dir = pin_dir / TC_SUBDIR
     if not tc_dir.is_dir():
         return removed
+    for device in sorted(device_pins.pinned_devices(tc_dir)):
+        removed += device_pins.release(tc_dir, device)
     lib = libbpf.lib()
     for pin in sorted(tc_dir.glob(f"{LINK_PREFIX}*")):
         try:

@@ -4,7 +4,7 @@ end of its veth, as Calico's eBPF dataplane attaches to ``cali*``), found by nam
 The tc programs on them serve what the socket programs cannot take: processes outside
 ``--ebpf-cgroup`` and SCTP. A matching device that appears later is attached when the
 kernel says it came (``LinkMonitor``: rtnetlink's link notifications), and at every sync
-in case one was missed; the pins of one that went (its links went with it) are removed.
+in case one was missed; the pins of one that went are removed then (``device_pins.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from svcproxy.sdk import netlink
 
@@ -87,21 +86,6 @@ def matching(wanted: Iterable[str], named: Iterable[str] = ()) -> tuple[str, ...
     return tuple(sorted(name for _, name in socket.if_nameindex()
                         if name not in skip and any(fnmatch.fnmatchcase(name, p)
                                                     for p in wanted)))
-
-
-def sweep(tc_dir: Path, wanted: Iterable[str], present: Iterable[str]) -> list[str]:
-    """Remove the link pins of matching devices that are not ``present`` any more (a pod's
-    veth goes with its pod, and its links with it); returns the devices swept."""
-    wanted, here = tuple(wanted), set(present)
-    gone: set[str] = set()
-    for pin in tc_dir.glob("link_*_*gress"):
-        device = pin.name[len("link_"):].rsplit("_", 1)[0]
-        if device not in here and any(fnmatch.fnmatchcase(device, p) for p in wanted):
-            pin.unlink(missing_ok=True)
-            gone.add(device)
-    for device in sorted(gone):
-        log.info("--ebpf-pod-devices: %s is gone; its tc pins are removed", device)
-    return sorted(gone)
 
 
 RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100

@@ -434,7 +434,8 @@ def test_metrics_of_the_tc_maps(world: World) -> None:
     world.backend.register_metrics(registry)
     text = generate_latest(registry).decode()
     for hook in ("ingress", "egress"):
-        assert f'svcproxy_ebpf_tc_attached{{device="eth0",hook="{hook}"}} 1.0' in text, text
+        assert f'svcproxy_ebpf_tc_attached{{device="eth0",hook="{hook}",mode="tcx"}} 1.0' \
+            in text, text
     assert 'svcproxy_ebpf_tc_map_max_entries{map="spp_ct"} 262144.0' in text
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
               if line.startswith("svcproxy_ebpf_tc_map_entries")}
