@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import device_pins, libbpf, packet_stats, xdp
+from . import device_pins, libbpf, nat_usage, packet_stats, xdp
 from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress, Target
 from .libbpf import Map
 from .names import (
@@ -19,6 +19,7 @@ from .names import (
     TC_SUBDIR,
 )
 from .packet_layout import CT_FORWARD, EP_LOCAL, F_MAGLEV, SIZES, CtEntry
+from .packet_loader import OBJECT
 from .tables import read_kernel
 
 
@@ -32,8 +33,9 @@ def _endpoint(slot: bytes) -> str:
 
 
 def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
-    """One line per tc services-map entry, a sample of the flows, then the counts; nothing
-    when the packet path has no pins here."""
+    """One line per tc services-map entry, a sample of the flows, the NAT ports (range,
+    in use, free), how the devices run the programs, then the counts; nothing when the
+    packet path has no pins here."""
     tc_dir = pin_dir / TC_SUBDIR
     if not (tc_dir / TC_MAP_SERVICES).exists():
         return
@@ -67,6 +69,7 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
             via = f" via {_host(flow.new_source)}" if flow.snat else ""
             yield (f"flow {flow.proto} {_host(flow.source)} -> {_host(flow.destination)} => "
                    f"{_host(flow.new_destination)}{via}")
+        yield from nat_usage.dump_lines(tc_dir, OBJECT, flows, samples)
         yield from device_pins.dump_lines(tc_dir)
         yield from xdp.dump_lines(tc_dir)
         yield (f"# {len(applied)} tc services, "

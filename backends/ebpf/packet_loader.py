@@ -26,6 +26,7 @@ from .libbpf import BpfError, Map
 from .loader import BPF_FS_MAGIC, ENOTSUPP, LoadError, fs_type
 from .names import (
     LINK_PREFIX,
+    TC_CONSTANTS,
     TC_MAP_CT,
     TC_MAP_ENDPOINTS,
     TC_MAP_MAGLEV,
@@ -139,6 +140,7 @@ class PacketPrograms:
                 m = lib.bpf_object__find_map_by_name(obj, name.encode())
                 key, value = SIZES.get(name, (4, 2 * layout.maglev_size))
                 self.maps[name] = Map(name, lib.bpf_map__fd(m), key, value)
+            self._pin_constants(obj)
             self.refresh()
             for device in layout.devices:
                 if device not in self.attached:
@@ -168,6 +170,17 @@ class PacketPrograms:
                              f"value size {name}")
             libbpf.check(lib.bpf_map__set_pin_path(m, str(self.layout.dir / name).encode()),
                          f"pin path {name}")
+
+    def _pin_constants(self, obj: int) -> None:
+        """Pin the loaded program's constants (its ``.rodata``: the NAT port range among
+        them) as ``spp_constants``, replacing the last load's, for ``--dump``."""
+        rodata_map = libbpf.check_ptr(libbpf.lib().bpf_object__find_map_by_name(obj, b".rodata"),
+                                      ".rodata")
+        pin = self.layout.dir / TC_CONSTANTS
+        staged = pin.with_name(f"tmp_{pin.name}")
+        staged.unlink(missing_ok=True)
+        libbpf.obj_pin(libbpf.lib().bpf_map__fd(rodata_map), str(staged))
+        os.replace(staged, pin)
 
     def refresh(self) -> list[str]:
         """Attach the programs to every named device, and every device matching
@@ -300,7 +313,7 @@ def remove_packet_pins(pin_dir: Path) -> list[str]:
             log.warning("Detaching %s: %s", pin, err.strerror)
         pin.unlink()
         removed.append(pin.name)
-    for name in TC_MAPS:
+    for name in (*TC_MAPS, TC_CONSTANTS):
         pin = tc_dir / name
         if pin.exists():
             pin.unlink()
