@@ -24,7 +24,7 @@ from svcproxy.frontend.computation.compute import NodeClassCache, service_base  
 from svcproxy.frontend.computation.selection import categorize, categorize_by_family  # noqa: E402
 from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice  # noqa: E402
 from svcproxy.frontend.edge.objects import EndpointSlice, Service  # noqa: E402
-from svcproxy.frontend.edge.service import parse_service  # noqa: E402
+from svcproxy.frontend.edge.service import read_service  # noqa: E402
 
 
 def objects(i: int, endpoints: int, nodes: int) -> tuple[Service, list[EndpointSlice]]:
@@ -46,7 +46,9 @@ def objects(i: int, endpoints: int, nodes: int) -> tuple[Service, list[EndpointS
                        "labels": {"kubernetes.io/service-name": f"svc{i}"}},
           "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
           "endpoints": eps}
-    return parse_service(svc), [parse_endpoint_slice(sl)]
+    service, verdict = read_service(svc)
+    assert service is not None, verdict.summary()
+    return service, [parse_endpoint_slice(sl)]
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
-"""What validating every object at the edge costs (issue 12).
+"""What reading every object at the edge costs (issues 12, 29).
 
     .venv/bin/python bench/bench_validation.py [--services 10000] [--endpoints 10]
         [--nodes 100] [--rounds 4]
 
 Loads the same synthetic cluster as bench_frontend.py (N services, one EndpointSlice of
-M endpoints each, nodes) into a fresh engine, alternating (ABBA) rounds with the engine's
-intake as it runs (Kubernetes' rules, then parsing) and with parsing alone, and prints
-the load time of each (best of the rounds) and their ratio; then the cost of
-``validate`` per object of each kind.
+M endpoints each, nodes) into a fresh engine --rounds times, through the engine's intake
+as it runs (each kind's one pass: Kubernetes' rules, each building the object from the
+value it checked), and prints the load time (best of the rounds); then the cost of that
+pass (``READERS``, the general path) per object of each kind.
 """
 
 from __future__ import annotations
@@ -24,23 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_frontend import make_cluster  # noqa: E402
 
-from svcproxy.frontend.edge.validation import validate  # noqa: E402
-from svcproxy.frontend.intake.intake import _PARSERS, Intake  # noqa: E402
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS  # noqa: E402
+from svcproxy.frontend.intake.intake import READERS  # noqa: E402
 from svcproxy.frontend.pipeline.engine import Engine  # noqa: E402
 
 
-class ParseOnly(Intake):
-    """The intake without Kubernetes' rules: what loading cost before issue 12."""
-
-    def parse(self, kind: str, obj: Any, served: bool) -> Any:
-        return _PARSERS[kind](obj)
-
-
-def load(events: list[Any], validating: bool) -> tuple[float, float]:
+def load(events: list[Any]) -> tuple[float, float]:
     """(wall, CPU) seconds to load ``events`` into a fresh engine."""
     engine = Engine()
-    if not validating:
-        engine.store.intake = ParseOnly()
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     engine.submit(events)
@@ -53,10 +44,11 @@ def per_object(events: list[Any]) -> None:
     for ev in events:
         objs = ev.objs[:2000]
         t0 = time.process_time()
+        read = READERS[ev.kind]
         for obj in objs:
-            assert validate(ev.kind, obj).ok
+            assert read(obj, DEFAULT_LIMITS)[0] is not None
         cost = (time.process_time() - t0) / len(objs)
-        print(f"validate {ev.kind:<14} {cost * 1e6:7.1f} us CPU per object", flush=True)
+        print(f"read {ev.kind:<14} {cost * 1e6:7.1f} us CPU per object", flush=True)
 
 
 def main() -> None:
@@ -68,17 +60,10 @@ def main() -> None:
     args = parser.parse_args()
     events = make_cluster(args.services, args.endpoints, args.nodes)
     print(f"== loading {args.services} services x {args.endpoints} endpoints, {args.nodes} "
-          f"nodes into a fresh engine ({args.rounds} rounds in ABBA order, best of each)",
+          f"nodes into a fresh engine ({args.rounds} rounds, the best)", flush=True)
+    times = [load(events) for _ in range(args.rounds)]
+    print(f"load: wall {min(t[0] for t in times):6.2f} s, CPU {min(t[1] for t in times):6.2f} s",
           flush=True)
-    times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    for round_ in range(args.rounds):
-        for validating in ((False, True) if round_ % 2 == 0 else (True, False)):
-            times[validating].append(load(events, validating))
-    for i, what in ((0, "wall"), (1, "CPU")):
-        plain = min(t[i] for t in times[False])
-        checked = min(t[i] for t in times[True])
-        print(f"{what:>4}: parse only {plain:6.2f} s, validate and parse {checked:6.2f} s, "
-              f"ratio {checked / plain:.3f}", flush=True)
     per_object(events)
 
 

@@ -187,6 +187,26 @@ def read_ips(values: list[Any], where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def kube_ip(text: str) -> str:
+    """A checked address (``Checker.ip``) as it is served: in canonical form, an
+    IPv4-mapped one as its IPv4 address (Go's To4(), which Kubernetes validates and
+    kube-proxy programs it as)."""
+    if CANONICAL_IPV4.fullmatch(text):
+        return text
+    ip = normalize_ip(text) or text
+    if ip.startswith("::ffff:"):
+        mapped = ipaddress.IPv6Address(ip).ipv4_mapped
+        return str(mapped) if mapped is not None else ip
+    return ip
+
+
+def kube_ips(values: list[str]) -> tuple[str, ...]:
+    """Checked addresses as they are served (``kube_ip``), without repeats."""
+    if len(values) == 1 and CANONICAL_IPV4.fullmatch(values[0]):
+        return (values[0],)
+    return tuple(dict.fromkeys(map(kube_ip, values)))
+
+
 def parse_time(text: Any) -> float:
     """Unix seconds of an RFC 3339 timestamp as kube-proxy reads one (rfc3339.parse);
     0.0 when absent, not one, before 1970 or past what the wire carries."""

@@ -1,20 +1,20 @@
-"""The Service kind, whole: its schema (the fields svcproxy reads), the apiserver's rules
-for them (pkg/apis/core/validation) with their messages, the parse of a valid Service
-into ``objects.Service``, and the typed decode of a listed Service's JSON.
+"""The Service kind, whole: the apiserver's rules for the fields svcproxy reads
+(pkg/apis/core/validation) with their messages, each rule giving the value it checked to
+the ``objects.Service`` it builds (``read_service``), and the typed decode of a listed
+Service's JSON (``decode_service``), an optimisation of the same reading.
 
-The schema (the msgspec structs below, one per level of the object) drives the typed
-decode: msgspec decodes a listed Service's JSON straight into it, in C, and a field it
-does not name sends the Service to the general path. The rules stay code, each citing
-the Kubernetes function it mirrors: Kubernetes' messages, and reading any value to say
-what is wrong with it, are beyond a struct's decoding.
+One reader. ``read_service`` reads each field once: the rule checks it (the problem, if
+any, goes into the verdict with Kubernetes' message) and returns the value read, and a
+Service is built of those values when the verdict accepts it. ``validate_service`` is that
+pass's verdict. A new field goes in one place: the rule that reads it, here.
 
-Two paths give one object. A listed Service of the common shape (``decode_service``) is
-decoded and checked without messages; anything else, or any doubt (a field not in the
-schema, ExternalName, IPv6 or dual-stack, source ranges, a null targetPort or
-timeoutSeconds, limits below the defaults), gives None and the caller takes the general
-path: ``validate_service`` (which says why), then ``parse_service``, which makes the
-same object (property tests in tests/frontend/edge/test_parse_fast_paths.py hold the
-two to it).
+The fast path, optionally. The msgspec structs below name the fields a listed Service of
+the common shape has; msgspec decodes its JSON straight into them, in C, and
+``decode_service`` checks them without messages. A field the structs do not name (so a
+new one, until it is added here too), ExternalName, IPv6 or dual-stack, source ranges, a
+null targetPort or timeoutSeconds, limits below the defaults, or any doubt gives None and
+the caller takes ``read_service``, which says why or reads it. Property tests in
+tests/frontend/edge/ hold the two to one object.
 """
 
 from __future__ import annotations
@@ -46,16 +46,11 @@ from svcproxy.frontend.edge.names import (
     matches,
 )
 from svcproxy.frontend.edge.objects import (
-    ParseError,
     Service,
     SvcPort,
-    as_list,
-    as_mapping,
+    kube_ip,
+    kube_ips,
     parse_time,
-    read_ips,
-    read_meta,
-    read_port,
-    read_protocol,
 )
 from svcproxy.frontend.edge.verdict import Verdict, shown
 from svcproxy.frontend.edge.wellknown import (
@@ -159,54 +154,81 @@ _DISTRIBUTIONS = (None, *TRAFFIC_DISTRIBUTIONS)  # "" is set: refused
 _IP_MODES = (None, "VIP", "Proxy")
 _FAMILY_POLICIES = (None, *IP_FAMILY_POLICIES)
 _FAMILIES = ["IPv4"]  # the family of the one cluster IP this path takes
+_HEADLESS = ("None",)  # what _cluster_ips reads of a headless service
 # What no service CIDR holds beyond the endpoint rules, as prefixes of canonical IPv4
 # addresses: multicast (224.0.0.0/4) and the broadcast address.
 _FORBIDDEN_CLUSTER_IPV4 = (*FORBIDDEN_IPV4, *(f"{n}." for n in range(224, 240)),
                            "255.255.255.255")
 
 
-def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
-    """A Service as the apiserver validates the fields svcproxy reads."""
+def read_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS
+                 ) -> tuple[Service | None, Verdict]:
+    """A Service read in one pass: each field svcproxy reads checked once as the apiserver
+    validates it (its problems, with their messages, in the verdict) and taken as the
+    value the Service is made of; the Service is None when the verdict refuses it."""
     c = Checker(limits)
     if not check_object(c, obj, limits):
-        return c.v
+        return None, c.v
     # ValidateObjectMeta with ValidateServiceName (NameIsDNS1035Label).
-    _, annotations = c.metadata(obj, lambda v, w: c.name(
+    labels, annotations = c.metadata(obj, lambda v, w: c.name(
         v, w, DNS1035_LABEL, 63, "DNS-1035 label (lowercase letters, digits and '-', "
         "starting with a letter)"), namespaced=True)
     spec = c.mapping(obj.get("spec"), "spec")
     stype = c.enum(spec.get("type"), "spec.type", SERVICE_TYPES) or "ClusterIP"  # supported
-    headless = _cluster_ips(c, spec, stype)
-    _service_ports(c, spec, stype, headless)
-    for i, ip in enumerate(c.items(spec.get("externalIPs"), "spec.externalIPs")):
-        c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")  # IsValidIP, ValidateNonSpecialIP
-    _affinity(c, spec)
+    cluster_ips = _cluster_ips(c, spec, stype)
+    ports = _service_ports(c, spec, stype, cluster_ips == _HEADLESS)
+    external_ips = kube_ips([ip for i, ip in enumerate(c.items(
+        spec.get("externalIPs"), "spec.externalIPs"))  # IsValidIP, ValidateNonSpecialIP
+        if c.ip(ip, f"spec.externalIPs[{i}]", "endpoint")])
+    affinity, timeout = _affinity(c, spec)
     # validateServiceInternalTrafficFieldsValue, validateServiceTrafficDistribution
     # (PreferClose v1.30; PreferSame* v1.33): both *string, so "" is refused.
-    _set_enum(c, spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", POLICIES)
-    _set_enum(c, spec.get("trafficDistribution"), "spec.trafficDistribution",
-              TRAFFIC_DISTRIBUTIONS)
-    _external_traffic(c, spec, stype)
-    _source_ranges(c, spec, stype, annotations)
-    _topology_annotations(c, obj)
+    internal = _set_enum(c, spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy",
+                         POLICIES)
+    distribution = _set_enum(c, spec.get("trafficDistribution"), "spec.trafficDistribution",
+                             TRAFFIC_DISTRIBUTIONS)
+    external, hc_port = _external_traffic(c, spec, stype)
+    ranges = _source_ranges(c, spec, stype, annotations)
+    topology = _topology_annotations(c, annotations)
     if stype == "ExternalName":  # ValidateDNS1123Subdomain of the name less a trailing dot
         name = spec.get("externalName")
         if isinstance(name, str) and name.endswith("."):
             name = name[:-1]  # a CNAME: a trailing dot marks it fully qualified
         c.subdomain(name, "spec.externalName")
-    _lb_status(c, obj.get("status"))
-    return c.v
+    ingress = _lb_status(c, obj.get("status"))
+    if not c.v.ok:
+        return None, c.v
+    meta = obj["metadata"]
+    return Service(
+        namespace=meta.get("namespace") or "default", name=meta["name"], type=stype,
+        cluster_ips=() if cluster_ips == _HEADLESS else cluster_ips, ports=ports,
+        external_ips=external_ips, load_balancer_ingress=ingress,
+        load_balancer_source_ranges=ranges, session_affinity=affinity,
+        session_affinity_timeout=timeout, internal_traffic_policy=_POLICIES[internal],
+        external_traffic_policy=_POLICIES[external], health_check_node_port=hc_port,
+        traffic_distribution=distribution, topology_mode=topology,
+        proxy_name=labels.get(SERVICE_PROXY_NAME_LABEL),
+        options=tuple(sorted((k, v) for k, v in annotations.items()
+                             if k.startswith(OPTION_PREFIX))),
+        created=parse_time(meta.get("creationTimestamp"))), c.v
 
 
-def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
+def validate_service(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """A Service as the apiserver validates the fields svcproxy reads (``read_service``'s
+    verdict)."""
+    return read_service(obj, limits)[1]
+
+
+def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> tuple[str, ...]:
     """Checks clusterIP/clusterIPs as validateServiceClusterIPsRelatedFields does (None
     alone and not for NodePort/LoadBalancer, IsValidIP, at most two of two families,
-    clusterIPs[0] = clusterIP); True for a headless service. The addresses no service
-    CIDR can hold (``cluster_ip_problem``) are refused as the allocator would refuse
-    them (ipallocator: ErrNotInRange): with manifests no range is known."""
+    clusterIPs[0] = clusterIP); the cluster IPs read, ``_HEADLESS`` for a headless
+    service. The addresses no service CIDR can hold (``cluster_ip_problem``) are refused
+    as the allocator would refuse them (ipallocator: ErrNotInRange): with manifests no
+    range is known."""
     if stype == "ExternalName":
         _external_name_ips(c, spec)
-        return False
+        return ()
     single = c.string(spec.get("clusterIP"), "spec.clusterIP")
     single_family = c.ip(single, "spec.clusterIP", "cluster") \
         if single and single != "None" else 0
@@ -221,7 +243,7 @@ def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
         if stype in ("NodePort", "LoadBalancer"):
             c.err("spec.clusterIP", "invalid_value", f"may not be 'None' for {stype} services")
         _ip_families(c, spec, [], len(values))
-        return True
+        return _HEADLESS
     families = [c.ip(ip, f"spec.clusterIPs[{i}]", "cluster") if ip != single
                 else single_family for i, ip in enumerate(ips)]
     if len(families) == 2 and families[0] and families[0] == families[1]:
@@ -230,7 +252,7 @@ def _cluster_ips(c: Checker, spec: dict[str, Any], stype: str) -> bool:
         c.err("spec.clusterIPs[0]", "invalid_value", f"{shown(ips[0])} must be the same as "
               f"spec.clusterIP {shown(single)}")
     _ip_families(c, spec, families or [single_family], len(values))
-    return False
+    return kube_ips(values) if c.v.ok else ()
 
 
 def _external_name_ips(c: Checker, spec: dict[str, Any]) -> None:
@@ -270,18 +292,23 @@ def _ip_families(c: Checker, spec: dict[str, Any], families: list[int], ips: int
               "PreferDualStack when two cluster IPs or IP families are given")
 
 
-def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool) -> None:
+
+
+def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool
+                   ) -> tuple[SvcPort, ...]:
     """validateServicePort for each (name a DNS-1123 label, required with several and
     unique; IsValidPortNum; a supported protocol, "" defaulting to TCP; targetPort
     ValidatePortNumOrName; appProtocol ValidateQualifiedName), then ValidateService's
     cross-port rules: ports required but for headless and ExternalName, (port, protocol)
-    and (nodePort, protocol) unique, no nodePort on a ClusterIP service."""
+    and (nodePort, protocol) unique, no nodePort on a ClusterIP service. The ports read
+    (unset targetPort: the port)."""
     ports = c.items(spec.get("ports"), "spec.ports")
     if not ports and not headless and stype != "ExternalName":
         c.err("spec.ports", "malformed", "is required (a service needs at least one port)")
     names: set[str] = set()
     seen: set[tuple[int, str]] = set()
     node_ports: set[tuple[int, str]] = set()
+    read: list[tuple[str, str, int, int, str]] = []
     for i, raw in enumerate(ports):
         where = f"spec.ports[{i}]"
         p = c.mapping(raw, where)
@@ -307,6 +334,11 @@ def _service_ports(c: Checker, spec: dict[str, Any], stype: str, headless: bool)
         if node_port and (node_port, proto) in node_ports:
             c.err(f"{where}.nodePort", "duplicate", f"{node_port}/{proto} is used twice")
         node_ports.add((node_port, proto))
+        read.append((name, proto, port, node_port, str(p.get("targetPort", port))))
+    if not c.v.ok:
+        return ()
+    return tuple(SvcPort(name, Protocol(proto), port, node_port, target)
+                 for name, proto, port, node_port, target in read)
 
 
 def _target_port(c: Checker, value: Any, where: str) -> None:
@@ -332,48 +364,58 @@ def _set_enum(c: Checker, value: Any, where: str, allowed: tuple[str, ...]) -> s
     return c.enum(value, where, allowed)
 
 
-def _affinity(c: Checker, spec: dict[str, Any]) -> None:
+def _affinity(c: Checker, spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
     """supportedSessionAffinityType and validateClientIPAffinityConfig (1-86400 s; unset
     or null is defaulted to 10800 by SetDefaults_Service); ValidateService forbids a
     sessionAffinityConfig (not null) when the affinity is None ("" and unset are None,
-    SetDefaults_Service)."""
+    SetDefaults_Service). The affinity read and its timeout (0 without one)."""
     affinity = c.enum(spec.get("sessionAffinity"), "spec.sessionAffinity", AFFINITIES)
     if affinity != "ClientIP" and spec.get("sessionAffinityConfig") is not None and \
             spec.get("sessionAffinity") in (None, "", "None"):
         c.err("spec.sessionAffinityConfig", "forbidden", "must not be set when "
               "sessionAffinity is None (set sessionAffinity: ClientIP, or remove it)")
-        return
+        return SessionAffinity.NONE, 0
     cfg = c.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
     client = c.mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
     timeout = client.get("timeoutSeconds")
-    if affinity == "ClientIP" and timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int)
-            or not 0 < timeout <= 86400):
+    if affinity != "ClientIP":
+        return SessionAffinity.NONE, 0
+    if timeout is None:
+        return SessionAffinity.CLIENT_IP, DEFAULT_AFFINITY_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 < timeout <= 86400:
         c.err("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "invalid_value",
               f"{shown(timeout)} must be between 1 and 86400")
+    return SessionAffinity.CLIENT_IP, timeout
 
 
-def _lb_status(c: Checker, status: Any) -> None:
+def _lb_status(c: Checker, status: Any) -> tuple[LoadBalancerIngress, ...]:
     """ValidateLoadBalancerStatus: an ingress IP IsValidIP; its ipMode (a *string) VIP or
     Proxy when set, "" included, and only with an IP (unset with one: VIP, as
-    SetDefaults_Service sets it)."""
+    SetDefaults_Service sets it). The ingress addresses read (an entry without one, a
+    hostname, is left out)."""
     lb = c.mapping(c.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
+    out = []
     for i, raw in enumerate(c.items(lb.get("ingress"), "status.loadBalancer.ingress")):
         where = f"status.loadBalancer.ingress[{i}]"
         ing = c.mapping(raw, where)
-        if ing.get("ip") not in (None, ""):
-            c.ip(ing.get("ip"), f"{where}.ip")
-            _set_enum(c, ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
+        ip = ing.get("ip")
+        if ip not in (None, ""):
+            family = c.ip(ip, f"{where}.ip")
+            mode = _set_enum(c, ing.get("ipMode"), f"{where}.ipMode", IP_MODES)
+            if family:
+                out.append(LoadBalancerIngress(kube_ip(ip), mode or "VIP"))
         elif ing.get("ipMode") is not None:
             c.err(f"{where}.ipMode", "forbidden", "may not be specified when ip is not set")
+    return tuple(out)
 
 
-def _external_traffic(c: Checker, spec: dict[str, Any], stype: str) -> None:
+def _external_traffic(c: Checker, spec: dict[str, Any], stype: str) -> tuple[str, int]:
     """validateServiceExternalTrafficPolicy: externalTrafficPolicy only on a service
     reachable from outside (apiservice.ExternallyAccessible: NodePort, LoadBalancer, or
     ClusterIP with externalIPs; unset there is Cluster, SetDefaults_Service), and
     healthCheckNodePort (IsValidPortNum; 0 none) only with type LoadBalancer and policy
-    Local (apiservice.NeedsHealthCheck); unset there the allocator picks one."""
+    Local (apiservice.NeedsHealthCheck); unset there the allocator picks one. The policy
+    read ("" unset) and the health check port (0 none)."""
     policy = c.enum(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", POLICIES)
     external = stype in ("NodePort", "LoadBalancer") or (
         stype == "ClusterIP" and bool(spec.get("externalIPs")))
@@ -384,26 +426,32 @@ def _external_traffic(c: Checker, spec: dict[str, Any], stype: str) -> None:
     if hc and not (stype == "LoadBalancer" and policy == "Local"):
         c.err("spec.healthCheckNodePort", "invalid_value", "may only be set when type is "
               "LoadBalancer and externalTrafficPolicy is Local")
+    return policy, hc
 
 
 def _source_ranges(c: Checker, spec: dict[str, Any], stype: str,
-                   annotations: dict[str, Any]) -> None:
+                   annotations: dict[str, Any]) -> tuple[str, ...]:
     """ValidateService: loadBalancerSourceRanges only with type LoadBalancer, each entry
     one CIDR once spaces are trimmed (service.GetLoadBalancerSourceRanges: ParseIPNets,
     ParseCIDRSloppy; a comma is no CIDR). Without the field, the annotation of the same
     name (present, even empty) only with type LoadBalancer, and once trimmed empty or
     CIDRs separated by commas, each trimmed (GetLoadBalancerSourceRanges splits it). The
+    field's ranges read, as Go reads them (``kube_cidr``), without repeats; the
     annotation is checked, not read: kube-proxy reads the field alone."""
     ranges = c.items(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
     if ranges:
         if stype != "LoadBalancer":
             c.err("spec.loadBalancerSourceRanges", "forbidden", "may only be used when type "
                   "is LoadBalancer")
-        for i, cidr in enumerate(ranges):
-            check_cidrs(c, cidr, f"spec.loadBalancerSourceRanges[{i}]", trimmed=True)
-        return
+        out = []
+        for i, value in enumerate(ranges):
+            cidr = kube_cidr(value) if check_cidrs(
+                c, value, f"spec.loadBalancerSourceRanges[{i}]", trimmed=True) else None
+            if cidr:
+                out.append(cidr)
+        return tuple(dict.fromkeys(out))
     if SOURCE_RANGES_ANNOTATION not in annotations:
-        return
+        return ()
     where = f"metadata.annotations.{SOURCE_RANGES_ANNOTATION}"
     if stype != "LoadBalancer":
         c.err(where, "forbidden", "may only be used when type is LoadBalancer")
@@ -413,122 +461,19 @@ def _source_ranges(c: Checker, spec: dict[str, Any], stype: str,
         if not cidr_family(part.strip()):
             c.err(where, "invalid_ip", f"{shown(part.strip())} is not a CIDR (a list of "
                   "CIDRs separated by commas, e.g. 10.0.0.0/8,192.168.0.0/16)")
+    return ()
 
 
-def _topology_annotations(c: Checker, obj: dict[str, Any]) -> None:
+def _topology_annotations(c: Checker, annotations: dict[str, Any]) -> str:
     """ValidateService: service.kubernetes.io/topology-mode must equal the deprecated
-    topology-aware-hints annotation when both are set."""
-    meta = obj.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict):
-        return
+    topology-aware-hints annotation when both are set. The topology mode read ("" none)."""
     mode = annotations.get(TOPOLOGY_MODE_ANNOTATION)
     hints = annotations.get(TOPOLOGY_HINTS_ANNOTATION)
     if mode is not None and hints is not None and mode != hints:
         c.err(f"metadata.annotations.{TOPOLOGY_MODE_ANNOTATION}", "invalid_value",
               f"{shown(mode)} must match annotations[{TOPOLOGY_HINTS_ANNOTATION}] when both "
               "are set")
-
-
-def _read_policy(value: Any, where: str) -> TrafficPolicy:
-    if value in (None, ""):
-        return TrafficPolicy.CLUSTER
-    if value == "Local":
-        return TrafficPolicy.LOCAL
-    if value == "Cluster":
-        return TrafficPolicy.CLUSTER
-    raise ParseError(f"{where}: traffic policy {value!r} is neither Cluster nor Local")
-
-
-def _read_ports(spec: dict[str, Any]) -> tuple[SvcPort, ...]:
-    ports = []
-    raw = as_list(spec.get("ports"), "spec.ports")
-    for i, p in enumerate(raw):
-        where = f"spec.ports[{i}]"
-        p = as_mapping(p, where)
-        name = str(p.get("name") or "")
-        if len(raw) > 1 and not name:
-            raise ParseError(f"{where}: a service with several ports must name each")
-        port = read_port(p.get("port"), where)
-        target = p.get("targetPort", port)
-        ports.append(SvcPort(name, read_protocol(p.get("protocol"), where), port,
-                             read_port(p.get("nodePort"), f"{where}.nodePort", allow_zero=True),
-                             str(target)))
-    return tuple(ports)
-
-
-def _read_affinity(spec: dict[str, Any]) -> tuple[SessionAffinity, int]:
-    if spec.get("sessionAffinity") != "ClientIP":
-        return SessionAffinity.NONE, 0
-    cfg = as_mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
-    client = as_mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
-    timeout = client.get("timeoutSeconds")
-    if timeout is None:  # SetDefaults_Service: unset (or null) is 10800 s
-        timeout = DEFAULT_AFFINITY_TIMEOUT
-    if not isinstance(timeout, int) or not 0 < timeout <= 86400:
-        raise ParseError(f"sessionAffinityConfig.clientIP.timeoutSeconds {timeout!r} "
-                         "must be 1-86400")
-    return SessionAffinity.CLIENT_IP, timeout
-
-
-def _read_source_ranges(spec: dict[str, Any]) -> tuple[str, ...]:
-    out = []
-    for value in as_list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges"):
-        for part in str(value).split(","):
-            if not part.strip():
-                continue
-            cidr = kube_cidr(part)
-            if cidr is None:
-                raise ParseError(f"loadBalancerSourceRanges: {part.strip()!r} is not a CIDR")
-            out.append(cidr)
-    return tuple(dict.fromkeys(out))
-
-
-def _read_ingress(status: dict[str, Any]) -> tuple[LoadBalancerIngress, ...]:
-    lb = as_mapping(status.get("loadBalancer"), "status.loadBalancer")
-    out = []
-    for i, ing in enumerate(as_list(lb.get("ingress"), "status.loadBalancer.ingress")):
-        ing = as_mapping(ing, f"status.loadBalancer.ingress[{i}]")
-        if not ing.get("ip"):
-            continue
-        (ip,) = read_ips([ing["ip"]], f"status.loadBalancer.ingress[{i}].ip")
-        out.append(LoadBalancerIngress(ip, str(ing.get("ipMode") or "VIP")))
-    return tuple(out)
-
-
-def parse_service(obj: dict[str, Any]) -> Service:
-    """A Service from its JSON; raises ParseError."""
-    namespace, name, meta = read_meta(obj, namespaced=True)
-    spec = as_mapping(obj.get("spec"), "spec")
-    labels = as_mapping(meta.get("labels"), "metadata.labels")
-    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
-    cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    cluster_ips = [] if "None" in cluster_ips else cluster_ips
-    affinity, timeout = _read_affinity(spec)
-    topology = next((str(annotations[a]) for a in TOPOLOGY_ANNOTATIONS if a in annotations), "")
-    hc_port = spec.get("healthCheckNodePort")
-    return Service(
-        namespace=namespace, name=name, type=str(spec.get("type") or "ClusterIP"),
-        cluster_ips=read_ips(as_list(cluster_ips, "spec.clusterIPs"), "spec.clusterIPs"),
-        ports=_read_ports(spec),
-        external_ips=read_ips(as_list(spec.get("externalIPs"), "spec.externalIPs"),
-                              "spec.externalIPs"),
-        load_balancer_ingress=_read_ingress(as_mapping(obj.get("status"), "status")),
-        load_balancer_source_ranges=_read_source_ranges(spec),
-        session_affinity=affinity, session_affinity_timeout=timeout,
-        internal_traffic_policy=_read_policy(spec.get("internalTrafficPolicy"),
-                                        "spec.internalTrafficPolicy"),
-        external_traffic_policy=_read_policy(spec.get("externalTrafficPolicy"),
-                                        "spec.externalTrafficPolicy"),
-        health_check_node_port=read_port(hc_port, "spec.healthCheckNodePort", allow_zero=True),
-        traffic_distribution=str(spec.get("trafficDistribution") or ""),
-        topology_mode=topology,
-        proxy_name=str(labels[SERVICE_PROXY_NAME_LABEL])
-        if SERVICE_PROXY_NAME_LABEL in labels else None,
-        options=tuple(sorted((str(k), str(v)) for k, v in annotations.items()
-                             if str(k).startswith(OPTION_PREFIX))),
-        created=parse_time(meta.get("creationTimestamp")),
-    )
+    return next((annotations[a] for a in TOPOLOGY_ANNOTATIONS if a in annotations), "")
 
 
 def decode_service(data: bytes | msgspec.Raw, limits: ObjectLimits) -> Service | None:
@@ -604,7 +549,7 @@ def _decoded_cluster_ips(spec: _Spec, stype: str) -> tuple[str, ...] | None:
     value = ips[0] if ips else single
     if value == "None":
         return ("None",) if stype == "ClusterIP" else None
-    if not value:  # clusterIPs [""]: valid to the rules, refused by parse
+    if not value:  # clusterIPs [""]: refused by the rules (clusterIP unset)
         return None if ips else ()
     return _decoded_ips((value,), _FORBIDDEN_CLUSTER_IPV4)
 

@@ -19,19 +19,44 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from svcproxy.frontend.edge.endpointslice import decode_slice, parse_endpoint_slice
+from svcproxy.frontend.edge.endpointslice import (
+    decode_slice,
+    parse_endpoint_slice,
+    validate_endpoint_slice,
+)
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.node import parse_node
+from svcproxy.frontend.edge.node import parse_node, validate_node
 from svcproxy.frontend.edge.objects import EndpointSlice, Node, ParseError, Service
-from svcproxy.frontend.edge.service import decode_service, parse_service
-from svcproxy.frontend.edge.validation import object_key, validate
+from svcproxy.frontend.edge.service import decode_service, read_service
+from svcproxy.frontend.edge.validation import object_key
 from svcproxy.frontend.edge.verdict import Verdict, shortened
 from svcproxy.frontend.runtime import metrics
 from svcproxy.frontend.sources.events import RawObject
 
 log = logging.getLogger("svcproxy.frontend.engine")
 Parsed: TypeAlias = Service | EndpointSlice | Node
-_PARSERS = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice, "Node": parse_node}
+Reader: TypeAlias = Callable[[Any, ObjectLimits], tuple[Any, Verdict]]
+
+
+def _checked_then_parsed(check: Callable[[Any, ObjectLimits], Verdict],
+                         parse: Callable[[Any], Parsed]) -> Reader:
+    def read(obj: Any, limits: ObjectLimits) -> tuple[Parsed | None, Verdict]:
+        verdict = check(obj, limits)
+        if not verdict.ok:
+            return None, verdict
+        try:
+            return parse(obj), verdict
+        except ParseError as err:
+            verdict.error("", "invalid_value", str(err))
+            return None, verdict
+    return read
+
+
+# Each kind's one pass: its verdict, and its object unless refused.
+READERS: dict[str, Reader] = {
+    "Service": read_service,
+    "EndpointSlice": _checked_then_parsed(validate_endpoint_slice, parse_endpoint_slice),
+    "Node": _checked_then_parsed(validate_node, parse_node)}
 _MEMORY = 10000
 _INDEX = re.compile(r"\[\d+\]")
 # (kind, namespace, name, file and position, reading of the file) of an object said of.
@@ -90,17 +115,13 @@ class Intake:
                 self._said.pop((kind, *obj.key, "", 0), None)
             return obj
         try:
-            verdict = validate(kind, obj, self.limits)
-            if not verdict.ok:
-                self._refuse(kind, obj, verdict.errors[0].reason, verdict.summary(), served)
-                return None
-            parsed = _PARSERS[kind](obj)
-        except ParseError as err:
-            self._refuse(kind, obj, "invalid_value", str(err), served)
-            return None
+            parsed, verdict = READERS[kind](obj, self.limits)
         except Exception as err:  # noqa: BLE001 - one object's failure is its own
             log.exception("unexpected error reading %s", describe(kind, obj))
             self._refuse(kind, obj, "internal_error", f"{type(err).__name__}: {err}", served)
+            return None
+        if parsed is None:
+            self._refuse(kind, obj, verdict.errors[0].reason, verdict.summary(), served)
             return None
         self._accepted(kind, obj, verdict)
         return parsed

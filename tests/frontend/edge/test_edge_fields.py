@@ -4,23 +4,18 @@ each field's example is handled (honoured, degraded, ignored) as the table says.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
-from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice
 from svcproxy.frontend.edge.fields import DEGRADED, FIELDS, EdgeField, markdown
-from svcproxy.frontend.edge.node import parse_node
-from svcproxy.frontend.edge.service import parse_service
+from svcproxy.frontend.edge.limits import DEFAULT_LIMITS
 from svcproxy.frontend.edge.validation import validate
-from svcproxy.frontend.intake.intake import field_label
+from svcproxy.frontend.intake.intake import READERS, field_label
 from tests.support.hostile import endpoint_slice, node, service, set_path
 from tests.support.paths import REPO
 
 PAGE = REPO / "docs" / "edge-fields.md"
 BASE = {"Service": service, "EndpointSlice": endpoint_slice, "Node": node}
-PARSE: dict[str, Any] = {"Service": parse_service, "EndpointSlice": parse_endpoint_slice,
-                         "Node": parse_node}
 
 
 def test_the_page_holds_the_codes_table() -> None:
@@ -53,7 +48,7 @@ def test_each_example_is_served_as_the_table_says(entry: EdgeField) -> None:
         assert warned and all(w.field for w in warned), verdict.warnings
     else:
         assert not verdict.warnings, verdict.warnings
-    PARSE[entry.kind](obj)  # what is served parses
+    assert READERS[entry.kind](obj, DEFAULT_LIMITS)[0] is not None  # what is served is read
 
 
 def test_a_degraded_field_is_logged_naming_object_and_field_and_counted(caplog) -> None:  # type: ignore[no-untyped-def]

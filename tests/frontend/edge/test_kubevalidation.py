@@ -16,7 +16,8 @@ from svcproxy.frontend.edge.endpointslice import (
 )
 from svcproxy.frontend.edge.limits import ObjectLimits, check_size
 from svcproxy.frontend.edge.node import parse_node, validate_node
-from svcproxy.frontend.edge.service import parse_service, validate_service
+from svcproxy.frontend.edge.objects import Service
+from svcproxy.frontend.edge.service import read_service, validate_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.publication.wire import replace_service, set_node
 from svcproxy.frontend.sources.upstream_objects import service_objects
@@ -38,6 +39,13 @@ from tests.support.hostile import (
     set_path,
     spoiled,
 )
+
+
+def _service(obj: Any) -> Service:
+    """The Service ``read_service`` makes of ``obj``, which it accepts."""
+    parsed, verdict = read_service(obj)
+    assert parsed is not None, verdict.summary()
+    return parsed
 
 REFUSED_SERVICES = [
     ("spec.ports.0.targetPort", 70000, "invalid_port"),
@@ -186,7 +194,7 @@ def test_the_source_ranges_annotation_is_checked_as_get_load_balancer_source_ran
     assert verdict.ok == ok, verdict.summary()
     assert ok or verdict.errors[0].field == f"metadata.annotations.{SOURCE_RANGES}"
     if ok:
-        assert parse_service(obj).load_balancer_source_ranges == ()
+        assert _service(obj).load_balancer_source_ranges == ()
     ranged = set_path(obj, "spec.loadBalancerSourceRanges", ["10.0.0.0/8"])
     assert validate_service(ranged).ok, "with the field set, the annotation is not read"
 
@@ -380,7 +388,7 @@ def test_ipv4_mapped_addresses_and_ranges_are_read_as_go_reads_them() -> None:
     svc = service(ip="::ffff:10.96.0.10", ipFamilies=["IPv4"], type="LoadBalancer",
                   loadBalancerSourceRanges=["::ffff:192.168.1.0/120", "::ffff:1.2.3.4/64"])
     assert validate_service(svc).ok, validate_service(svc).summary()
-    parsed = parse_service(svc)
+    parsed = _service(svc)
     assert parsed.cluster_ips == ("10.96.0.10",)
     assert parsed.load_balancer_source_ranges == ("192.168.1.0/24", "::/64")
     obj = set_path(node(), "spec.podCIDRs", ["::ffff:10.244.1.0/120", "fd00::/64"])
@@ -456,7 +464,7 @@ def test_size_and_depth_are_bounded_with_aliases_counted_expanded() -> None:
 
 
 def _parse(obj: dict[str, Any]) -> Any:
-    return {"Service": parse_service, "EndpointSlice": parse_endpoint_slice,
+    return {"Service": _service, "EndpointSlice": parse_endpoint_slice,
             "Node": parse_node}[obj["kind"]](obj)
 
 

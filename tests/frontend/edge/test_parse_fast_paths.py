@@ -28,7 +28,7 @@ from svcproxy.frontend.edge.endpointslice import (
 )
 from svcproxy.frontend.edge.limits import ObjectLimits, _walk
 from svcproxy.frontend.edge.objects import Service, SvcPort, canonical_ip
-from svcproxy.frontend.edge.service import decode_service, parse_service, validate_service
+from svcproxy.frontend.edge.service import decode_service, read_service
 from svcproxy.frontend.intake.intake import Intake
 from svcproxy.frontend.sources.events import RawObject, Replace
 from svcproxy.frontend.store.store import Store
@@ -387,9 +387,9 @@ def _typed_service_and_general(data: bytes, limits: ObjectLimits) -> Service | N
     if fast is None:
         return None
     obj = RawObject("Service", "v1", data).decoded()
-    verdict = validate_service(obj, limits)
+    parsed, verdict = read_service(obj, limits)
     assert verdict.ok and not verdict.warnings, verdict.errors or verdict.warnings
-    assert parse_service(obj) == fast
+    assert parsed == fast
     return fast
 
 
