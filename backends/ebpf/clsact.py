@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import libbpf
 from .libbpf import BpfError
+from .names import device_of_pin, pin_device
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,11 @@ def _opts(prog_fd: int = 0, flags: int = 0) -> _Opts:
 
 
 def filter_pin(tc_dir: Path, device: str, hook: str) -> Path:
-    return tc_dir / f"{FILTER_PREFIX}{device}_{hook}"
+    return tc_dir / f"{FILTER_PREFIX}{pin_device(device)}_{hook}"
 
 
 def qdisc_pin(tc_dir: Path, device: str) -> Path:
-    return tc_dir / f"{QDISC_PREFIX}{device}"
+    return tc_dir / f"{QDISC_PREFIX}{pin_device(device)}"
 
 
 def pinned(tc_dir: Path, device: str) -> bool:
@@ -141,7 +142,7 @@ def devices(tc_dir: Path) -> set[str]:
     found = {p.name.removeprefix(QDISC_PREFIX) for p in tc_dir.glob(f"{QDISC_PREFIX}*")}
     for pin in tc_dir.glob(f"{FILTER_PREFIX}*"):
         found.add(pin.name.removeprefix(FILTER_PREFIX).rpartition("_")[0])
-    return found
+    return {device_of_pin(name) for name in found}
 
 
 def forget(tc_dir: Path, device: str) -> list[str]:

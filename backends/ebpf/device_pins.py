@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import clsact, libbpf
 from .libbpf import BpfError
-from .names import LINK_PREFIX
+from .names import LINK_PREFIX, device_of_pin
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,10 @@ def _device_of_link(name: str) -> str:
     """The device of a link pin's name ('' when it is no per-device link)."""
     rest = name.removeprefix(LINK_PREFIX)
     if "_xdp_" in rest:
-        return rest.rpartition("_xdp_")[0]
+        return device_of_pin(rest.rpartition("_xdp_")[0])
     for suffix in HOOK_SUFFIXES:
         if rest.endswith(suffix):
-            return rest.removesuffix(suffix)
+            return device_of_pin(rest.removesuffix(suffix))
     return ""
 
 

@@ -7,6 +7,7 @@ change between versions: the socket programs' maps (``sp_*``) and the tc packet 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 PIN_DIR = Path("/sys/fs/bpf/svcproxy")  # --ebpf-pin-dir's default
@@ -32,3 +33,14 @@ TC_MAP_STATS = "spp_stats"  # per-CPU counters of tc and XDP (packet_stats.py)
 TC_CONSTANTS = "spp_constants"  # the loaded tc program's .rodata, pinned after each load
 TC_MAPS = (TC_MAP_SERVICES, TC_MAP_ENDPOINTS, TC_MAP_MAGLEV, TC_MAP_CT, TC_MAP_DEVICES,
            TC_MAP_AFFINITY, TC_MAP_RANGES, TC_MAP_CLUSTER_IPS, TC_MAP_XDP_STATS, TC_MAP_STATS)
+
+
+def pin_device(device: str) -> str:
+    """``device`` as it appears in a pin's name: bpffs refuses '.' in names (eth0.100),
+    so '.' is written '=2e' and '=' '=3d'; other names are unchanged."""
+    return device.replace("=", "=3d").replace(".", "=2e")
+
+
+def device_of_pin(text: str) -> str:
+    """The device name ``pin_device`` wrote as ``text``."""
+    return re.sub(r"=(2e|3d)", lambda m: "." if m.group(1) == "2e" else "=", text)

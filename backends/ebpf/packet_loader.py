@@ -33,6 +33,7 @@ from .names import (
     TC_MAP_SERVICES,
     TC_MAPS,
     TC_SUBDIR,
+    pin_device,
 )
 from .packet_layout import SIZES
 
@@ -67,7 +68,7 @@ class PacketLayout:
         return self.pin_dir / TC_SUBDIR
 
     def link_pin(self, device: str, hook: str) -> Path:
-        return self.dir / f"{LINK_PREFIX}{device}_{hook}"
+        return self.dir / f"{LINK_PREFIX}{pin_device(device)}_{hook}"
 
 
 class TcxInfo(ctypes.Structure):
@@ -247,7 +248,7 @@ class PacketPrograms:
                             "(%s)", err.strerror)
                 self.tcx = False
                 for pin in device_pins.link_pins(self.layout.dir, device):
-                    if not pin.name.startswith(f"link_{device}_xdp_"):
+                    if "_xdp_" not in pin.name:
                         pin.unlink()
                 return "clsact"
         return "tcx"

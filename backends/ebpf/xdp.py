@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from . import libbpf
 from .libbpf import BpfError
+from .names import device_of_pin, pin_device
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -49,7 +50,7 @@ class _XdpInfo(ctypes.Structure):
 
 
 def pin(pin_dir: Path, device: str, mode: str) -> Path:
-    return pin_dir / f"link_{device}_xdp_{mode}"
+    return pin_dir / f"link_{pin_device(device)}_xdp_{mode}"
 
 
 def pinned_mode(pin_dir: Path, device: str) -> str:
@@ -191,7 +192,7 @@ def dump_lines(tc_dir: Path) -> Iterator[str]:
     pins = sorted(tc_dir.glob("link_*_xdp_*"))
     for path in pins:
         device, _, mode = path.name.removeprefix("link_").rpartition("_xdp_")
-        yield f"xdp {device}: {mode} mode"
+        yield f"xdp {device_of_pin(device)}: {mode} mode"
     stats = tc_dir / STATS_MAP
     if pins and stats.exists():
         fd = libbpf.obj_get(str(stats))

@@ -33,6 +33,7 @@ from svcproxy.backends.ebpf import libbpf, packet_loader
 from svcproxy.backends.ebpf.libbpf import BpfError
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
+from svcproxy.model import ServiceType
 from svcproxy.sdk import Changes, NodeConfig
 from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
@@ -248,3 +249,49 @@ def test_a_device_that_left_the_named_set_is_detached_at_the_restart(
         assert shown.returncode != 0, shown.stdout
     assert "link_eth0_ingress" in {p.name for p in world.layout().dir.iterdir()}
     assert world.tcp(30312, count=2).names == Counter({"pod-a": 2})
+
+
+# --- a device name with a dot (a VLAN's, eth0.100) ----------------------------------
+
+DOTTED, DOTTED_CLIENT, DOTTED_GATEWAY = "sppd.1", "10.244.1.220", "169.254.1.3"
+
+
+def test_a_device_with_a_dot_in_its_name_is_served() -> None:
+    """bpffs refuses '.' in a pin's name, so a device such as eth0.100 is pinned by an
+    escaped name: a client routed through the veth sppd.1 (in --ebpf-devices) reaches a
+    ClusterIP (DNAT at its ingress, its own address kept); the device deleted, its pins
+    go. Before, attaching it failed (pin: Operation not permitted)."""
+    world = World("spdotted-", devices=("eth0", DOTTED), servers=("pod-a",))
+    try:
+        world.start()
+        node = world.lab.ns("node1")
+        client = world.lab.add_ns("dotted")
+        veth(client, "eth0", node, DOTTED)
+        ip(client, "addr", "add", f"{DOTTED_CLIENT}/32", "dev", "eth0")
+        ip(client, "route", "add", DOTTED_GATEWAY, "dev", "eth0")
+        ip(client, "route", "add", "default", "via", DOTTED_GATEWAY, "dev", "eth0", "onlink")
+        ip(node, "addr", "add", f"{DOTTED_GATEWAY}/32", "dev", DOTTED)
+        ip(node, "route", "add", f"{DOTTED_CLIENT}/32", "dev", DOTTED)
+        world.set(node_port("dotted", 0, ["pod-a"], cip="10.96.8.9",
+                            type=ServiceType.CLUSTER_IP))
+        pins = {p.name for p in world.layout().dir.glob("link_sppd*")}
+        assert pins == {"link_sppd=2e1_ingress", "link_sppd=2e1_egress"}, pins
+        got = summarize(probe(client, "tcp", "10.96.8.9", 80, 5))
+        assert got.names == Counter({"pod-a": 5}) and got.sources == {DOTTED_CLIENT}, got
+        dump = world.in_node(lambda: list(packet_dump_lines(world.layout().pin_dir)))
+        assert f"tc {DOTTED}: tcx links" in dump, dump
+        ip(node, "link", "del", DOTTED)
+        wait_for(lambda: not list(world.layout().dir.glob("link_sppd*")), timeout=30)
+    finally:
+        world.stop()
+
+
+def test_pin_names_of_devices_are_one_to_one() -> None:
+    """Every device name gets its own pin name without '.', read back as itself."""
+    from svcproxy.backends.ebpf.names import device_of_pin, pin_device
+
+    names = ["eth0", "eth0.100", "a=2e", "a.=", "=3d2e", "b==..", "x=", "."]
+    pinned = [pin_device(n) for n in names]
+    assert all("." not in p for p in pinned) and len(set(pinned)) == len(names), pinned
+    assert [device_of_pin(p) for p in pinned] == names
+    assert pin_device("eth0") == "eth0", "names without '.' or '=' keep their old pins"
