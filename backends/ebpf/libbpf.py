@@ -209,6 +209,17 @@ class Map:
         return sum(1 for _ in self.items())
 
 
+def list_keys(m: Map) -> list[bytes]:
+    """Every key of ``m``, one at a time (an LPM trie has no batch operations)."""
+    keys: list[bytes] = []
+    key = ctypes.create_string_buffer(m.key_size)
+    prev = None
+    while lib().bpf_map_get_next_key(m.fd, prev, key) == 0:
+        keys.append(key.raw)
+        prev = ctypes.create_string_buffer(key.raw, m.key_size)
+    return keys
+
+
 @lru_cache(maxsize=16)
 def _split(size: int, count: int) -> struct.Struct:
     """``count`` strings of ``size`` bytes (a batch read's keys or values)."""

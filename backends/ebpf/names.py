@@ -31,8 +31,13 @@ TC_MAP_CLUSTER_IPS = "spp_cluster_ips"
 TC_MAP_XDP_STATS = "spp_xdp_stats"  # per-CPU counters of the XDP program (xdp.read_stats)
 TC_MAP_STATS = "spp_stats"  # per-CPU counters of tc and XDP (packet_stats.py)
 TC_CONSTANTS = "spp_constants"  # the loaded tc program's .rodata, pinned after each load
+# --detect-local-mode: the generation in use, the local prefixes, the local devices
+TC_MAP_LOCAL = "spp_local"
+TC_MAP_LOCAL_CIDRS = "spp_local_cidrs"
+TC_MAP_LOCAL_DEVICES = "spp_local_devices"
 TC_MAPS = (TC_MAP_SERVICES, TC_MAP_ENDPOINTS, TC_MAP_MAGLEV, TC_MAP_CT, TC_MAP_DEVICES,
-           TC_MAP_AFFINITY, TC_MAP_RANGES, TC_MAP_CLUSTER_IPS, TC_MAP_XDP_STATS, TC_MAP_STATS)
+           TC_MAP_AFFINITY, TC_MAP_RANGES, TC_MAP_CLUSTER_IPS, TC_MAP_XDP_STATS, TC_MAP_STATS,
+           TC_MAP_LOCAL, TC_MAP_LOCAL_CIDRS, TC_MAP_LOCAL_DEVICES)
 
 
 def pin_device(device: str) -> str:

@@ -36,6 +36,7 @@ from .apply import MapApply
 from .ct_gc import CtGc
 from .layout import ServiceAddress
 from .libbpf import Map
+from .local_traffic import LocalTrafficMaps
 from .maps_backend import MapsBackend, node_port_ips
 from .names import (
     TC_MAP_AFFINITY,
@@ -43,6 +44,9 @@ from .names import (
     TC_MAP_CT,
     TC_MAP_DEVICES,
     TC_MAP_ENDPOINTS,
+    TC_MAP_LOCAL,
+    TC_MAP_LOCAL_CIDRS,
+    TC_MAP_LOCAL_DEVICES,
     TC_MAP_MAGLEV,
     TC_MAP_RANGES,
     TC_MAP_SERVICES,
@@ -144,6 +148,7 @@ class PacketBackend(MapsBackend):
         self.cluster_ips: set[bytes] | None = None  # spp_cluster_ips as written
         self.cluster_ips_of: dict[ServicePortKey, tuple[bytes, ...]] = {}
         self.links: pod_devices.LinkMonitor | None = None  # attaches devices as they come
+        self.local: LocalTrafficMaps | None = None  # --detect-local-mode's maps
         self._devices_lock = threading.Lock()  # the link monitor's thread and sync's
 
     def start(self, node_ips: Iterable[str] = ()) -> PacketBackend:
@@ -167,6 +172,9 @@ class PacketBackend(MapsBackend):
         self.maps = MapApply(self.tables)
         self.forget()
         self._write_devices(programs.maps[TC_MAP_DEVICES])
+        self.local = LocalTrafficMaps(programs.maps[TC_MAP_LOCAL],
+                                      programs.maps[TC_MAP_LOCAL_CIDRS],
+                                      programs.maps[TC_MAP_LOCAL_DEVICES])
         self.ct_gc = CtGc(programs.maps[TC_MAP_CT], layout.ct_timeouts, self.gc_interval).start()
         self.links = pod_devices.LinkMonitor(self._on_link_events).start()
         log.info("tc programs attached to %s, maps pinned in %s", ", ".join(layout.devices),
@@ -176,8 +184,12 @@ class PacketBackend(MapsBackend):
     def _on_link_events(self, events: list[pod_devices.LinkEvent]) -> None:
         """A device of --ebpf-devices or --ebpf-pod-devices came or went, or an attached
         one's addresses changed: attach, forget, or write its addresses now (the link
-        monitor's thread), not at the next sync."""
-        programs = self.programs
+        monitor's thread), not at the next sync; a local-traffic device (written first,
+        so its first packet is already known as local)."""
+        programs, local = self.programs, self.local
+        if local is not None and local.concerns(events):
+            with self._devices_lock:
+                local.write()
         if programs is None or not pod_devices.concerns(
                 events, self.layout.pod_devices, self.layout.devices,
                 programs.attached.values()):
@@ -223,6 +235,7 @@ class PacketBackend(MapsBackend):
 
     def sync(self, state: NodeState, changes: Changes) -> None:
         self.start(node_port_ips(self.config, state))
+        self._write_local(state)
         self._refresh_devices(always=changes.full)  # a full sync: addresses may have come
         self.refusals.prune(state.services)
         gone = self._write_ranges(state, changes)
@@ -242,6 +255,14 @@ class PacketBackend(MapsBackend):
         maps.write(staged)
         self._complete_tables(staged.changes)
         self._rebuilt = delta.rebuild
+
+    def _write_local(self, state: NodeState) -> None:
+        """The node context's local-traffic detector in the maps (local_traffic.py)."""
+        assert self.local is not None
+        context = state.context or resolve_context(self.config, state.node)
+        with self._devices_lock:
+            self.local.set_context({f.family: f.local_traffic for f in context.families})
+            self.local.write()
 
     def _write_cluster_ips(self, state: NodeState, changes: Changes) -> None:
         """Every ClusterIP in spp_cluster_ips (a port no service has there is refused);
@@ -366,6 +387,7 @@ class PacketBackend(MapsBackend):
         self.tables = None
         self.sets = None
         self.maps = None
+        self.local = None
 
 
 def _cluster_ip_keys(record: ServicePortState) -> tuple[bytes, ...]:

@@ -7,12 +7,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import device_pins, libbpf, nat_usage, packet_stats, xdp
+from . import device_pins, libbpf, local_traffic, nat_usage, packet_stats, xdp
 from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress, Target
 from .libbpf import Map
 from .names import (
     TC_MAP_CT,
     TC_MAP_ENDPOINTS,
+    TC_MAP_LOCAL,
+    TC_MAP_LOCAL_CIDRS,
+    TC_MAP_LOCAL_DEVICES,
     TC_MAP_MAGLEV,
     TC_MAP_SERVICES,
     TC_MAP_STATS,
@@ -72,6 +75,7 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
         yield from nat_usage.dump_lines(tc_dir, OBJECT, flows, samples)
         yield from device_pins.dump_lines(tc_dir)
         yield from xdp.dump_lines(tc_dir)
+        yield from _local_lines(tc_dir)
         yield (f"# {len(applied)} tc services, "
                f"{sum(a.value.count for a in applied.values())} endpoint slots, "
                f"{len(tables)} Maglev tables, {len(forward)} flows "
@@ -86,6 +90,19 @@ def packet_dump_lines(pin_dir: Path, samples: int = 5) -> Iterator[str]:
             yield "# tc counters: " + ", ".join(f"{n} {name}" for name, n in counts.items())
     finally:
         for m in maps.values():
+            os.close(m.fd)
+
+
+def _local_lines(tc_dir: Path) -> list[str]:
+    """The local-traffic detector's maps (a pin dir from before them: nothing)."""
+    names = (TC_MAP_LOCAL, TC_MAP_LOCAL_CIDRS, TC_MAP_LOCAL_DEVICES)
+    if not all((tc_dir / name).exists() for name in names):
+        return []
+    maps = [_open(tc_dir, name, *SIZES[name]) for name in names]
+    try:
+        return local_traffic.dump_lines(*maps)
+    finally:
+        for m in maps:
             os.close(m.fd)
 
 

@@ -20,6 +20,9 @@ from .names import (
     TC_MAP_CT,
     TC_MAP_DEVICES,
     TC_MAP_ENDPOINTS,
+    TC_MAP_LOCAL,
+    TC_MAP_LOCAL_CIDRS,
+    TC_MAP_LOCAL_DEVICES,
     TC_MAP_RANGES,
     TC_MAP_SERVICES,
     TC_MAP_STATS,
@@ -30,6 +33,9 @@ F_MAGLEV = 4  # next to layout.F_AFFINITY and F_REFUSE: pick by the set's Maglev
 F_RANGES = 8  # loadBalancerSourceRanges: only the sources in spp_ranges get through
 F_MASQ = 16  # external traffic with externalTrafficPolicy Cluster: SNATed, local endpoints too
 F_MASQ_ALL = 32  # --masquerade-all: ClusterIP traffic from outside SNATed too (never DSR)
+F_MASQ_NONLOCAL = 64  # a ClusterIP: SNATed unless local traffic (bpf/local_traffic.h)
+# How a family tells local traffic (struct local_cfg's modes, bpf/local_traffic.h)
+LOCAL_NONE, LOCAL_BY_SOURCE, LOCAL_BY_DEVICE = 0, 1, 2
 EP_LOCAL = 1
 CT_FORWARD, CT_REPLY = 0, 1
 CT_SNAT = 1
@@ -45,6 +51,12 @@ CT_TIMEOUTS = struct.Struct("=6I")
 CT_TIMEOUTS_SECTION = ".rodata.ct"
 # struct dev_val {u32 addr4; u32 addr6[4]}
 DEV_VAL = struct.Struct("=4s16s")
+# struct local_cfg {u32 gen; u8 mode4, mode6, pad[2]}, under the key 0
+LOCAL_CFG = struct.Struct("=IBB2x")
+# struct local_cidr_key {u32 prefixlen (64 + the prefix's), gen, family; u32 addr[4]}
+LOCAL_CIDR_KEY = struct.Struct("=III16s")
+# struct local_dev_key {u32 gen, ifindex}
+LOCAL_DEV_KEY = struct.Struct("=II")
 SIZES = {
     TC_MAP_SERVICES: (SVC_KEY.size, SVC_VAL.size),
     TC_MAP_ENDPOINTS: (EP_KEY.size, EP_VAL.size),
@@ -53,6 +65,9 @@ SIZES = {
     TC_MAP_AFFINITY: (40, 32),
     TC_MAP_RANGES: (40, 1),
     TC_MAP_CLUSTER_IPS: (20, 1),
+    TC_MAP_LOCAL: (4, LOCAL_CFG.size),
+    TC_MAP_LOCAL_CIDRS: (LOCAL_CIDR_KEY.size, 1),
+    TC_MAP_LOCAL_DEVICES: (LOCAL_DEV_KEY.size, 1),
     TC_MAP_XDP_STATS: (4, 8),  # per CPU
     TC_MAP_STATS: (4, 8),  # per CPU
 }
@@ -88,6 +103,20 @@ def pack_cluster_ip(ip: str) -> bytes:
 def pack_device(addr4: str, addr6: str) -> bytes:
     return DEV_VAL.pack(socket.inet_aton(addr4) if addr4 else bytes(4),
                         socket.inet_pton(socket.AF_INET6, addr6) if addr6 else bytes(16))
+
+
+def pack_local_cidr(gen: int, cidr: str) -> bytes:
+    """An spp_local_cidrs key: ``cidr`` (a normalized CIDR) under generation ``gen``."""
+    net = ipaddress.ip_network(cidr)
+    raw = net.network_address.packed.ljust(16, b"\0")
+    return LOCAL_CIDR_KEY.pack(64 + net.prefixlen, gen, net.version, raw)
+
+
+def unpack_local_cidr(key: bytes) -> tuple[int, str]:
+    """(generation, CIDR) of an spp_local_cidrs key."""
+    prefixlen, gen, family, raw = LOCAL_CIDR_KEY.unpack(key)
+    address = ipaddress.ip_address(raw[:4] if family == 4 else raw)
+    return gen, f"{address}/{prefixlen - 64}"
 
 
 @dataclass(frozen=True, slots=True)

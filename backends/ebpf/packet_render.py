@@ -20,7 +20,15 @@ from collections.abc import Iterable
 from svcproxy.sdk import Endpoint, ServicePortState
 
 from .layout import F_AFFINITY, F_REFUSE, PACKET_PROTOCOLS, ServiceAddress
-from .packet_layout import F_MAGLEV, F_MASQ, F_MASQ_ALL, F_RANGES, pack_endpoint, pack_range
+from .packet_layout import (
+    F_MAGLEV,
+    F_MASQ,
+    F_MASQ_ALL,
+    F_MASQ_NONLOCAL,
+    F_RANGES,
+    pack_endpoint,
+    pack_range,
+)
 from .render import (
     DEFAULT_AFFINITY_TIMEOUT,
     MAX_ENDPOINTS,
@@ -45,7 +53,9 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
                    default_algorithm: str = "random",
                    masquerade_all: bool = False) -> dict[ServiceAddress, Entry]:
     """The tc entries of one service port; ``masquerade_all`` (the node context's
-    --masquerade-all) SNATs ClusterIP traffic from outside to local endpoints too."""
+    --masquerade-all) SNATs ClusterIP traffic from outside to local endpoints too;
+    without it, kube-proxy's rule for ClusterIPs: SNATed unless local traffic (what is
+    local, the node context's --detect-local-mode, is in the maps of local_traffic.py)."""
     svc = state.service
     proto = svc.key.protocol.value
     if proto not in PACKET_PROTOCOLS:
@@ -72,8 +82,8 @@ def packet_entries(state: ServicePortState, node_ips: Iterable[str],
         has = svc.has_endpoints and bool(eps)
         if mine := [fe for fe in cips if _of(fe.ip, family)]:
             # A ClusterIP routed to the node from outside: the internal endpoints.
-            masq_all = F_MASQ_ALL if masquerade_all else 0
-            inside = _entry([e for e in eps if e.internal], here, has, flags | masq_all,
+            masq = F_MASQ_ALL if masquerade_all else F_MASQ_NONLOCAL
+            inside = _entry([e for e in eps if e.internal], here, has, flags | masq,
                             timeout, sid)
             result.update(dict.fromkeys(mine, inside))
         mine = [fe for fe in fronts if _of(fe.ip, family)]

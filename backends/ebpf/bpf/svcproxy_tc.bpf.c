@@ -8,9 +8,11 @@
  * map spp_ct; an endpoint on this node gets the packet DNATed and handed to the stack,
  * an endpoint on another node gets it DNATed and SNATed to this node's address (a port
  * from spp_ct's reply entries) and redirected out after a FIB lookup; no endpoint at
- * all gets a RST or a port unreachable back. Replies are reversed: SNATed ones on
- * ingress (then redirected to the client), local ones on egress. IPv4 and IPv6
- * (without extension headers), TCP and UDP.
+ * all gets a RST or a port unreachable back. A local endpoint's flow is SNATed too
+ * where kube-proxy masquerades: external traffic with externalTrafficPolicy Cluster,
+ * --masquerade-all, and ClusterIP traffic that is not local (local_traffic.h).
+ * Replies are reversed: SNATed ones on ingress (then redirected to the client), local
+ * ones on egress. IPv4 and IPv6 (without extension headers), TCP and UDP.
  *
  * The maps are written by the Python backend; the layouts are mirrored in
  * backends/ebpf/packet_layout.py and must change together.
@@ -44,9 +46,7 @@
 #define F_RANGES 8 /* loadBalancerSourceRanges: only sources in spp_ranges get through */
 #define F_MASQ 16  /* traffic from outside with externalTrafficPolicy Cluster: SNATed */
 #define F_MASQ_ALL 32 /* --masquerade-all, ClusterIPs from outside: SNATed, never DSR */
-/* Is a new flow of this service to a local endpoint SNATed (when ``dev``, the device
- * toward the endpoint, carries the programs and so sees its replies)? */
-#define SNAT_LOCAL(sv) ((sv)->flags & (F_MASQ | F_MASQ_ALL))
+#define F_MASQ_NONLOCAL 64 /* a ClusterIP: SNATed unless local traffic (local_traffic.h) */
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -248,6 +248,17 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 }
 
 #include "ct.h"
+#include "local_traffic.h"
+
+/* Is a new flow of this service to a local endpoint, arrived on ``ifindex``, SNATed
+ * (when the device toward the endpoint carries the programs and so sees its replies)? */
+static __always_inline int snat_local(const struct svc_val *sv, const struct pkt *p,
+				      __u32 ifindex)
+{
+	if (sv->flags & (F_MASQ | F_MASQ_ALL))
+		return 1;
+	return (sv->flags & F_MASQ_NONLOCAL) && masq_nonlocal(p, ifindex);
+}
 
 /* Rewrite the source (daddr 0) or destination address, checksums included (SCTP's
  * covers no address: see sctp.h). */
@@ -778,10 +789,11 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
 	/* SNATed as a remote endpoint's flow: a client reaching itself through its service
 	 * (hairpin), or its reply would never leave the pod; and with F_MASQ (kube-proxy's
-	 * masquerade of external traffic with externalTrafficPolicy Cluster) a local
-	 * endpoint behind a device carrying the programs, which then sees its replies. */
+	 * masquerade of external traffic with externalTrafficPolicy Cluster, and its
+	 * rules for ClusterIPs: snat_local) a local endpoint behind a device carrying the
+	 * programs, which then sees its replies. */
 	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
-	    !(SNAT_LOCAL(sv) && dev)) {
+	    !(dev && snat_local(sv, p, skb->ifindex))) {
 		struct ct_val rv = {};
 
 		copy_addr(rv.saddr, p->daddr);

@@ -25,12 +25,6 @@
 #ifndef SVCPROXY_XDP_H
 #define SVCPROXY_XDP_H
 
-/* Whether a new flow to a local endpoint is SNATed (new_flow()'s rule), where
- * svcproxy_tc.bpf.c does not name it. */
-#ifndef SNAT_LOCAL
-#define SNAT_LOCAL(sv) ((sv)->flags & F_MASQ)
-#endif
-
 /* Per-CPU counters of what the XDP program did (svcproxy_ebpf_xdp_packets_total). */
 #define XDP_STAT_REPLY 0    /* a reply reversed and sent to the client */
 #define XDP_STAT_FORWARD 1  /* a tracked flow's packet sent to its endpoint */
@@ -322,7 +316,7 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_pkt *x,
 	oif = rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? s->fib.ifindex : 0;
 	dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
 	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
-	    !(SNAT_LOCAL(sv) && dev)) {
+	    !(dev && snat_local(sv, p, ctx->ingress_ifindex))) {
 		struct ct_val *rv = &s->rv;
 
 		__builtin_memset(rv, 0, sizeof(*rv));

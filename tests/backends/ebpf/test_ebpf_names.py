@@ -9,7 +9,8 @@ from svcproxy.backends.ebpf import names, packet_layout
 def test_the_packet_paths_maps_keep_the_names_they_were_pinned_by() -> None:
     assert names.TC_MAPS == ("spp_services", "spp_endpoints", "spp_maglev", "spp_ct",
                              "spp_devices", "spp_affinity", "spp_ranges", "spp_cluster_ips",
-                             "spp_xdp_stats", "spp_stats")
+                             "spp_xdp_stats", "spp_stats", "spp_local", "spp_local_cidrs",
+                             "spp_local_devices")
     assert names.MAPS == ("sp_services", "sp_endpoints", "sp_affinity", "sp_revnat")
     assert names.TC_SUBDIR == "tc" and names.LINK_PREFIX == "link_"
 
