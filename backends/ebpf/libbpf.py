@@ -210,7 +210,8 @@ class Map:
 
 
 def list_keys(m: Map) -> list[bytes]:
-    """Every key of ``m``, one at a time (an LPM trie has no batch operations)."""
+    """Every key of ``m``, one at a time: an LPM trie has no batch operations, and a
+    batched read of large values (Maglev tables) would buffer thousands of them."""
     keys: list[bytes] = []
     key = ctypes.create_string_buffer(m.key_size)
     prev = None

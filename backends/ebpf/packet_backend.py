@@ -12,7 +12,6 @@ and ClusterIPs the programs look up beside the services are written around that
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import socket
@@ -31,11 +30,11 @@ from svcproxy.sdk import (
     rtnetlink,
 )
 
-from . import libbpf, maglev, packet_stats, pod_devices, xdp
+from . import maglev, packet_stats, pod_devices, xdp
 from .apply import MapApply
 from .ct_gc import CtGc
 from .layout import ServiceAddress
-from .libbpf import Map
+from .libbpf import Map, list_keys
 from .local_traffic import LocalTrafficMaps
 from .maps_backend import MapsBackend, node_port_ips
 from .names import (
@@ -77,7 +76,7 @@ class EndpointSets(Map):
         self.tables = tables
         self.size = size
         self.maglev_sets: set[tuple[bytes, ...]] = set()  # the slot tuples needing a table
-        self.have: set[int] = {int.from_bytes(k, "little") for k in _keys(tables)}
+        self.have: set[int] = {int.from_bytes(k, "little") for k in list_keys(tables)}
 
     def write_table(self, set_id: int, slots: Iterable[bytes]) -> None:
         self.write_tables({set_id: tuple(slots)})
@@ -104,18 +103,6 @@ class EndpointSets(Map):
         for set_id in {int.from_bytes(k[:4], "little") for k in keys} & self.have:
             self.tables.delete(set_id.to_bytes(4, "little"))
             self.have.discard(set_id)
-
-
-def _keys(m: Map) -> list[bytes]:
-    """Every key of ``m``, one at a time (a batched read would buffer 8,192 tables)."""
-    lib = libbpf.lib()
-    keys: list[bytes] = []
-    key = ctypes.create_string_buffer(m.key_size)
-    prev = None
-    while lib.bpf_map_get_next_key(m.fd, prev, key) == 0:
-        keys.append(key.raw)
-        prev = ctypes.create_string_buffer(key.raw, m.key_size)
-    return keys
 
 
 def devices_of(ips: Iterable[str]) -> tuple[str, ...]:
@@ -271,7 +258,7 @@ class PacketBackend(MapsBackend):
         assert self.programs is not None
         cips = self.programs.maps[TC_MAP_CLUSTER_IPS]
         if self.cluster_ips is None or changes.full:
-            self.cluster_ips = set(_keys(cips))
+            self.cluster_ips = set(list_keys(cips))
             self.cluster_ips_of = {k: _cluster_ip_keys(r) for k, r in state.services.items()}
         else:  # only the changed records are packed again (10,000 took 0.2 s a sync)
             for changed in changes.services:
@@ -296,7 +283,7 @@ class PacketBackend(MapsBackend):
         service entry asks for them); return those to delete once no entry does."""
         ranges = self._ranges_map()
         if self.ranges is None or changes.full:
-            self.ranges = set(_keys(ranges))
+            self.ranges = set(list_keys(ranges))
         wanted = set().union(*(source_ranges(r) for r in state.services.values()
                                if r.service.load_balancer_source_ranges))
         for key in sorted(wanted - self.ranges):

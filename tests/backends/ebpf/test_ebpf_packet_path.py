@@ -220,9 +220,8 @@ def test_external_ips_and_load_balancer_vips(world: World) -> None:
     assert summarize(probe(world.lab.ns(other.name), "tcp", "192.168.60.11", 80, 2)).names \
         == Counter({"pod-a": 2}), "without ranges every client gets through"
     assert world.backend is not None and world.backend.programs is not None
-    from svcproxy.backends.ebpf.packet_backend import _keys
-
-    assert _keys(world.backend.programs.maps["spp_ranges"]) == [], "the ranges are gone"
+    assert libbpf.list_keys(world.backend.programs.maps["spp_ranges"]) == [], \
+        "the ranges are gone"
     # ipMode Proxy: the load balancer proxies, the node must not take the VIP.
     world.set(node_port("lb", 30088, ["pod-a"], type=ServiceType.LOAD_BALANCER,
                         load_balancer_ingress=(LoadBalancerIngress("192.168.60.11",
