@@ -67,7 +67,11 @@ def dump_lines(tc_dir: Path, object_path: Path, flows: list[CtEntry],
                samples: int = 5) -> Iterator[str]:
     """The range in use and where it came from, then the fullest pools' ports in use
     and free (at most ``samples``)."""
-    found = loaded_range(tc_dir, object_path)
+    try:
+        found = loaded_range(tc_dir, object_path)
+    except (OSError, KeyError) as err:  # the object missing or older than the pin
+        yield f"# NAT ports: the loaded program's range cannot be read ({err})"
+        return
     if found is None:
         return
     first, count = found

@@ -8,9 +8,11 @@ programs on ``eth0`` and ``br0``; everything made here is removed at the end.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from svcproxy.backends.ebpf import nat_usage
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from tests.support import packet_path
 from tests.support.lab.netns import ns_exec
@@ -57,3 +59,13 @@ def test_dump_shows_the_nat_port_range_and_the_ports_in_use(world: World) -> Non
     assert ("# NAT ports 50000-65535 (15536 per endpoint and node address; "
             "net.ipv4.ip_local_port_range 32768 60999, which now gives 61000-65535: a "
             "restart takes those): 5 in use by 2 endpoints") in lines, lines
+
+
+def test_dump_says_when_the_range_cannot_be_read(world: World, tmp_path: Path) -> None:
+    """The constants pinned but no object to read their layout from: one line saying so,
+    not a failed --dump."""
+    world.set(node_port("dump-noobj", 30323, ["pod-c"]))
+    lines = world.in_node(lambda: list(nat_usage.dump_lines(
+        world.layout().dir, tmp_path / "missing.bpf.o", [])))
+    assert len(lines) == 1 and lines[0].startswith(
+        "# NAT ports: the loaded program's range cannot be read"), lines
