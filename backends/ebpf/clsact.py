@@ -16,9 +16,12 @@ import errno
 import logging
 import os
 import socket
+import struct
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+
+from svcproxy.sdk import netlink
 
 from . import libbpf
 from .libbpf import BpfError
@@ -31,6 +34,9 @@ POINTS = {"ingress": TC_INGRESS, "egress": TC_EGRESS}
 F_REPLACE = 1 << 0  # BPF_TC_F_REPLACE
 HANDLE, PRIORITY = 1, 1  # the filter's handle and pref, as Cilium's (tc filter show: pref 1)
 FILTER_PREFIX, QDISC_PREFIX = "filter_", "qdisc_"
+RTM_NEWTFILTER, RTM_GETTFILTER = 44, 46
+PARENTS = {"ingress": 0xFFFFFFF2, "egress": 0xFFFFFFF3}  # TC_H_MAKE(TC_H_CLSACT, MIN_*)
+_TCMSG = struct.Struct("=BxxxiIII")  # struct tcmsg: family, ifindex, handle, parent, info
 
 
 class _Hook(ctypes.Structure):
@@ -156,7 +162,8 @@ def forget(tc_dir: Path, device: str) -> list[str]:
 
 def detach(tc_dir: Path, device: str) -> list[str]:
     """Remove our filters from ``device`` (when it is still here and each still runs our
-    pinned program), then the clsact qdisc when we made it, then the pins; returns them."""
+    pinned program), then the clsact qdisc when we made it and no filter of someone
+    else's is on it, then the pins; returns them."""
     try:
         ifindex = socket.if_nametoindex(device)
     except OSError:
@@ -178,10 +185,35 @@ def detach(tc_dir: Path, device: str) -> list[str]:
             log.warning("The tc %s filter on %s no longer runs svcproxy's program; left "
                         "alone", hook, device)
     if qdisc_pin(tc_dir, device).exists():
-        result = lib.bpf_tc_hook_destroy(ctypes.byref(_hook(ifindex, TC_INGRESS | TC_EGRESS)))
-        if result not in (0, -errno.ENOENT, -errno.EINVAL):
-            libbpf.check(result, f"clsact qdisc on {device}")
+        others = sum(filter_count(ifindex, hook) for hook in POINTS)
+        if others:
+            log.warning("Leaving the clsact qdisc svcproxy made on %s: it holds %d filter "
+                        "entries of someone else's", device, others)
+        else:
+            result = lib.bpf_tc_hook_destroy(ctypes.byref(_hook(ifindex,
+                                                                TC_INGRESS | TC_EGRESS)))
+            if result not in (0, -errno.ENOENT, -errno.EINVAL):
+                libbpf.check(result, f"clsact qdisc on {device}")
     return forget(tc_dir, device)
+
+
+def filter_count(ifindex: int, hook: str) -> int:
+    """How many filter entries the device's clsact ``hook`` holds (an rtnetlink dump)."""
+    body = _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, PARENTS[hook], 0)
+    count = 0
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.bind((0, 0))
+        sock.sendall(netlink.message(RTM_GETTFILTER, netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP,
+                                     1, body))
+        while True:
+            for kind, _flags, _seq, msg in netlink.messages(sock.recv(1 << 16)):
+                if kind == netlink.NLMSG_DONE:
+                    return count
+                if kind == netlink.NLMSG_ERROR:
+                    if code := netlink.error_code(msg):
+                        raise OSError(code, f"tc filter dump: {os.strerror(code)}")
+                    return count
+                count += kind == RTM_NEWTFILTER
 
 
 def dump_lines(tc_dir: Path) -> Iterator[str]:

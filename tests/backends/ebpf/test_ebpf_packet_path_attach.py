@@ -295,3 +295,23 @@ def test_pin_names_of_devices_are_one_to_one() -> None:
     assert all("." not in p for p in pinned) and len(set(pinned)) == len(names), pinned
     assert [device_of_pin(p) for p in pinned] == names
     assert pin_device("eth0") == "eth0", "names without '.' or '=' keep their old pins"
+
+
+def test_cleanup_leaves_a_qdisc_it_made_when_another_filter_is_on_it(
+        device_world: DeviceWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tcx, the backend made the clsact qdiscs of eth0 and sppd0; someone then
+    put a filter of their own on sppd0's. --cleanup removes our filters from both, eth0's
+    qdisc, and leaves sppd0's with that filter (removing the qdisc would take it too)."""
+    monkeypatch.setattr(packet_loader, "create_tcx_link", _no_tcx)
+    world = device_world
+    world.add_device()
+    world.set(node_port("clsact-shared", 30331, ["pod-a"]))
+    assert {"qdisc_eth0", f"qdisc_{DEVICE}"} <= {p.name for p in world.layout().dir.iterdir()}
+    tc(world, "filter", "add", "dev", DEVICE, "ingress", "pref", "9", "u32", "match", "u32",
+       "0", "0")
+    world.in_node(world.backends["node1"].cleanup)
+    assert "clsact" not in tc(world, "qdisc", "show", "dev", "eth0")
+    assert "clsact" in tc(world, "qdisc", "show", "dev", DEVICE)
+    theirs = filters(world, DEVICE, "ingress")
+    assert theirs and all("u32" in f and "pref 9" in f for f in theirs), theirs
+    assert not filters(world, DEVICE, "egress")
