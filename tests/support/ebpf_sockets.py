@@ -1,7 +1,7 @@
 """The ebpf socket tests' world: a network namespace and a cgroup the test made, echo
 servers on the namespace's loopback (the endpoints), the backend's cgroup programs, and
 client processes in that cgroup (``Client`` connects and counts, ``Holder`` keeps
-sockets open); ``service`` the records the backend is given. Everything ``World`` made
+sockets open); ``service`` the records the backend is given. Everything ``SocketWorld`` made
 (namespace, cgroup, bpffs mount, pins, links, processes) ``stop`` removes."""
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ class Client(LineProcess):
 CONFIG = NodeConfig(node_name="node1", node_ips=(NODE_IP,))
 
 
-class World:
+class SocketWorld:
     """A namespace, a cgroup, a bpffs mount, echo servers, a client and the backend."""
 
     def __init__(self, in_process: bool = True) -> None:
@@ -236,7 +236,7 @@ class World:
         self.revision = 0
         self.services: dict[ServicePortKey, ServicePortState] = {}
 
-    def start(self) -> World:
+    def start(self) -> SocketWorld:
         self.namespaces.add_ns("ebpf")
         addresses(self.ns, "lo", *(f"{addr}/32" for addr in EPS4),
                   *(f"{addr}/128" for addr in EPS6), f"{NODE_IP}/32")
@@ -344,5 +344,5 @@ class Holder(LineProcess):
     """A process (``HOLDER``) in the cgroup and namespace of ``world`` that keeps its
     sockets open."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: SocketWorld) -> None:
         super().__init__(HOLDER, world.ns, world.cgroup, "the holder")

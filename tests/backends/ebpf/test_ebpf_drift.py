@@ -27,7 +27,7 @@ from svcproxy.sdk.health import ProxyHealth
 from svcproxy.sdk.runner import SyncRunner
 from svcproxy.sdk.testing import FakeSource
 from tests.support import ebpf_sockets
-from tests.support.ebpf_sockets import EPS4, World, service
+from tests.support.ebpf_sockets import EPS4, SocketWorld, service
 from tests.support.world_fixture import running
 
 pytestmark = ebpf_sockets.marks()
@@ -75,12 +75,12 @@ class Gated(Backend):
 
 
 @pytest.fixture
-def world() -> Iterator[World]:
-    yield from running(World())
+def world() -> Iterator[SocketWorld]:
+    yield from running(SocketWorld())
 
 
 @pytest.fixture
-def periodic(world: World) -> Iterator[Callable[..., Gated]]:
+def periodic(world: SocketWorld) -> Iterator[Callable[..., Gated]]:
     """``periodic(*records)``: the world's backend under the node agent's sync runner
     (a 1 s period) with ``records`` as the node's state, returned once its first
     periodic resync has run; the runner is stopped after the test."""
@@ -106,7 +106,7 @@ def periodic(world: World) -> Iterator[Callable[..., Gated]]:
 
 
 @pytest.fixture
-def pinned(world: World) -> Iterator[Callable[[str], libbpf.Map]]:
+def pinned(world: SocketWorld) -> Iterator[Callable[[str], libbpf.Map]]:
     """``pinned(name)``: a handle of our own on a pinned map (someone else's tool),
     closed after the test."""
     opened: list[libbpf.Map] = []
@@ -123,7 +123,7 @@ def pinned(world: World) -> Iterator[Callable[[str], libbpf.Map]]:
 
 
 def test_map_entries_changed_behind_the_backend_are_repaired_within_one_period(
-        world: World, periodic: Callable[..., Gated],
+        world: SocketWorld, periodic: Callable[..., Gated],
         pinned: Callable[[str], libbpf.Map]) -> None:
     client, backend = world.client, world.backend
     assert client is not None and backend is not None
@@ -158,7 +158,7 @@ def test_map_entries_changed_behind_the_backend_are_repaired_within_one_period(
 
 
 def test_a_lost_entry_alone_is_written_again_from_what_was_applied(
-        world: World, periodic: Callable[..., Gated],
+        world: SocketWorld, periodic: Callable[..., Gated],
         pinned: Callable[[str], libbpf.Map]) -> None:
     """Nothing foreign, one service entry deleted: the resync repairs that service port
     alone (the SDK's ``Delta.repair``), not a rebuild."""

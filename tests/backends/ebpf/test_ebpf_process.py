@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.ebpf_sockets import EPS4, NODE_IP, PORT, World, marks
+from tests.support.ebpf_sockets import EPS4, NODE_IP, PORT, SocketWorld, marks
 from tests.support.lab.netns import enter
 
 pytestmark = marks()
@@ -129,7 +129,7 @@ class Hammer:
 
 
 class BackendProcess:
-    def __init__(self, world: World, api: str, log: Path) -> None:
+    def __init__(self, world: SocketWorld, api: str, log: Path) -> None:
         self.world, self.api, self.log = world, api, log
         self.metrics_port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -189,8 +189,8 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, why: Callable[[]
 
 
 @pytest.fixture
-def world() -> Iterator[World]:
-    w = World(in_process=False)
+def world() -> Iterator[SocketWorld]:
+    w = SocketWorld(in_process=False)
     try:
         w.start()
         yield w
@@ -198,7 +198,7 @@ def world() -> Iterator[World]:
         w.stop()
 
 
-def test_kill_restart_dump_metrics_cleanup(world: World, tmp_path: Path,
+def test_kill_restart_dump_metrics_cleanup(world: SocketWorld, tmp_path: Path,
                                            frontend_factory: Callable[..., Any]) -> None:
     manifests = tmp_path / "manifests"
     manifests.mkdir()

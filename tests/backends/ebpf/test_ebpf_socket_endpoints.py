@@ -15,19 +15,19 @@ import pytest
 from svcproxy.backends.ebpf.names import MAP_AFFINITY
 from svcproxy.model import SessionAffinity
 from tests.support import ebpf_sockets
-from tests.support.ebpf_sockets import DESTROYED, EPS4, EPS6, NODE_IP, Holder, World, service
+from tests.support.ebpf_sockets import DESTROYED, EPS4, EPS6, NODE_IP, Holder, SocketWorld, service
 from tests.support.world_fixture import running
 
 pytestmark = ebpf_sockets.marks()
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    yield from running(World())
+def world() -> Iterator[SocketWorld]:
+    yield from running(SocketWorld())
 
 
 @pytest.mark.parametrize("family", [4, 6])
-def test_udp_socket_of_a_removed_endpoint_is_destroyed_tcp_is_left(world: World,
+def test_udp_socket_of_a_removed_endpoint_is_destroyed_tcp_is_left(world: SocketWorld,
                                                                    family: int) -> None:
     pair = EPS4[:2] if family == 4 else EPS6[:2]
     dns, web = ("10.96.5.1", "10.96.5.2") if family == 4 else ("fd00:96::5:1", "fd00:96::5:2")
@@ -54,7 +54,7 @@ def test_udp_socket_of_a_removed_endpoint_is_destroyed_tcp_is_left(world: World,
         holder.stop()
 
 
-def test_affinity_holds_across_the_services_addresses(world: World) -> None:
+def test_affinity_holds_across_the_services_addresses(world: SocketWorld) -> None:
     """A pod that reached endpoint A through the ClusterIP is sent to A through the
     NodePort and the externalIP of the same service, as kube-proxy keeps affinity."""
     world.set(service("sticky", ("10.96.5.3",), EPS4, node_port=30200,

@@ -22,24 +22,24 @@ from svcproxy.backends.ebpf.backend import EbpfBackend
 from svcproxy.model import Protocol, ServicePortKey
 from svcproxy.sdk import Changes, NodeState
 from tests.support import ebpf_sockets
-from tests.support.ebpf_sockets import CONFIG, EPS4, EPS6, NODE_IP, Client, World, service
+from tests.support.ebpf_sockets import CONFIG, EPS4, EPS6, NODE_IP, Client, SocketWorld, service
 from tests.support.world_fixture import running
 
 pytestmark = ebpf_sockets.marks()
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    yield from running(World())
+def world() -> Iterator[SocketWorld]:
+    yield from running(SocketWorld())
 
 
 @pytest.fixture
-def client(world: World) -> Client:
+def client(world: SocketWorld) -> Client:
     assert world.client is not None
     return world.client
 
 
-def test_tcp_cluster_ip_reaches_the_chosen_endpoints(world: World, client: Client) -> None:
+def test_tcp_cluster_ip_reaches_the_chosen_endpoints(world: SocketWorld, client: Client) -> None:
     world.set(service("web", ("10.96.0.1",), EPS4[:3]))
     seen = client.names("tcp", "10.96.0.1", count=40)
     assert set(seen) == set(EPS4[:3]), seen
@@ -48,7 +48,7 @@ def test_tcp_cluster_ip_reaches_the_chosen_endpoints(world: World, client: Clien
 
 
 @pytest.mark.parametrize("cip,eps", [("10.96.0.2", EPS4), ("fd00:96::2", EPS6)], ids=["v4", "v6"])
-def test_udp_connected_and_unconnected_both_families(world: World, client: Client, cip: str,
+def test_udp_connected_and_unconnected_both_families(world: SocketWorld, client: Client, cip: str,
                                                      eps: list[str]) -> None:
     world.set(service(f"dns{len(cip)}", (cip,), eps[1:], proto="UDP"))
     connected = client.connect("udp", cip, count=40)
@@ -62,13 +62,13 @@ def test_udp_connected_and_unconnected_both_families(world: World, client: Clien
     assert set(tcp) == {"unreachable"}, "a UDP service leaves TCP to the same port alone"
 
 
-def test_tcp_ipv6_cluster_ip(world: World, client: Client) -> None:
+def test_tcp_ipv6_cluster_ip(world: SocketWorld, client: Client) -> None:
     world.set(service("web6", ("fd00:96::1",), EPS6[:2]))
     assert set(client.names("tcp", "fd00:96::1", count=30)) == set(EPS6[:2])
     assert client.connect("tcp", "fd00:96::1")[0]["peer"] == "fd00:96::1"
 
 
-def test_internal_flag_decides_and_no_endpoints_refuse(world: World, client: Client) -> None:
+def test_internal_flag_decides_and_no_endpoints_refuse(world: SocketWorld, client: Client) -> None:
     # Only the endpoints the frontend marked internal serve ClusterIP traffic.
     world.set(service("itp", ("10.96.0.3",), EPS4, internal=EPS4[2:]))
     assert set(client.names("tcp", "10.96.0.3", count=30)) == set(EPS4[2:])
@@ -91,7 +91,7 @@ def test_internal_flag_decides_and_no_endpoints_refuse(world: World, client: Cli
     assert set(client.names("tcp", "10.96.0.4", count=2)) == {"unreachable"}
 
 
-def test_node_port_external_ip_and_load_balancer_from_this_node(world: World,
+def test_node_port_external_ip_and_load_balancer_from_this_node(world: SocketWorld,
                                                                 client: Client) -> None:
     world.set(service("np", ("10.96.0.5",), EPS4, internal=EPS4[:2], external=EPS4[2:],
                       node_port=30080, external_ips=("192.168.60.20",)))
@@ -100,7 +100,7 @@ def test_node_port_external_ip_and_load_balancer_from_this_node(world: World,
     assert set(client.names("tcp", "10.96.0.5", count=30)) == set(EPS4[:2])
 
 
-def test_session_affinity_client_ip(world: World, client: Client) -> None:
+def test_session_affinity_client_ip(world: SocketWorld, client: Client) -> None:
     from svcproxy.model import SessionAffinity
 
     sticky = service("sticky", ("10.96.0.6",), EPS4, session_affinity=SessionAffinity.CLIENT_IP,
@@ -128,7 +128,7 @@ def test_session_affinity_client_ip(world: World, client: Client) -> None:
     assert len(picks) >= 2, "after the affinity timeout another endpoint gets chosen"
 
 
-def test_change_while_connections_are_open(world: World, client: Client) -> None:
+def test_change_while_connections_are_open(world: SocketWorld, client: Client) -> None:
     world.set(service("live", ("10.96.0.7",), EPS4[:1]))
     assert client.call(op="hold", id="a", host="10.96.0.7", port=80)["name"] == EPS4[0]
     world.set(service("live", ("10.96.0.7",), EPS4[1:2]))
@@ -140,7 +140,7 @@ def _hammer(client: Client, host: str, count: int, out: list[Any]) -> None:
     out.extend(client.connect("tcp", host, count=count))
 
 
-def test_no_lookup_sees_a_half_updated_service(world: World, client: Client) -> None:
+def test_no_lookup_sees_a_half_updated_service(world: SocketWorld, client: Client) -> None:
     """Connections made while the endpoint set flips back and forth, and while full syncs
     (also by a fresh backend that adopts the maps) run, all reach a current endpoint."""
     a, b = service("flip", ("10.96.0.8",), EPS4[:2]), service("flip", ("10.96.0.8",), EPS4[2:])
@@ -168,7 +168,7 @@ def test_no_lookup_sees_a_half_updated_service(world: World, client: Client) -> 
         fresh.close()
 
 
-def test_a_full_map_fails_the_sync_is_counted_and_heals(world: World, client: Client) -> None:
+def test_a_full_map_fails_the_sync_is_counted_and_heals(world: SocketWorld, client: Client) -> None:
     from prometheus_client import CollectorRegistry
 
     small = EbpfBackend(CONFIG, replace(world.layout, pin_dir=world.bpffs / "small",
@@ -196,7 +196,7 @@ def test_a_full_map_fails_the_sync_is_counted_and_heals(world: World, client: Cl
 
 
 def test_dual_stack_sockets_reach_ipv4_services_through_mapped_addresses(
-        world: World, client: Client) -> None:
+        world: SocketWorld, client: Client) -> None:
     world.set(service("mapped", ("10.96.0.9",), EPS4[:2]))
     world.set(service("mapped-udp", ("10.96.0.9",), EPS4[2:], proto="UDP"))
     tcp = client.connect("tcp", "::ffff:10.96.0.9", count=20)

@@ -13,15 +13,15 @@ import pytest
 from svcproxy.backends.ebpf.backend import EbpfBackend
 from svcproxy.sdk import Changes
 from tests.support import ebpf_sockets
-from tests.support.ebpf_sockets import CONFIG, DESTROYED, EPS4, Holder, World, service
+from tests.support.ebpf_sockets import CONFIG, DESTROYED, EPS4, Holder, SocketWorld, service
 from tests.support.world_fixture import running
 
 pytestmark = ebpf_sockets.marks()
 
 
 @pytest.fixture
-def world() -> Iterator[World]:
-    yield from running(World())
+def world() -> Iterator[SocketWorld]:
+    yield from running(SocketWorld())
 
 
 def socket_to_another(holder: Holder, host: str, chosen: str) -> tuple[str, int]:
@@ -34,7 +34,7 @@ def socket_to_another(holder: Holder, host: str, chosen: str) -> tuple[str, int]
     raise AssertionError(f"every connect() to {host} picked {chosen}")
 
 
-def test_udp_socket_of_an_endpoint_that_left_while_the_backend_was_down(world: World) -> None:
+def test_udp_socket_of_an_endpoint_that_left_while_the_backend_was_down(world: SocketWorld) -> None:
     dns = "10.96.6.1"
     pair = EPS4[:2]
     world.set(service("dns", (dns,), pair, proto="UDP"))
