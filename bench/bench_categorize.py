@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from svcproxy.frontend.computation.compute import NodeClassCache, service_base  # noqa: E402
 from svcproxy.frontend.computation.selection import categorize, categorize_by_family  # noqa: E402
-from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice  # noqa: E402
+from svcproxy.frontend.edge.endpointslice import read_endpoint_slice  # noqa: E402
 from svcproxy.frontend.edge.objects import EndpointSlice, Service  # noqa: E402
 from svcproxy.frontend.edge.service import read_service  # noqa: E402
 
@@ -48,7 +48,9 @@ def objects(i: int, endpoints: int, nodes: int) -> tuple[Service, list[EndpointS
           "endpoints": eps}
     service, verdict = read_service(svc)
     assert service is not None, verdict.summary()
-    return service, [parse_endpoint_slice(sl)]
+    slice_, verdict = read_endpoint_slice(sl)
+    assert slice_ is not None, verdict.summary()
+    return service, [slice_]
 
 
 def main() -> None:

@@ -1,21 +1,23 @@
-"""The EndpointSlice kind, whole: its schema (the fields svcproxy reads), the apiserver's
-rules for them (pkg/apis/discovery/validation) with their messages, the parse of a valid
-slice into ``objects.EndpointSlice``, and the typed decode of a listed slice's JSON.
+"""The EndpointSlice kind, whole: the apiserver's rules for the fields svcproxy reads
+(pkg/apis/discovery/validation) with their messages, each rule giving the value it checked
+to the ``objects.EndpointSlice`` it builds (``read_endpoint_slice``), and the typed decode
+of a listed slice's JSON (``decode_slice``), an optimisation of the same reading.
 
-The schema (the msgspec structs below, one per level of the object) drives the typed
-decode (msgspec decodes a listed slice's JSON straight into it, in C; a field it does not
-name sends the slice to the general path), the rules' one-pass check of the common
-endpoint shape (the keys it takes, each with the bound on its value's size, so a field
-added to the schema without its bound fails at import) and the conditions the rules and
-the parse read. The rules stay code: Kubernetes' messages, and reading any value to say
-what is wrong with it, are beyond a struct's decoding.
+One reader. ``read_endpoint_slice`` reads each field once: the rule checks it (the
+problem, if any, goes into the verdict with Kubernetes' message) and returns the value
+read, and a slice is built of those values when the verdict accepts it.
+``validate_endpoint_slice`` is that pass's verdict. A new field goes in one place: the
+rule that reads it, here.
 
-Two paths give one object. A listed slice of the common shape (``decode_slice``) is
-decoded and checked without messages; anything else, or any doubt (a field not in the
-schema, hints, an IPv6 or FQDN slice, limits below the defaults), gives None and the
-caller takes the general path: ``validate_endpoint_slice`` (which says why), then
-``parse_endpoint_slice``, which makes the same object (property tests in
-tests/frontend/edge/ hold the two to it).
+The fast paths, optionally. The msgspec structs below name the fields of the common
+shape. msgspec decodes a listed slice's JSON straight into them, in C, and
+``decode_slice`` checks them without messages; an endpoint of that shape in a dict is
+checked without building field paths (``_plain_ipv4_endpoint``: the keys the struct
+names, each with the bound on its value's size, so a field added to the struct without
+its bound fails at import). A field the structs do not name (so a new one, until it is
+added here too), hints, an IPv6 or FQDN slice, limits below the defaults, or any doubt
+takes the rules' full path, which says why or reads it. Property tests in
+tests/frontend/edge/ hold the paths to one object.
 """
 
 from __future__ import annotations
@@ -45,16 +47,10 @@ from svcproxy.frontend.edge.names import (
 )
 from svcproxy.frontend.edge.objects import (
     EndpointSlice,
-    ParseError,
     SliceEndpoint,
     SlicePort,
-    as_list,
-    as_mapping,
+    kube_ips,
     parse_time,
-    read_ips,
-    read_meta,
-    read_port,
-    read_protocol,
 )
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
 from svcproxy.frontend.edge.wellknown import (
@@ -127,42 +123,57 @@ def trigger_time_problem(value: Any) -> str | None:
     return None if parsed > (0, 0) else f"{shown(value)} is not after 1970"
 
 
-def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
-    """An EndpointSlice as the apiserver validates it, plus the service-name label."""
+def read_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS,
+                        seen_at: float | None = None) -> tuple[EndpointSlice | None, Verdict]:
+    """An EndpointSlice read in one pass: each field svcproxy reads checked once as the
+    apiserver validates it, plus the service-name label (its problems, with their
+    messages, in the verdict), and taken as the value the slice is made of; the slice is
+    None when the verdict refuses it. Its trigger time, without a usable annotation, is
+    ``seen_at`` (default now)."""
     c = Checker(limits)
     plain = _plain_endpoints(obj, limits)
     if not check_object(c, obj, limits, None if plain is None else ("endpoints", plain)):
-        return c.v
+        return None, c.v
     # ValidateObjectMeta with ValidateEndpointSliceName (NameIsDNSSubdomain).
     labels, annotations = c.metadata(obj, c.subdomain, namespaced=True)
-    if not labels.get(SERVICE_NAME_LABEL):  # no Kubernetes rule: kube-proxy skips such an
-        c.err(f"metadata.labels.{SERVICE_NAME_LABEL}", "malformed",  # update, keeping the last
-              "is missing: the slice belongs to no service")  # version (so does refusing it)
+    service = labels.get(SERVICE_NAME_LABEL)
+    if not service:  # no Kubernetes rule: kube-proxy skips such an update, keeping the last
+        c.err(f"metadata.labels.{SERVICE_NAME_LABEL}", "malformed",  # version (so does
+              "is missing: the slice belongs to no service")  # refusing it)
+    trigger = annotations.get(TRIGGER_TIME_ANNOTATION)
     if TRIGGER_TIME_ANNOTATION in annotations:
-        why = trigger_time_problem(annotations[TRIGGER_TIME_ANNOTATION])
+        why = trigger_time_problem(trigger)
         if why:
             c.v.warnings.append(Problem(f"metadata.annotations.{TRIGGER_TIME_ANNOTATION}",
                                         "ignored_value", f"{why}; ignored"))
     address_type = obj.get("addressType")
     if address_type not in ADDRESS_TYPES:  # validateAddressType
         c.err("addressType", "invalid_value", f"{shown(address_type)} is not IPv4, IPv6 or FQDN")
-    _ports(c, obj.get("ports"))
-    if plain is not None:
-        return c.v
-    kind = address_type if address_type in ADDRESS_TYPES else ""
-    node_limit = min(253, limits.max_name_length)
-    for i, raw in enumerate(c.items(obj.get("endpoints"), "endpoints", MAX_SLICE_ENDPOINTS)):
-        if kind != "IPv4" or not _plain_ipv4_endpoint(raw, node_limit):
-            _endpoint(c, c.mapping(raw, f"endpoints[{i}]"), f"endpoints[{i}]", kind)
-    return c.v
+    ports = _ports(c, obj.get("ports"))
+    endpoints = _endpoints(c, obj.get("endpoints"), address_type, plain is not None)
+    if not c.v.ok:
+        return None, c.v
+    meta = obj["metadata"]
+    return EndpointSlice(
+        meta.get("namespace") or "default", meta["name"], service, address_type, ports,
+        () if address_type == "FQDN" else endpoints,
+        parse_time(trigger) or (seen_at if seen_at is not None else time.time())), c.v
 
 
-def _ports(c: Checker, value: Any) -> None:
+def validate_endpoint_slice(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """An EndpointSlice as the apiserver validates it, plus the service-name label
+    (``read_endpoint_slice``'s verdict)."""
+    return read_endpoint_slice(obj, limits)[1]
+
+
+def _ports(c: Checker, value: Any) -> tuple[SlicePort, ...]:
     """validatePorts: at most 20,000; a name unique (unset is "") and a DNS-1123 label
     when set; a protocol (unset defaults to TCP, "" is not supported); appProtocol a
     qualified name. The port number has no rule but its type (int32): one svcproxy
-    cannot use (0, negative, over 65535) degrades that port alone."""
+    cannot use (0, negative, over 65535) degrades that port alone. The ports read (one
+    without a number, "all ports", or degraded is left out)."""
     names: set[str] = set()
+    read: list[tuple[str, str, int]] = []
     for i, raw in enumerate(c.items(value, "ports", MAX_SLICE_PORTS)):
         where = f"ports[{i}]"
         p = c.mapping(raw, where)
@@ -182,7 +193,30 @@ def _ports(c: Checker, value: Any) -> None:
         elif port is not None and not 1 <= port <= 65535:
             c.v.warnings.append(Problem(f"{where}.port", "degraded", f"{port} is not a port "
                                         "svcproxy can program (1-65535); this port is left out"))
+        elif port is not None:
+            read.append((name, protocol or "TCP", port))
         check_app_protocol(c, p.get("appProtocol"), f"{where}.appProtocol")
+    if not c.v.ok:
+        return ()
+    return tuple(SlicePort(name, Protocol(protocol), port) for name, protocol, port in read)
+
+
+def _endpoints(c: Checker, value: Any, address_type: Any, plain: bool
+               ) -> tuple[SliceEndpoint, ...]:
+    """validateEndpoints: at most 1,000, each checked by ``_endpoint`` but for one of the
+    plain IPv4 shape (``plain``: every one is, see ``_plain_endpoints``), valid as it is;
+    the endpoints read."""
+    if plain:
+        return tuple(_plain_endpoint(ep) for ep in value)
+    kind = address_type if address_type in ADDRESS_TYPES else ""
+    node_limit = min(253, c.limits.max_name_length)
+    out = []
+    for i, raw in enumerate(c.items(value, "endpoints", MAX_SLICE_ENDPOINTS)):
+        if kind == "IPv4" and _plain_ipv4_endpoint(raw, node_limit):
+            out.append(_plain_endpoint(raw))
+        else:
+            out.append(_endpoint(c, c.mapping(raw, f"endpoints[{i}]"), f"endpoints[{i}]", kind))
+    return tuple(out)
 
 
 def _plain_endpoints(obj: Any, limits: ObjectLimits) -> int | None:
@@ -271,18 +305,21 @@ def _flat_size(value: dict[Any, Any]) -> int:
     return size
 
 
-def _endpoint(c: Checker, ep: dict[str, Any], where: str, address_type: str) -> None:
+def _endpoint(c: Checker, ep: dict[str, Any], where: str, address_type: str
+              ) -> SliceEndpoint:
     """validateEndpoints' rules for one endpoint (the count of endpoints is checked by
     the caller): 1-100 addresses, each IsValidIPv4Address / IsValidIPv6Address and
     ValidateEndpointIP, or IsFullyQualifiedDomainName; nodeName ValidateNodeName and
     hostname ValidateDNS1123Label when set (even to ""); deprecatedTopology labels;
-    hints. The zone has no rule."""
+    hints. The zone has no rule. The endpoint read (an FQDN one's addresses are not)."""
     addresses = c.items(ep.get("addresses"), f"{where}.addresses", MAX_ENDPOINT_ADDRESSES)
     if not addresses and isinstance(ep.get("addresses"), list | None):
         c.err(f"{where}.addresses", "malformed", "must hold at least one address")
+    ips = []
     for j, address in enumerate(addresses):
         if address_type in ("IPv4", "IPv6"):
-            c.ip(address, f"{where}.addresses[{j}]", "endpoint", int(address_type[-1]))
+            if c.ip(address, f"{where}.addresses[{j}]", "endpoint", int(address_type[-1])):
+                ips.append(address)
         elif address_type == "FQDN" and not is_fqdn(address):
             c.err(f"{where}.addresses[{j}]", "invalid_name", f"{shown(address)} is not a "
                   "fully qualified domain name (two or more DNS-1123 labels, at most 253 "
@@ -299,8 +336,29 @@ def _endpoint(c: Checker, ep: dict[str, Any], where: str, address_type: str) -> 
         c.v.warnings.append(Problem(f"{where}.zone", "degraded", "is not valid UTF-8 text "
                                     "(it cannot be sent); the endpoint is served without it"))
     _topology(c, ep.get("deprecatedTopology"), f"{where}.deprecatedTopology")
-    if ep.get("hints") is not None:
-        _hints(c, c.mapping(ep.get("hints"), f"{where}.hints"), f"{where}.hints")
+    zones, nodes = _hints(c, c.mapping(ep.get("hints"), f"{where}.hints"), f"{where}.hints") \
+        if ep.get("hints") is not None else ((), ())
+    return _endpoint_read(ep, cond, kube_ips(ips), zones, nodes)
+
+
+def _plain_endpoint(ep: dict[str, Any]) -> SliceEndpoint:
+    """An endpoint of the plain IPv4 shape (``_plain_ipv4_endpoint``) read: valid as it
+    is, its addresses canonical."""
+    addresses = ep["addresses"]
+    return _endpoint_read(ep, ep.get("conditions") or {}, (addresses[0],) if len(
+        addresses) == 1 else tuple(dict.fromkeys(addresses)), (), ())
+
+
+def _endpoint_read(ep: dict[str, Any], cond: dict[str, Any], addresses: tuple[str, ...],
+                   zones: tuple[str, ...], nodes: tuple[str, ...]) -> SliceEndpoint:
+    """A checked endpoint as svcproxy serves it: unset ready is true, unset serving is
+    ready (the conditions' API defaults), a zone that cannot be sent is none."""
+    ready = cond.get("ready")
+    ready = True if ready is None else bool(ready)
+    serving = cond.get("serving")
+    return SliceEndpoint(addresses, ready, ready if serving is None else bool(serving),
+                         bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
+                         _zone(ep.get("zone")), zones, nodes)
 
 
 def _topology(c: Checker, value: Any, where: str) -> None:
@@ -315,17 +373,25 @@ def _topology(c: Checker, value: Any, where: str) -> None:
         c.err(f"{where}.{ZONE_LABEL}", "invalid_value", "is reserved: set zone instead")
 
 
-def _hints(c: Checker, hints: dict[str, Any], where: str) -> None:
+def _hints(c: Checker, hints: dict[str, Any], where: str
+           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """validateHints: at most 8 forZones, each name unique and IsValidLabelValue (which
-    allows ""); forNodes (Kubernetes 1.33) at most 8, each unique and ValidateNodeName."""
+    allows ""); forNodes (Kubernetes 1.33) at most 8, each unique and ValidateNodeName.
+    The zones' and nodes' names read."""
+    read = []
     for key, check in (("forZones", _hint_zone), ("forNodes", _hint_node)):
         seen: set[str] = set()
+        names = []
         for k, hint in enumerate(c.items(hints.get(key), f"{where}.{key}", MAX_ZONE_HINTS)):
             spot = f"{where}.{key}[{k}].name"
-            name = check(c, c.mapping(hint, spot).get("name"), spot)
+            entry = c.mapping(hint, spot)
+            name = check(c, entry.get("name"), spot)
             if name in seen:
                 c.err(spot, "duplicate", f"{shown(name)} is listed twice")
             seen.add(name)
+            names.append(str(entry.get("name", "")))
+        read.append(tuple(names))
+    return read[0], read[1]
 
 
 def _hint_zone(c: Checker, value: Any, where: str) -> str:
@@ -346,68 +412,6 @@ def _is_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def parse_endpoint_slice(obj: dict[str, Any], seen_at: float | None = None) -> EndpointSlice:
-    """An EndpointSlice from its JSON; raises ParseError."""
-    namespace, name, meta = read_meta(obj, namespaced=True)
-    labels = as_mapping(meta.get("labels"), "metadata.labels")
-    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
-    service = labels.get(SERVICE_NAME_LABEL)
-    if not service:
-        raise ParseError(f"label {SERVICE_NAME_LABEL} is missing: the slice belongs to no service")
-    address_type = str(obj.get("addressType") or "")
-    if address_type not in ADDRESS_TYPES:
-        raise ParseError(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
-    ports = []
-    for i, p in enumerate(as_list(obj.get("ports"), "ports")):
-        where = f"ports[{i}]"
-        p = as_mapping(p, where)
-        port = p.get("port")
-        if port is None or type(port) is int and not 1 <= port <= 65535:
-            continue  # "all ports", or one no kernel takes (degraded): nothing to serve
-        ports.append(SlicePort(str(p.get("name") or ""), read_protocol(p.get("protocol"), where),
-                               read_port(port, where)))
-    endpoints = () if address_type == "FQDN" else tuple(
-        _parse_endpoint(ep if type(ep) is dict else as_mapping(ep, f"endpoints[{i}]"), i)
-        for i, ep in enumerate(as_list(obj.get("endpoints"), "endpoints")))
-    trigger = parse_time(annotations.get(TRIGGER_TIME_ANNOTATION))
-    return EndpointSlice(namespace, name, str(service), address_type, tuple(ports), endpoints,
-                         trigger or (seen_at if seen_at is not None else time.time()))
-
-
-def _parse_endpoint(ep: dict[str, Any], i: int) -> SliceEndpoint:
-    cond = ep.get("conditions")
-    if ep.get("hints") is None and type(cond) is dict:
-        # The common shape, read without building field paths for error messages.
-        ready = cond.get("ready")
-        ready = True if ready is None else bool(ready)
-        serving = cond.get("serving")
-        addresses = ep.get("addresses")
-        return SliceEndpoint(
-            read_ips(addresses if type(addresses) is list
-                     else as_list(addresses, f"endpoints[{i}].addresses"),
-                     f"endpoints[{i}].addresses"),
-            ready, ready if serving is None else bool(serving),
-            bool(cond.get("terminating") or False), str(ep.get("nodeName") or ""),
-            _zone(ep.get("zone")), (), ())
-    where = f"endpoints[{i}]"
-    cond = as_mapping(cond, f"{where}.conditions")
-    hints = as_mapping(ep.get("hints"), f"{where}.hints")
-    ready = cond.get("ready")
-    ready = True if ready is None else bool(ready)
-    serving = cond.get("serving")
-    serving = ready if serving is None else bool(serving)
-    return SliceEndpoint(
-        addresses=read_ips(as_list(ep.get("addresses"), f"{where}.addresses"),
-                           f"{where}.addresses"),
-        ready=ready, serving=serving, terminating=bool(cond.get("terminating") or False),
-        node_name=str(ep.get("nodeName") or ""), zone=_zone(ep.get("zone")),
-        hint_zones=tuple(str(as_mapping(z, where).get("name", "")) for z in
-                         as_list(hints.get("forZones"), f"{where}.hints.forZones")),
-        hint_nodes=tuple(str(as_mapping(n, where).get("name", "")) for n in
-                         as_list(hints.get("forNodes"), f"{where}.hints.forNodes")),
-    )
 
 
 def _zone(value: Any) -> str:
@@ -486,8 +490,8 @@ def _place_ok(node: str | None, zone: str) -> bool:
 
 
 def _decoded_endpoints(endpoints: list[_Endpoint]) -> tuple[SliceEndpoint, ...] | None:
-    """``_endpoint``'s rules, on the decoded endpoints of an IPv4 slice, and the parse's
-    reading of them; None when one is not of the plain shape."""
+    """``_endpoint``'s rules and reading, on the decoded endpoints of an IPv4 slice;
+    None when one is not of the plain shape."""
     if len(endpoints) > MAX_SLICE_ENDPOINTS:
         return None
     out: list[SliceEndpoint] = []

@@ -1,9 +1,10 @@
-"""The Node kind, whole: the fields svcproxy reads, the apiserver's rules for them
-(pkg/apis/core/validation) with their messages, and their parse into ``objects.Node``.
+"""The Node kind, whole: the apiserver's rules for the fields svcproxy reads
+(pkg/apis/core/validation) with their messages, each rule giving the value it checked to
+the ``objects.Node`` it builds (``read_node``; ``validate_node`` is that pass's verdict).
 
-No schema struct and no typed decode: Nodes are few (one per node, not one per service)
-and are listed as dicts (sources/events.RAW_KINDS), so the rules and the parse, side by
-side here, are the one description of the fields read.
+One reader, and no schema struct or typed decode: Nodes are few (one per node, not one
+per service) and are listed as dicts (sources/events.RAW_KINDS). A new field goes in one
+place: the rule that reads it, here.
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from svcproxy.frontend.edge.addresses import kube_cidr
 from svcproxy.frontend.edge.checker import Checker, check_cidrs, check_object
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
 from svcproxy.frontend.edge.names import QUALIFIED, is_qualified_name, matches
-from svcproxy.frontend.edge.objects import (
-    Node,
-    as_list,
-    as_mapping,
-    canonical_ip,
-    read_meta,
-)
+from svcproxy.frontend.edge.objects import Node, canonical_ip
 from svcproxy.frontend.edge.verdict import Problem, Verdict, shown
 from svcproxy.frontend.edge.wellknown import TO_BE_DELETED_TAINT, ZONE_LABEL
 from svcproxy.model import parse_ip
@@ -30,23 +25,55 @@ NODE_ADDRESS_TYPES = ("Hostname", "InternalIP", "ExternalIP", "InternalDNS", "Ex
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
-def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
-    """A Node's fields svcproxy reads, with the apiserver's rules."""
+def read_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> tuple[Node | None, Verdict]:
+    """A Node read in one pass: each field svcproxy reads checked once as the apiserver
+    validates it (its problems, with their messages, in the verdict) and taken as the
+    value the Node is made of; the Node is None when the verdict refuses it."""
     c = Checker(limits)
     if not check_object(c, obj, limits):
-        return c.v
-    c.metadata(obj, c.subdomain, namespaced=False)  # ValidateObjectMeta, ValidateNodeName
+        return None, c.v
+    # ValidateObjectMeta, ValidateNodeName.
+    labels, _ = c.metadata(obj, c.subdomain, namespaced=False)
     spec = c.mapping(obj.get("spec"), "spec")
-    # ValidateNode: each podCIDR ValidateCIDR, at most one of each family.
+    pod_cidrs = _pod_cidrs(c, spec)
+    deleting = _taints(c, spec.get("taints"))
+    addresses = _addresses(c, c.mapping(obj.get("status"), "status"))
+    if not c.v.ok:
+        return None, c.v
+    meta = obj["metadata"]
+    return Node(meta["name"], labels.get(ZONE_LABEL, ""), tuple(sorted(labels.items())),
+                pod_cidrs, addresses, bool(meta.get("deletionTimestamp")) or deleting), c.v
+
+
+def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
+    """A Node's fields svcproxy reads, with the apiserver's rules (``read_node``'s
+    verdict)."""
+    return read_node(obj, limits)[1]
+
+
+def _pod_cidrs(c: Checker, spec: dict[str, Any]) -> tuple[str, ...]:
+    """ValidateNode: each podCIDR ValidateCIDR, at most one of each family; podCIDR, only
+    when podCIDRs is unset (it is converted to podCIDRs[0]). The ranges read, as Go reads
+    them (``kube_cidr``)."""
     cidrs = c.items(spec.get("podCIDRs"), "spec.podCIDRs", limit=2)
     families = [f for i, cidr in enumerate(cidrs)
                 for f in check_cidrs(c, cidr, f"spec.podCIDRs[{i}]")]
     if len(families) == 2 and families[0] == families[1]:
         c.err("spec.podCIDRs", "ip_family", "may hold one CIDR of each IP family")
-    if spec.get("podCIDR") not in (None, "") and not cidrs:  # converted to podCIDRs[0]
-        check_cidrs(c, spec.get("podCIDR"), "spec.podCIDR")  # only when podCIDRs is unset
-    _taints(c, spec.get("taints"))
-    status = c.mapping(obj.get("status"), "status")
+    if spec.get("podCIDR") not in (None, "") and not cidrs:
+        if check_cidrs(c, spec.get("podCIDR"), "spec.podCIDR"):
+            cidrs = [spec["podCIDR"]]
+    if not c.v.ok:
+        return ()
+    return tuple(cidr for cidr in map(kube_cidr, cidrs) if cidr)
+
+
+def _addresses(c: Checker, status: dict[str, Any]) -> tuple[str, ...]:
+    """The status addresses, which Kubernetes does not validate: an address of a type it
+    does not know, or an InternalIP/ExternalIP that is no IP, is ignored with a warning.
+    The InternalIP and ExternalIP addresses read as kube-proxy reads them (``_node_ip``),
+    without repeats."""
+    out = []
     for i, raw in enumerate(c.items(status.get("addresses"), "status.addresses")):
         where = f"status.addresses[{i}]"
         addr = c.mapping(raw, where)
@@ -54,23 +81,29 @@ def validate_node(obj: Any, limits: ObjectLimits = DEFAULT_LIMITS) -> Verdict:
         text = addr.get("address")
         if not isinstance(text, str):
             c.err(f"{where}.address", "malformed", "must be a string")
-        elif kind and kind not in NODE_ADDRESS_TYPES:  # Kubernetes validates no status
+            continue
+        if kind and kind not in NODE_ADDRESS_TYPES:
             c.v.warnings.append(Problem(f"{where}.type", "ignored_value", f"{shown(kind)} "
                                         "is not a node address type; ignored"))
         elif kind in ("InternalIP", "ExternalIP") and parse_ip(text) is None:
             c.v.warnings.append(Problem(f"{where}.address", "ignored_value",
                                         f"{shown(text)} is not an IP address; ignored"))
-    return c.v
+        if kind in ("InternalIP", "ExternalIP") and (ip := _node_ip(text)) is not None:
+            out.append(ip)
+    return tuple(dict.fromkeys(out))
 
 
-def _taints(c: Checker, value: Any) -> None:
+def _taints(c: Checker, value: Any) -> bool:
     """validateNodeTaints: a qualified-name key, a label value, an effect, each key and
-    effect once (svcproxy reads the keys only)."""
+    effect once; whether one is ToBeDeletedByClusterAutoscaler (svcproxy reads the keys
+    only: such a node is terminating)."""
     seen: set[tuple[str, str]] = set()
+    deleting = False
     for i, raw in enumerate(c.items(value, "spec.taints")):
         where = f"spec.taints[{i}]"
         taint = c.mapping(raw, where)
         key = c.string(taint.get("key"), f"{where}.key", required=True)
+        deleting = deleting or key == TO_BE_DELETED_TAINT
         if key and not is_qualified_name(key):
             c.err(f"{where}.key", "invalid_name", f"{shown(key)} is not a qualified name")
         text = c.string(taint.get("value"), f"{where}.value")
@@ -84,26 +117,7 @@ def _taints(c: Checker, value: Any) -> None:
             c.err(where, "duplicate", f"{shown(key)} {effect} is listed twice")
         else:
             seen.add((key, effect))
-
-
-def parse_node(obj: dict[str, Any]) -> Node:
-    """A Node from its JSON; raises ParseError."""
-    _, name, meta = read_meta(obj, namespaced=False)
-    labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels"), "metadata.labels").items()}
-    spec = as_mapping(obj.get("spec"), "spec")
-    status = as_mapping(obj.get("status"), "status")
-    cidrs = as_list(spec.get("podCIDRs"), "spec.podCIDRs") or (
-        [spec["podCIDR"]] if spec.get("podCIDR") else [])
-    pod_cidrs = tuple(c for c in (kube_cidr(str(x)) for x in cidrs) if c)
-    addresses = tuple(dict.fromkeys(
-        ip for a in as_list(status.get("addresses"), "status.addresses")
-        if as_mapping(a, "status.addresses").get("type") in ("InternalIP", "ExternalIP")
-        and (ip := _node_ip(str(a.get("address", "")))) is not None))
-    taints = as_list(spec.get("taints"), "spec.taints")
-    terminating = bool(meta.get("deletionTimestamp")) or any(
-        as_mapping(t, "spec.taints").get("key") == TO_BE_DELETED_TAINT for t in taints)
-    return Node(name, labels.get(ZONE_LABEL, ""), tuple(sorted(labels.items())), pod_cidrs,
-                addresses, terminating)
+    return deleting
 
 
 def _node_ip(text: str) -> str | None:

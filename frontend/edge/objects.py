@@ -1,10 +1,9 @@
 """The cluster objects the frontend uses (Service, EndpointSlice, Node: only the fields
-svcproxy needs) and the readers every kind's parse shares.
+svcproxy needs) and the readings of checked values every kind's reader shares.
 
 Each kind's module (service.py, endpointslice.py, node.py) makes these objects from
-Kubernetes JSON. Parsing is strict where a mistake would program wrong rules (ports,
-protocols) and forgiving where Kubernetes itself is (IPs with leading zeros, spaces in
-source ranges): a bad object raises ``ParseError`` with a reason a person can act on.
+Kubernetes JSON in one pass, its rules giving the values checked; the readings here take
+a value already checked (an address, a timestamp) to the form served.
 """
 
 from __future__ import annotations
@@ -25,11 +24,6 @@ from svcproxy.model import (
     normalize_ip,
 )
 from svcproxy.wirevalues import LATEST
-
-
-class ParseError(ValueError):
-    """An object that cannot be used; the message says why."""
-
 
 _PROXIED_TYPES = {"NodePort": ServiceType.NODE_PORT, "LoadBalancer": ServiceType.LOAD_BALANCER}
 
@@ -121,70 +115,12 @@ class Node(_Object, frozen=True):
     terminating: bool
 
 
-def read_meta(obj: dict[str, Any], namespaced: bool) -> tuple[str, str, dict[str, Any]]:
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict) or not meta.get("name"):
-        raise ParseError("metadata.name is missing")
-    namespace = str(meta.get("namespace") or ("default" if namespaced else ""))
-    return namespace, str(meta["name"]), meta
-
-
-def as_mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ParseError(f"{where} must be a mapping")
-    return value
-
-
-def as_list(value: Any, where: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ParseError(f"{where} must be a list")
-    return value
-
-
-def read_protocol(value: Any, where: str) -> Protocol:
-    try:
-        return Protocol(value or "TCP")
-    except ValueError:
-        raise ParseError(f"{where}: unsupported protocol {value!r} (TCP, UDP or SCTP)") from None
-
-
-def read_port(value: Any, where: str, allow_zero: bool = False) -> int:
-    if value is None and allow_zero:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ParseError(f"{where}: port {value!r} is not a number")
-    if not (0 if allow_zero else 1) <= value <= 65535:
-        raise ParseError(f"{where}: port {value} is out of range 1-65535")
-    return value
-
-
 def canonical_ip(text: str) -> str | None:
     """``normalize_ip``, with IPv4 already in canonical form (nearly every address) taken
     as it is."""
     if CANONICAL_IPV4.fullmatch(text):
         return text
     return normalize_ip(text)
-
-
-def read_ips(values: list[Any], where: str) -> tuple[str, ...]:
-    """Addresses in canonical form, an IPv4-mapped one as its IPv4 address (Go's To4(),
-    which Kubernetes validates and kube-proxy programs it as)."""
-    if len(values) == 1 and type(values[0]) is str and CANONICAL_IPV4.fullmatch(values[0]):
-        return (values[0],)
-    out = []
-    for value in values:
-        ip = canonical_ip(str(value))
-        if ip is None:
-            raise ParseError(f"{where}: {value!r} is not an IP address")
-        if ip.startswith("::ffff:"):
-            mapped = ipaddress.IPv6Address(ip).ipv4_mapped
-            ip = str(mapped) if mapped is not None else ip
-        out.append(ip)
-    return tuple(dict.fromkeys(out))
 
 
 def kube_ip(text: str) -> str:

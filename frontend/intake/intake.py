@@ -1,11 +1,13 @@
-"""The store's door: every object is validated, parsed, or refused alone here.
+"""The store's door: every object is read, or refused alone, here.
 
-Whatever the source, an object passes Kubernetes' rules (edge/validation.py) before
-it is parsed; a refused one is logged once (source, file, object, field, reason) and
-counted in ``svcproxy_frontend_rejected_objects_total``; an unexpected exception
-refuses that object only. Values Kubernetes lets through but svcproxy cannot use
-(a bad trigger-time annotation, an EndpointSlice port out of 1-65535) degrade that
-field alone (docs/edge-fields.md), with a log line and
+Whatever the source, an object is read by its kind's one pass (``READERS``: each of
+Kubernetes' rules checks a field and gives the value the object is built of, see
+edge/validation.py), or by the typed decode of a listed object of the common shape
+(``decode``), the same reading made faster. A refused one is logged once (source, file,
+object, field, reason) and counted in ``svcproxy_frontend_rejected_objects_total``; an
+unexpected exception refuses that object only. Values Kubernetes lets through but
+svcproxy cannot use (a bad trigger-time annotation, an EndpointSlice port out of
+1-65535) degrade that field alone (docs/edge-fields.md), with a log line and
 ``svcproxy_frontend_degraded_fields_total``.
 """
 
@@ -19,14 +21,10 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from svcproxy.frontend.edge.endpointslice import (
-    decode_slice,
-    parse_endpoint_slice,
-    validate_endpoint_slice,
-)
+from svcproxy.frontend.edge.endpointslice import decode_slice, read_endpoint_slice
 from svcproxy.frontend.edge.limits import DEFAULT_LIMITS, ObjectLimits
-from svcproxy.frontend.edge.node import parse_node, validate_node
-from svcproxy.frontend.edge.objects import EndpointSlice, Node, ParseError, Service
+from svcproxy.frontend.edge.node import read_node
+from svcproxy.frontend.edge.objects import EndpointSlice, Node, Service
 from svcproxy.frontend.edge.service import decode_service, read_service
 from svcproxy.frontend.edge.validation import object_key
 from svcproxy.frontend.edge.verdict import Verdict, shortened
@@ -35,28 +33,11 @@ from svcproxy.frontend.sources.events import RawObject
 
 log = logging.getLogger("svcproxy.frontend.engine")
 Parsed: TypeAlias = Service | EndpointSlice | Node
-Reader: TypeAlias = Callable[[Any, ObjectLimits], tuple[Any, Verdict]]
-
-
-def _checked_then_parsed(check: Callable[[Any, ObjectLimits], Verdict],
-                         parse: Callable[[Any], Parsed]) -> Reader:
-    def read(obj: Any, limits: ObjectLimits) -> tuple[Parsed | None, Verdict]:
-        verdict = check(obj, limits)
-        if not verdict.ok:
-            return None, verdict
-        try:
-            return parse(obj), verdict
-        except ParseError as err:
-            verdict.error("", "invalid_value", str(err))
-            return None, verdict
-    return read
-
-
-# Each kind's one pass: its verdict, and its object unless refused.
+# Each kind's one pass (edge/service.py, endpointslice.py, node.py): its object, None
+# when refused, and its verdict.
+Reader: TypeAlias = Callable[[Any, ObjectLimits], tuple[Parsed | None, Verdict]]
 READERS: dict[str, Reader] = {
-    "Service": read_service,
-    "EndpointSlice": _checked_then_parsed(validate_endpoint_slice, parse_endpoint_slice),
-    "Node": _checked_then_parsed(validate_node, parse_node)}
+    "Service": read_service, "EndpointSlice": read_endpoint_slice, "Node": read_node}
 _MEMORY = 10000
 _INDEX = re.compile(r"\[\d+\]")
 # (kind, namespace, name, file and position, reading of the file) of an object said of.
@@ -108,7 +89,7 @@ class Intake:
             return None  # refused alone by ``parse``, as not a mapping
 
     def parse(self, kind: str, obj: Any, served: bool) -> Parsed | None:
-        """The parsed object, or None when refused (``served``: a valid version is in use);
+        """The object read, or None when refused (``served``: a valid version is in use);
         a Service or EndpointSlice from ``decode`` is valid as it is."""
         if type(obj) is EndpointSlice or type(obj) is Service:
             if self._said:  # as _accepted: nothing to warn of, what was said is forgotten

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from svcproxy.frontend.computation import compute
-from svcproxy.frontend.edge.endpointslice import parse_endpoint_slice
-from svcproxy.frontend.edge.objects import ParseError
+from svcproxy.frontend.edge.endpointslice import read_endpoint_slice
 from svcproxy.frontend.edge.service import read_service
 from svcproxy.frontend.pipeline.engine import Engine
 from svcproxy.frontend.runtime import metrics
@@ -47,8 +46,9 @@ def test_duplicate_address_with_equal_conditions_is_the_same_whatever_the_order(
     """Two frontends given the same slices in another order serve the same endpoint."""
     svc, _ = read_service(service("web"))
     assert svc is not None
-    a = parse_endpoint_slice(slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
-    b = parse_endpoint_slice(slice_("b", "web", [endpoint("10.0.0.1", node="n2")]))
+    a, _ = read_endpoint_slice(slice_("a", "web", [endpoint("10.0.0.1", node="n1")]))
+    b, _ = read_endpoint_slice(slice_("b", "web", [endpoint("10.0.0.1", node="n2")]))
+    assert a is not None and b is not None
     got = {compute.service_base(svc, order).ports[0].endpoints[0].node_name
            for order in ([a, b], [b, a])}
     assert got == {"n1"}
@@ -127,8 +127,8 @@ def test_parse_errors_say_why(obj: dict[str, Any], reason: str) -> None:
 def test_slice_without_service_label_is_rejected() -> None:
     bad = slice_("a", "web", [])
     bad["metadata"]["labels"] = {}
-    with pytest.raises(ParseError, match="kubernetes.io/service-name"):
-        parse_endpoint_slice(bad)
+    parsed, verdict = read_endpoint_slice(bad)
+    assert parsed is None and "kubernetes.io/service-name" in verdict.summary()
 
 
 def test_one_endpoint_change_publishes_one_endpoint_op() -> None:

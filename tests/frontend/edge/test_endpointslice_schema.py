@@ -15,7 +15,7 @@ from svcproxy.frontend.edge.endpointslice import (
     CONDITIONS,
     _plain_ipv4_endpoint,
     decode_slice,
-    parse_endpoint_slice,
+    read_endpoint_slice,
     validate_endpoint_slice,
 )
 from svcproxy.frontend.edge.limits import ObjectLimits
@@ -37,11 +37,11 @@ def _slice(ep: dict[str, Any]) -> dict[str, Any]:
 
 
 def _general(obj: dict[str, Any]) -> tuple[Any, Any]:
-    """The verdict with the plain-shape check switched off, and the parse."""
+    """The verdict and the slice read with the plain-shape check switched off."""
     with patch.object(endpointslice, "_plain_endpoints", return_value=None), \
             patch.object(endpointslice, "_plain_ipv4_endpoint", return_value=0):
-        verdict = validate_endpoint_slice(obj)
-    return (verdict.errors, verdict.warnings), parse_endpoint_slice(obj, seen_at=1.0)
+        parsed, verdict = read_endpoint_slice(obj, seen_at=1.0)
+    return (verdict.errors, verdict.warnings), parsed
 
 
 def test_the_schema_names_the_fields_of_the_plain_shape() -> None:
@@ -56,12 +56,11 @@ def test_each_field_of_the_schema_keeps_an_endpoint_on_both_fast_paths(field: st
     for ep in ({"addresses": ["10.244.1.5"], field: EVERY_FIELD[field]}, EVERY_FIELD):
         obj = _slice(ep)
         assert _plain_ipv4_endpoint(ep, 253), ep
-        verdict = validate_endpoint_slice(obj)
+        parsed, verdict = read_endpoint_slice(obj, seen_at=1.0)
         assert verdict.ok and not verdict.warnings
-        assert ((verdict.errors, verdict.warnings), parse_endpoint_slice(obj, seen_at=1.0)) \
-            == _general(obj)
+        assert ((verdict.errors, verdict.warnings), parsed) == _general(obj)
         typed = decode_slice(json.dumps(obj).encode(), ObjectLimits(), seen_at=1.0)
-        assert typed == parse_endpoint_slice(obj, seen_at=1.0)
+        assert typed == parsed
 
 
 @pytest.mark.parametrize("field, value", OTHER_FIELDS)

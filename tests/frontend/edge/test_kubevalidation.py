@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from svcproxy.frontend.computation.compute import service_base
 from svcproxy.frontend.edge.endpointslice import (
     _plain_ipv4_endpoint,
-    parse_endpoint_slice,
+    read_endpoint_slice,
     validate_endpoint_slice,
 )
 from svcproxy.frontend.edge.limits import ObjectLimits, check_size
-from svcproxy.frontend.edge.node import parse_node, validate_node
-from svcproxy.frontend.edge.objects import Service
+from svcproxy.frontend.edge.node import read_node, validate_node
+from svcproxy.frontend.edge.objects import EndpointSlice, Node, Service
 from svcproxy.frontend.edge.service import read_service, validate_service
 from svcproxy.frontend.edge.validation import validate
 from svcproxy.frontend.publication.wire import replace_service, set_node
@@ -44,6 +44,20 @@ from tests.support.hostile import (
 def _service(obj: Any) -> Service:
     """The Service ``read_service`` makes of ``obj``, which it accepts."""
     parsed, verdict = read_service(obj)
+    assert parsed is not None, verdict.summary()
+    return parsed
+
+
+def _read_node(obj: Any) -> Node:
+    """The Node ``read_node`` makes of ``obj``, which it accepts."""
+    parsed, verdict = read_node(obj)
+    assert parsed is not None, verdict.summary()
+    return parsed
+
+
+def _read_slice(obj: Any, seen_at: float | None = None) -> EndpointSlice:
+    """The slice ``read_endpoint_slice`` makes of ``obj``, which it accepts."""
+    parsed, verdict = read_endpoint_slice(obj, seen_at=seen_at)
     assert parsed is not None, verdict.summary()
     return parsed
 
@@ -357,7 +371,7 @@ def test_slices_kubernetes_accepts_are_served(path: str, value: Any) -> None:
     obj = set_path(endpoint_slice(), path, value)
     verdict = validate_endpoint_slice(obj)
     assert verdict.ok and not verdict.warnings, verdict.summary()
-    parsed = parse_endpoint_slice(obj)
+    parsed = _read_slice(obj)
     assert parsed.endpoints[0].addresses == ("10.244.1.5",)
     if path == "endpoints.0.zone":
         assert parsed.endpoints[0].zone == value
@@ -373,7 +387,7 @@ def test_a_slice_port_kubernetes_accepts_but_no_kernel_takes_degrades_that_port(
     verdict = validate_endpoint_slice(obj)
     assert verdict.ok, verdict.summary()
     assert [(w.field, w.reason) for w in verdict.warnings] == [("ports[1].port", "degraded")]
-    parsed = parse_endpoint_slice(obj)
+    parsed = _read_slice(obj)
     assert [p.name for p in parsed.ports] == ["http"] and parsed.endpoints
 
 
@@ -382,7 +396,7 @@ def test_ipv4_mapped_addresses_and_ranges_are_read_as_go_reads_them() -> None:
     in an IPv4 slice, the cluster IP's family is IPv4, ::ffff:a.b.c.d/(96+n) is a.b.c.d/n."""
     obj = endpoint_slice(ips=("::ffff:10.244.1.5",))
     assert validate_endpoint_slice(obj).ok
-    assert parse_endpoint_slice(obj).endpoints[0].addresses == ("10.244.1.5",)
+    assert _read_slice(obj).endpoints[0].addresses == ("10.244.1.5",)
     assert not validate_endpoint_slice(endpoint_slice(ips=("::ffff:10.244.1.5",),
                                                       family="IPv6")).ok
     svc = service(ip="::ffff:10.96.0.10", ipFamilies=["IPv4"], type="LoadBalancer",
@@ -393,7 +407,7 @@ def test_ipv4_mapped_addresses_and_ranges_are_read_as_go_reads_them() -> None:
     assert parsed.load_balancer_source_ranges == ("192.168.1.0/24", "::/64")
     obj = set_path(node(), "spec.podCIDRs", ["::ffff:10.244.1.0/120", "fd00::/64"])
     assert validate_node(obj).ok, validate_node(obj).summary()
-    assert parse_node(obj).pod_cidrs == ("10.244.1.0/24", "fd00::/64")
+    assert _read_node(obj).pod_cidrs == ("10.244.1.0/24", "fd00::/64")
 
 
 def test_a_zone_indexed_ip_is_refused_in_an_ipv6_slice_and_ignored_as_a_node_address() -> None:
@@ -405,7 +419,7 @@ def test_a_zone_indexed_ip_is_refused_in_an_ipv6_slice_and_ignored_as_a_node_add
         {"type": "InternalIP", "address": "192.168.0.10"}])
     verdict = validate_node(obj)
     assert verdict.ok and "ignored" in str(verdict.warnings[0]), verdict.warnings
-    assert parse_node(obj).addresses == ("192.168.0.10",)
+    assert _read_node(obj).addresses == ("192.168.0.10",)
 
 
 def test_node_addresses_are_read_as_kube_proxy_reads_them() -> None:
@@ -420,7 +434,7 @@ def test_node_addresses_are_read_as_kube_proxy_reads_them() -> None:
         {"type": "ExternalIP", "address": "::ffff:192.168.0.3"},
         {"type": "InternalIP", "address": "fd00::5"},
         {"type": "InternalIP", "address": "00010.0.0.6"}])  # Go's dtoi: any leading zeros
-    assert parse_node(obj).addresses == ("192.168.0.3", "10.0.0.4", "fd00::5", "10.0.0.6")
+    assert _read_node(obj).addresses == ("192.168.0.3", "10.0.0.4", "fd00::5", "10.0.0.6")
     warned = [w.field for w in validate_node(obj).warnings]
     assert warned == ["status.addresses[0].address", "status.addresses[1].address"], warned
 
@@ -433,7 +447,7 @@ def test_a_node_address_of_a_type_kubernetes_does_not_know_is_ignored_not_refuse
         {"type": "InternalIP", "address": "192.168.0.10"}])
     verdict = validate_node(obj)
     assert verdict.ok and "Mystery" in str(verdict.warnings[0]), verdict.summary()
-    assert parse_node(obj).addresses == ("192.168.0.10",)
+    assert _read_node(obj).addresses == ("192.168.0.10",)
     taints = [{"key": "a", "effect": "NoSchedule"}, {"key": "a", "effect": "NoExecute"},
               {"key": "example.com/b", "value": "c", "effect": "PreferNoSchedule"}]
     assert validate_node(set_path(node(), "spec.taints", taints)).ok
@@ -445,7 +459,7 @@ def test_bad_trigger_time_is_a_warning_not_a_refusal() -> None:
         "endpoints.kubernetes.io/last-change-trigger-time": "0001-01-01T00:00:00+01:00"}
     verdict = validate_endpoint_slice(obj)
     assert verdict.ok and "last-change-trigger-time" in str(verdict.warnings[0])
-    assert parse_endpoint_slice(obj, seen_at=5.0).trigger_time == 5.0
+    assert _read_slice(obj, seen_at=5.0).trigger_time == 5.0
 
 
 def test_size_and_depth_are_bounded_with_aliases_counted_expanded() -> None:
@@ -464,8 +478,8 @@ def test_size_and_depth_are_bounded_with_aliases_counted_expanded() -> None:
 
 
 def _parse(obj: dict[str, Any]) -> Any:
-    return {"Service": _service, "EndpointSlice": parse_endpoint_slice,
-            "Node": parse_node}[obj["kind"]](obj)
+    return {"Service": _service, "EndpointSlice": _read_slice,
+            "Node": _read_node}[obj["kind"]](obj)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,7 +23,7 @@ from svcproxy.frontend.edge.addresses import (
 from svcproxy.frontend.edge.endpointslice import (
     _plain_ipv4_endpoint,
     decode_slice,
-    parse_endpoint_slice,
+    read_endpoint_slice,
     validate_endpoint_slice,
 )
 from svcproxy.frontend.edge.limits import ObjectLimits, _walk
@@ -124,18 +124,10 @@ def _slice(endpoints: list[dict[str, Any]]) -> dict[str, Any]:
 def test_plain_endpoints_parse_as_the_general_path_does(endpoints: list[dict[str, Any]]) -> None:
     # Empty hints mean no hints, but take the general path.
     general = [dict(ep, hints={}) for ep in endpoints]
-    try:
-        fast = parse_endpoint_slice(_slice(endpoints), seen_at=1.0)
-    except ValueError as err:
-        fast_error: str | None = str(err)
-    else:
-        fast_error = None
-    try:
-        slow = parse_endpoint_slice(_slice(general), seen_at=1.0)
-    except ValueError as err:
-        assert fast_error is not None and fast_error == str(err)
-    else:
-        assert fast_error is None and fast == slow
+    fast, fast_verdict = read_endpoint_slice(_slice(endpoints), seen_at=1.0)
+    slow, slow_verdict = read_endpoint_slice(_slice(general), seen_at=1.0)
+    assert fast_verdict.errors == slow_verdict.errors
+    assert fast == slow and (fast is None) == bool(fast_verdict.errors)
 
 
 @given(st.one_of(st.integers(0, 2**32 - 1), st.sampled_from(
@@ -196,9 +188,8 @@ def test_a_slice_of_plain_endpoints_gets_the_general_verdict(obj: Any,
 
 @given(st.lists(ENDPOINT, max_size=4))
 def test_merged_endpoints_are_whole_dataclasses(endpoints: list[dict[str, Any]]) -> None:
-    try:
-        parsed = parse_endpoint_slice(_slice(endpoints), seen_at=1.0)
-    except ValueError:
+    parsed, _ = read_endpoint_slice(_slice(endpoints), seen_at=1.0)
+    if parsed is None:
         return
     port = SvcPort("p", Protocol.TCP, 80, 0, "80")
     for ep in merge_endpoints(port, [parsed]):
@@ -246,9 +237,9 @@ def _typed_and_general(data: bytes, limits: ObjectLimits) -> None:
     if fast is None:
         return
     obj = json.loads(data)
-    verdict = validate_endpoint_slice(obj, limits)
+    parsed, verdict = read_endpoint_slice(obj, limits, seen_at=1.0)
     assert verdict.ok and not verdict.warnings, verdict.errors or verdict.warnings
-    assert parse_endpoint_slice(obj, seen_at=1.0) == fast
+    assert parsed == fast
 
 
 def test_a_listed_slice_of_the_common_shape_takes_the_typed_path() -> None:
