@@ -2,8 +2,10 @@
 it (honoured, degraded how, ignored) and the Kubernetes rule its validation mirrors.
 
 The table is declarative: docs/edge-fields.md holds ``markdown()`` verbatim (a test
-compares them) and each example is checked against the validator and the parser, so
-the page, the code and the tests say the same thing. Regenerate the page's table with
+compares them) and each example is checked against the kind's reader (its verdict and
+the object it makes), so the page, the code and the tests say the same thing. A field
+svcproxy starts reading goes into its kind's reader (service.py, endpointslice.py,
+node.py) and into this table. Regenerate the page's table with
 ``python -m svcproxy.frontend.edge.fields``.
 """
 

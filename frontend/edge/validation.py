@@ -1,8 +1,9 @@
 """Kubernetes' own validation rules for the objects the frontend reads.
 
 One pure function per kind (``validate_service`` in service.py,
-``validate_endpoint_slice`` in endpointslice.py, ``validate_node`` in node.py) checks
-the fields svcproxy uses the way the apiserver does (pkg/apis/core/validation,
+``validate_endpoint_slice`` in endpointslice.py, ``validate_node`` in node.py: the
+verdict of the kind's one reader, ``read_service`` ..., which also builds the object)
+checks the fields svcproxy uses the way the apiserver does (pkg/apis/core/validation,
 pkg/apis/discovery/validation): names, port names, port ranges, protocols, enums, IP
 syntax and family, the addresses Kubernetes forbids, duplicates and list limits.
 ``check_size`` (limits.py) bounds any object (size, nesting) first. Nothing here

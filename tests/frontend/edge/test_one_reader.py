@@ -55,6 +55,7 @@ def _fields(t: mi.Type, where: str) -> dict[str, bool]:
     if isinstance(t, mi.ListType | mi.VarTupleType):
         return {p: s for item in _structs(t.item_type) for p, s in
                 _fields(item, f"{where}[]").items()}
+    assert isinstance(t, mi.StructType)
     out = {where: True}
     for f in t.fields:
         path = f"{where}.{f.encode_name}"
