@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support.lab import manifests as m
-from tests.support.lab.client import Summary
+from tests.support.lab.client import Summary, probe, summarize
 from tests.support.lab.processes import LAN4, LAN6
 from tests.support.netns import leftovers
 from tests.support.netns.backends import BACKENDS, BackendCase
@@ -79,15 +79,24 @@ def web_service(lab: ScenarioLab, name: str, cips: tuple[str, ...], pods: tuple[
 
 
 def reach(lab: ScenarioLab, client: str, proto: str, host: str, port: int,
-          expect: set[str], count: int = COUNT) -> Summary:
-    """Every attempt is answered and exactly the ``expect`` pods answer."""
-    first = lab.probe(client, proto, host, port, 1, timeout=0.5)
+          expect: set[str], count: int = COUNT, *, sockets: bool = True) -> Summary:
+    """Every attempt is answered and exactly the ``expect`` pods answer; with ``sockets``
+    False the attempts are made by a process outside the socket programs' cgroup (on a
+    socket-level backend, traffic its packet path takes; on any other, the same probe)."""
+    first = _probe(lab, client, proto, host, port, 1, 0.5, sockets)
     assert not first.errors, f"{client} -> {host}:{port}/{proto}: {dict(first.errors)}"
-    seen = lab.probe(client, proto, host, port, count)
+    seen = _probe(lab, client, proto, host, port, count, 1.0, sockets)
     where = f"{client} -> {host}:{port}/{proto}: {dict(seen.names)}, in order {seen.sequence}"
     assert not seen.errors, f"{where}: {dict(seen.errors)}"
     assert seen.answered == expect, where
     return seen
+
+
+def _probe(lab: ScenarioLab, client: str, proto: str, host: str, port: int, count: int,
+           timeout: float, sockets: bool) -> Summary:
+    if sockets:
+        return lab.probe(client, proto, host, port, count, timeout)
+    return summarize(probe(lab.lab.ns(client), proto, host, port, count, timeout))
 
 
 def fails(lab: ScenarioLab, client: str, proto: str, host: str, port: int, error: str,
@@ -373,32 +382,56 @@ def test_no_endpoints_reject_and_unallocated_drop(lab: ScenarioLab) -> None:
 
 
 def test_masquerade_and_hairpin(lab: ScenarioLab) -> None:
+    """kube-proxy masquerades a pod reaching itself through its service and an off-cluster
+    source, not a pod of the cluster. A socket-level backend balances node1's and its pods'
+    connections at connect() with no NAT (Cilium's socket LB): the hairpin reaches the pod
+    from its own address; connections from outside are its packet path's, masqueraded."""
     lab.apply("hair.yaml", web_service(lab, "hair", ("10.96.10.1", "fd00:96::10:1"),
                                        ("pod-a",)))
     pod_a = lab.spec.pod("pod-a")
     seen = lab.eventually(lambda: reach(lab, "pod-a", "tcp", "10.96.10.1", 80, {"pod-a"}, 5))
-    assert seen.sources and pod_a.ipv4 not in seen.sources, "hairpin traffic is masqueraded"
     seen6 = lab.eventually(  # the IPv6 rules are a transaction of their own
         lambda: reach(lab, "pod-a", "tcp", "fd00:96::10:1", 80, {"pod-a"}, 5))
-    assert pod_a.ipv6 not in seen6.sources
+    if lab.backend.socket_level:
+        assert seen.sources == {pod_a.ipv4}, "a hairpin balanced at connect() is not NATed"
+        assert seen6.sources == {pod_a.ipv6}, "a hairpin balanced at connect() is not NATed"
+    else:
+        assert seen.sources and pod_a.ipv4 not in seen.sources, "hairpin traffic is masqueraded"
+        assert pod_a.ipv6 not in seen6.sources
     client = lab.spec.pod("client")
     assert reach(lab, "client", "tcp", "10.96.10.1", 80, {"pod-a"}, 5).sources == {client.ipv4}
-    outside = reach(lab, "ext-ok", "tcp", "10.96.10.1", 80, {"pod-a"}, 5)
-    assert outside.sources <= node_addresses(lab), "off-cluster sources are masqueraded"
+    if handles_outside(lab):
+        outside = reach(lab, "ext-ok", "tcp", "10.96.10.1", 80, {"pod-a"}, 5)
+        assert outside.sources <= node_addresses(lab), "off-cluster sources are masqueraded"
     reach(lab, "node1", "tcp", "10.96.10.1", 80, {"pod-a"}, 5)
 
 
 def test_masquerade_all_flag(lab: ScenarioLab) -> None:
+    """With --masquerade-all a pod's ClusterIP traffic is masqueraded too. On a socket-level
+    backend that is the traffic its packet path takes (a process of the pod outside
+    --ebpf-cgroup), shown to a local endpoint, which it DNATs only without the flag; a
+    connection balanced at connect() is never NATed, so the pod keeps its own address
+    (Cilium's socket LB)."""
     lab.apply("masqall.yaml", web_service(lab, "masqall", ("10.96.12.1",), ("pod-c",)))
     client = lab.spec.pod("client")
     lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.12.1", 80, {"pod-c"}, 3))
+    if lab.backend.socket_level:
+        lab.apply("masqlocal.yaml", web_service(lab, "masqlocal", ("10.96.12.2",), ("pod-a",)))
+        kept = lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.12.2", 80, {"pod-a"},
+                                            3, sockets=False))
+        assert kept.sources == {client.ipv4}, "a pod of the cluster is not masqueraded"
     lab.start_backend("--masquerade-all")
 
-    def masqueraded() -> None:
-        seen = reach(lab, "client", "tcp", "10.96.12.1", 80, {"pod-c"}, 3)
+    def masqueraded(cip: str, pod: str) -> None:
+        seen = reach(lab, "client", "tcp", cip, 80, {pod}, 3, sockets=False)
         assert client.ipv4 not in seen.sources, dict(seen.names)
 
-    lab.eventually(masqueraded)
+    lab.eventually(lambda: masqueraded("10.96.12.1", "pod-c"))
+    if lab.backend.socket_level:
+        lab.eventually(lambda: masqueraded("10.96.12.2", "pod-a"))
+        for cip, pod in (("10.96.12.1", "pod-c"), ("10.96.12.2", "pod-a")):
+            seen = reach(lab, "client", "tcp", cip, 80, {pod}, 3)
+            assert seen.sources == {client.ipv4}, "a connection balanced at connect() is not NATed"
 
 
 def test_local_mode_follows_the_apiserver_and_a_difference_is_caught(lab: ScenarioLab

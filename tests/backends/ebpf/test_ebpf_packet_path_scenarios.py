@@ -16,13 +16,13 @@ import pytest
 from tests.backends import test_scenarios as shared
 from tests.backends.test_scenarios import *  # noqa: F403 - the shared scenarios, collected here
 from tests.backends.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
-from tests.support.netns.backends import _EBPF_NO_NAT, BackendCase
+from tests.support.netns.backends import BackendCase
 from tests.support.netns.harness import ScenarioLab
 
 NOT_YET: tuple[tuple[str, str], ...] = ()
 CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0,br0"),
                    socket_level=True, label="ebpf-bpf",
-                   not_applicable=(*_EBPF_NO_NAT, *NOT_YET))
+                   not_applicable=NOT_YET)
 
 
 @pytest.fixture(scope="module", params=(CASE,), ids=str)

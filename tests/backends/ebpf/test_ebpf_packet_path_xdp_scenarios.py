@@ -20,12 +20,12 @@ from tests.backends.test_scenarios import *  # noqa: F403 - the shared scenarios
 from tests.backends.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
 from tests.support.lab.checksums import tx_checksums_off
 from tests.support.lab.netns import ns_exec
-from tests.support.netns.backends import _EBPF_NO_NAT, BackendCase
+from tests.support.netns.backends import BackendCase
 from tests.support.netns.harness import ScenarioLab
 
 CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0,br0",
                             "--ebpf-xdp", "generic"),
-                   socket_level=True, label="ebpf-bpf-xdp", not_applicable=_EBPF_NO_NAT)
+                   socket_level=True, label="ebpf-bpf-xdp")
 
 
 @pytest.fixture(scope="module", params=(CASE,), ids=str)

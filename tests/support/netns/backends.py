@@ -32,24 +32,22 @@ class BackendCase:
         return dict(self.not_applicable).get(scenario, "")
 
 
-_SOCKET_NO_NAT = ("a connection made on the node goes straight to the endpoint chosen at "
-                  "connect(): no NAT, so nothing is masqueraded (as Cilium's socket LB)")
 _OUTSIDE = ("also checks connections from outside the node, which no socket hook sees: "
             "they are the packet path's (the ebpf case runs nft next to the programs)")
-_EBPF_NO_NAT = (("test_masquerade_and_hairpin", _SOCKET_NO_NAT),
-                ("test_masquerade_all_flag", _SOCKET_NO_NAT))
+_NO_PACKET_PATH = ("--masquerade-all changes what the packet path NATs (here a pod's process "
+                   "outside --ebpf-cgroup); the socket programs alone never NAT, as "
+                   "test_masquerade_and_hairpin checks")
 BACKENDS: tuple[BackendCase, ...] = (
     BackendCase("nft"),
     BackendCase("iptables"),
     BackendCase("nft", local=True, label="nft-local"),
     BackendCase("iptables", local=True, label="iptables-local"),
-    BackendCase("ebpf", socket_level=True, not_applicable=_EBPF_NO_NAT),
-    BackendCase("ebpf", socket_level=True, not_applicable=_EBPF_NO_NAT, local=True,
-                label="ebpf-local"),
+    BackendCase("ebpf", socket_level=True),
+    BackendCase("ebpf", socket_level=True, local=True, label="ebpf-local"),
     # The socket programs alone (no nft next to them): every row from node1 and its pods.
     BackendCase("ebpf", ("--ebpf-packet-path", "none"), socket_level=True, label="ebpf-only",
                 not_applicable=(
-        *_EBPF_NO_NAT,
+        ("test_masquerade_all_flag", _NO_PACKET_PATH),
         *((row, _OUTSIDE) for row in (
             "test_node_port_on_selected_addresses", "test_load_balancer_source_ranges",
             "test_external_ips", "test_external_traffic_policy_local",
