@@ -31,7 +31,8 @@ def objects(i: int, endpoints: int, nodes: int) -> tuple[Service, list[EndpointS
     """Service ``i`` (NodePort, eTP Local every 4th) and its slice, as the apiserver has them."""
     svc = {"apiVersion": "v1", "kind": "Service",
            "metadata": {"namespace": "bench", "name": f"svc{i}"},
-           "spec": {"type": "NodePort", "clusterIPs": [f"10.96.{i // 250}.{i % 250 + 1}"],
+           "spec": {"type": "NodePort", "clusterIP": f"10.96.{i // 250}.{i % 250 + 1}",
+                    "clusterIPs": [f"10.96.{i // 250}.{i % 250 + 1}"],
                     "ports": [{"name": "http", "port": 80, "targetPort": 8080,
                                "nodePort": 30000 + i % 2000, "protocol": "TCP"}],
                     "externalTrafficPolicy": "Local" if i % 4 == 0 else "Cluster"}}
