@@ -171,6 +171,7 @@ REFUSED_SERVICES = [
     ("spec.externalTrafficPolicy", "Cluster", "invalid_value"),
     ("spec.healthCheckNodePort", 30100, "invalid_value"),
     ("spec.clusterIP", None, "invalid_value"),  # clusterIPs without clusterIP
+    ("spec", {"clusterIPs": [""], "ports": [{"port": 80}]}, "invalid_value"),
     ("spec.ipFamilies", ["IPv4", "IPv6"], "invalid_value"),  # SingleStack below
     ("metadata.annotations", {"service.kubernetes.io/topology-mode": "Auto",
                               "service.kubernetes.io/topology-aware-hints": "Disabled"},
@@ -184,10 +185,12 @@ def test_services_kubernetes_refuses_are_refused(path: str, value: Any, reason: 
     # loadBalancerSourceRanges: on a LoadBalancer, the one type that may carry them
     base = service(type="LoadBalancer") if "SourceRanges" in path else \
         service(ipFamilyPolicy="SingleStack") if path == "spec.ipFamilies" else service()
-    verdict = validate_service(set_path(base, path, value))
+    obj = set_path(base, path, value)
+    verdict = validate_service(obj)
     assert not verdict.ok
     assert verdict.errors[0].reason == reason, verdict.summary()
     assert verdict.errors[0].field and verdict.summary()
+    assert read_service(obj) == (None, verdict)
 
 
 SOURCE_RANGES = "service.beta.kubernetes.io/load-balancer-source-ranges"
