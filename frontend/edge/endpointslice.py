@@ -389,7 +389,7 @@ def _hints(c: Checker, hints: dict[str, Any], where: str
             if name in seen:
                 c.err(spot, "duplicate", f"{shown(name)} is listed twice")
             seen.add(name)
-            names.append(str(entry.get("name", "")))
+            names.append(name)
         read.append(tuple(names))
     return read[0], read[1]
 

@@ -117,6 +117,16 @@ def test_a_field_only_the_rules_name_is_read_from_a_listed_object() -> None:
     assert typed is not None and read.endpoints[1:] == typed.endpoints[1:]
 
 
+def test_a_zone_hint_named_null_is_the_empty_zone() -> None:
+    """A hint's ``name: null`` is stored by the apiserver as "" (Go's string), which
+    IsValidLabelValue allows: the hint names the zone "", never a zone called "None"."""
+    obj = copy.deepcopy(TYPED_SLICE)
+    obj["endpoints"][0]["hints"] = {"forZones": [{"name": None}]}
+    read, verdict = read_endpoint_slice(obj)
+    assert verdict.ok and read is not None
+    assert read.endpoints[0].hint_zones == ("",)
+
+
 class _Reads(dict):  # type: ignore[type-arg]
     """A mapping that records the paths of the fields read from it (and from the
     mappings and lists inside it)."""
