@@ -409,7 +409,8 @@ def test_masquerade_and_hairpin(lab: ScenarioLab) -> None:
 def test_masquerade_all_flag(lab: ScenarioLab) -> None:
     """With --masquerade-all a pod's ClusterIP traffic is masqueraded too. On a socket-level
     backend that is the traffic its packet path takes (a process of the pod outside
-    --ebpf-cgroup), shown to a local endpoint, which it DNATs only without the flag; a
+    --ebpf-cgroup), shown to a local and a remote endpoint, which it DNATs only without
+    the flag (kube-proxy does not masquerade local traffic); a
     connection balanced at connect() is never NATed, so the pod keeps its own address
     (Cilium's socket LB)."""
     lab.apply("masqall.yaml", web_service(lab, "masqall", ("10.96.12.1",), ("pod-c",)))
@@ -420,6 +421,8 @@ def test_masquerade_all_flag(lab: ScenarioLab) -> None:
         kept = lab.eventually(lambda: reach(lab, "client", "tcp", "10.96.12.2", 80, {"pod-a"},
                                             3, sockets=False))
         assert kept.sources == {client.ipv4}, "a pod of the cluster is not masqueraded"
+        remote = reach(lab, "client", "tcp", "10.96.12.1", 80, {"pod-c"}, 3, sockets=False)
+        assert remote.sources == {client.ipv4}, "a pod of the cluster is not masqueraded"
     lab.start_backend("--masquerade-all")
 
     def masqueraded(cip: str, pod: str) -> None:

@@ -18,6 +18,10 @@
  * A new set is written under a new generation, then spp_local switches to it in one
  * update, then the old generation's entries are deleted: no packet sees a half-written
  * set. A device of the current set that comes or goes is one element added or deleted.
+ *
+ * Local traffic to an endpoint on another node is DNATed only (kube-proxy does not
+ * masquerade it): its answers come back through this node, the source node of a pod.
+ * Without a detector that is not known, and such a flow stays SNATed.
  */
 #ifndef SVCPROXY_LOCAL_TRAFFIC_H
 #define SVCPROXY_LOCAL_TRAFFIC_H
@@ -69,9 +73,12 @@ struct {
 	__type(value, __u8);
 } spp_local_devices SEC(".maps");
 
-/* Is a packet of ``p`` that arrived on ``ifindex`` masqueraded by kube-proxy's rule for
- * traffic to a ClusterIP that is not local? Never without a detector. */
-static __always_inline int masq_nonlocal(const struct pkt *p, __u32 ifindex)
+#define TRAFFIC_UNKNOWN 0   /* no detector: kube-proxy has no rule either way */
+#define TRAFFIC_LOCAL 1     /* the detector counts it local */
+#define TRAFFIC_NONLOCAL 2  /* the detector counts it not local */
+
+/* What the detector says of a packet of ``p`` that arrived on ``ifindex``. */
+static __always_inline int local_verdict(const struct pkt *p, __u32 ifindex)
 {
 	__u32 zero = 0;
 	struct local_cfg *found = bpf_map_lookup_elem(&spp_local, &zero);
@@ -79,7 +86,7 @@ static __always_inline int masq_nonlocal(const struct pkt *p, __u32 ifindex)
 	__u8 mode;
 
 	if (!found)
-		return 0;
+		return TRAFFIC_UNKNOWN;
 	cfg = *found; /* one generation and its modes, whatever an update does meanwhile */
 	mode = p->family == 4 ? cfg.mode4 : cfg.mode6;
 	if (mode == LOCAL_BY_SOURCE) {
@@ -90,14 +97,27 @@ static __always_inline int masq_nonlocal(const struct pkt *p, __u32 ifindex)
 		};
 
 		copy_addr(k.addr, p->saddr);
-		return !bpf_map_lookup_elem(&spp_local_cidrs, &k);
+		return bpf_map_lookup_elem(&spp_local_cidrs, &k) ? TRAFFIC_LOCAL : TRAFFIC_NONLOCAL;
 	}
 	if (mode == LOCAL_BY_DEVICE) {
 		struct local_dev_key k = { .gen = cfg.gen, .ifindex = ifindex };
 
-		return !bpf_map_lookup_elem(&spp_local_devices, &k);
+		return bpf_map_lookup_elem(&spp_local_devices, &k) ? TRAFFIC_LOCAL : TRAFFIC_NONLOCAL;
 	}
-	return 0;
+	return TRAFFIC_UNKNOWN;
+}
+
+/* Is a packet of ``p`` that arrived on ``ifindex`` masqueraded by kube-proxy's rule for
+ * traffic to a ClusterIP that is not local? Never without a detector. */
+static __always_inline int masq_nonlocal(const struct pkt *p, __u32 ifindex)
+{
+	return local_verdict(p, ifindex) == TRAFFIC_NONLOCAL;
+}
+
+/* Is it local traffic, as the detector says? Never without a detector. */
+static __always_inline int is_local_traffic(const struct pkt *p, __u32 ifindex)
+{
+	return local_verdict(p, ifindex) == TRAFFIC_LOCAL;
 }
 
 #endif

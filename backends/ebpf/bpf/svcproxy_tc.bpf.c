@@ -10,9 +10,11 @@
  * from spp_ct's reply entries) and redirected out after a FIB lookup; no endpoint at
  * all gets a RST or a port unreachable back. A local endpoint's flow is SNATed too
  * where kube-proxy masquerades: external traffic with externalTrafficPolicy Cluster,
- * --masquerade-all, and ClusterIP traffic that is not local (local_traffic.h).
- * Replies are reversed: SNATed ones on ingress (then redirected to the client), local
- * ones on egress. IPv4 and IPv6 (without extension headers), TCP and UDP.
+ * --masquerade-all, and ClusterIP traffic that is not local (local_traffic.h); a remote
+ * endpoint's flow is DNATed only (and redirected out) where kube-proxy does not
+ * masquerade it: ClusterIP traffic the detector counts local. Replies are reversed:
+ * SNATed ones on ingress (then redirected to the client), DNATed-only ones on egress.
+ * IPv4 and IPv6 (without extension headers), TCP and UDP.
  *
  * The maps are written by the Python backend; the layouts are mirrored in
  * backends/ebpf/packet_layout.py and must change together.
@@ -58,6 +60,7 @@
 #define CT_FORWARD 0
 #define CT_REPLY 1
 #define CT_SNAT 1 /* the flow is SNATed to this node's address */
+#define CT_ROUTE 4 /* forward entry: DNATed only to another node's endpoint, redirected out */
 
 #define NAT_TRIES 16
 
@@ -258,6 +261,31 @@ static __always_inline int snat_local(const struct svc_val *sv, const struct pkt
 	if (sv->flags & (F_MASQ | F_MASQ_ALL))
 		return 1;
 	return (sv->flags & F_MASQ_NONLOCAL) && masq_nonlocal(p, ifindex);
+}
+
+/* Is a new flow of this service to an endpoint on another node, arrived on ``ifindex``,
+ * DNATed only? ClusterIP traffic the detector counts local, without --masquerade-all:
+ * kube-proxy does not masquerade it, and its replies come back through this node. */
+static __always_inline int dnat_remote(const struct svc_val *sv, const struct pkt *p,
+				       __u32 ifindex)
+{
+	return (sv->flags & F_MASQ_NONLOCAL) && is_local_traffic(p, ifindex);
+}
+
+/* Is a new flow of this service to ``ep`` DNATed only (the rest is SNATed or DSR)?
+ * ``dev``: the device toward the endpoint, when it carries the programs. */
+static __always_inline int dnat_only(const struct svc_val *sv, const struct pkt *p,
+				     const struct ep_val *ep, const struct dev_val *dev,
+				     __u32 ifindex)
+{
+	/* A client reaching itself through its service (hairpin) is SNATed, or its reply
+	 * would never leave the pod; so is, with F_MASQ (kube-proxy's masquerade of
+	 * external traffic with externalTrafficPolicy Cluster, and its rules for
+	 * ClusterIPs: snat_local), a local endpoint behind a device carrying the
+	 * programs, which then sees its replies. */
+	if (ep->flags & EP_LOCAL)
+		return !same_addr(ep->addr, p->saddr) && !(dev && snat_local(sv, p, ifindex));
+	return dnat_remote(sv, p, ifindex);
 }
 
 /* Rewrite the source (daddr 0) or destination address, checksums included (SCTP's
@@ -787,15 +815,10 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	fv->last_ns = now;
 	oif = route_oif(skb, p, ep.addr);
 	dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
-	/* SNATed as a remote endpoint's flow: a client reaching itself through its service
-	 * (hairpin), or its reply would never leave the pod; and with F_MASQ (kube-proxy's
-	 * masquerade of external traffic with externalTrafficPolicy Cluster, and its
-	 * rules for ClusterIPs: snat_local) a local endpoint behind a device carrying the
-	 * programs, which then sees its replies. */
-	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
-	    !(dev && snat_local(sv, p, skb->ifindex))) {
+	if (dnat_only(sv, p, &ep, dev, skb->ifindex)) {
 		struct ct_val rv = {};
 
+		/* The reply entry, reversed on the way to the client (spp_egress). */
 		copy_addr(rv.saddr, p->daddr);
 		rv.sport = p->dport;
 		copy_addr(rv.daddr, p->saddr);
@@ -803,6 +826,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		rv.last_ns = now;
 		ct_tuple(&rk, ep.addr, p->saddr, ep.port, p->sport, p, CT_REPLY);
 		bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
+		if (!(ep.flags & EP_LOCAL))
+			fv->flags = CT_ROUTE; /* out by the route to the endpoint's node */
 	} else if ((sv->flags & F_MASQ) && dsr_applies(skb, p, &ep, dev, oif)) {
 		fv->flags = CT_DSR; /* in Geneve to the endpoint's node, not SNATed (dsr.h) */
 	} else {
@@ -825,7 +850,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	return 0;
 }
 
-/* The reply entry of a SNATed flow, put back if the LRU dropped it. */
+/* The reply entry of a SNATed or routed (CT_ROUTE) flow, put back if the LRU dropped it. */
 static __always_inline void keep_reply(const struct pkt *p, const struct ct_val *fv, __u64 now)
 {
 	struct ct_key rk = {};
@@ -835,6 +860,7 @@ static __always_inline void keep_reply(const struct pkt *p, const struct ct_val 
 	if (bpf_map_lookup_elem(&spp_ct, &rk))
 		return;
 	snat_reply(&rv, p, now);
+	rv.flags = fv->flags & CT_SNAT; /* a routed flow's reply is reversed on egress */
 	bpf_map_update_elem(&spp_ct, &rk, &rv, BPF_ANY);
 }
 
@@ -900,7 +926,7 @@ int spp_ingress(struct __sk_buff *skb)
 	if (found) {
 		ct_seen(found, &p, 0, bpf_ktime_get_ns());
 		fv = *found;
-		if (fv.flags & CT_SNAT)
+		if (fv.flags & (CT_SNAT | CT_ROUTE))
 			keep_reply(&p, &fv, found->last_ns);
 	} else {
 		verdict = new_flow(skb, &p, &sv, &k, &fv);
@@ -917,7 +943,7 @@ int spp_ingress(struct __sk_buff *skb)
 	rewrite(skb, &p, &fv);
 	if (fv.flags & CT_DSR)
 		return dsr_forward(skb, &p);
-	if (fv.flags & CT_SNAT)
+	if (fv.flags & (CT_SNAT | CT_ROUTE))
 		return fib_redirect(skb, &p);
 	return TC_ACT_OK;
 }
@@ -931,7 +957,8 @@ int spp_egress(struct __sk_buff *skb)
 
 	if (parse(skb, &p))
 		return TC_ACT_OK;
-	/* A reply of a local endpoint on its way to the client: from the service again. */
+	/* A reply of a flow DNATed only (a local endpoint's, a routed one's) on its way to
+	 * the client: from the service again. */
 	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_REPLY);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found && !(found->flags & CT_SNAT)) {

@@ -7,11 +7,12 @@
  *
  * - a reply of a flow SNATed to this node: reverse-SNAT and reverse-DNAT, out to the
  *   client (XDP_TX on the device it came by, else a redirect);
- * - a packet of a tracked SNATed flow: DNAT + SNAT, out to the endpoint;
+ * - a packet of a tracked SNATed flow: DNAT + SNAT, out to the endpoint; of a routed one
+ *   (local traffic to another node's endpoint, CT_ROUTE): DNAT, out to the endpoint;
  * - a new flow to a service address: the endpoint picked (random or Maglev) and the
- *   flow written in spp_ct as new_flow() in tc writes it; a SNATed one is sent on here,
- *   the rest (a local endpoint's DNAT: delivery needs the stack; a neighbour to
- *   resolve) passes to tc, which finds the flow tracked and carries on, so each flow is
+ *   flow written in spp_ct as new_flow() in tc writes it; a SNATed or routed one is sent
+ *   on here, the rest (a local endpoint's DNAT: delivery needs the stack; a neighbour
+ *   to resolve) passes to tc, which finds the flow tracked and carries on, so each flow is
  *   picked once (a second pick in tc would skew the endpoints' shares);
  * - a packet of a DSR flow (--ebpf-dsr), new or tracked: DNATed and wrapped in Geneve
  *   here (dsr.h's headers), out to the endpoint's node; one too big for the route's
@@ -315,8 +316,7 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_pkt *x,
 	rc = xdp_route(ctx, s, p->saddr, ep.addr);
 	oif = rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? s->fib.ifindex : 0;
 	dev = oif ? bpf_map_lookup_elem(&spp_devices, &oif) : 0;
-	if (ep.flags & EP_LOCAL && !same_addr(ep.addr, p->saddr) &&
-	    !(dev && snat_local(sv, p, ctx->ingress_ifindex))) {
+	if (dnat_only(sv, p, &ep, dev, ctx->ingress_ifindex)) {
 		struct ct_val *rv = &s->rv;
 
 		__builtin_memset(rv, 0, sizeof(*rv));
@@ -327,7 +327,10 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_pkt *x,
 		rv->last_ns = now;
 		ct_tuple(&rk, ep.addr, p->saddr, ep.port, p->sport, p, CT_REPLY);
 		bpf_map_update_elem(&spp_ct, &rk, rv, BPF_ANY);
-		rc = -1; /* the stack delivers it: tc DNATs it from the entry */
+		if (ep.flags & EP_LOCAL)
+			rc = -1; /* the stack delivers it: tc DNATs it from the entry */
+		else
+			fv->flags = CT_ROUTE; /* DNATed, out to the endpoint's node (or tc's) */
 	} else if (dsr_enabled && (sv->flags & F_MASQ) && !(ep.flags & EP_LOCAL) && dev &&
 		   xdp_oif(ctx, s, p->saddr) == oif) {
 		fv->flags = CT_DSR; /* in Geneve to the endpoint's node (xdp_dsr, or tc's) */
@@ -413,7 +416,7 @@ int spp_xdp(struct xdp_md *ctx)
 		return verdict == XDP_PASS ? xdp_count(XDP_STAT_PASS, XDP_PASS) : verdict;
 	}
 	if (found) {
-		if (!(found->flags & CT_SNAT))
+		if (!(found->flags & (CT_SNAT | CT_ROUTE)))
 			return xdp_count(XDP_STAT_PASS, XDP_PASS); /* local: tc */
 		s->fv = *found;
 		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS)

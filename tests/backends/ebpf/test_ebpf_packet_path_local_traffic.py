@@ -3,7 +3,8 @@ local-traffic detector (``--detect-local-mode``) says, with real packets in the 
 lab: node1's programs on ``eth0``, ``br0`` (the pods' bridge: a masqueraded flow is SNATed
 to its address, the device toward the endpoint) and ``spln*`` (``--ebpf-pod-devices``:
 routed clients the tests make, each in a namespace of its own behind a veth on node1, as
-Calico's pods are). The echo server in pod-a answers with the source it saw.
+Calico's pods are); local traffic to an endpoint on node2 is DNATed only. The echo
+servers in pod-a (node1) and pod-c (node2) answer with the source they saw.
 
 The lab's namespaces, the bpffs mount, the pins and the links are removed at the end,
 also when a test fails.
@@ -27,7 +28,7 @@ from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in
 from tests.support.lab.plan import CLUSTER_CIDRS
-from tests.support.packet_path import CLIENT, NODE1, World, node_port
+from tests.support.packet_path import CLIENT, NODE1, PODS, World, node_port
 from tests.support.waiting import wait_for
 from tests.support.world_fixture import running
 
@@ -38,15 +39,23 @@ GATEWAY = "169.254.1.2"  # node1's address on each routed client's veth
 OUTSIDE = "172.30.0.10"  # a routed client's address outside every CIDR of the cluster
 IN_NODE, IN_CLUSTER = "10.244.1.210", "10.244.2.210"  # node1's pod CIDR; node2's
 BRIDGE4, BRIDGE6 = NODE1.gateways  # node1's addresses on br0, toward pod-a
+REMOTE4, REMOTE6 = "10.96.9.3", "fd00:96::93"  # ClusterIPs of pod-c, on node2
+POD = PODS["client"]  # a pod of node1 whose process is outside the socket programs' cgroup
 
 
 class LocalWorld(World):
-    """The lab with node1's programs and pod-a behind the ClusterIPs CIP4 and CIP6."""
+    """The lab with node1's programs, pod-a behind the ClusterIPs CIP4 and CIP6, pod-c
+    (node2) behind REMOTE4 and REMOTE6."""
 
     def start(self) -> Self:
         super().start()
         self.set(node_port("local-cip", 0, ["pod-a"], cip=CIP4, type=ServiceType.CLUSTER_IP))
         self.set(node_port("local-cip6", 0, ["pod-a"], family=6, cip=CIP6,
+                           type=ServiceType.CLUSTER_IP))
+        for proto in ("TCP", "UDP"):
+            self.set(node_port(f"remote-cip-{proto}", 0, ["pod-c"], proto, cip=REMOTE4,
+                               type=ServiceType.CLUSTER_IP))
+        self.set(node_port("remote-cip6", 0, ["pod-c"], family=6, cip=REMOTE6,
                            type=ServiceType.CLUSTER_IP))
         return self
 
@@ -55,9 +64,9 @@ class LocalWorld(World):
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     """``xdp``: XDP in generic mode on eth0 and br0 too (the LAN client's and pod-a's
     veths write whole checksums, as XDP needs)."""
-    options = {"xdp": "generic", "whole_checksums": (CLIENT.name, "pod-a")} \
+    options = {"xdp": "generic", "whole_checksums": (CLIENT.name, POD.name, "pod-a", "pod-c")} \
         if request.param == "xdp" else {}
-    yield from running(LocalWorld("splocal-", devices=("eth0", "br0"), servers=("pod-a",),
+    yield from running(LocalWorld("splocal-", devices=("eth0", "br0"), servers=("pod-a", "pod-c"),
                                   pod_devices=("spln*",), **options))
 
 
@@ -97,11 +106,13 @@ def routed_client(world: World, device: str, address: str) -> Iterator[str]:
         world.remove_routed(ns, device)
 
 
-def _sources(ns: str, host: str = CIP4, count: int = 4) -> set[str]:
-    """The sources pod-a saw for ``count`` connections from ``ns`` to ``host``:80 (each
-    answered by pod-a)."""
-    got = summarize(probe(ns, "tcp", host, 80, count))
-    assert got.names == Counter({"pod-a": count}), got
+def _sources(ns: str, host: str = CIP4, count: int = 4, pod: str = "pod-a",
+             proto: str = "tcp") -> set[str]:
+    """The sources ``pod`` saw for ``count`` connections (datagrams) from ``ns`` to
+    ``host``:80, each answered by ``pod`` (from ``host``:80: the client's socket is
+    connected to it and takes nothing from another address)."""
+    got = summarize(probe(ns, proto, host, 80, count))
+    assert got.names == Counter({pod: count}), got
     return got.sources
 
 
@@ -128,6 +139,28 @@ def test_cluster_cidr_masquerades_sources_outside_it(world: World) -> None:
             assert picked == 8 and after["new"] > before["new"], (before, after)
         with routed_client(world, "spln0", IN_CLUSTER) as inside:
             assert _sources(inside) == {IN_CLUSTER}
+    finally:
+        _detect(world, None)
+
+
+def test_local_traffic_to_a_remote_endpoint_keeps_its_source(world: World) -> None:
+    """ClusterCIDR: a pod's process outside the socket programs' cgroup (through br0)
+    reaching a ClusterIP whose endpoint is on node2 is DNATed only, as kube-proxy leaves
+    local traffic alone: pod-c sees the pod's address (TCP and UDP, IPv4 and IPv6) and
+    the answers come back from the ClusterIP (node2 routes node1's pods through node1);
+    the LAN client is still masqueraded (to node1's eth0 address), and with
+    --masquerade-all the pod is too."""
+    pod = world.lab.ns(POD.name)
+    _detect(world, _context(cluster_cidrs=CLUSTER_CIDRS))
+    try:
+        for proto in ("tcp", "udp"):
+            assert _sources(pod, REMOTE4, pod="pod-c", proto=proto) == {POD.ipv4}, proto
+        assert _sources(pod, REMOTE6, pod="pod-c") == {POD.ipv6}
+        assert _sources(_outside(world), REMOTE4, pod="pod-c") == {NODE1.ipv4}
+        assert _sources(_outside(world), REMOTE6, pod="pod-c") == {NODE1.ipv6}
+        _detect(world, _context(cluster_cidrs=CLUSTER_CIDRS, masquerade_all=True))
+        assert _sources(pod, REMOTE4, pod="pod-c") == {NODE1.ipv4}
+        assert _sources(pod, REMOTE6, pod="pod-c") == {NODE1.ipv6}
     finally:
         _detect(world, None)
 
