@@ -1,7 +1,10 @@
 """Attach the packet path's XDP program (``--ebpf-xdp``) to a device as a pinned link.
 
 The mode is native (the driver runs it) where the driver has XDP and the flag allows
-it, else generic (the kernel runs it on the socket buffer). The pin's name says which
+it, else generic (the kernel runs it on the socket buffer); each mode has its program
+(``PROGRAMS``: the native one sends only back out of its device, XDP_TX, and leaves a
+packet for another device to tc, since a redirect into a device without ndo_xdp_xmit,
+a bridge, is dropped). The pin's name says which
 (``link_<device>_xdp_native`` / ``_xdp_generic``), so a restarted backend, ``--dump`` and
 the metrics know it without asking the kernel. A restarted backend switches the pinned
 link to its new program in place, as for the tc links.
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROGRAM = "spp_xdp"
+PROGRAMS = {"native": "spp_xdp_native", "generic": "spp_xdp"}  # native: XDP_TX only
 STATS_MAP = "spp_xdp_stats"
 STATS = ("reply", "forward", "new", "pass", "picked")  # XDP_STAT_* in bpf/xdp.h
 MODES = ("off", "auto", "native", "generic")
@@ -98,22 +101,24 @@ def _create(prog_fd: int, ifindex: int, mode: str) -> int:
                                                       ctypes.byref(opts)), f"XDP {mode}")
 
 
-def attach(pin_dir: Path, device: str, ifindex: int, prog_fd: int, wanted: str) -> str:
-    """Attach (or adopt) the XDP program on ``device`` in the ``wanted`` mode ('auto':
-    native where the driver has it, else generic); returns the mode. BpfError when it
-    cannot attach (the caller leaves the device to tc)."""
+def attach(pin_dir: Path, device: str, ifindex: int, prog_fds: dict[str, int],
+           wanted: str) -> str:
+    """Attach (or adopt) the XDP program of the ``wanted`` mode (``prog_fds``: mode ->
+    program) on ``device`` ('auto': native where the driver has it, else generic);
+    returns the mode. BpfError when it cannot attach (the caller leaves the device to
+    tc)."""
     modes = ("native", "generic") if wanted == "auto" else (wanted,)
     for mode in ("native", "generic"):
         path = pin(pin_dir, device, mode)
         if path.exists():
-            if mode in modes and _adopt(path, prog_fd, ifindex):
+            if mode in modes and _adopt(path, prog_fds[mode], ifindex):
                 return mode
             if path.exists():  # pinned in a mode no longer wanted
                 drop(path)
     failure: BpfError | None = None
     for mode in modes:
         try:
-            fd = _create(prog_fd, ifindex, mode)
+            fd = _create(prog_fds[mode], ifindex, mode)
         except BpfError as err:
             failure = err
             if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, 524):  # 524: ENOTSUPP
@@ -138,10 +143,11 @@ def serve(obj: int, pin_dir: Path, device: str, ifindex: int, wanted: str) -> st
                 drop(pin(pin_dir, device, mode))
         return ""
     lib = libbpf.lib()
-    prog = libbpf.check_ptr(lib.bpf_object__find_program_by_name(obj, PROGRAM.encode()),
-                            f"program {PROGRAM}")
+    fds = {mode: lib.bpf_program__fd(libbpf.check_ptr(
+        lib.bpf_object__find_program_by_name(obj, name.encode()), f"program {name}"))
+        for mode, name in PROGRAMS.items()}
     try:
-        mode = attach(pin_dir, device, ifindex, lib.bpf_program__fd(prog), wanted)
+        mode = attach(pin_dir, device, ifindex, fds, wanted)
     except BpfError as err:
         log.warning("--ebpf-xdp: the XDP program cannot attach to %s (%s); the tc programs "
                     "serve it alone", device, err.strerror)

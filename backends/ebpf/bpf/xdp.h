@@ -62,6 +62,7 @@ struct xdp_scratch {
 	__u32 to[9];
 	__u32 snat[4];
 	struct ct_val rv;
+	__u8 native; /* run by the driver (spp_xdp_native): XDP_TX only */
 };
 
 struct {
@@ -210,6 +211,14 @@ static __always_inline __u32 xdp_oif(struct xdp_md *ctx, struct xdp_scratch *s,
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH ? s->fib.ifindex : 0;
 }
 
+/* Whether XDP may send out by the route in ``s->fib``: generic XDP anywhere; native only
+ * back out of the device it came by (XDP_TX), as a redirect into a device without
+ * ndo_xdp_xmit (a bridge) is dropped: tc sends the rest. */
+static __always_inline int xdp_may_send(struct xdp_md *ctx, struct xdp_scratch *s)
+{
+	return !s->native || s->fib.ifindex == ctx->ingress_ifindex;
+}
+
 /* Rewrite to ``s->fv`` and send out by the route in ``s->fib``, counted as ``what``. */
 static __always_inline int xdp_send(struct xdp_md *ctx, struct xdp_pkt *x,
 				    struct xdp_scratch *s, __u32 what)
@@ -251,6 +260,8 @@ static __always_inline int xdp_dsr(struct xdp_md *ctx, struct xdp_pkt *x, struct
 	    BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_PASS;
 	oif = s->fib.ifindex;
+	if (!xdp_may_send(ctx, s))
+		return XDP_PASS;
 	dev = bpf_map_lookup_elem(&spp_devices, &oif);
 	if (!dev)
 		return XDP_PASS;
@@ -352,13 +363,12 @@ static __always_inline int xdp_new_flow(struct xdp_md *ctx, struct xdp_pkt *x,
 			rc = xdp_route(ctx, s, p->saddr, ep.addr); /* the DSR check used s->fib */
 	}
 	bpf_map_update_elem(&spp_ct, &s->k, fv, BPF_ANY);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !xdp_may_send(ctx, s))
 		return XDP_PASS;
 	return xdp_send(ctx, x, s, XDP_STAT_NEW);
 }
 
-SEC("xdp")
-int spp_xdp(struct xdp_md *ctx)
+static __always_inline int xdp_main(struct xdp_md *ctx, __u8 native)
 {
 	__u32 zero = 0;
 	struct xdp_scratch *s = bpf_map_lookup_elem(&spp_xdp_scratch, &zero);
@@ -374,6 +384,7 @@ int spp_xdp(struct xdp_md *ctx)
 	__builtin_memset(&s->p, 0, sizeof(s->p));
 	__builtin_memset(&s->k, 0, sizeof(s->k));
 	__builtin_memset(&s->sk, 0, sizeof(s->sk));
+	s->native = native;
 	p = &s->p;
 	x.p = p;
 	if (xdp_parse(ctx, &x))
@@ -383,7 +394,8 @@ int spp_xdp(struct xdp_md *ctx)
 	found = bpf_map_lookup_elem(&spp_ct, &s->k);
 	if (found && (found->flags & CT_SNAT)) {
 		s->fv = *found;
-		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS)
+		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS ||
+		    !xdp_may_send(ctx, s))
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);
 		found->last_ns = now;
 		ct_reply_seen(p, &s->fv, now, &s->k);
@@ -419,7 +431,8 @@ int spp_xdp(struct xdp_md *ctx)
 		if (!(found->flags & (CT_SNAT | CT_ROUTE)))
 			return xdp_count(XDP_STAT_PASS, XDP_PASS); /* local: tc */
 		s->fv = *found;
-		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS)
+		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS ||
+		    !xdp_may_send(ctx, s))
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);
 		ct_seen(found, p, 0, now);
 		keep_reply(p, &s->fv, now);
@@ -431,6 +444,20 @@ int spp_xdp(struct xdp_md *ctx)
 	if (verdict < 0)
 		return xdp_count(XDP_STAT_PASS, XDP_PASS);
 	return verdict;
+}
+
+/* Attached in generic mode (the kernel runs it on the socket buffer). */
+SEC("xdp")
+int spp_xdp(struct xdp_md *ctx)
+{
+	return xdp_main(ctx, 0);
+}
+
+/* Attached in native mode (the driver runs it). */
+SEC("xdp")
+int spp_xdp_native(struct xdp_md *ctx)
+{
+	return xdp_main(ctx, 1);
 }
 
 #endif
