@@ -4,7 +4,9 @@ the GC keeps every live flow among 100,000, an open TCP connection keeps its end
 and ClientIP affinity holds across a service's addresses.
 
 Ages are made by writing a flow's last-seen time back in the map (as time passing
-would), never by waiting: every assertion follows packets or map contents.
+would), never by waiting (but for the clock to have run as long as the age since boot,
+on a machine booted minutes ago: tests/support/boot_clock.py): every assertion follows
+packets or map contents.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from svcproxy.model import (
     SessionAffinity,
 )
 from tests.support import packet_path
+from tests.support.boot_clock import NS, clock_past, stamp_aged
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, enter
 from tests.support.packet_path import CLIENT, NODE1, World, node_port
@@ -39,12 +42,7 @@ from tests.support.packet_path import CLIENT, NODE1, World, node_port
 pytestmark = packet_path.marks("ip", "nft")
 
 TIMEOUTS = CtTimeouts()  # what the World's backend runs with
-NS = 1_000_000_000
 LONG_PORT = 9090
-
-
-def _now() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
 def _v4(ip: str) -> bytes:
@@ -139,7 +137,7 @@ def _rewrite(ct: Map, key: bytes, *, age_s: float = 0.0, endpoint: str = "") -> 
     if endpoint:
         daddr = _v4(endpoint)
     ct.update(key, CT_VAL.pack(saddr, daddr, sport, dport, flags, state, set_id,
-                               _now() - int(age_s * NS)))
+                               stamp_aged(age_s)))
 
 
 def _state(ct: Map, key: bytes) -> int:
@@ -228,7 +226,7 @@ def test_an_open_tcp_connection_keeps_its_endpoint(world: World) -> None:
     try:
         first = ask(1)
         assert _state(ct, key) & CTS_REPLIED, "established: the endpoint answered"
-        _rewrite(ct, key, age_s=TIMEOUTS.tcp_syn * 60)  # an hour: past SYN, not established
+        _rewrite(ct, key, age_s=TIMEOUTS.udp_stream + 1)  # past SYN's (and UDP's), not established
         gc_pass(ct, TIMEOUTS)
         assert ct.lookup(key) is not None, "an established flow outlives the SYN lifetime"
         assert ask(2) == first
@@ -252,14 +250,20 @@ def test_an_open_tcp_connection_keeps_its_endpoint(world: World) -> None:
     assert ct.lookup(key) is None, "a closed connection's flow goes after 10 s idle"
 
 
+# The pass over the synthetic flows runs with the lifetimes scaled down (established
+# 24 h and close-wait 1 h would need a machine up for a day): the ages fit in a machine's
+# first five minutes, and each kind's age still lies between two lifetimes, so a kind
+# judged by any other state's lifetime is kept or removed wrongly.
+GC_TIMEOUTS = CtTimeouts(tcp_syn=60, tcp_established=400, tcp_close_wait=200, tcp_fin=10,
+                         udp=30, udp_stream=120)
 # (proto, state, idle seconds, alive) of the synthetic flows, in turn.
 KINDS = (
-    (socket.IPPROTO_TCP, CTS_REPLIED, 2 * 3600, True),  # established, 24 h
-    (socket.IPPROTO_TCP, 0, 120, False),  # SYN only, 60 s
-    (socket.IPPROTO_UDP, CTS_REPLIED, 60, True),  # answered UDP, 120 s
+    (socket.IPPROTO_TCP, CTS_REPLIED, 300, True),  # established, 400 s
+    (socket.IPPROTO_TCP, 0, 90, False),  # SYN only, 60 s
+    (socket.IPPROTO_UDP, CTS_REPLIED, 90, True),  # answered UDP, 120 s
     (socket.IPPROTO_UDP, 0, 40, False),  # unanswered UDP, 30 s
     (socket.IPPROTO_TCP, CTS_REPLIED | CTS_FIN_FWD | CTS_FIN_REV, 20, False),  # closed, 10 s
-    (socket.IPPROTO_TCP, CTS_REPLIED | CTS_FIN_FWD, 1800, True),  # close-wait, 1 h
+    (socket.IPPROTO_TCP, CTS_REPLIED | CTS_FIN_FWD, 150, True),  # close-wait, 200 s
 )
 SVC = _v4("192.168.99.1")
 SNAT = _v4("192.168.99.2")
@@ -308,7 +312,7 @@ def test_gc_under_100000_flows_keeps_every_live_flow(world: World) -> None:
         assert lines.readline().split()[0] == b"pod-c"
         udp_first = _ask(udp)
         began = time.monotonic()
-        entries, alive = _synthetic(100_000, _now())
+        entries, alive = _synthetic(100_000, clock_past(max(k[2] for k in KINDS)))
         keys = list(entries)
         ct.update_many(keys, [entries[k] for k in keys])
         held = ct.read_all()
@@ -331,7 +335,7 @@ def test_gc_under_100000_flows_keeps_every_live_flow(world: World) -> None:
         runner = threading.Thread(target=traffic)
         runner.start()
         try:
-            result = gc_pass(ct, TIMEOUTS)
+            result = gc_pass(ct, GC_TIMEOUTS)
         finally:
             stop.set()
             runner.join(2 * REPLY_BOUND)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import nullcontext
 
@@ -24,6 +23,7 @@ from svcproxy.backends.ebpf.ct_gc import (
 from svcproxy.backends.ebpf.libbpf import Map
 from svcproxy.backends.ebpf.packet_layout import CT_KEY, CT_VAL
 from tests.backends.ebpf.test_ebpf_ct_gc import NS, TCP, UDP, _flow, python_only
+from tests.support.boot_clock import clock_past
 
 BPF_MAP_TYPE_LRU_HASH = 9
 
@@ -76,8 +76,9 @@ def test_only_entries_still_as_judged_are_removed(ct: Map, helper: str) -> None:
 
 @pytest.mark.parametrize("helper", HELPERS)
 def test_a_pass_removes_the_expired_flows_and_keeps_the_live_ones(ct: Map, helper: str) -> None:
-    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    live = {**_flow(1, TCP, CTS_REPLIED, now - 3600 * NS), **_flow(2, UDP, 0, now - 5 * NS)}
+    now = clock_past(121)  # the oldest flow's age, since boot
+    # Established, idle past every lifetime but close-wait's and its own; UDP, 5 s idle.
+    live = {**_flow(1, TCP, CTS_REPLIED, now - 121 * NS), **_flow(2, UDP, 0, now - 5 * NS)}
     dead = {**_flow(3, TCP, 0, now - 61 * NS), **_flow(4, UDP, CTS_REPLIED, now - 121 * NS)}
     entries = {**live, **dead}
     ct.update_many(list(entries), list(entries.values()))
