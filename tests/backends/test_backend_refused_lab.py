@@ -28,6 +28,7 @@ from tests.support.lab.manifests import NAMESPACE
 from tests.support.lab.netns import call_in
 from tests.support.netns.backends import BackendCase
 from tests.support.netns.harness import NODE, ScenarioLab, missing_requirements
+from tests.support.world_fixture import running
 
 pytestmark = pytest.mark.netns
 _why = missing_requirements()
@@ -42,12 +43,7 @@ A, B, C = "10.96.30.1", "10.96.30.2", "10.96.30.3"
 def lab(request: pytest.FixtureRequest) -> Iterator[ScenarioLab]:
     if _why:
         pytest.skip(_why)
-    scenario = ScenarioLab(request.param)
-    try:
-        scenario.start()
-        yield scenario
-    finally:
-        scenario.stop()
+    yield from running(ScenarioLab(request.param))
 
 
 def web(lab: ScenarioLab, name: str, cip: str, *pods: str) -> list[m.Doc]:

@@ -30,6 +30,7 @@ from tests.support.lab.processes import LAN4, LAN6
 from tests.support.netns import leftovers
 from tests.support.netns.backends import BACKENDS, BackendCase
 from tests.support.netns.harness import ScenarioLab, missing_requirements
+from tests.support.world_fixture import running
 
 pytestmark = pytest.mark.netns
 COUNT = 40  # connections per spread check: P(missing one of 4 pods) < 1e-4
@@ -41,12 +42,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[ScenarioLab]:
     if _why:
         pytest.skip(_why)
     case: BackendCase = request.param
-    scenario = ScenarioLab(case)
-    try:
-        scenario.start()
-        yield scenario
-    finally:
-        scenario.stop()
+    yield from running(ScenarioLab(case))
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ from svcproxy.backends.ebpf import nat_ports
 from tests.support import packet_path
 from tests.support.lab.netns import call_in
 from tests.support.packet_path import CLIENT, NODE1, PODS, World, node_port
+from tests.support.world_fixture import running
 
 PORT = 45123  # inside the default ip_local_port_range (32768-60999)
 REPLY_BOUND = 10.0  # generous: a reply either comes or was stolen
@@ -29,12 +30,7 @@ REPLY_BOUND = 10.0  # generous: a reply either comes or was stolen
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World("spnat-", devices=("eth0",), servers=("pod-c",))
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World("spnat-", devices=("eth0",), servers=("pod-c",)))
 
 
 def _name_from(ns: str, source: str, host: str, port: int, sport: int) -> str:

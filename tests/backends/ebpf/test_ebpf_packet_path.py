@@ -36,6 +36,7 @@ from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, ns_exec
 from tests.support.packet_path import CLIENT, NODE1, PODS, SPEC, World, node_port
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip", "nft")
 
@@ -47,12 +48,7 @@ TABLE = 16381
 def world() -> Iterator[World]:
     # The LAN device and the pods' bridge (what pods on node1 reach the node by);
     # test_ebpf_packet_path_process leaves the default (the node IP's device) instead.
-    w = World("sptc-", maglev_size=TABLE)
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World("sptc-", maglev_size=TABLE))
 
 
 def test_node_port_to_an_endpoint_on_this_node(world: World) -> None:

@@ -41,6 +41,7 @@ from tests.support.lab.netns import ip, ns_exec
 from tests.support.lab.topology import veth
 from tests.support.packet_path import CLIENT, NODE1, World, node_port
 from tests.support.waiting import wait_for
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip", "tc", "bpftool")
 
@@ -201,11 +202,7 @@ class DeviceWorld(World):
 
 @pytest.fixture
 def device_world() -> Iterator[DeviceWorld]:
-    w = DeviceWorld()
-    try:
-        yield w.start()
-    finally:
-        w.stop()
+    yield from running(DeviceWorld())
 
 
 def _link_ids(world: DeviceWorld) -> list[int]:

@@ -28,6 +28,7 @@ from tests.support.lab.netns import call_in, ns_exec
 from tests.support.packet_path import CLIENT, NODE1, PODS, SPEC, World, node_port
 from tests.support.packet_path_sctp import exchange
 from tests.support.waiting import wait_for
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip")
 
@@ -51,12 +52,7 @@ def add(world: World, name: str, port: int, pods: list[str], proto: str = "TCP",
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = dsr_world()
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(dsr_world())
 
 
 def _rx_packets(ns: str, device: str) -> int:

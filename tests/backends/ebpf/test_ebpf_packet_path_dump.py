@@ -17,17 +17,14 @@ from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from tests.support import packet_path
 from tests.support.lab.netns import ns_exec
 from tests.support.packet_path import NODE1, PODS, World, node_port
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip")
 
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    w = World("spdump-", servers=("pod-c",))
-    try:
-        yield w.start()
-    finally:
-        w.stop()
+    yield from running(World("spdump-", servers=("pod-c",)))
 
 
 def ports(world: World, low: int, high: int) -> None:

@@ -18,6 +18,7 @@ from tests.backends.test_scenarios import *  # noqa: F403 - the shared scenarios
 from tests.backends.test_scenarios import _local_state_equals_split_mode, _scenario_applies  # noqa: F401
 from tests.support.netns.backends import BackendCase
 from tests.support.netns.harness import ScenarioLab
+from tests.support.world_fixture import running
 
 NOT_YET: tuple[tuple[str, str], ...] = ()
 CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0,br0"),
@@ -29,9 +30,4 @@ CASE = BackendCase("ebpf", ("--ebpf-packet-path", "bpf", "--ebpf-devices", "eth0
 def lab(request: pytest.FixtureRequest) -> Iterator[ScenarioLab]:
     if shared._why:
         pytest.skip(shared._why)
-    scenario = ScenarioLab(request.param)
-    try:
-        scenario.start()
-        yield scenario
-    finally:
-        scenario.stop()
+    yield from running(ScenarioLab(request.param))

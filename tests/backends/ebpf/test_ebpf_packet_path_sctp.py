@@ -18,17 +18,14 @@ from svcproxy.model import ServiceType
 from tests.support import packet_path
 from tests.support.packet_path import CLIENT, NODE1, PODS, World, node_port
 from tests.support.packet_path_sctp import exchange
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip")
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World("spsctp-", servers=())
-    try:
-        yield w.start()
-    finally:
-        w.stop()
+    yield from running(World("spsctp-", servers=()))
 
 
 def test_sctp_ipv6_node_port_to_an_endpoint_on_another_node(world: World) -> None:

@@ -22,6 +22,7 @@ from svcproxy.model import LoadBalancerIngress, ServiceType
 from tests.support import packet_path
 from tests.support.packet_path import CLIENT, NODE1, PODS, SPEC, World, node_port
 from tests.support.packet_path_sctp import INIT, exchange, raw_socket, receive, sctp_packet
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip")
 
@@ -31,11 +32,7 @@ VIP = {4: "192.168.60.31", 6: "fd00:60::31"}
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World("spsctpa-", servers=())
-    try:
-        yield w.start()
-    finally:
-        w.stop()
+    yield from running(World("spsctpa-", servers=()))
 
 
 @pytest.mark.parametrize("family", [4, 6])

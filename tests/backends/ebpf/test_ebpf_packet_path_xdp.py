@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from svcproxy.backends.ebpf import libbpf, xdp
-from svcproxy.backends.ebpf.names import TC_MAP_XDP_STATS
 from svcproxy.backends.ebpf.packet_backend import PacketBackend
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from svcproxy.backends.ebpf.packet_loader import PacketLayout
@@ -37,6 +36,8 @@ from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, ip, ns_exec
 from tests.support.lab.topology import Namespaces
 from tests.support.packet_path import CLIENT, NODE1
+from tests.support.packet_path_xdp import XdpWorld, assert_forwarded_in_xdp
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip", "bpftool")
 
@@ -49,17 +50,13 @@ def node_port(name: str, port: int, pods: list[str], proto: str = "TCP",
     return packet_path.node_port(name, port, pods, proto, family, subnet=8, **extra)
 
 
-class World(packet_path.World):
+class World(XdpWorld):
     """The lab (whole checksums from its senders), echo servers, a bpffs, and the packet
     backend on node1 with XDP in generic mode."""
 
     def __init__(self) -> None:
         super().__init__("spxdp-", servers=("pod-a", "pod-c", "pod-d"), xdp="generic",
                          whole_checksums=SENDERS)
-
-    def stats(self) -> Counter[str]:
-        assert self.backend is not None and self.backend.programs is not None
-        return Counter(xdp.read_stats(self.backend.programs.maps[TC_MAP_XDP_STATS].fd))
 
     def xdp_links(self) -> dict[str, int]:
         """Pinned XDP link name -> link id."""
@@ -75,31 +72,14 @@ class World(packet_path.World):
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World()
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World())
 
 
 @pytest.mark.parametrize("proto,family", [("tcp", 4), ("udp", 4), ("tcp", 6), ("udp", 6)])
 def test_node_port_to_another_node_is_forwarded_in_xdp(
         world: World, proto: str, family: int) -> None:
     port = 30300 + 10 * family + (proto == "udp")
-    world.set(node_port(f"xdp-{proto}{family}", port, ["pod-c", "pod-d"], proto.upper(),
-                        family))
-    host = NODE1.ipv4 if family == 4 else NODE1.ipv6
-    client = world.lab.ns(CLIENT.name)
-    # The first flow teaches node1 its neighbours (tc resolves them); then XDP has all.
-    assert summarize(probe(client, proto, host, port, 1)).answered
-    before = world.stats()
-    got = summarize(probe(client, proto, host, port, 10))
-    after = world.stats()
-    assert sum(got.names.values()) == 10 and got.answered <= {"pod-c", "pod-d"}, got
-    assert got.sources == {host}, "SNATed to node1's address, as with tc"
-    assert after["new"] - before["new"] == 10, (before, after)  # every new flow in XDP
-    assert after["reply"] - before["reply"] >= 10, (before, after)  # and every answer
+    assert_forwarded_in_xdp(world, f"xdp-{proto}{family}", port, proto, family, subnet=8)
 
 
 def test_a_local_endpoint_masqueraded_is_sent_by_xdp_to_the_pods_bridge(world: World) -> None:

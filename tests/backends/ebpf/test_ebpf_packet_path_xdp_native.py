@@ -21,8 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from svcproxy.backends.ebpf import libbpf, xdp
-from svcproxy.backends.ebpf.names import TC_MAP_XDP_STATS
+from svcproxy.backends.ebpf import libbpf
 from svcproxy.backends.ebpf.packet_dump import packet_dump_lines
 from svcproxy.model import TrafficPolicy
 from svcproxy.sdk import Changes
@@ -30,6 +29,8 @@ from tests.support import packet_path
 from tests.support.lab.client import probe, summarize
 from tests.support.lab.netns import call_in, ip
 from tests.support.packet_path import CLIENT, NODE1
+from tests.support.packet_path_xdp import XdpWorld, assert_forwarded_in_xdp
+from tests.support.world_fixture import running
 
 pytestmark = packet_path.marks("ip", "bpftool")
 
@@ -55,7 +56,7 @@ def _xdp_pass(device: str) -> None:
 PEERS = {"xdp-pass": _xdp_pass}
 
 
-class World(packet_path.World):
+class World(XdpWorld):
     """The lab (whole checksums from its senders), echo servers, a bpffs, the packet
     backend on node1 with XDP in ``mode``, the peer of node1's eth0 made able to take
     XDP frames by ``peer``."""
@@ -71,38 +72,18 @@ class World(packet_path.World):
         self.sync(Changes(frozenset(), full=True))
         return self
 
-    def stats(self) -> Counter[str]:
-        assert self.backend is not None and self.backend.programs is not None
-        return Counter(xdp.read_stats(self.backend.programs.maps[TC_MAP_XDP_STATS].fd))
-
 
 @pytest.fixture(scope="module", params=[("native", "xdp-pass"), ("auto", "xdp-pass")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
-    w = World(*request.param)
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(World(*request.param))
 
 
 @pytest.mark.parametrize("proto,family", [("tcp", 4), ("udp", 4), ("tcp", 6), ("udp", 6)])
 def test_node_port_to_another_node_is_forwarded_in_native_xdp(
         world: World, proto: str, family: int) -> None:
     port = 30400 + 10 * family + (proto == "udp")
-    world.set(packet_path.node_port(f"xdpn-{proto}{family}", port, ["pod-c", "pod-d"],
-                                    proto.upper(), family, subnet=9))
-    host = NODE1.ipv4 if family == 4 else NODE1.ipv6
-    client = world.lab.ns(CLIENT.name)
-    assert summarize(probe(client, proto, host, port, 1)).answered
-    before = world.stats()
-    got = summarize(probe(client, proto, host, port, 10))
-    after = world.stats()
-    assert sum(got.names.values()) == 10 and got.answered <= {"pod-c", "pod-d"}, got
-    assert got.sources == {host}, "SNATed to node1's address, as with tc"
-    assert after["new"] - before["new"] == 10, (before, after)
-    assert after["reply"] - before["reply"] >= 10, (before, after)
+    assert_forwarded_in_xdp(world, f"xdpn-{proto}{family}", port, proto, family, subnet=9)
 
 
 def test_a_local_endpoint_is_served_as_with_tc(world: World) -> None:

@@ -23,6 +23,7 @@ import yaml
 
 from tests.support.ebpf_sockets import EPS4, NODE_IP, PORT, SocketWorld, marks
 from tests.support.lab.netns import enter
+from tests.support.world_fixture import running
 
 pytestmark = marks()
 
@@ -190,12 +191,7 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, why: Callable[[]
 
 @pytest.fixture
 def world() -> Iterator[SocketWorld]:
-    w = SocketWorld(in_process=False)
-    try:
-        w.start()
-        yield w
-    finally:
-        w.stop()
+    yield from running(SocketWorld(in_process=False))
 
 
 def test_kill_restart_dump_metrics_cleanup(world: SocketWorld, tmp_path: Path,
