@@ -10,8 +10,10 @@ modules, so a reader who knows one backend finds their way in another.
 * no public class named as a public name of ``svcproxy.sdk`` (two things, one name: a
   reader of ``Applied`` must know which it is).
 
-Backends not moved to the shape yet are marked ``xfail(strict=True)``: whoever lands the
-move removes the mark (a strict xfail that passes fails the suite).
+The shape is a dataplane's. A backend that programs nothing (``dataplane = False``: the
+``dump`` backend, which prints the state) has no kernel to apply to or drift from; it is the
+guide's smallest complete backend, and is checked to stay that: one ``Backend`` class in
+``backend.py``, its ``cli.py``, its page ``docs/backends/<name>.md``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,7 @@ MODULES = ("render.py", "apply.py", "names.py", "cli.py", "drift.py", "backend.p
 # What a pure render may not import (I/O: processes, sockets, files, the kernel).
 IMPURE = {"subprocess", "socket", "ctypes", "os", "shutil", "tempfile", "threading",
           "pathlib", "select", "fcntl", "mmap", "urllib", "http", "requests", "grpc"}
-NOT_MOVED = {
-    "dump": "the debugging backend prints the state; not moved (no helper owns it)",
-}
+NOT_DATAPLANES = ("dump",)
 
 
 def shape_faults(directory: Path) -> list[str]:
@@ -68,18 +68,28 @@ def staged(module: ModuleType) -> bool:
                and value.__module__ == module.__name__ for value in vars(module).values())
 
 
-def _backends() -> list[object]:
-    names = sorted(p.name for p in BACKENDS.iterdir() if (p / "__init__.py").exists())
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NOT_MOVED[name]))
-            if name in NOT_MOVED else name for name in names]
+def _backends() -> list[str]:
+    return sorted(p.name for p in BACKENDS.iterdir() if (p / "__init__.py").exists())
 
 
-@pytest.mark.parametrize("name", _backends())
+@pytest.mark.parametrize("name", [n for n in _backends() if n not in NOT_DATAPLANES])
 def test_every_backend_has_the_same_modules(name: str) -> None:
     faults = shape_faults(BACKENDS / name)
     if not faults and not staged(importlib.import_module(f"svcproxy.backends.{name}.backend")):
         faults.append("backend.py defines no StagedBackend")
     assert not faults, f"backends/{name}: " + "; ".join(faults)
+
+
+@pytest.mark.parametrize("name", NOT_DATAPLANES)
+def test_a_backend_that_programs_nothing_is_one_class_and_its_cli(name: str) -> None:
+    module = importlib.import_module(f"svcproxy.backends.{name}.backend")
+    backends = [value for value in vars(module).values()
+                if isinstance(value, type) and issubclass(value, svcproxy.sdk.Backend)
+                and value.__module__ == module.__name__]
+    assert len(backends) == 1 and backends[0].dataplane is False, backends
+    assert sorted(p.name for p in (BACKENDS / name).glob("*.py")) == [
+        "__init__.py", "backend.py", "cli.py"]
+    assert (REPO / "docs" / "backends" / f"{name}.md").exists()
 
 
 def test_the_check_finds_each_fault(tmp_path: Path) -> None:
