@@ -44,7 +44,8 @@ def _parse(data: bytes) -> Reply:
     return Reply(name=name, source=source.removeprefix("::ffff:"), port=int(port))
 
 
-def _once(proto: str, host: str, port: int, timeout: float, source: str) -> Reply:
+def attempt(proto: str, host: str, port: int, timeout: float, source: str = "") -> Reply:
+    """One connection (``tcp``) or datagram (``udp``) from the calling thread's namespace."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     with socket.socket(family, kind) as s:
@@ -65,7 +66,7 @@ def _once(proto: str, host: str, port: int, timeout: float, source: str) -> Repl
 
 
 def _many(proto: str, host: str, port: int, count: int, timeout: float, source: str) -> list[Reply]:
-    return [_once(proto, host, port, timeout, source) for _ in range(count)]
+    return [attempt(proto, host, port, timeout, source) for _ in range(count)]
 
 
 def probe(

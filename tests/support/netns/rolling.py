@@ -9,6 +9,13 @@ makes pod-c's endpoint terminating as the EndpointSlice controller does when the
 deleted, optionally waits as a preStop hook would (``svcproxy wait --endpoint-gone``),
 stops pod-c's server, and counts the connections that failed; ``bring_back`` restarts it
 and waits until every node routes to it again.
+
+The server stops as a draining one does: it first lets the connections begun before the
+stop end. A node routes a connection once, at its first SYN (conntrack keeps the choice),
+and the probers' SYNs are now and then lost - a client reuses a source port at once, and
+the pod may still hold it in TIME_WAIT - so a SYN sent to pod-c just before a node applied
+comes back a second later along its conntrack entry. An abrupt stop would refuse it: a
+failure of the pod's shutdown, not of the routing the wait is about.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import grpc
 from svcproxy.v1 import nodestate_pb2 as pb
 from svcproxy.v1 import nodestate_pb2_grpc as pb_grpc
 from tests.support.lab import manifests as m
+from tests.support.lab.client import attempt
 from tests.support.lab.echo import EchoServer
+from tests.support.lab.netns import call_in
 from tests.support.lab.plan import SERVER_PORTS
 from tests.support.lab.processes import SVCPROXY, Process, backend_argv
 from tests.support.netns.backends import BackendCase
@@ -35,6 +44,7 @@ VICTIM, STAYS = "pod-c", "pod-a"
 REPORT_FLAGS = ("--report-min-interval", "0")
 PROBE_TIMEOUT = 3.0
 PROBE_GAP = 0.005
+PROBE_BATCH = 5
 
 
 class RollingLab:
@@ -48,6 +58,7 @@ class RollingLab:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._probers: list[threading.Thread] = []
+        self._begun: dict[str, float | None] = {}  # each prober's connection under way
 
     @property
     def api(self) -> str:
@@ -94,14 +105,24 @@ class RollingLab:
             assert seen.answered == {STAYS, VICTIM} and not seen.errors, (client, seen)
 
     def _probe(self, client: str, ip: str, port: int) -> None:
-        """New connections until stopped, a few milliseconds apart; errors counted by
-        kind. A connection gets PROBE_TIMEOUT to be answered: the machine is shared, and
-        one the dataplane sends to a stopped server is refused at once anyway."""
+        """New connections from ``client`` until stopped, in batches a few milliseconds
+        apart; errors counted by kind."""
+        call_in(self.lab.lab.ns(client), self._probe_here, client, ip, port)
+
+    def _probe_here(self, client: str, ip: str, port: int) -> None:
+        """``_probe`` inside the client's namespace. A connection gets PROBE_TIMEOUT to be
+        answered: the machine is shared, and one the dataplane sends to a stopped server
+        is refused at once anyway."""
         while not self._stop.is_set():
-            seen = self.lab.probe(client, "tcp", ip, port, 5, timeout=PROBE_TIMEOUT)
-            with self._lock:
-                self.attempts += sum(seen.names.values()) + sum(seen.errors.values())
-                self.failures.update(seen.errors)
+            for _ in range(PROBE_BATCH):
+                with self._lock:
+                    self._begun[client] = time.monotonic()
+                reply = attempt("tcp", ip, port, PROBE_TIMEOUT)
+                with self._lock:
+                    self._begun[client] = None
+                    self.attempts += 1
+                    if reply.error:
+                        self.failures[reply.error] += 1
             self._stop.wait(PROBE_GAP)
 
     def counts(self) -> tuple[int, int]:
@@ -127,6 +148,7 @@ class RollingLab:
         self._write(victim_ready=False)
         if with_wait:
             self.wait("--endpoint-gone", self.lab.spec.pod(VICTIM).ipv4)
+        self._drain()
         server = next(s for s in self.lab.servers if s.name == VICTIM)
         server.stop()
         self._settle()
@@ -147,6 +169,17 @@ class RollingLab:
             stub = pb_grpc.NodeStateServiceStub(channel)
             progress = list(stub.WaitFleet(request, timeout=timeout))
         assert progress and progress[-1].done, (progress, self.lab.logs())
+
+    def _drain(self) -> None:
+        """Until the connections begun before now have ended (each within its timeouts),
+        as a server drains its listener before it exits."""
+        since = time.monotonic()
+        deadline = since + 30
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(begun is None or begun >= since for begun in self._begun.values()):
+                    return
+            time.sleep(0.005)
 
     def _settle(self, probes: int = 40) -> None:
         """Until the probers made ``probes`` more connections (a node still routing to
