@@ -15,7 +15,9 @@ stop end. A node routes a connection once, at its first SYN (conntrack keeps the
 and the probers' SYNs are now and then lost - a client reuses a source port at once, and
 the pod may still hold it in TIME_WAIT - so a SYN sent to pod-c just before a node applied
 comes back a second later along its conntrack entry. An abrupt stop would refuse it: a
-failure of the pod's shutdown, not of the routing the wait is about.
+failure of the pod's shutdown, not of the routing the wait is about. The drain is not the
+whole story: a suite run still had one refusal with the wait, while the frontend throttled
+the nodes' reports (issue 29, under investigation).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tests.support.lab.plan import SERVER_PORTS
 from tests.support.lab.processes import SVCPROXY, Process, backend_argv
 from tests.support.netns.backends import BackendCase
 from tests.support.netns.harness import NODE, ScenarioLab
+from tests.support.waiting import wait_for
 
 CLUSTER_IP = "10.96.9.1"
 NODE_PORT = 30990
@@ -174,12 +177,11 @@ class RollingLab:
         """Until the connections begun before now have ended (each within its timeouts),
         as a server drains its listener before it exits."""
         since = time.monotonic()
-        deadline = since + 30
-        while time.monotonic() < deadline:
+
+        def drained() -> bool:
             with self._lock:
-                if all(begun is None or begun >= since for begun in self._begun.values()):
-                    return
-            time.sleep(0.005)
+                return all(begun is None or begun >= since for begun in self._begun.values())
+        wait_for(drained, timeout=30, interval=0.005)
 
     def _settle(self, probes: int = 40) -> None:
         """Until the probers made ``probes`` more connections (a node still routing to
