@@ -28,9 +28,9 @@ from svcproxy.backends.ebpf.ct_gc import (
 )
 from svcproxy.backends.ebpf.packet_cli import add_packet_arguments, ct_timeouts
 from svcproxy.backends.ebpf.packet_layout import CT_FORWARD, CT_KEY, CT_REPLY, CT_VAL
+from tests.support.boot_clock import NS
 
 TCP, UDP = socket.IPPROTO_TCP, socket.IPPROTO_UDP
-NS = 1_000_000_000
 
 
 def _args(*argv: str) -> argparse.Namespace:

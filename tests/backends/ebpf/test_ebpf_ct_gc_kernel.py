@@ -22,8 +22,8 @@ from svcproxy.backends.ebpf.ct_gc import (
 )
 from svcproxy.backends.ebpf.libbpf import Map
 from svcproxy.backends.ebpf.packet_layout import CT_KEY, CT_VAL
-from tests.backends.ebpf.test_ebpf_ct_gc import NS, TCP, UDP, _flow, python_only
-from tests.support.boot_clock import clock_past
+from tests.backends.ebpf.test_ebpf_ct_gc import TCP, UDP, _flow, python_only
+from tests.support.boot_clock import NS, clock_past
 
 BPF_MAP_TYPE_LRU_HASH = 9
 

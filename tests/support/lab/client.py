@@ -44,15 +44,17 @@ def _parse(data: bytes) -> Reply:
     return Reply(name=name, source=source.removeprefix("::ffff:"), port=int(port))
 
 
-def attempt(proto: str, host: str, port: int, timeout: float, source: str = "") -> Reply:
-    """One connection (``tcp``) or datagram (``udp``) from the calling thread's namespace."""
+def attempt(proto: str, host: str, port: int, timeout: float, source: str = "",
+            source_port: int = 0) -> Reply:
+    """One connection (``tcp``) or datagram (``udp``) from the calling thread's namespace,
+    from ``source`` and ``source_port`` when given (else the kernel's choice)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     with socket.socket(family, kind) as s:
         s.settimeout(timeout)
         try:
-            if source:
-                s.bind((source, 0))
+            if source or source_port:
+                s.bind((source, source_port))
             s.connect((host, port))
             if kind == socket.SOCK_DGRAM:
                 s.send(b"ping\n")

@@ -10,18 +10,23 @@ deleted, optionally waits as a preStop hook would (``svcproxy wait --endpoint-go
 stops pod-c's server, and counts the connections that failed; ``bring_back`` restarts it
 and waits until every node routes to it again.
 
-The server stops as a draining one does: it first lets the connections begun before the
-stop end. A node routes a connection once, at its first SYN (conntrack keeps the choice),
-and the probers' SYNs are now and then lost - a client reuses a source port at once, and
-the pod may still hold it in TIME_WAIT - so a SYN sent to pod-c just before a node applied
-comes back a second later along its conntrack entry. An abrupt stop would refuse it: a
-failure of the pod's shutdown, not of the routing the wait is about. The drain is not the
-whole story: a suite run still had one refusal with the wait, while the frontend throttled
-the nodes' reports (issue 29, under investigation).
+Conntrack keeps each connection's routing choice, whatever the rules say later, so two
+things that are conntrack's and a pod's, not the routing the wait is about, are kept out:
+
+* The server stops as a draining one does: it first lets the connections begun before
+  the stop end. A SYN sent to pod-c just before a node applied, and lost, comes back a
+  second later along its conntrack entry; an abrupt stop would refuse it.
+* No prober uses a source port twice in a run (``SOURCE_PORTS``, below the kernel's
+  ephemeral range). With the kernel's choice a client's port comes back after about
+  3,000 connections to the same address, and a new connection on it follows an older
+  one's entry to where that pointed: a reset connection's entry (CLOSE, 10 s) or an
+  unanswered SYN's (SYN_SENT, 120 s) sends it to pod-c after every node applied, and a
+  pod still holding the port in TIME_WAIT loses its SYN.
 """
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import threading
 import time
@@ -48,6 +53,7 @@ REPORT_FLAGS = ("--report-min-interval", "0")
 PROBE_TIMEOUT = 3.0
 PROBE_GAP = 0.005
 PROBE_BATCH = 5
+SOURCE_PORTS = range(1024, 32768)
 
 
 class RollingLab:
@@ -116,11 +122,12 @@ class RollingLab:
         """``_probe`` inside the client's namespace. A connection gets PROBE_TIMEOUT to be
         answered: the machine is shared, and one the dataplane sends to a stopped server
         is refused at once anyway."""
+        ports = itertools.cycle(p for p in SOURCE_PORTS if p not in SERVER_PORTS)
         while not self._stop.is_set():
             for _ in range(PROBE_BATCH):
                 with self._lock:
                     self._begun[client] = time.monotonic()
-                reply = attempt("tcp", ip, port, PROBE_TIMEOUT)
+                reply = attempt("tcp", ip, port, PROBE_TIMEOUT, source_port=next(ports))
                 with self._lock:
                     self._begun[client] = None
                     self.attempts += 1
