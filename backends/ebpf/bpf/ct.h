@@ -56,18 +56,30 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u8 state)
 	return (__u64)secs * 1000000000ULL;
 }
 
+/* Whether the flow of ``fv`` was idle past its state's lifetime. */
+static __always_inline int ct_idle(const struct ct_val *fv, const struct pkt *p, __u64 now)
+{
+	return now > fv->last_ns && now - fv->last_ns > ct_lifetime(p->proto, fv->state);
+}
+
+/* Whether ``p`` opens a TCP connection (its SYN and ACK bits are ``opening``: SYN from
+ * the client, SYN-ACK from the endpoint) on the tuple of a flow that closed. */
+static __always_inline int ct_opens_after_close(const struct ct_val *fv, const struct pkt *p,
+						__u8 opening)
+{
+	__u8 state = fv->state;
+
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == opening &&
+	       ((state & CTS_RST) || (state & (CTS_FIN_FWD | CTS_FIN_REV)) ==
+					     (CTS_FIN_FWD | CTS_FIN_REV));
+}
+
 /* Whether the forward entry ``fv`` no longer holds the flow this packet belongs to:
  * idle past its lifetime, or a TCP connection that closed and a SYN opening a new one
  * on the same tuple. */
 static __always_inline int ct_stale(const struct ct_val *fv, const struct pkt *p, __u64 now)
 {
-	__u8 state = fv->state;
-
-	if (now > fv->last_ns && now - fv->last_ns > ct_lifetime(p->proto, state))
-		return 1;
-	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN &&
-	       ((state & CTS_RST) || (state & (CTS_FIN_FWD | CTS_FIN_REV)) ==
-					     (CTS_FIN_FWD | CTS_FIN_REV));
+	return ct_idle(fv, p, now) || ct_opens_after_close(fv, p, TCP_SYN);
 }
 
 /* A packet of the flow passed (``reply``: from the endpoint): its state and time. */
@@ -86,11 +98,15 @@ static __always_inline void ct_seen(struct ct_val *fv, const struct pkt *p, int 
 	fv->last_ns = now;
 }
 
-/* A reply passed through the reply entry ``rv``: the flow's forward entry (whose key
- * is the reply entry's rewrite, reversed) learns it. ``fk`` is the caller's key, reused
- * (the programs' stacks are near the verifier's 512 bytes). */
-static __always_inline void ct_reply_seen(const struct pkt *p, const struct ct_val *rv,
-					  __u64 now, struct ct_key *fk)
+/* A reply through the reply entry ``rv``: whether it belongs to the flow, and if so the
+ * flow's forward entry (whose key is the reply entry's rewrite, reversed) learns it. It
+ * does not when that entry is gone or idle past its lifetime, or when the reply is a
+ * SYN-ACK after the flow closed: another connection's, on the same tuple, that did not
+ * come through here (a node's own, or one balanced at connect()), to pass unchanged.
+ * ``fk`` is the caller's key, reused (the programs' stacks are near the verifier's 512
+ * bytes). */
+static __always_inline int ct_reply_seen(const struct pkt *p, const struct ct_val *rv,
+					 __u64 now, struct ct_key *fk)
 {
 	struct ct_val *fv;
 
@@ -103,8 +119,10 @@ static __always_inline void ct_reply_seen(const struct pkt *p, const struct ct_v
 	fk->dir = CT_FORWARD;
 	fk->pad = 0;
 	fv = bpf_map_lookup_elem(&spp_ct, fk);
-	if (fv)
-		ct_seen(fv, p, 1, now);
+	if (!fv || ct_idle(fv, p, now) || ct_opens_after_close(fv, p, TCP_SYN | TCP_ACK))
+		return 0;
+	ct_seen(fv, p, 1, now);
+	return 1;
 }
 
 #endif

@@ -882,11 +882,12 @@ int spp_ingress(struct __sk_buff *skb)
 	ct_tuple(&k, p.saddr, p.daddr, p.sport, p.dport, &p, CT_REPLY);
 	found = bpf_map_lookup_elem(&spp_ct, &k);
 	if (found && (found->flags & CT_SNAT)) {
-		struct ct_val v = *found;
+		__u64 now = bpf_ktime_get_ns();
 
-		found->last_ns = bpf_ktime_get_ns();
-		ct_reply_seen(&p, &v, found->last_ns, &k);
-		rewrite(skb, &p, &v);
+		if (!ct_reply_seen(&p, found, now, &k))
+			return TC_ACT_OK; /* not the flow's: to this node's own socket */
+		found->last_ns = now;
+		rewrite(skb, &p, found);
 		return fib_redirect(skb, &p);
 	}
 	copy_addr(sk.addr, p.daddr);
@@ -964,9 +965,11 @@ int spp_egress(struct __sk_buff *skb)
 	if (found && !(found->flags & CT_SNAT)) {
 		struct ct_val v = *found;
 
-		found->last_ns = bpf_ktime_get_ns();
-		ct_reply_seen(&p, &v, found->last_ns, &k);
-		rewrite(skb, &p, &v);
+		v.last_ns = bpf_ktime_get_ns(); /* now (the copy's time is not used) */
+		if (ct_reply_seen(&p, &v, v.last_ns, &k)) {
+			found->last_ns = v.last_ns;
+			rewrite(skb, &p, &v);
+		}
 	}
 	return TC_ACT_OK;
 }

@@ -395,10 +395,9 @@ static __always_inline int xdp_main(struct xdp_md *ctx, __u8 native)
 	if (found && (found->flags & CT_SNAT)) {
 		s->fv = *found;
 		if (xdp_route(ctx, s, s->fv.saddr, s->fv.daddr) != BPF_FIB_LKUP_RET_SUCCESS ||
-		    !xdp_may_send(ctx, s))
+		    !xdp_may_send(ctx, s) || !ct_reply_seen(p, &s->fv, now, &s->k))
 			return xdp_count(XDP_STAT_PASS, XDP_PASS);
 		found->last_ns = now;
-		ct_reply_seen(p, &s->fv, now, &s->k);
 		return xdp_send(ctx, &x, s, XDP_STAT_REPLY);
 	}
 	copy_addr(s->sk.addr, p->daddr);

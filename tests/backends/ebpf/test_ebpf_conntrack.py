@@ -250,6 +250,52 @@ def test_an_open_tcp_connection_keeps_its_endpoint(world: World) -> None:
     assert ct.lookup(key) is None, "a closed connection's flow goes after 10 s idle"
 
 
+def _line(ns: str, source: tuple[str, int], host: str, port: int) -> str:
+    """One connection from ``source`` in ``ns``: the pod that answers a line (or how it
+    failed), closed by both sides."""
+    def talk() -> str:
+        with socket.socket() as s:
+            s.settimeout(REPLY_BOUND)
+            s.bind(source)
+            try:
+                s.connect((host, port))
+                s.sendall(b"1\n")
+                return s.makefile("rb").readline().decode().split()[0]
+            except OSError as err:
+                return type(err).__name__
+
+    return call_in(ns, talk)
+
+
+def test_a_closed_flows_entry_leaves_another_connection_on_its_tuple_alone(
+        world: World) -> None:
+    """A connection that does not come through the service (the node's own, or one
+    balanced at connect()) made on the tuple a closed, still-tracked flow used gets its
+    replies unchanged: the closed flow's entry no longer reverses them (it did, sending the
+    endpoint's SYN-ACK back to that flow's client: the connection never opened)."""
+    world.set(long_service("reused", 30126, ["pod-a"]))
+    ct = _ct(world)
+    key = _forward_key(47200, 30126, socket.IPPROTO_TCP)
+    assert _line(world.lab.ns(CLIENT.name), (CLIENT.ipv4, 47200), NODE1.ipv4, 30126) == "pod-a"
+    both = CTS_FIN_FWD | CTS_FIN_REV
+    deadline = time.monotonic() + 10
+    while _state(ct, key) & both != both and time.monotonic() < deadline:
+        time.sleep(0.05)
+    value = ct.lookup(key)
+    assert value is not None
+    snat, endpoint, nat_port, port, flags, state, *_ = CT_VAL.unpack(value)
+    assert flags & CT_SNAT and state & both == both, "a NodePort flow, SNATed and closed"
+    source = (socket.inet_ntoa(snat[:4]), int.from_bytes(nat_port, "big"))
+    node = world.lab.ns(NODE1.name)
+    assert _line(node, source, socket.inet_ntoa(endpoint[:4]),
+                 int.from_bytes(port, "big")) == "pod-a", \
+        "the node's own connection from the flow's NAT address and port opens"
+    assert ct.lookup(key) is not None, "the closed flow's entry is left to the GC"
+    _rewrite(ct, key, age_s=TIMEOUTS.tcp_fin + 1)
+    gc_pass(ct, TIMEOUTS)
+    assert ct.lookup(key) is None, "and the GC removes it"
+
+
 # The pass over the synthetic flows runs with the lifetimes scaled down (established
 # 24 h and close-wait 1 h would need a machine up for a day): the ages fit in a machine's
 # first five minutes, and each kind's age still lies between two lifetimes, so a kind
